@@ -1,0 +1,152 @@
+"""PPO with GAE, clipped ratio, optional value clipping, entropy bonus, advantage
+normalisation; approx_kl, clipfrac and explained_variance logged beside the losses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+from torch import nn
+
+from embodied.advantages import explained_variance, gae
+from embodied.algos.reward_scaling import ReturnScaler
+from embodied.buffers import Trajectory
+from embodied.errors import ConfigError
+from embodied.registry import ALGOS
+from policies.base import Policy
+
+
+@dataclass
+class PPOConfig:
+    name: str = "ppo"
+    rollout_steps: int = 2048  # env (chunk) steps per env per iteration
+    lr: float = 3e-4
+    anneal_lr: bool = True
+    adam_eps: float = 1e-5
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    update_epochs: int = 10
+    num_minibatches: int = 32
+    clip_coef: float = 0.2
+    clip_value_loss: bool = True
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    normalize_advantages: bool = True
+    target_kl: Optional[float] = None  # stop the epoch loop early above this approx_kl
+    scale_reward: bool = True  # divide rewards by the running std of the discounted return
+    reward_clip: float = 10.0
+
+
+@dataclass
+class PPOLoss:
+    total: torch.Tensor
+    policy_loss: torch.Tensor
+    value_loss: torch.Tensor
+    entropy: torch.Tensor
+    approx_kl: torch.Tensor
+    clipfrac: torch.Tensor
+
+
+def ppo_loss(
+    new_log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    new_value: torch.Tensor,
+    old_value: torch.Tensor,
+    returns: torch.Tensor,
+    entropy: torch.Tensor,
+    cfg: PPOConfig,
+) -> PPOLoss:
+    log_ratio = new_log_prob - old_log_prob
+    ratio = log_ratio.exp()
+    with torch.no_grad():
+        approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
+        clipfrac = ((ratio - 1).abs() > cfg.clip_coef).float().mean()
+
+    if cfg.normalize_advantages and advantages.numel() > 1:
+        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    policy_loss = torch.max(
+        -advantages * ratio,
+        -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef),
+    ).mean()
+
+    if cfg.clip_value_loss:
+        clipped_value = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
+        value_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
+    else:
+        value_loss = 0.5 * ((new_value - returns) ** 2).mean()
+
+    entropy = entropy.mean()
+    total = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
+    return PPOLoss(total, policy_loss, value_loss, entropy, approx_kl, clipfrac)
+
+
+class PPO:
+    def __init__(self, cfg: PPOConfig, policy: Policy):
+        if cfg.rollout_steps < 1 or cfg.num_minibatches < 1 or cfg.update_epochs < 1:
+            raise ConfigError("algo.rollout_steps, algo.num_minibatches and algo.update_epochs must be >= 1")
+        self.cfg = cfg
+        self.policy = policy
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.return_scaler = ReturnScaler(cfg.gamma, cfg.reward_clip) if cfg.scale_reward else None
+
+    def update(self, batch: Trajectory, progress: float) -> dict[str, float]:
+        """One PPO iteration on a freshly collected batch; `progress` in [0, 1) anneals the lr."""
+        cfg = self.cfg
+        lr = cfg.lr * (1.0 - progress) if cfg.anneal_lr else cfg.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+        done = batch.terminated | batch.truncated
+        reward = self.return_scaler(batch.reward, done) if self.return_scaler else batch.reward
+        bootstrap = batch.bootstrap_value
+        advantages, returns = gae(reward, batch.value, batch.terminated, batch.truncated,
+                                  bootstrap, batch.last_value, cfg.gamma, cfg.gae_lambda)
+
+        flat_adv, flat_ret = advantages.reshape(-1), returns.reshape(-1)
+        size = flat_adv.numel()
+        minibatch = max(size // cfg.num_minibatches, 1)
+        sums: dict[str, float] = {}
+        updates = 0
+        for _ in range(cfg.update_epochs):
+            order = torch.randperm(size)
+            for start in range(0, size - minibatch + 1, minibatch):
+                rows = order[start:start + minibatch]
+                chunk = batch.chunk(rows)
+                evaluated = self.policy.evaluate(batch.flat_observation(rows), chunk)
+                loss = ppo_loss(evaluated.log_prob, chunk.log_prob, flat_adv[rows], evaluated.value,
+                                chunk.value, flat_ret[rows], evaluated.entropy, cfg)
+                self.optimizer.zero_grad()
+                loss.total.backward()
+                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                terms = {f.name: float(getattr(loss, f.name)) for f in fields(loss)}
+                for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
+                    sums[name] = sums.get(name, 0.0) + value
+                updates += 1
+            if cfg.target_kl is not None and float(loss.approx_kl) > cfg.target_kl:
+                break
+
+        metrics = {f"loss/{name}": total / updates for name, total in sums.items()}
+        metrics["loss/explained_variance"] = explained_variance(batch.value.reshape(-1), flat_ret)
+        metrics["train/lr"] = lr
+        metrics["train/advantage_mean"] = float(flat_adv.mean())
+        return metrics
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "return_scaler": self.return_scaler.state_dict() if self.return_scaler else None,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.return_scaler is not None and state.get("return_scaler"):
+            self.return_scaler.load_state_dict(state["return_scaler"])
+
+
+@ALGOS.register("ppo", PPOConfig)
+def make_ppo(cfg: PPOConfig, policy: Policy) -> PPO:
+    return PPO(cfg, policy)

@@ -1,0 +1,118 @@
+"""Trajectories: time-major (T, B, ...) torch tensors assembled by the rollout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.types import ActionChunk, Observation, StepResult
+
+
+@dataclass
+class Trajectory:
+    observation: Observation  # state (T, B, S), images (T, B, H, W, 3)
+    actions: torch.Tensor  # (T, B, C, A) as sampled by the policy
+    log_prob: torch.Tensor  # (T, B)
+    value: torch.Tensor  # (T, B)
+    reward: torch.Tensor  # (T, B) summed over the executed actions of the chunk
+    terminated: torch.Tensor  # (T, B) bool
+    truncated: torch.Tensor  # (T, B) bool
+    bootstrap_value: torch.Tensor  # (T, B) value of the final observation where truncated
+    success: torch.Tensor  # (T, B) bool
+    executed_action: torch.Tensor  # (T, B, C, A) after clipping
+    executed_steps: torch.Tensor  # (T, B)
+    intervened: torch.Tensor  # (T, B) bool: a human or safety layer replaced the action
+    policy_version: torch.Tensor  # (T, B)
+    last_value: torch.Tensor  # (B,) value of the observation after the last step
+    record: dict[str, torch.Tensor] = field(default_factory=dict)  # sampling records (T, B, ...)
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.reward.shape[0])
+
+    @property
+    def num_envs(self) -> int:
+        return int(self.reward.shape[1])
+
+    def to(self, device: Any) -> "Trajectory":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor):
+                moved[name] = value.to(device)
+        moved["record"] = {k: v.to(device) for k, v in self.record.items()}
+        moved["observation"] = Observation(
+            state=self.observation.state.to(device),
+            images={k: v.to(device) for k, v in self.observation.images.items()},
+            instruction=self.observation.instruction,
+        )
+        return Trajectory(**moved)
+
+    def chunk(self, index: Any) -> ActionChunk:
+        """The stored action chunks of flat (T*B) rows `index`, for `Policy.evaluate`."""
+        return ActionChunk(
+            actions=_flat(self.actions)[index],
+            log_prob=_flat(self.log_prob)[index],
+            value=_flat(self.value)[index],
+            record={k: _flat(v)[index] for k, v in self.record.items()},
+        )
+
+    def flat_observation(self, index: Any) -> Observation:
+        obs = self.observation
+        instructions = np.asarray(obs.instruction * self.num_steps, dtype=object)
+        return Observation(
+            state=_flat(obs.state)[index],
+            images={k: _flat(v)[index] for k, v in obs.images.items()},
+            instruction=instructions[index].tolist() if len(instructions) else [],
+        )
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, *x.shape[2:])
+
+
+class TrajectoryBuilder:
+    """Appends one env step at a time, then stacks into a `Trajectory`."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+        self.instruction: list[str] = []
+
+    def add(self, observation: Observation, chunk: ActionChunk, result: StepResult,
+            bootstrap_value: torch.Tensor) -> None:
+        self.instruction = list(observation.instruction)
+        self.steps.append({
+            "state": torch.as_tensor(observation.state),
+            "images": {k: torch.as_tensor(v) for k, v in observation.images.items()},
+            "actions": chunk.actions,
+            "log_prob": chunk.log_prob,
+            "value": chunk.value,
+            "record": chunk.record,
+            "policy_version": torch.full_like(chunk.log_prob, chunk.policy_version, dtype=torch.int64),
+            "reward": torch.as_tensor(result.reward),
+            "terminated": torch.as_tensor(result.terminated),
+            "truncated": torch.as_tensor(result.truncated),
+            "bootstrap_value": bootstrap_value,
+            "success": torch.as_tensor(result.success),
+            "executed_action": torch.as_tensor(result.executed_action),
+            "executed_steps": torch.as_tensor(result.executed_steps),
+            "intervened": torch.zeros(len(result.reward), dtype=torch.bool),
+        })
+
+    def build(self, last_value: torch.Tensor) -> Trajectory:
+        stack = lambda key: torch.stack([s[key] for s in self.steps])  # noqa: E731
+        first = self.steps[0]
+        observation = Observation(
+            state=stack("state"),
+            images={k: torch.stack([s["images"][k] for s in self.steps]) for k in first["images"]},
+            instruction=self.instruction,
+        )
+        plain = {f.name for f in fields(Trajectory)} - {"observation", "record", "last_value"}
+        return Trajectory(
+            observation=observation,
+            last_value=last_value,
+            record={k: torch.stack([s["record"][k] for s in self.steps]) for k in first["record"]},
+            **{name: stack(name) for name in plain},
+        )

@@ -1,0 +1,30 @@
+"""Builds components from validated configs through the registries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from embodied.registry import ALGOS, ENVS, POLICIES
+from embodied.types import EnvSpec
+from policies.base import Policy
+from sim.base import BatchedEnv
+
+
+def build_env(env_cfg: Any, seed: int, stream: int = 0) -> BatchedEnv:
+    return ENVS.get(env_cfg.name).factory(env_cfg, seed, stream)
+
+
+def build_policy(policy_cfg: Any, spec: EnvSpec, device: torch.device) -> Policy:
+    return POLICIES.get(policy_cfg.name).factory(policy_cfg, spec).to(device)
+
+
+def build_algo(algo_cfg: Any, policy: Policy) -> Any:
+    return ALGOS.get(algo_cfg.name).factory(algo_cfg, policy)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

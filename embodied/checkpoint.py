@@ -1,0 +1,127 @@
+"""Checkpoints: a directory per save, written to a temporary name and renamed into place, so
+a crash never leaves a half-written checkpoint. Tensors go to safetensors (no pickle); the
+rest of the state (optimizer layout, counters, RNG, env replay log) to JSON.
+
+    <run>/checkpoints/iter_000010/
+        weights.safetensors   policy weights incl. normalisation statistics
+        state.safetensors     every other tensor (optimizer moments, RNG, env actions...)
+        state.json            the structure around those tensors
+        config.yaml           the resolved config
+    <run>/checkpoints/latest  name of the newest complete checkpoint"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from embodied.errors import CheckpointError
+
+TENSOR, NDARRAY, TUPLE = "__tensor__", "__ndarray__", "__tuple__"
+
+
+def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "s") -> Any:
+    """Replace every tensor/array in a nested structure by a reference into `tensors`."""
+    if isinstance(obj, torch.Tensor):
+        tensors[prefix] = obj.detach().cpu().contiguous()
+        return {TENSOR: prefix}
+    if isinstance(obj, np.ndarray):
+        tensors[prefix] = torch.from_numpy(np.ascontiguousarray(obj))
+        return {NDARRAY: prefix}
+    if isinstance(obj, dict):
+        return {"__dict__": [[flatten(k, tensors, f"{prefix}.k{i}"), flatten(v, tensors, f"{prefix}.{i}")]
+                             for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, (list, tuple)):
+        items = [flatten(v, tensors, f"{prefix}.{i}") for i, v in enumerate(obj)]
+        return {TUPLE: items} if isinstance(obj, tuple) else items
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot checkpoint a value of type {type(obj).__name__} at {prefix}")
+
+
+def unflatten(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, list):
+        return [unflatten(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if TENSOR in obj:
+            return tensors[obj[TENSOR]]
+        if NDARRAY in obj:
+            return tensors[obj[NDARRAY]].numpy()
+        if TUPLE in obj:
+            return tuple(unflatten(v, tensors) for v in obj[TUPLE])
+        return {unflatten(k, tensors): unflatten(v, tensors) for k, v in obj["__dict__"]}
+    return obj
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(directory: Path, name: str, weights: dict[str, torch.Tensor], state: dict[str, Any],
+                    config_yaml: str, keep: int = 3) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / name
+    staging = directory / f".tmp-{name}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = flatten(state, tensors)
+    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(staging / "weights.safetensors"))
+    save_file(tensors, str(staging / "state.safetensors"))
+    (staging / "state.json").write_text(json.dumps(skeleton))
+    (staging / "config.yaml").write_text(config_yaml)
+    for file in staging.iterdir():
+        with open(file, "rb") as handle:
+            os.fsync(handle.fileno())
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(staging, final)
+    pointer = directory / ".latest.tmp"
+    pointer.write_text(name)
+    os.replace(pointer, directory / "latest")
+    _fsync_dir(directory)
+    _prune(directory, keep)
+    return final
+
+
+def _prune(directory: Path, keep: int) -> None:
+    saved = sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("iter_"))
+    for old in saved[:-keep] if keep > 0 else []:
+        shutil.rmtree(old)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A run directory (-> its latest checkpoint) or a checkpoint directory."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint or run directory at '{path}'")
+    if (path / "weights.safetensors").is_file():
+        return path
+    pointer = path / "checkpoints" / "latest"
+    if not pointer.is_file():
+        raise CheckpointError(f"'{path}' holds no checkpoint (expected {pointer} or {path}/weights.safetensors)")
+    checkpoint = path / "checkpoints" / pointer.read_text().strip()
+    if not (checkpoint / "weights.safetensors").is_file():
+        raise CheckpointError(f"'{pointer}' names {checkpoint.name}, which is missing or incomplete")
+    return checkpoint
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    files = [path / name for name in ("weights.safetensors", "state.safetensors", "state.json")]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
+    weights = load_file(str(files[0]))
+    state = unflatten(json.loads(files[2].read_text()), load_file(str(files[1])))
+    return weights, state

@@ -1,0 +1,75 @@
+"""`embodied <verb> [key=value ...]`: Hydra overrides after the verb.
+
+    embodied train                                  the default run (configs/train.yaml)
+    embodied train env=maniskill_pickcube algo.lr=1e-4 experiment=pushcube
+    embodied train resume=runs/train-20260101-120000
+    embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from embodied.errors import EmbodiedError
+
+VERBS = ("train", "eval")
+
+
+def train(overrides: list[str]) -> int:
+    from embodied.config import EvalConfig, TrainConfig, compose, to_schema
+    from embodied.evaluate import evaluate_checkpoint
+    from embodied.registry import RUNTIMES
+    from embodied.train import resume_config
+
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
+    config = resume_config(resume, overrides) if resume else to_schema(TrainConfig, compose("train", overrides))
+    runtime = RUNTIMES.get(config.runtime.name).factory(config.runtime)
+    session = runtime.train(config)
+    run_dir = session.run_dir
+    print(f"\nrun directory:  {run_dir}")
+    print(f"tensorboard:    tensorboard --logdir {run_dir / 'tensorboard'}")
+    print(f"checkpoint:     {session.checkpoint_path or '(none)'}")
+    if config.eval_episodes > 0:
+        output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=config.eval_episodes,
+                                                video_episodes=config.eval_video_episodes,
+                                                progress_bar=config.logger.progress_bar))
+        print(f"eval report:    {output / 'report.md'}")
+        print((output / "report.md").read_text())
+    return 0
+
+
+def evaluate(overrides: list[str]) -> int:
+    from embodied.config import EvalConfig, compose, to_schema
+    from embodied.evaluate import evaluate_checkpoint
+
+    config = to_schema(EvalConfig, compose("eval", overrides))
+    output = evaluate_checkpoint(config)
+    print(f"eval report: {output / 'report.md'}")
+    print((output / "report.md").read_text())
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(__doc__)
+        return 0
+    verb, overrides = args[0], args[1:]
+    if verb not in VERBS:
+        from embodied.registry import unknown_name_message
+
+        print(f"error: {unknown_name_message('command', verb, list(VERBS))}", file=sys.stderr)
+        return 2
+    try:
+        return train(overrides) if verb == "train" else evaluate(overrides)
+    except EmbodiedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted; resume from the last checkpoint with resume=<run dir>", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Hydra configs -> typed dataclass schemas, once, at the entry point.
+
+The top level is `TrainConfig`; each of the groups env/policy/algo/runtime is validated
+against the schema its registry entry declares, chosen by the group's `name`. A wrong key or
+type fails here with the full key in the message, before anything is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from embodied.errors import ConfigError
+from embodied.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+GROUPS: dict[str, Registry] = {"env": ENVS, "policy": POLICIES, "algo": ALGOS, "runtime": RUNTIMES}
+
+
+@dataclass
+class LoggerConfig:
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "embodied"
+    progress_bar: bool = True
+
+
+@dataclass
+class TrainConfig:
+    env: Any = None
+    policy: Any = None
+    algo: Any = None
+    runtime: Any = None
+    seed: int = 1
+    total_env_steps: int = 200_000
+    run_name: str = "train"
+    runs_root: str = "runs"
+    run_dir: Optional[str] = None  # default: <runs_root>/<run_name>-<timestamp>
+    resume: Optional[str] = None  # a run directory to continue from its latest checkpoint
+    checkpoint_every: int = 10  # iterations
+    keep_checkpoints: int = 3
+    eval_episodes: int = 20  # evaluated after training; 0 to skip
+    eval_video_episodes: int = 0
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+@dataclass
+class EvalConfig:
+    checkpoint: Optional[str] = None  # a run directory or one checkpoint directory in it
+    env: Any = None  # default: the env the checkpoint was trained on
+    episodes: int = 50
+    video_episodes: int = 0
+    deterministic: bool = True
+    seed: int = 0
+    output: Optional[str] = None  # default: <run dir>/eval/<env task>
+    progress_bar: bool = True
+
+
+def _validate(schema: type, section: Any, where: str) -> Any:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), section)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None) or "?"
+        message = str(error).splitlines()[0]
+        raise ConfigError(f"config error at '{where}{key}': {message}") from None
+
+
+def validate_group(group: str, section: Any) -> Any:
+    if section is None:
+        raise ConfigError(f"no '{group}' config selected; pass {group}=<name>")
+    if is_dataclass(section):
+        return section
+    name = section.get("name") if isinstance(section, (dict, DictConfig)) else None
+    if name is None:
+        raise ConfigError(f"config group '{group}' has no 'name' key naming which {group} to use")
+    entry = GROUPS[group].get(name)
+    return _validate(entry.schema, section, f"{group}.")
+
+
+def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
+    """Validate the top level, then each component group against its registered schema."""
+    import embodied.components  # noqa: F401  (fills the registries)
+
+    cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
+    group_names = [f.name for f in fields(schema) if f.name in GROUPS]
+    top = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in group_names])
+    config = _validate(schema, top, "")
+    for group in group_names:
+        section = cfg.get(group)
+        if section is None and schema is EvalConfig:
+            continue
+        setattr(config, group, validate_group(group, section))
+    return config
+
+
+def compose(config_name: str, overrides: list[str]) -> DictConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            return hydra_compose(config_name=config_name, overrides=overrides)
+    except HydraException as error:
+        raise ConfigError(str(error)) from None
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"config error: {error}") from None
+
+
+def to_yaml(config: Any) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def load_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"no config file at {path}")
+    return OmegaConf.load(path)

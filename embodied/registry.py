@@ -1,0 +1,61 @@
+"""Name -> component registries. Every pluggable part (env, policy, algo, runtime) is chosen
+by a `name` in its config; each entry carries the dataclass schema its config must match."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, TypeVar
+
+from embodied.errors import UnknownNameError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    factory: Callable[..., T]
+    schema: type
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Entry[T]] = {}
+
+    def register(self, name: str, schema: type) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator: `@ENVS.register("maniskill", ManiSkillConfig)`."""
+
+        def add(factory: Callable[..., T]) -> Callable[..., T]:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._entries[name] = Entry(name, factory, schema)
+            return factory
+
+        return add
+
+    def get(self, name: str) -> Entry[T]:
+        if name not in self._entries:
+            raise UnknownNameError(unknown_name_message(self.kind, name, self.names()))
+        return self._entries[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+
+def unknown_name_message(kind: str, name: Any, known: list[str]) -> str:
+    message = f"unknown {kind} '{name}'; known: {', '.join(known) or '(none)'}"
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.5)
+    if close:
+        message += f". Did you mean '{close[0]}'?"
+    return message
+
+
+ENVS: Registry = Registry("env")
+POLICIES: Registry = Registry("policy")
+ALGOS: Registry = Registry("algo")
+RUNTIMES: Registry = Registry("runtime")

@@ -1,0 +1,82 @@
+"""`runtime=local`: env side, rollout and learner in one process and one loop.
+
+Deterministic on CPU for a given seed; a resumed run reproduces the uninterrupted one
+(env state comes back by replaying each episode's seed and actions, see `sim.group`)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from embodied.build import build_algo, build_env, build_policy, resolve_device
+from embodied.config import TrainConfig
+from embodied.registry import RUNTIMES
+from embodied.runtime.learner import Learner
+from embodied.runtime.rollout import Rollout
+from embodied.train import TrainSession
+
+
+@dataclass
+class LocalRuntimeConfig:
+    name: str = "local"
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    torch_threads: Optional[int] = None  # None: torch's default
+
+
+class LocalRuntime:
+    def __init__(self, cfg: LocalRuntimeConfig):
+        self.cfg = cfg
+
+    def train(self, config: TrainConfig) -> TrainSession:
+        if self.cfg.torch_threads:
+            torch.set_num_threads(self.cfg.torch_threads)
+        device = resolve_device(self.cfg.device)
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        torch.manual_seed(config.seed)
+
+        session = TrainSession(config)
+        env = build_env(config.env, seed=config.seed)
+        try:
+            policy = build_policy(config.policy, env.spec, device)
+            learner = Learner(policy, build_algo(config.algo, policy), device)
+            rollout = Rollout(env, policy, device)
+            restored = session.load()
+            if restored is None:
+                rollout.start()
+            else:
+                weights, state = restored
+                learner.load_weights(weights)
+                learner.load_state_dict(state["learner"])
+                rollout.restore(state["env"])
+                torch.set_rng_state(state["torch_rng"])
+            rollout.policy_version = learner.policy_version
+
+            session.start_logging()
+            while not session.finished:
+                progress = session.env_steps / config.total_env_steps
+                batch, episodes, env_steps = rollout.collect(config.algo.rollout_steps)
+                metrics = learner.update(batch, progress)
+                rollout.policy_version = learner.policy_version
+                metrics["train/policy_version"] = learner.policy_version
+                session.record(env_steps, episodes, metrics)
+                if session.should_checkpoint(session.finished):
+                    session.save(learner.get_weights(), {
+                        "learner": learner.state_dict(),
+                        "env": env.resume_state(),
+                        "torch_rng": torch.get_rng_state(),
+                    })
+        finally:
+            session.close()
+            env.close()
+        return session
+
+
+@RUNTIMES.register("local", LocalRuntimeConfig)
+def make_local_runtime(cfg: LocalRuntimeConfig) -> LocalRuntime:
+    return LocalRuntime(cfg)
+

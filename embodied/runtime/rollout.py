@@ -1,0 +1,62 @@
+"""The rollout role: batched policy inference over the env side and trajectory assembly."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from embodied.buffers import Trajectory, TrajectoryBuilder
+from embodied.types import ActionChunk, EpisodeStats, Observation
+from policies.base import Policy
+from sim.base import BatchedEnv
+
+
+class Rollout:
+    def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device):
+        self.env = env
+        self.policy = policy
+        self.device = device
+        self.observation: Observation | None = None
+        self.policy_version = 0
+
+    def start(self) -> None:
+        self.observation = self.env.reset()
+
+    def restore(self, env_state: dict[str, Any]) -> None:
+        self.observation = self.env.restore(env_state)
+
+    def _act(self, observation: Observation) -> ActionChunk:
+        chunk = self.policy.act(observation.to_torch(self.device))
+        return ActionChunk(
+            actions=chunk.actions.cpu(),
+            log_prob=chunk.log_prob.cpu(),
+            value=chunk.value.cpu(),
+            policy_version=self.policy_version,
+            record={k: v.cpu() for k, v in chunk.record.items()},
+        )
+
+    @torch.no_grad()
+    def collect(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
+        """Run `num_steps` chunk steps in every env. Returns the trajectory, the episodes
+        that ended and the number of env steps (single actions) executed."""
+        if self.observation is None:
+            raise RuntimeError("Rollout.start() or restore() must come before collect()")
+        builder = TrajectoryBuilder()
+        episodes: list[EpisodeStats] = []
+        env_steps = 0
+        for _ in range(num_steps):
+            chunk = self._act(self.observation)
+            result = self.env.step(chunk.actions.numpy())
+            bootstrap = torch.zeros(len(result.reward))
+            truncated_rows = np.flatnonzero(result.truncated & ~result.terminated)
+            if truncated_rows.size:
+                final = result.final_observation.select(truncated_rows).to_torch(self.device)
+                bootstrap[truncated_rows] = self.policy.value(final).cpu()
+            builder.add(self.observation, chunk, result, bootstrap)
+            self.observation = result.observation
+            env_steps += int(result.executed_steps.sum())
+            episodes.extend(result.episodes)
+        last_value = self.policy.value(self.observation.to_torch(self.device)).cpu()
+        return builder.build(last_value), episodes, env_steps

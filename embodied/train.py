@@ -1,0 +1,137 @@
+"""What every runtime shares around its training loop: run directory, resolved config,
+checkpoint save/restore, metric logging, the progress bar and the closing evaluation."""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from embodied.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from embodied.config import GROUPS, TrainConfig, load_yaml, to_schema, to_yaml
+from embodied.errors import ConfigError
+from embodied.runs import MetricLogger, new_run_dir
+from embodied.types import EpisodeStats
+
+EPISODE_WINDOW = 100  # episodes behind the success rate and return shown while training
+
+
+def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
+    """The config a run was started with, plus overrides of top-level keys (e.g. a larger
+    total_env_steps). Changing the env, policy, algo or runtime of a run is refused."""
+    checkpoint = resolve_checkpoint(resume)
+    saved = load_yaml(checkpoint / "config.yaml")
+    changed = []
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+")
+        if key == "resume":
+            continue
+        if key.split(".")[0] in GROUPS:
+            raise ConfigError(f"cannot change '{key}' when resuming {resume}: start a new run instead")
+        changed.append(override)
+    merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
+    merged.resume = str(resume)
+    merged.run_dir = str(Path(resume))
+    return to_schema(TrainConfig, merged)
+
+
+class TrainSession:
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.checkpoint = resolve_checkpoint(config.resume) if config.resume else None
+        if config.run_dir:
+            self.run_dir = Path(config.run_dir)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.run_dir = new_run_dir(config.runs_root, config.run_name)
+            config.run_dir = str(self.run_dir)
+        self.config_yaml = to_yaml(config)
+        (self.run_dir / "config.yaml").write_text(self.config_yaml)
+        self.episodes: collections.deque[EpisodeStats] = collections.deque(maxlen=EPISODE_WINDOW)
+        self.iteration = 0
+        self.env_steps = 0
+        self.checkpoint_path: Path | None = None
+        self._logger: MetricLogger | None = None
+        self._bar: Any = None
+        self._last_time = time.perf_counter()
+        self._last_steps = 0
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        if self.checkpoint is None:
+            return None
+        weights, state = load_checkpoint(self.checkpoint)
+        self.iteration = int(state["iteration"])
+        self.env_steps = int(state["env_steps"])
+        self._last_steps = self.env_steps
+        self.episodes.extend(EpisodeStats(**e) for e in state["episodes"])
+        self._drop_metrics_after(self.env_steps)
+        return weights, state
+
+    def save(self, weights: dict[str, torch.Tensor], state: dict[str, Any]) -> Path:
+        state = {
+            **state,
+            "iteration": self.iteration,
+            "env_steps": self.env_steps,
+            "episodes": [vars(e) for e in self.episodes],
+        }
+        self.checkpoint_path = save_checkpoint(self.run_dir / "checkpoints", f"iter_{self.iteration:06d}", weights,
+                                               state, self.config_yaml, keep=self.config.keep_checkpoints)
+        return self.checkpoint_path
+
+    def should_checkpoint(self, finished: bool) -> bool:
+        every = self.config.checkpoint_every
+        return finished or (every > 0 and self.iteration % every == 0)
+
+    def _drop_metrics_after(self, env_steps: int) -> None:
+        """A resumed run rewrites what came after its checkpoint; keep the log consistent."""
+        path = self.run_dir / "metrics.jsonl"
+        if path.is_file():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["env_steps"] <= env_steps]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    # ---- logging -----------------------------------------------------------------------
+    def start_logging(self) -> None:
+        self._logger = MetricLogger(self.run_dir, self.config.logger, OmegaConf.to_container(OmegaConf.create(self.config_yaml)))
+        self._bar = tqdm(total=self.config.total_env_steps, initial=self.env_steps, unit="step",
+                         desc="train", disable=not self.config.logger.progress_bar, dynamic_ncols=True)
+
+    def record(self, env_steps: int, episodes: list[EpisodeStats], metrics: dict[str, float]) -> None:
+        self.iteration += 1
+        self.env_steps += env_steps
+        self.episodes.extend(episodes)
+        now = time.perf_counter()
+        metrics = dict(metrics)
+        metrics["train/env_steps_per_s"] = (self.env_steps - self._last_steps) / max(now - self._last_time, 1e-9)
+        metrics["train/iteration"] = self.iteration
+        self._last_time, self._last_steps = now, self.env_steps
+        if self.episodes:
+            metrics["rollout/success_rate"] = float(np.mean([e.success for e in self.episodes]))
+            metrics["rollout/episode_return"] = float(np.mean([e.episode_return for e in self.episodes]))
+            metrics["rollout/episode_length"] = float(np.mean([e.length for e in self.episodes]))
+        metrics["rollout/episodes_finished"] = len(episodes)
+        assert self._logger is not None
+        self._logger.log(metrics, self.env_steps)
+        self._bar.update(env_steps)
+        self._bar.set_postfix(
+            success=f"{metrics.get('rollout/success_rate', 0.0):.2f}",
+            ret=f"{metrics.get('rollout/episode_return', 0.0):.2f}",
+            sps=f"{metrics['train/env_steps_per_s']:.0f}",
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._logger is not None:
+            self._logger.close()
+
+    @property
+    def finished(self) -> bool:
+        return self.env_steps >= self.config.total_env_steps

@@ -1,0 +1,1 @@
+"""Wire formats between roles. No pickle anywhere: msgpack plus raw numpy buffers."""

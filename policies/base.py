@@ -1,0 +1,53 @@
+"""The policy contract shared by every model family.
+
+- `act(observation)` samples an `ActionChunk` (with log-prob, value and the sampling record);
+- `evaluate(observation, chunk)` recomputes log-prob, entropy and value of stored samples,
+  which is what on-policy RL needs after the weights moved;
+- `bc_loss(observation, actions)` is the supervised loss for SFT on demonstrations;
+- `update_normalization(observation)` folds a batch into the input statistics, which live in
+  the module's buffers so they travel with the weights and the checkpoint."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from embodied.types import ActionChunk, EnvSpec, Observation
+
+
+@dataclass
+class PolicyEval:
+    log_prob: torch.Tensor  # (B,)
+    entropy: torch.Tensor  # (B,)
+    value: torch.Tensor  # (B,)
+
+
+class Policy(nn.Module, ABC):
+    chunk_size: int
+    spec: EnvSpec
+
+    @abstractmethod
+    def act(self, observation: Observation, deterministic: bool = False) -> ActionChunk:
+        """Sample (or, deterministic, take the mode of) an action chunk per env."""
+
+    @abstractmethod
+    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+        """Log-prob, entropy and value of `chunk` under the current weights."""
+
+    @abstractmethod
+    def value(self, observation: Observation) -> torch.Tensor:
+        """State value (B,), e.g. to bootstrap a truncated episode."""
+
+    @abstractmethod
+    def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        """Supervised loss for demonstrated actions (B, C, A)."""
+
+    def update_normalization(self, observation: Observation) -> None:
+        """Fold observations into the input statistics (no-op for policies without any)."""
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device

@@ -1,0 +1,96 @@
+"""The env-side interfaces. Two levels:
+
+- `SingleEnv`: one simulator instance stepping one action at a time (a ManiSkill CPU env,
+  a gymnasium task, later a LIBERO task or a robot).
+- `BatchedEnv`: what the rollout talks to: B envs, one action chunk each per step, with
+  auto-reset, summed rewards and kept final observations (see `embodied.types.StepResult`).
+
+Env-side code imports numpy, never torch, so it can run in another interpreter."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from embodied.types import EnvSpec, Observation, StepResult
+
+
+@dataclass
+class SingleObservation:
+    state: np.ndarray  # float32 (S,)
+    images: dict[str, np.ndarray] = field(default_factory=dict)  # uint8 (H, W, 3)
+
+
+@dataclass
+class SingleStep:
+    observation: SingleObservation
+    reward: float
+    terminated: bool
+    truncated: bool
+    success: bool
+
+
+class SingleEnv(ABC):
+    spec: EnvSpec
+    task: str
+    instruction: str
+
+    @abstractmethod
+    def reset(self, seed: int) -> SingleObservation:
+        """Start an episode; the same seed gives the same initial state."""
+
+    @abstractmethod
+    def step(self, action: np.ndarray) -> SingleStep:
+        """Execute one action, already clipped to the action bounds."""
+
+    def render(self) -> np.ndarray:
+        """uint8 (H, W, 3) frame for videos."""
+        raise NotImplementedError(f"{type(self).__name__} cannot render frames")
+
+    def close(self) -> None:
+        pass
+
+
+class BatchedEnv(ABC):
+    spec: EnvSpec
+    num_envs: int
+    tasks: list[str]
+    instructions: list[str]
+
+    @abstractmethod
+    def reset(self, seeds: Sequence[int] | None = None, env_idx: Sequence[int] | None = None) -> Observation:
+        """Reset all envs (or only `env_idx`) and return the full batch of observations.
+
+        Without `seeds`, each env takes the next seed of its deterministic episode sequence."""
+
+    @abstractmethod
+    def step(self, actions: np.ndarray) -> StepResult:
+        """Execute an action chunk float32 (B, C, A) in every env."""
+
+    def render(self, env_idx: int = 0) -> np.ndarray:
+        raise NotImplementedError(f"{type(self).__name__} cannot render frames")
+
+    def resume_state(self) -> dict[str, Any]:
+        """What `restore` needs to put every env back where it is now."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed mid-episode")
+
+    def restore(self, state: dict[str, Any]) -> Observation:
+        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed mid-episode")
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "BatchedEnv":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def episode_seed(base_seed: int, env_id: int, episode: int, stream: int = 0) -> int:
+    """Deterministic per-episode seed, so an env's episodes never depend on RNG state.
+    `stream` separates training from evaluation episodes."""
+    return int(np.random.SeedSequence([base_seed, stream, env_id, episode]).generate_state(1)[0] >> 1)

@@ -1,0 +1,80 @@
+"""Gymnasium adapter: classic control and MuJoCo tasks behind the same batched interface,
+so the trainer can be checked against published results on standard tasks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Optional
+
+import numpy as np
+
+from embodied.errors import ConfigError
+from embodied.registry import ENVS, unknown_name_message
+from embodied.types import EnvSpec
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+
+
+@dataclass
+class GymnasiumConfig:
+    name: str = "gymnasium"
+    task: str = "InvertedPendulum-v4"
+    num_envs: int = 1
+    num_workers: int = 0
+    max_episode_steps: Optional[int] = None
+    instruction: str = ""
+    kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make
+
+
+class GymnasiumEnv(SingleEnv):
+    def __init__(self, cfg: GymnasiumConfig, env_id: int = 0):
+        import gymnasium as gym
+
+        if cfg.task not in gym.registry:
+            raise ConfigError(unknown_name_message("gymnasium task (env.task)", cfg.task, sorted(gym.registry)))
+        extra = {} if cfg.max_episode_steps is None else {"max_episode_steps": cfg.max_episode_steps}
+        self.env = gym.make(cfg.task, render_mode="rgb_array", **extra, **cfg.kwargs)
+        space = self.env.action_space
+        if not isinstance(space, gym.spaces.Box):
+            raise ConfigError(f"{cfg.task} has a {type(space).__name__} action space; only continuous (Box) is supported")
+        self.task = cfg.task
+        self.instruction = cfg.instruction or cfg.task
+        limit = self.env.spec.max_episode_steps if self.env.spec else None
+        self.spec = EnvSpec(
+            state_dim=int(np.prod(self.env.observation_space.shape)),
+            action_dim=int(space.shape[0]),
+            action_low=tuple(float(x) for x in space.low),
+            action_high=tuple(float(x) for x in space.high),
+            max_episode_steps=limit,
+        )
+
+    @staticmethod
+    def _observation(raw: Any) -> SingleObservation:
+        return SingleObservation(state=np.asarray(raw, dtype=np.float32).reshape(-1))
+
+    def reset(self, seed: int) -> SingleObservation:
+        raw, _ = self.env.reset(seed=seed)
+        return self._observation(raw)
+
+    def step(self, action: np.ndarray) -> SingleStep:
+        raw, reward, terminated, truncated, info = self.env.step(action)
+        return SingleStep(
+            observation=self._observation(raw),
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            success=bool(info.get("is_success", info.get("success", False))),
+        )
+
+    def render(self) -> np.ndarray:
+        return np.asarray(self.env.render(), dtype=np.uint8)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@ENVS.register("gymnasium", GymnasiumConfig)
+def make_gymnasium(cfg: GymnasiumConfig, seed: int, stream: int = 0) -> BatchedEnv:
+    from sim.vector import VectorizedEnv
+
+    return VectorizedEnv(partial(GymnasiumEnv, cfg), cfg.num_envs, cfg.num_workers, base_seed=seed, stream=stream)

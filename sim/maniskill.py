@@ -1,0 +1,170 @@
+"""ManiSkill3 adapter.
+
+- `backend: cpu` runs physx_cpu, one env per simulator instance (ManiSkill's CPU backend
+  takes num_envs=1), vectorised by `VectorizedEnv`, optionally over worker processes.
+- `backend: gpu` runs physx_cuda with `num_envs` envs in one batched scene (`sim.maniskill_gpu`).
+
+Observations: `obs_mode: state` gives ManiSkill's flat state vector; `obs_mode: rgb` gives
+camera images plus the robot's proprioception and task extras as `state`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from embodied.errors import ConfigError
+from embodied.registry import ENVS, unknown_name_message
+from embodied.types import EnvSpec
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+
+# Tasks whose assets ship inside the mani-skill wheel (others download assets at run time).
+INSTRUCTIONS = {
+    "PushCube-v1": "push the cube to the goal region",
+    "PickCube-v1": "pick up the cube and move it to the goal position",
+    "StackCube-v1": "stack the red cube on top of the green cube",
+    "PegInsertionSide-v1": "insert the peg into the hole on the side of the box",
+    "PushT-v1": "push the T-shaped block onto the target",
+    "PullCube-v1": "pull the cube to the goal region",
+    "LiftPegUpright-v1": "lift the peg and stand it upright",
+    "PokeCube-v1": "use the peg to poke the cube to the goal",
+    "RollBall-v1": "roll the ball to the goal region",
+}
+OBS_MODES = ("state", "rgb")
+
+
+@dataclass
+class ManiSkillConfig:
+    name: str = "maniskill"
+    task: str = "PushCube-v1"
+    num_envs: int = 8
+    num_workers: int = 0  # cpu backend: worker processes holding the envs (0: this process)
+    backend: str = "cpu"  # cpu (physx_cpu) | gpu (physx_cuda)
+    obs_mode: str = "state"  # state | rgb
+    control_mode: str = "pd_joint_delta_pos"
+    reward_mode: str = "normalized_dense"
+    image_size: int = 128  # camera width and height for obs_mode=rgb
+    max_episode_steps: Optional[int] = None  # None: the task's own limit
+    instruction: Optional[str] = None  # None: the built-in instruction for the task
+    render_size: int = 256  # frames for videos
+
+
+def check_config(cfg: ManiSkillConfig) -> None:
+    if cfg.task not in INSTRUCTIONS:
+        raise ConfigError(unknown_name_message("ManiSkill task (env.task)", cfg.task, sorted(INSTRUCTIONS)))
+    if cfg.obs_mode not in OBS_MODES:
+        raise ConfigError(f"env.obs_mode must be one of {OBS_MODES}, got '{cfg.obs_mode}'")
+    if cfg.backend not in ("cpu", "gpu"):
+        raise ConfigError(f"env.backend must be 'cpu' or 'gpu', got '{cfg.backend}'")
+    if cfg.num_envs < 1:
+        raise ConfigError(f"env.num_envs must be >= 1, got {cfg.num_envs}")
+
+
+def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str) -> Any:
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+
+    kwargs: dict[str, Any] = dict(
+        obs_mode=cfg.obs_mode,
+        num_envs=num_envs,
+        sim_backend=sim_backend,
+        control_mode=cfg.control_mode,
+        reward_mode=cfg.reward_mode,
+        render_mode="rgb_array",
+        human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size),
+    )
+    if cfg.obs_mode == "rgb":
+        kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
+    if cfg.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    try:
+        return gym.make(cfg.task, **kwargs)
+    except Exception as error:
+        raise ConfigError(f"ManiSkill could not build {cfg.task} with {kwargs}: {error}") from error
+
+
+def flatten_state(observation: Any) -> np.ndarray:
+    """ManiSkill observation (tensor, or dict of agent/extra tensors) -> float32 (B, S)."""
+    if not isinstance(observation, dict):
+        return observation.detach().cpu().numpy().astype(np.float32)
+    parts = []
+    for section in ("agent", "extra"):
+        for value in observation.get(section, {}).values():
+            array = value.detach().cpu().numpy().astype(np.float32)
+            parts.append(array.reshape(array.shape[0], -1))
+    return np.concatenate(parts, axis=1)
+
+
+def camera_images(observation: Any) -> dict[str, np.ndarray]:
+    if not isinstance(observation, dict):
+        return {}
+    return {name: data["rgb"].detach().cpu().numpy() for name, data in observation["sensor_data"].items()}
+
+
+def env_spec(gym_env: Any, cfg: ManiSkillConfig, state: np.ndarray, images: dict[str, np.ndarray]) -> EnvSpec:
+    space = gym_env.unwrapped.single_action_space
+    limit = cfg.max_episode_steps or getattr(gym_env.unwrapped, "_max_episode_steps", None)
+    return EnvSpec(
+        state_dim=int(state.shape[-1]),
+        action_dim=int(space.shape[0]),
+        action_low=tuple(float(x) for x in space.low),
+        action_high=tuple(float(x) for x in space.high),
+        image_shapes={name: tuple(image.shape[-3:]) for name, image in images.items()},
+        max_episode_steps=int(limit) if limit else None,
+    )
+
+
+class ManiSkillEnv(SingleEnv):
+    """One physx_cpu ManiSkill env."""
+
+    def __init__(self, cfg: ManiSkillConfig, env_id: int = 0):
+        import torch
+
+        self.torch = torch
+        self.cfg = cfg
+        self.task = cfg.task
+        self.instruction = cfg.instruction or INSTRUCTIONS[cfg.task]
+        self.env = make_gym_env(cfg, num_envs=1, sim_backend="physx_cpu")
+        first = self.reset(0)
+        self.spec = env_spec(self.env, cfg, first.state[None], {k: v[None] for k, v in first.images.items()})
+
+    def _observation(self, raw: Any) -> SingleObservation:
+        return SingleObservation(
+            state=flatten_state(raw)[0],
+            images={name: image[0] for name, image in camera_images(raw).items()},
+        )
+
+    def reset(self, seed: int) -> SingleObservation:
+        raw, _ = self.env.reset(seed=seed)
+        return self._observation(raw)
+
+    def step(self, action: np.ndarray) -> SingleStep:
+        raw, reward, terminated, truncated, info = self.env.step(self.torch.from_numpy(action[None]))
+        return SingleStep(
+            observation=self._observation(raw),
+            reward=float(reward[0]),
+            terminated=bool(terminated[0]),
+            truncated=bool(truncated[0]),
+            success=bool(info["success"][0]) if "success" in info else False,
+        )
+
+    def render(self) -> np.ndarray:
+        return self.env.render()[0].cpu().numpy()
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@ENVS.register("maniskill", ManiSkillConfig)
+def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedEnv:
+    check_config(cfg)
+    if cfg.backend == "gpu":
+        from sim.maniskill_gpu import ManiSkillGPUEnv
+
+        return ManiSkillGPUEnv(cfg, base_seed=seed, stream=stream)
+    from functools import partial
+
+    from sim.vector import VectorizedEnv
+
+    return VectorizedEnv(partial(ManiSkillEnv, cfg), cfg.num_envs, cfg.num_workers, base_seed=seed, stream=stream)

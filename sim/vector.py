@@ -1,0 +1,214 @@
+"""`VectorizedEnv`: B single envs behind the batched interface, either in this process or
+spread over worker processes (one group of envs each), so CPU simulators use every core."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from embodied.transport import codec
+from embodied.types import EnvSpec, EpisodeStats, Observation, StepResult
+from sim.base import BatchedEnv, SingleEnv
+from sim.group import EnvGroup
+
+
+class EnvWorkerError(RuntimeError):
+    """An env worker process failed; carries the worker's traceback."""
+
+
+class _LocalGroup:
+    """Runs a group in this process with the same send/receive shape as a worker."""
+
+    def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int):
+        self.group = EnvGroup(make_env, env_ids, base_seed, stream)
+        self._pending: Any = None
+
+    def send(self, command: str, **args: Any) -> None:
+        self._pending = getattr(self.group, command)(**args)
+
+    def receive(self) -> Any:
+        result, self._pending = self._pending, None
+        return result
+
+    def close(self) -> None:
+        self.group.close()
+
+
+def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int, stream: int) -> None:
+    try:
+        import torch  # simulators such as ManiSkill use torch internally; one thread per worker
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+    group = None
+    try:
+        group = EnvGroup(make_env, env_ids, base_seed, stream)
+        connection.send_bytes(codec.encode({"ok": None}))
+        while True:
+            request = codec.decode(connection.recv_bytes())
+            if request["command"] == "close":
+                break
+            try:
+                reply = {"ok": getattr(group, request["command"])(**request["args"])}
+            except Exception:
+                reply = {"error": traceback.format_exc()}
+            connection.send_bytes(codec.encode(reply))
+    except (EOFError, KeyboardInterrupt):
+        pass
+    except Exception:
+        connection.send_bytes(codec.encode({"error": traceback.format_exc()}))
+    finally:
+        if group is not None:
+            group.close()
+
+
+class _ProcessGroup:
+    def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int):
+        context = mp.get_context("spawn")
+        self.connection, child = context.Pipe()
+        self.process = context.Process(
+            target=_worker_main, args=(child, make_env, list(env_ids), base_seed, stream), daemon=True
+        )
+        self.process.start()
+        child.close()
+        self._unwrap(self.connection.recv_bytes())
+
+    def send(self, command: str, **args: Any) -> None:
+        self.connection.send_bytes(codec.encode({"command": command, "args": args}))
+
+    def receive(self) -> Any:
+        try:
+            return self._unwrap(self.connection.recv_bytes())
+        except EOFError as error:
+            raise EnvWorkerError(f"env worker {self.process.pid} exited (code {self.process.exitcode})") from error
+
+    @staticmethod
+    def _unwrap(data: bytes) -> Any:
+        reply = codec.decode(data)
+        if "error" in reply:
+            raise EnvWorkerError(f"env worker failed:\n{reply['error']}")
+        return reply["ok"]
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self.connection.send_bytes(codec.encode({"command": "close", "args": {}}))
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+        self.connection.close()
+
+
+class VectorizedEnv(BatchedEnv):
+    def __init__(self, make_env: Callable[[int], SingleEnv], num_envs: int, num_workers: int = 0,
+                 base_seed: int = 0, stream: int = 0):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        num_workers = min(num_workers, num_envs)
+        self.num_envs = num_envs
+        group_type = _ProcessGroup if num_workers > 0 else _LocalGroup
+        splits = np.array_split(np.arange(num_envs), max(num_workers, 1))
+        self.groups: list[Any] = []
+        try:
+            for ids in splits:
+                self.groups.append(group_type(make_env, ids.tolist(), base_seed, stream))
+            descriptions = self._all("describe")
+        except BaseException:
+            self.close()
+            raise
+        self._sizes = [len(ids) for ids in splits]
+        self.spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in descriptions[0]["spec"].items()})
+        self.tasks = [t for d in descriptions for t in d["tasks"]]
+        self.instructions = [t for d in descriptions for t in d["instructions"]]
+
+    def _all(self, command: str, per_group: list[dict[str, Any]] | None = None) -> list[Any]:
+        for k, group in enumerate(self.groups):
+            group.send(command, **(per_group[k] if per_group else {}))
+        return [group.receive() for group in self.groups]
+
+    def _split(self, values: np.ndarray) -> list[np.ndarray]:
+        return np.split(np.asarray(values), np.cumsum(self._sizes)[:-1])
+
+    def _observation(self, parts: list[dict[str, Any]], prefix: str = "") -> Observation:
+        return Observation(
+            state=np.concatenate([p[prefix + "state"] for p in parts]),
+            images={name: np.concatenate([p[prefix + "images"][name] for p in parts]) for name in parts[0][prefix + "images"]},
+            instruction=list(self.instructions),
+        )
+
+    def reset(self, seeds: Sequence[int] | None = None, env_idx: Sequence[int] | None = None) -> Observation:
+        env_idx = np.arange(self.num_envs) if env_idx is None else np.asarray(env_idx, dtype=np.int64)
+        seeds_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
+        if seeds_arr is not None and seeds_arr.shape != env_idx.shape:
+            raise ValueError(f"got {seeds_arr.size} seeds for {env_idx.size} envs")
+        starts = np.cumsum([0] + self._sizes)
+        args = []
+        for k in range(len(self.groups)):
+            mine = (env_idx >= starts[k]) & (env_idx < starts[k + 1])
+            args.append({
+                "local_idx": (env_idx[mine] - starts[k]).tolist(),
+                "seeds": None if seeds_arr is None else seeds_arr[mine].tolist(),
+            })
+        return self._observation(self._all("reset", args))
+
+    def step(self, actions: np.ndarray) -> StepResult:
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 3 or actions.shape[0] != self.num_envs or actions.shape[2] != self.spec.action_dim:
+            raise ValueError(
+                f"expected an action chunk of shape ({self.num_envs}, C, {self.spec.action_dim}), got {actions.shape}"
+            )
+        parts = self._all("step", [{"chunk": chunk} for chunk in self._split(actions)])
+        cat = lambda key: np.concatenate([p[key] for p in parts])  # noqa: E731
+        return StepResult(
+            observation=self._observation(parts),
+            reward=cat("reward"),
+            terminated=cat("terminated"),
+            truncated=cat("truncated"),
+            success=cat("success"),
+            executed_steps=cat("executed_steps"),
+            executed_action=cat("executed_action"),
+            final_observation=self._observation(parts, prefix="final_"),
+            episodes=[EpisodeStats(int(e[0]), str(e[1]), float(e[2]), int(e[3]), bool(e[4])) for p in parts for e in p["episodes"]],
+        )
+
+    def render(self, env_idx: int = 0) -> np.ndarray:
+        starts = np.cumsum([0] + self._sizes)
+        k = int(np.searchsorted(starts, env_idx, side="right") - 1)
+        self.groups[k].send("render", local_index=int(env_idx - starts[k]))
+        return self.groups[k].receive()
+
+    def resume_state(self) -> dict[str, Any]:
+        """Per env, independent of how envs are spread over workers."""
+        parts = self._all("resume_state")
+        return {
+            "episode": np.concatenate([p["episode"] for p in parts]),
+            "seed": np.concatenate([p["seed"] for p in parts]),
+            "actions": [a for p in parts for a in p["actions"]],
+            "state": np.concatenate([p["state"] for p in parts]),
+        }
+
+    def restore(self, state: dict[str, Any]) -> Observation:
+        if len(state["seed"]) != self.num_envs:
+            raise ValueError(f"the saved env state has {len(state['seed'])} envs, this env has {self.num_envs}")
+        bounds = np.cumsum([0] + self._sizes)
+        per_group = []
+        for k in range(len(self.groups)):
+            rows = slice(bounds[k], bounds[k + 1])
+            per_group.append({"state": {
+                "episode": np.asarray(state["episode"])[rows],
+                "seed": np.asarray(state["seed"])[rows],
+                "actions": list(state["actions"][rows]),
+                "state": np.asarray(state["state"])[rows],
+            }})
+        return self._observation(self._all("restore", per_group))
+
+    def close(self) -> None:
+        for group in self.groups:
+            group.close()
+        self.groups = []

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# One entry point for a fresh machine: installs everything, then runs a job.
+#
+#   bash tools/setup.sh train [hydra overrides...]   # install, then the main training job
+#   bash tools/setup.sh test  [pytest args...]       # install, then the test suite
+#   bash tools/setup.sh install                      # install only
+#
+# Idempotent: the virtualenv is reused and pip runs only when pyproject.toml or
+# constraints.txt changed; system packages are installed only when missing.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+venv="${EMBODIED_VENV:-$root/.venv}"
+python="${EMBODIED_PYTHON:-python3}"
+job="${1:-install}"
+[ $# -gt 0 ] && shift
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+ensure_venv() {
+    if [ ! -x "$venv/bin/python" ]; then
+        log "creating virtualenv $venv"
+        "$python" -m venv "$venv"
+        "$venv/bin/pip" install -q -U pip setuptools wheel
+    fi
+    local stamp="$venv/.embodied-install-stamp"
+    local want
+    want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        log "installing Python packages (pinned by constraints.txt)"
+        "$venv/bin/pip" install -q -c constraints.txt -e ".[maniskill,mujoco,video,dev]"
+        echo "$want" > "$stamp"
+    fi
+}
+
+vulkan_works() {
+    "$venv/bin/python" - <<'PY' >/dev/null 2>&1
+import sapien
+sapien.render.RenderSystem()
+PY
+}
+
+# ManiSkill needs a Vulkan device even for state observations. An NVIDIA driver brings
+# its own; a CPU-only Debian 12 machine needs Mesa >= 23 (llvmpipe) from backports,
+# because bookworm's Mesa 22 lavapipe is rejected by SAPIEN.
+ensure_vulkan() {
+    if vulkan_works; then return; fi
+    if [ ! -r /etc/os-release ] || ! grep -q 'VERSION_CODENAME=bookworm' /etc/os-release; then
+        log "no working Vulkan device. Install your GPU driver's Vulkan ICD, or Mesa >= 23"
+        log "(package mesa-vulkan-drivers), then run this command again."
+        exit 1
+    fi
+    log "no working Vulkan device: installing Mesa's Vulkan drivers from bookworm-backports"
+    local list=/etc/apt/sources.list.d/bookworm-backports.sources
+    if [ ! -f "$list" ]; then
+        as_root tee "$list" >/dev/null <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm-backports
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+    fi
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq -t bookworm-backports \
+        mesa-vulkan-drivers libvulkan1 >/dev/null
+    if ! vulkan_works; then
+        log "Vulkan still not usable after installing Mesa; see sapien.render.get_device_summary()"
+        exit 1
+    fi
+}
+
+ensure_venv
+ensure_vulkan
+export PATH="$venv/bin:$PATH"
+
+case "$job" in
+    install) log "installed. Activate with: source $venv/bin/activate" ;;
+    train) exec embodied train "$@" ;;
+    test) exec python -m pytest "$@" ;;
+    *) log "unknown job '$job' (expected: train, test, install)"; exit 2 ;;
+esac
