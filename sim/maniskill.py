@@ -104,7 +104,7 @@ def camera_images(observation: Any) -> dict[str, np.ndarray]:
 
 def env_spec(gym_env: Any, cfg: ManiSkillConfig, state: np.ndarray, images: dict[str, np.ndarray]) -> EnvSpec:
     space = gym_env.unwrapped.single_action_space
-    limit = cfg.max_episode_steps or getattr(gym_env.unwrapped, "_max_episode_steps", None)
+    limit = cfg.max_episode_steps or getattr(gym_env, "_max_episode_steps", None)  # ManiSkill's TimeLimitWrapper
     return EnvSpec(
         state_dim=int(state.shape[-1]),
         action_dim=int(space.shape[0]),

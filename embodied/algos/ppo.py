@@ -122,7 +122,7 @@ class PPO:
                 loss.total.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                terms = {f.name: float(getattr(loss, f.name)) for f in fields(loss)}
+                terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
                 for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
                     sums[name] = sums.get(name, 0.0) + value
                 updates += 1

@@ -1,0 +1,101 @@
+"""End to end through the `embodied` command on real ManiSkill."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+TINY = [
+    "env.num_envs=2",
+    "algo.rollout_steps=8",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=2",
+    "policy.actor_hidden=[32,32]",
+    "policy.critic_hidden=[32,32]",
+    "checkpoint_every=1",
+    "logger.progress_bar=false",
+    "runtime.device=cpu",
+]
+STEPS_PER_ITERATION = 2 * 8
+
+
+def embodied(*args, check=True):
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)
+    if check and result.returncode != 0:
+        raise AssertionError(f"embodied {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+def latest(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text()
+
+
+def assert_same_checkpoint(a: Path, b: Path):
+    for name in ("weights.safetensors", "state.safetensors"):
+        left, right = load_file(str(a / name)), load_file(str(b / name))
+        assert left.keys() == right.keys()
+        for key in left:
+            assert (left[key] == right[key]).all(), f"{name}:{key} differs"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "full"
+    embodied("train", *TINY, f"run_dir={run_dir}", f"total_env_steps={2 * STEPS_PER_ITERATION}", "eval_episodes=2")
+    return run_dir
+
+
+def test_training_writes_checkpoints_logs_and_an_eval_report(uninterrupted):
+    checkpoint = latest(uninterrupted)
+    assert checkpoint.name == "iter_000002"
+    for name in ("weights.safetensors", "state.safetensors", "state.json", "config.yaml"):
+        assert (checkpoint / name).is_file()
+    assert not list((uninterrupted / "checkpoints").glob(".tmp-*"))
+    lines = [json.loads(line) for line in (uninterrupted / "metrics.jsonl").read_text().splitlines()]
+    assert [line["env_steps"] for line in lines] == [STEPS_PER_ITERATION, 2 * STEPS_PER_ITERATION]
+    assert {"loss/approx_kl", "loss/clipfrac", "loss/explained_variance"} <= set(lines[0])
+    assert list((uninterrupted / "tensorboard").iterdir())
+    report = json.loads((uninterrupted / "eval" / "PushCube-v1" / "report.json").read_text())
+    assert report["overall"]["episodes"] == 2 and report["tasks"][0]["task"] == "PushCube-v1"
+    assert "| PushCube-v1 | 2 |" in (uninterrupted / "eval" / "PushCube-v1" / "report.md").read_text()
+
+
+def test_resumed_run_reproduces_the_uninterrupted_one(uninterrupted, tmp_path):
+    run_dir = tmp_path / "resumed"
+    embodied("train", *TINY, f"run_dir={run_dir}", f"total_env_steps={STEPS_PER_ITERATION}", "eval_episodes=0")
+    assert latest(run_dir).name == "iter_000001"
+    embodied("train", f"resume={run_dir}", f"total_env_steps={2 * STEPS_PER_ITERATION}", "eval_episodes=0")
+    assert latest(run_dir).name == "iter_000002"
+    assert_same_checkpoint(latest(run_dir), latest(uninterrupted))
+    steps = [json.loads(line)["env_steps"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [STEPS_PER_ITERATION, 2 * STEPS_PER_ITERATION]
+
+
+def test_eval_command_reports_wilson_interval_and_writes_video(uninterrupted, tmp_path):
+    result = embodied("eval", f"checkpoint={uninterrupted}", "episodes=3", "video_episodes=1",
+                      f"output={tmp_path}", "env=maniskill_pushcube", "env.num_envs=1", "env.render_size=64")
+    report = json.loads((tmp_path / "report.json").read_text())
+    overall = report["overall"]
+    assert overall["episodes"] == 3
+    low, high = overall["success_ci95"]
+    assert 0.0 <= low <= overall["success_rate"] <= high <= 1.0
+    assert report["policy_version"] == 2 and report["env_steps"] == 2 * STEPS_PER_ITERATION
+    assert (tmp_path / "videos" / "episode_000.mp4").stat().st_size > 0
+    assert "report.md" in result.stdout
+
+
+def test_eval_of_a_missing_checkpoint_fails_with_a_clear_error(tmp_path):
+    result = embodied("eval", f"checkpoint={tmp_path / 'nowhere'}", check=False)
+    assert result.returncode == 2
+    assert "no checkpoint or run directory at" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_resume_of_a_run_without_checkpoints_fails_clearly(tmp_path):
+    result = embodied("train", f"resume={tmp_path}", check=False)
+    assert result.returncode == 2 and "holds no checkpoint" in result.stderr

@@ -1,0 +1,66 @@
+"""Config errors surface at the entry point, naming the key and the accepted values."""
+
+import pytest
+
+from embodied.cli import main
+from embodied.config import TrainConfig, compose, to_schema
+from embodied.errors import ConfigError, UnknownNameError
+from embodied.registry import Registry
+from policies.mlp import MLPPolicyConfig
+from sim.maniskill import ManiSkillConfig
+
+
+def load(*overrides):
+    return to_schema(TrainConfig, compose("train", list(overrides)))
+
+
+def test_default_config_maps_onto_typed_schemas():
+    config = load()
+    assert isinstance(config.env, ManiSkillConfig) and config.env.task == "PushCube-v1"
+    assert isinstance(config.policy, MLPPolicyConfig)
+    assert config.algo.name == "ppo" and config.runtime.name == "local"
+
+
+def test_experiment_overrides_groups_and_values():
+    config = load("experiment=mujoco_hopper")
+    assert config.env.task == "Hopper-v4" and config.algo.rollout_steps == 2048
+    assert config.policy.actor_hidden == [64, 64] and config.total_env_steps == 1_000_000
+
+
+def test_unknown_env_name_lists_known_ones_and_the_closest():
+    with pytest.raises(UnknownNameError, match=r"unknown env 'maniskil'; known: gymnasium, maniskill\. Did you mean 'maniskill'"):
+        load("env.name=maniskil")
+
+
+def test_unknown_env_config_file_lists_available_options():
+    with pytest.raises(ConfigError, match="maniskill_pushcube"):
+        load("env=maniskill_pushcub")
+
+
+def test_wrong_type_names_the_full_key():
+    with pytest.raises(ConfigError, match=r"'algo\.lr'.*"):
+        load("algo.lr=fast")
+
+
+def test_unknown_key_names_the_full_key():
+    with pytest.raises(ConfigError, match=r"'algo\.learning_rate'"):
+        load("+algo.learning_rate=0.1")
+
+
+def test_cli_prints_config_errors_without_traceback(capsys):
+    assert main(["train", "algo.update_epochs=many"]) == 2
+    err = capsys.readouterr().err
+    assert "algo.update_epochs" in err and "Traceback" not in err
+
+
+def test_unknown_verb_suggests_the_closest():
+    assert main(["trian"]) == 2
+
+
+def test_registry_rejects_duplicates_and_unknown_names():
+    registry = Registry("widget")
+    registry.register("round", dict)(lambda: None)
+    with pytest.raises(ValueError):
+        registry.register("round", dict)(lambda: None)
+    with pytest.raises(UnknownNameError, match="Did you mean 'round'"):
+        registry.get("rund")

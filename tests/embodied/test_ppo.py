@@ -1,0 +1,76 @@
+import numpy as np
+import torch
+
+from embodied.algos.ppo import PPO, PPOConfig, ppo_loss
+from embodied.buffers import TrajectoryBuilder
+from embodied.types import ActionChunk, EnvSpec, Observation, StepResult
+from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+
+def reference_terms(new_lp, old_lp, adv, new_v, old_v, ret, ent, clip, vf_coef, ent_coef):
+    """The PPO objective in numpy, term by term."""
+    ratio = np.exp(new_lp - old_lp)
+    adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+    policy = np.mean(np.maximum(-adv * ratio, -adv * np.clip(ratio, 1 - clip, 1 + clip)))
+    clipped_v = old_v + np.clip(new_v - old_v, -clip, clip)
+    value = 0.5 * np.mean(np.maximum((new_v - ret) ** 2, (clipped_v - ret) ** 2))
+    entropy = ent.mean()
+    kl = np.mean((ratio - 1) - (new_lp - old_lp))
+    clipfrac = np.mean(np.abs(ratio - 1) > clip)
+    return policy, value, entropy, kl, clipfrac, policy - ent_coef * entropy + vf_coef * value
+
+
+def test_ppo_loss_terms_match_a_reference_computation():
+    rng = np.random.default_rng(0)
+    n = 64
+    old_lp = rng.normal(size=n)
+    new_lp = old_lp + rng.normal(scale=0.3, size=n)
+    adv, ret = rng.normal(size=n), rng.normal(size=n)
+    old_v = rng.normal(size=n)
+    new_v = old_v + rng.normal(scale=0.5, size=n)
+    ent = rng.uniform(1, 2, size=n)
+    cfg = PPOConfig(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01)
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    loss = ppo_loss(t(new_lp), t(old_lp), t(adv), t(new_v), t(old_v), t(ret), t(ent), cfg)
+    expected = reference_terms(new_lp, old_lp, adv, new_v, old_v, ret, ent, 0.2, 0.5, 0.01)
+    got = [loss.policy_loss, loss.value_loss, loss.entropy, loss.approx_kl, loss.clipfrac, loss.total]
+    np.testing.assert_allclose([float(x) for x in got], expected, rtol=1e-10)
+
+
+def test_unclipped_value_loss_is_half_the_squared_error():
+    cfg = PPOConfig(clip_value_loss=False)
+    z = torch.zeros(4)
+    loss = ppo_loss(z, z, torch.ones(4), torch.tensor([1.0, 2, 3, 4]), z, z, z, cfg)
+    assert float(loss.value_loss) == 0.5 * np.mean([1, 4, 9, 16])
+    assert float(loss.approx_kl) == 0.0 and float(loss.clipfrac) == 0.0
+
+
+def _batch(policy, steps=8, envs=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    builder = TrajectoryBuilder()
+    for _ in range(steps):
+        observation = Observation(state=torch.randn(envs, 3, generator=generator).numpy())
+        with torch.no_grad():
+            chunk = policy.act(observation.to_torch())
+        reward = torch.randn(envs, generator=generator).numpy().astype(np.float32)
+        result = StepResult(
+            observation=observation, reward=reward, terminated=np.zeros(envs, bool), truncated=np.zeros(envs, bool),
+            success=np.zeros(envs, bool), executed_steps=np.ones(envs, np.int64),
+            executed_action=chunk.actions.numpy(), final_observation=observation,
+        )
+        builder.add(observation, ActionChunk(chunk.actions, chunk.log_prob, chunk.value), result, torch.zeros(envs))
+    return builder.build(torch.zeros(envs))
+
+
+def test_first_minibatch_of_an_update_sees_ratio_one_and_logs_diagnostics():
+    spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    torch.manual_seed(0)
+    policy = MLPGaussianPolicy(MLPPolicyConfig(chunk_size=2), spec)
+    batch = _batch(policy)
+    rows = torch.arange(8)
+    evaluated = policy.evaluate(batch.flat_observation(rows), batch.chunk(rows))
+    torch.testing.assert_close(evaluated.log_prob, batch.chunk(rows).log_prob)
+    metrics = PPO(PPOConfig(update_epochs=2, num_minibatches=4), policy).update(batch, progress=0.0)
+    for key in ("loss/policy_loss", "loss/value_loss", "loss/approx_kl", "loss/clipfrac", "loss/explained_variance"):
+        assert np.isfinite(metrics[key]), key
+    assert metrics["train/lr"] == 3e-4

@@ -1,0 +1,26 @@
+import numpy as np
+import pytest
+
+from embodied.errors import ConfigError
+from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+
+
+def test_mujoco_task_steps_in_chunks_with_auto_reset():
+    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2), seed=0)
+    try:
+        observation = env.reset()
+        assert observation.state.shape == (2, 4) and env.spec.action_dim == 1
+        ended = []
+        for _ in range(20):
+            result = env.step(np.full((2, 5, 1), 3.0, np.float32))  # push hard: the pole falls
+            ended += result.episodes
+            assert (result.executed_action <= 3.0).all()
+            assert result.terminated[result.done].all()
+        assert ended and all(e.length < 1000 for e in ended)
+    finally:
+        env.close()
+
+
+def test_unknown_gymnasium_task_is_a_config_error():
+    with pytest.raises(ConfigError, match="Did you mean 'Hopper-v4'"):
+        make_gymnasium(GymnasiumConfig(task="Hoper-v4"), seed=0)

@@ -1,0 +1,148 @@
+"""The ManiSkill adapter on real ManiSkill (physx_cpu)."""
+
+from functools import partial
+
+import numpy as np
+import pytest
+import sapien
+
+from embodied.errors import ConfigError
+from sim.group import EnvGroup
+from sim.maniskill import ManiSkillConfig, ManiSkillEnv, make_maniskill
+
+TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
+
+
+@pytest.fixture(scope="module")
+def pushcube():
+    env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=3), seed=7)
+    yield env
+    env.close()
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_resets_with_state_shapes_and_instruction(task):
+    env = make_maniskill(ManiSkillConfig(task=task, num_envs=1), seed=0)
+    try:
+        observation = env.reset()
+        assert observation.state.shape == (1, env.spec.state_dim) and observation.state.dtype == np.float32
+        assert env.spec.action_dim == 8 and env.spec.max_episode_steps > 0
+        assert observation.instruction[0] and observation.instruction == env.instructions
+        result = env.step(np.zeros((1, 2, env.spec.action_dim), np.float32))
+        assert result.observation.state.shape == observation.state.shape
+        assert result.executed_steps.tolist() == [2]
+    finally:
+        env.close()
+
+
+def test_same_seed_gives_the_same_initial_observation(pushcube):
+    first = pushcube.reset(seeds=[11, 12, 11])
+    assert np.array_equal(first.state[0], first.state[2])
+    assert not np.array_equal(first.state[0], first.state[1])
+    again = pushcube.reset(seeds=[11, 12, 11])
+    assert np.array_equal(first.state, again.state)
+
+
+def test_chunk_step_sums_rewards_of_its_actions(pushcube):
+    pushcube.reset(seeds=[3, 4, 5])
+    chunk = np.random.default_rng(0).uniform(-1, 1, size=(3, 4, 8)).astype(np.float32)
+    result = pushcube.step(chunk)
+
+    single = ManiSkillEnv(ManiSkillConfig(task="PushCube-v1"))
+    single.reset(4)
+    rewards = [single.step(chunk[1, j]).reward for j in range(4)]
+    single.close()
+    assert result.reward[1] == pytest.approx(sum(rewards), rel=1e-5)
+    assert result.executed_steps.tolist() == [4, 4, 4]
+    np.testing.assert_array_equal(result.executed_action, chunk)
+
+
+def test_actions_outside_the_bounds_are_clipped_before_execution(pushcube):
+    pushcube.reset()
+    result = pushcube.step(np.full((3, 1, 8), 5.0, np.float32))
+    assert result.executed_action.max() == 1.0
+
+
+def test_partial_reset_only_touches_the_given_envs(pushcube):
+    before = pushcube.reset(seeds=[1, 2, 3])
+    pushcube.step(np.full((3, 3, 8), 0.5, np.float32))
+    moved = pushcube.reset(seeds=[], env_idx=[])
+    after = pushcube.reset(seeds=[2], env_idx=[1])
+    assert np.array_equal(after.state[1], before.state[1])
+    assert np.array_equal(after.state[0], moved.state[0]) and not np.array_equal(after.state[0], before.state[0])
+
+
+def test_time_limit_truncates_keeps_final_observation_and_auto_resets():
+    env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, max_episode_steps=5), seed=0)
+    try:
+        env.reset()
+        result = env.step(np.full((2, 3, 8), 0.3, np.float32))
+        assert not result.done.any()
+        result = env.step(np.full((2, 3, 8), 0.3, np.float32))
+        assert result.truncated.all() and not result.terminated.any()
+        assert result.executed_steps.tolist() == [2, 2]  # the chunk stops where the episode ends
+        assert not np.array_equal(result.final_observation.state, result.observation.state)
+        assert [e.length for e in result.episodes] == [5, 5]
+        fresh = env.step(np.zeros((2, 1, 8), np.float32))
+        assert not fresh.done.any()
+    finally:
+        env.close()
+
+
+def test_success_fires_and_terminates_when_the_cube_is_on_the_goal():
+    group = EnvGroup(partial(ManiSkillEnv, ManiSkillConfig(task="PushCube-v1")), [0], base_seed=0)
+    try:
+        group.reset()
+        task = group.envs[0].env.unwrapped
+        goal = task.goal_region.pose.p[0].numpy()
+        cube = task.obj.pose.p[0].numpy()
+        task.obj.set_pose(sapien.Pose(p=[goal[0], goal[1], cube[2]]))
+        result = group.step(np.zeros((1, 1, 8), np.float32))
+        assert result["success"][0] and result["terminated"][0]
+        assert result["episodes"][0][4] is True  # the ended episode counts as a success
+    finally:
+        group.close()
+
+
+def test_rgb_observations_have_camera_images_and_proprioception():
+    env = make_maniskill(ManiSkillConfig(task="PickCube-v1", num_envs=1, obs_mode="rgb", image_size=64), seed=0)
+    try:
+        observation = env.reset()
+        assert observation.images["base_camera"].shape == (1, 64, 64, 3)
+        assert observation.images["base_camera"].dtype == np.uint8
+        assert observation.images["base_camera"].max() > 0
+        assert env.spec.image_shapes == {"base_camera": (64, 64, 3)}
+        assert observation.state.shape[1] == env.spec.state_dim > 9
+    finally:
+        env.close()
+
+
+def test_worker_processes_give_the_same_results_as_in_process_envs():
+    chunk = np.random.default_rng(1).uniform(-1, 1, size=(2, 3, 8)).astype(np.float32)
+    results = []
+    for workers in (0, 2):
+        env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=workers), seed=5)
+        try:
+            env.reset()
+            results.append(env.step(chunk))
+        finally:
+            env.close()
+    np.testing.assert_array_equal(results[0].observation.state, results[1].observation.state)
+    np.testing.assert_array_equal(results[0].reward, results[1].reward)
+
+
+def test_resume_state_replays_episodes_to_the_same_observation(pushcube):
+    pushcube.reset()
+    pushcube.step(np.full((3, 4, 8), 0.2, np.float32))
+    saved = pushcube.resume_state()
+    expected = pushcube.step(np.full((3, 1, 8), -0.2, np.float32))
+    pushcube.reset()
+    restored = pushcube.restore(saved)
+    np.testing.assert_array_equal(restored.state, saved["state"])
+    np.testing.assert_array_equal(pushcube.step(np.full((3, 1, 8), -0.2, np.float32)).observation.state,
+                                  expected.observation.state)
+
+
+def test_unknown_task_names_the_closest_known_one():
+    with pytest.raises(ConfigError, match="Did you mean 'PushCube-v1'"):
+        make_maniskill(ManiSkillConfig(task="PushCub-v1"), seed=0)
