@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.distributions import Normal
 
 from embodied.errors import ConfigError
 from embodied.registry import POLICIES
@@ -18,6 +17,7 @@ from embodied.types import ActionChunk, EnvSpec, Observation
 from policies.base import Policy, PolicyEval
 from policies.normalization import RunningNormalizer
 
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 
 
@@ -65,27 +65,31 @@ class MLPGaussianPolicy(Policy):
         state = observation.state.to(self.log_std.device, torch.float32)
         return self.normalizer(state) if self.normalizer is not None else state
 
-    def _distribution(self, features: torch.Tensor) -> Normal:
-        mean = self.actor(features)
-        return Normal(mean, self.log_std.exp().expand_as(mean))
+    def _log_prob(self, mean: torch.Tensor, flat_actions: torch.Tensor) -> torch.Tensor:
+        """Diagonal Gaussian log-density written out: torch.distributions' argument checks
+        cost more than the math at the batch sizes of single-env rollouts."""
+        z = (flat_actions - mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.pow(2) - self.log_std - HALF_LOG_2PI).sum(-1)
+
+    def _entropy(self, batch: int) -> torch.Tensor:
+        return (0.5 + HALF_LOG_2PI + self.log_std).sum().expand(batch)
 
     def act(self, observation: Observation, deterministic: bool = False) -> ActionChunk:
         features = self._features(observation)
-        dist = self._distribution(features)
-        flat = dist.mean if deterministic else dist.sample()
+        mean = self.actor(features)
+        flat = mean if deterministic else mean + torch.randn_like(mean) * self.log_std.exp()
         return ActionChunk(
             actions=flat.view(-1, self.chunk_size, self.spec.action_dim),
-            log_prob=dist.log_prob(flat).sum(-1),
+            log_prob=self._log_prob(mean, flat),
             value=self.critic(features).squeeze(-1),
         )
 
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
         features = self._features(observation)
-        dist = self._distribution(features)
         flat = chunk.actions.reshape(features.shape[0], -1)
         return PolicyEval(
-            log_prob=dist.log_prob(flat).sum(-1),
-            entropy=dist.entropy().sum(-1),
+            log_prob=self._log_prob(self.actor(features), flat),
+            entropy=self._entropy(features.shape[0]),
             value=self.critic(features).squeeze(-1),
         )
 
@@ -93,8 +97,8 @@ class MLPGaussianPolicy(Policy):
         return self.critic(self._features(observation)).squeeze(-1)
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
-        dist = self._distribution(self._features(observation))
-        return -dist.log_prob(actions.reshape(actions.shape[0], -1)).sum(-1).mean()
+        mean = self.actor(self._features(observation))
+        return -self._log_prob(mean, actions.reshape(actions.shape[0], -1)).mean()
 
     def update_normalization(self, observation: Observation) -> None:
         if self.normalizer is not None:

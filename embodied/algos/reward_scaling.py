@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -10,35 +11,37 @@ class ReturnScaler:
         self.gamma = gamma
         self.clip = clip
         self.epsilon = epsilon
-        self.mean = torch.zeros((), dtype=torch.float64)
-        self.var = torch.ones((), dtype=torch.float64)
-        self.count = torch.tensor(1e-4, dtype=torch.float64)
-        self.discounted_return: torch.Tensor | None = None  # (B,) per env, carried across batches
+        self.mean = 0.0
+        self.var = 1.0
+        self.count = 1e-4
+        self.discounted_return: np.ndarray | None = None  # (B,) per env, carried across batches
 
-    def _update(self, batch: torch.Tensor) -> None:
-        batch = batch.to(torch.float64)
+    def _update(self, batch: np.ndarray) -> None:
         delta = batch.mean() - self.mean
-        total = self.count + batch.numel()
-        self.mean = self.mean + delta * batch.numel() / total
-        m2 = self.var * self.count + batch.var(unbiased=False) * batch.numel() + delta**2 * self.count * batch.numel() / total
+        total = self.count + batch.size
+        self.mean += delta * batch.size / total
+        m2 = self.var * self.count + batch.var() * batch.size + delta**2 * self.count * batch.size / total
         self.var = m2 / total
         self.count = total
 
     def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
-        """Scale time-major (T, B) rewards, updating the statistics step by step."""
+        """Scale time-major (T, B) rewards, updating the statistics step by step (a plain
+        numpy loop: thousands of tiny torch ops would dominate a single-env update)."""
+        rewards = reward.detach().cpu().numpy().astype(np.float64)
+        dones = done.detach().cpu().numpy()
         if self.discounted_return is None:
-            self.discounted_return = torch.zeros(reward.shape[1], dtype=torch.float64)
-        scaled = torch.empty_like(reward)
-        for t in range(reward.shape[0]):
-            self.discounted_return = self.discounted_return * self.gamma + reward[t].to(torch.float64)
+            self.discounted_return = np.zeros(rewards.shape[1])
+        scaled = np.empty_like(rewards)
+        for t in range(rewards.shape[0]):
+            self.discounted_return = self.discounted_return * self.gamma + rewards[t]
             self._update(self.discounted_return)
-            scaled[t] = (reward[t] / torch.sqrt(self.var + self.epsilon).to(reward.dtype)).clamp(-self.clip, self.clip)
-            self.discounted_return = torch.where(done[t], 0.0, self.discounted_return)
-        return scaled
+            scaled[t] = rewards[t] / np.sqrt(self.var + self.epsilon)
+            self.discounted_return[dones[t]] = 0.0
+        return torch.as_tensor(np.clip(scaled, -self.clip, self.clip), dtype=reward.dtype, device=reward.device)
 
     def state_dict(self) -> dict:
         return {"mean": self.mean, "var": self.var, "count": self.count, "discounted_return": self.discounted_return}
 
     def load_state_dict(self, state: dict) -> None:
-        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])
         self.discounted_return = state.get("discounted_return")

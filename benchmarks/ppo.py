@@ -1,0 +1,174 @@
+"""PPO learning benchmarks. Each run is a normal `embodied train` run; this script starts them,
+collects their metrics.jsonl into benchmarks/results/runs/<name>.json, and writes a JSON +
+Markdown summary and a PNG plot per suite.
+
+    python benchmarks/ppo.py mujoco      # InvertedPendulum-v4 x3 seeds, Hopper-v4 x1, 1M steps each
+    python benchmarks/ppo.py maniskill   # PushCube-v1 and PickCube-v1, state obs, CPU
+    python benchmarks/ppo.py report      # rebuild summaries and plots from the collected runs
+    python benchmarks/ppo.py mujoco --only hopper-s1 --steps 200000   # one run, shorter
+
+Reference (PPO, 1M steps, mean +- std over seeds of the final training-episode return):
+InvertedPendulum-v4 963 +- 22, Hopper-v4 2383 +- 272."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+RUNS = ROOT / "runs"  # full run directories (ignored by git)
+
+SUITES = {
+    "mujoco": {
+        "metric": "rollout/episode_return",
+        "runs": {
+            **{f"invertedpendulum-s{s}": ["experiment=mujoco_invertedpendulum", f"seed={s}"] for s in (1, 2, 3)},
+            "hopper-s1": ["experiment=mujoco_hopper", "seed=1"],
+        },
+        "steps": 1_000_000,
+        "reference": {"invertedpendulum": (963, 22), "hopper": (2383, 272)},
+    },
+    "maniskill": {
+        "metric": "rollout/success_rate",
+        "runs": {
+            "pushcube-s1": ["env=maniskill_pushcube", "seed=1"],
+            "pickcube-s1": ["env=maniskill_pickcube", "seed=1"],
+        },
+        "steps": 2_000_000,
+        "goal": {"pushcube": 0.9},
+    },
+}
+
+
+def train(name: str, overrides: list[str], steps: int) -> None:
+    run_dir = RUNS / name
+    command = [sys.executable, "-m", "embodied.cli", "train", *overrides, f"run_dir={run_dir}",
+               f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false"]
+    if (run_dir / "checkpoints" / "latest").is_file():  # continue an interrupted benchmark run
+        command = [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", f"total_env_steps={steps}",
+                   "eval_episodes=0", "logger.progress_bar=false"]
+    started = time.time()
+    print(f"[{name}] {' '.join(command[3:])}", flush=True)
+    subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    collect(name, wall_time=time.time() - started)
+
+
+def collect(name: str, wall_time: float | None = None) -> None:
+    lines = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+    keep = ("env_steps", "rollout/episode_return", "rollout/success_rate", "train/env_steps_per_s")
+    curve = [{k: line[k] for k in keep if k in line} for line in lines]
+    out = RESULTS / "runs" / f"{name}.json"
+    previous = json.loads(out.read_text()) if out.exists() else {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    wall = wall_time if wall_time is not None else previous.get("wall_time_s")
+    out.write_text(json.dumps({"name": name, "wall_time_s": wall, "curve": curve}))
+
+
+def load(name: str) -> dict | None:
+    path = RESULTS / "runs" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def first_reaching(curve: list[dict], metric: str, threshold: float) -> int | None:
+    return next((p["env_steps"] for p in curve if p.get(metric, -np.inf) >= threshold), None)
+
+
+def report(suite_name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suite = SUITES[suite_name]
+    metric = suite["metric"]
+    runs = {name: load(name) for name in suite["runs"]}
+    runs = {name: run for name, run in runs.items() if run}
+    if not runs:
+        print(f"no collected runs for {suite_name}")
+        return
+    tasks = sorted({name.rsplit("-s", 1)[0] for name in runs})
+    summary = {"suite": suite_name, "metric": metric, "tasks": {}}
+    rows = []
+    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        members = {n: r for n, r in runs.items() if n.rsplit("-s", 1)[0] == task}
+        finals, steps, speeds, walls, reach = [], [], [], [], []
+        for name, run in sorted(members.items()):
+            curve = [p for p in run["curve"] if metric in p]
+            x = [p["env_steps"] for p in curve]
+            y = [p[metric] for p in curve]
+            ax.plot(x, y, label=name)
+            finals.append(y[-1])
+            steps.append(x[-1])
+            speeds.append(float(np.median([p["train/env_steps_per_s"] for p in run["curve"]])))
+            walls.append(run.get("wall_time_s"))
+            if suite_name == "maniskill":
+                reach.append(first_reaching(curve, metric, suite.get("goal", {}).get(task, 0.9)))
+        entry = {"runs": sorted(members), "final": finals, "final_mean": float(np.mean(finals)),
+                 "final_std": float(np.std(finals)), "env_steps": steps, "median_env_steps_per_s": speeds,
+                 "wall_time_s": walls}
+        reference = suite.get("reference", {}).get(task)
+        if reference:
+            entry["reference"] = {"mean": reference[0], "std": reference[1]}
+            ax.axhspan(reference[0] - reference[1], reference[0] + reference[1], color="grey", alpha=0.2,
+                       label="reference PPO (1M)")
+        if reach:
+            entry["env_steps_to_goal"] = reach
+        summary["tasks"][task] = entry
+        ax.set_title(task)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel(metric.split("/")[-1].replace("_", " "))
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        ref_text = f"{reference[0]} ± {reference[1]}" if reference else "-"
+        wall_text = ", ".join(f"{w / 60:.0f} min" if w else "?" for w in walls)
+        reach_text = ", ".join(f"{r:,}" if r else "not reached" for r in reach) if reach else "-"
+        rows.append(f"| {task} | {len(finals)} | {', '.join(f'{s:,}' for s in steps)} | "
+                    f"{np.mean(finals):.2f} ± {np.std(finals):.2f} | {ref_text} | {reach_text} | "
+                    f"{np.median(speeds):.0f} | {wall_text} |")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"ppo_{suite_name}.png", dpi=110)
+    (RESULTS / f"ppo_{suite_name}.json").write_text(json.dumps(summary, indent=2))
+    header = [
+        f"# PPO benchmark: {suite_name}",
+        "",
+        f"Final value = `{metric}` over the last 100 training episodes at the end of the run "
+        "(stochastic policy). Measured on a 2-core CPU machine, runs sharing it with other work, "
+        "so steps/s and wall time are indicative only.",
+        "",
+        "| task | seeds | env steps | final (mean ± std) | reference | steps to goal | median steps/s | wall time |",
+        "| --- | ---: | --- | --- | --- | --- | ---: | --- |",
+    ]
+    (RESULTS / f"ppo_{suite_name}.md").write_text("\n".join(header + rows) + f"\n\n![curves](ppo_{suite_name}.png)\n")
+    print((RESULTS / f"ppo_{suite_name}.md").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suite", choices=[*SUITES, "report"])
+    parser.add_argument("--only", nargs="*", help="run names to run (default: all of the suite)")
+    parser.add_argument("--steps", type=int, help="env steps per run (default: the suite's)")
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = parser.parse_args()
+    if args.suite == "report":
+        for name in SUITES:
+            report(name)
+        return
+    suite = SUITES[args.suite]
+    for name, overrides in suite["runs"].items():
+        if args.only and name not in args.only:
+            continue
+        train(name, overrides + args.overrides, args.steps or suite["steps"])
+    report(args.suite)
+
+
+if __name__ == "__main__":
+    main()
