@@ -73,12 +73,15 @@ class BatchedEnv(ABC):
     def render(self, env_idx: int = 0) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} cannot render frames")
 
-    def resume_state(self) -> dict[str, Any]:
-        """What `restore` needs to put every env back where it is now."""
-        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed mid-episode")
+    def resume_state(self) -> dict[str, Any] | None:
+        """What `restore` needs to put every env back where it is now; None where the env
+        cannot be restored mid-episode (a resumed run then starts fresh episodes)."""
+        return None
 
-    def restore(self, state: dict[str, Any]) -> Observation:
-        raise NotImplementedError(f"{type(self).__name__} cannot be checkpointed mid-episode")
+    def restore(self, state: dict[str, Any] | None) -> Observation:
+        if state is not None:
+            raise ValueError(f"{type(self).__name__} cannot restore a saved mid-episode state")
+        return self.reset()
 
     def close(self) -> None:
         pass

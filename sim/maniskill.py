@@ -2,7 +2,7 @@
 
 - `backend: cpu` runs physx_cpu, one env per simulator instance (ManiSkill's CPU backend
   takes num_envs=1), vectorised by `VectorizedEnv`, optionally over worker processes.
-- `backend: gpu` runs physx_cuda with `num_envs` envs in one batched scene (`sim.maniskill_gpu`).
+- `backend: gpu` runs physx_cuda with `num_envs` envs in one batched scene (`sim.maniskill_batched`).
 
 Observations: `obs_mode: state` gives ManiSkill's flat state vector; `obs_mode: rgb` gives
 camera images plus the robot's proprioception and task extras as `state`."""
@@ -160,9 +160,9 @@ class ManiSkillEnv(SingleEnv):
 def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedEnv:
     check_config(cfg)
     if cfg.backend == "gpu":
-        from sim.maniskill_gpu import ManiSkillGPUEnv
+        from sim.maniskill_batched import ManiSkillBatchedEnv
 
-        return ManiSkillGPUEnv(cfg, base_seed=seed, stream=stream)
+        return ManiSkillBatchedEnv(cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda")
     from functools import partial
 
     from sim.vector import VectorizedEnv

@@ -53,7 +53,7 @@ class LocalRuntime:
                 learner.load_weights(weights)
                 learner.load_state_dict(state["learner"])
                 rollout.restore(state["env"])
-                torch.set_rng_state(state["torch_rng"])
+                set_rng_state(state["rng"])
             rollout.policy_version = learner.policy_version
 
             session.start_logging()
@@ -68,12 +68,22 @@ class LocalRuntime:
                     session.save(learner.get_weights(), {
                         "learner": learner.state_dict(),
                         "env": env.resume_state(),
-                        "torch_rng": torch.get_rng_state(),
+                        "rng": get_rng_state(),
                     })
         finally:
             session.close()
             env.close()
         return session
+
+
+def get_rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
 
 
 @RUNTIMES.register("local", LocalRuntimeConfig)

@@ -146,3 +146,26 @@ def test_resume_state_replays_episodes_to_the_same_observation(pushcube):
 def test_unknown_task_names_the_closest_known_one():
     with pytest.raises(ConfigError, match="Did you mean 'PushCube-v1'"):
         make_maniskill(ManiSkillConfig(task="PushCub-v1"), seed=0)
+
+
+def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
+    """The physx_cuda code path, exercised on physx_cpu (where ManiSkill allows one env)."""
+    from sim.maniskill_batched import ManiSkillBatchedEnv
+
+    env = ManiSkillBatchedEnv(ManiSkillConfig(task="PushCube-v1", num_envs=1, max_episode_steps=5),
+                              base_seed=0, sim_backend="physx_cpu")
+    try:
+        first = env.reset(seeds=[env.first_seed])
+        again = env.reset(seeds=[env.first_seed])
+        np.testing.assert_array_equal(first.state, again.state)
+        assert env.spec.state_dim == first.state.shape[1] and env.spec.max_episode_steps == 5
+        result = env.step(np.full((1, 3, 8), 2.0, np.float32))
+        assert result.executed_steps.tolist() == [3] and result.executed_action.max() == 1.0
+        result = env.step(np.full((1, 4, 8), 0.1, np.float32))
+        assert result.truncated.tolist() == [True] and result.executed_steps.tolist() == [2]
+        assert result.episodes[0].length == 5
+        assert np.abs(result.executed_action[0, 2:]).max() == 0.0
+        assert not np.array_equal(result.final_observation.state, result.observation.state)
+        assert env.resume_state() is None
+    finally:
+        env.close()
