@@ -1,0 +1,1 @@
+"""Simulator adapters behind the batched env interface (`sim.base.BatchedEnv`)."""
