@@ -85,20 +85,31 @@ def save_checkpoint(directory: Path, name: str, weights: dict[str, torch.Tensor]
     for file in staging.iterdir():
         with open(file, "rb") as handle:
             os.fsync(handle.fileno())
-    shutil.rmtree(final, ignore_errors=True)
+    replaced = directory / f".old-{name}"
+    if final.exists():  # never a moment where `latest` could name a missing directory
+        shutil.rmtree(replaced, ignore_errors=True)
+        os.replace(final, replaced)
     os.replace(staging, final)
     pointer = directory / ".latest.tmp"
     pointer.write_text(name)
     os.replace(pointer, directory / "latest")
     _fsync_dir(directory)
-    _prune(directory, keep)
+    shutil.rmtree(replaced, ignore_errors=True)
+    _prune(directory, keep, newest=final)
     return final
 
 
-def _prune(directory: Path, keep: int) -> None:
-    saved = sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith("iter_"))
+def _prune(directory: Path, keep: int, newest: Path) -> None:
+    saved = sorted((p for p in directory.iterdir() if p.is_dir() and p.name.startswith("iter_")),
+                   key=lambda p: int(p.name.split("_")[1]))
     for old in saved[:-keep] if keep > 0 else []:
-        shutil.rmtree(old)
+        if old != newest:
+            shutil.rmtree(old)
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint belongs to (itself for a loose checkpoint)."""
+    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

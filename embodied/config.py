@@ -42,7 +42,7 @@ class TrainConfig:
     resume: Optional[str] = None  # a run directory to continue from its latest checkpoint
     checkpoint_every: int = 10  # iterations
     keep_checkpoints: int = 3
-    eval_episodes: int = 20  # evaluated after training; 0 to skip
+    eval_episodes: int = 50  # evaluated after training; 0 to skip
     eval_video_episodes: int = 0
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
@@ -57,6 +57,17 @@ class EvalConfig:
     seed: int = 0
     output: Optional[str] = None  # default: <run dir>/eval/<env task>
     progress_bar: bool = True
+
+
+def check_values(config: Any) -> None:
+    """Range checks the types alone do not catch."""
+    positive = {"TrainConfig": ("total_env_steps",), "EvalConfig": ("episodes",)}.get(type(config).__name__, ())
+    for key in positive:
+        if getattr(config, key) < 1:
+            raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
+    for key in ("seed", "eval_episodes", "eval_video_episodes", "video_episodes", "checkpoint_every"):
+        if getattr(config, key, 0) < 0:
+            raise ConfigError(f"'{key}' must be >= 0, got {getattr(config, key)}")
 
 
 def _validate(schema: type, section: Any, where: str) -> Any:
@@ -89,6 +100,7 @@ def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
     group_names = [f.name for f in fields(schema) if f.name in GROUPS]
     top = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in group_names])
     config = _validate(schema, top, "")
+    check_values(config)
     for group in group_names:
         section = cfg.get(group)
         if section is None and schema is EvalConfig:

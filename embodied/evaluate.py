@@ -132,7 +132,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     """`embodied eval`: load a checkpoint, run episodes on the training env (or
     `config.env`), write report.json / report.md (and videos) and return the output dir."""
     from embodied.build import build_env, build_policy
-    from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+    from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
     from embodied.config import TrainConfig, load_yaml, to_schema
     from embodied.errors import ConfigError
 
@@ -154,8 +154,7 @@ def evaluate_checkpoint(config: Any) -> Path:
                                        config.video_episodes, config.progress_bar)
     finally:
         env.close()
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint
-    output = Path(config.output) if config.output else run_dir / "eval" / env_cfg.task
+    output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / env_cfg.task
     write_report(output, results, {
         "checkpoint": str(checkpoint),
         "env": env_cfg.name,

@@ -43,9 +43,6 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         return sorted(self._entries)
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._entries
-
 
 def unknown_name_message(kind: str, name: Any, known: list[str]) -> str:
     message = f"unknown {kind} '{name}'; known: {', '.join(known) or '(none)'}"

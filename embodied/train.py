@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import json
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,43 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from embodied.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
 from embodied.config import GROUPS, TrainConfig, load_yaml, to_schema, to_yaml
 from embodied.errors import ConfigError
 from embodied.runs import MetricLogger, new_run_dir
+from embodied.runtime.learner import Learner
+from embodied.runtime.rollout import Rollout
 from embodied.types import EpisodeStats
+from sim.base import BatchedEnv
 
 EPISODE_WINDOW = 100  # episodes behind the success rate and return shown while training
+
+
+def get_rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
     """The config a run was started with, plus overrides of top-level keys (e.g. a larger
     total_env_steps). Changing the env, policy, algo or runtime of a run is refused."""
     checkpoint = resolve_checkpoint(resume)
+    run_dir = run_dir_of(checkpoint)
+    if run_dir == checkpoint or checkpoint != resolve_checkpoint(run_dir):
+        raise ConfigError(
+            f"resume continues a run from its latest checkpoint: pass the run directory ({run_dir}). "
+            f"To start from another checkpoint, start a new run and load its weights."
+        )
     saved = load_yaml(checkpoint / "config.yaml")
     changed = []
     for override in overrides:
@@ -37,8 +62,8 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
             raise ConfigError(f"cannot change '{key}' when resuming {resume}: start a new run instead")
         changed.append(override)
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
-    merged.resume = str(resume)
-    merged.run_dir = str(Path(resume))
+    merged.resume = str(run_dir)
+    merged.run_dir = str(run_dir)
     return to_schema(TrainConfig, merged)
 
 
@@ -64,26 +89,36 @@ class TrainSession:
         self._last_steps = 0
 
     # ---- checkpoints -------------------------------------------------------------------
-    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+    def restore(self, learner: Learner, rollout: Rollout) -> None:
+        """Continue from the run's latest checkpoint, or start fresh episodes."""
         if self.checkpoint is None:
-            return None
-        weights, state = load_checkpoint(self.checkpoint)
-        self.iteration = int(state["iteration"])
-        self.env_steps = int(state["env_steps"])
+            rollout.start()
+            return
+        weights, saved = load_checkpoint(self.checkpoint)
+        self.checkpoint_path = self.checkpoint
+        self.iteration = int(saved["iteration"])
+        self.env_steps = int(saved["env_steps"])
         self._last_steps = self.env_steps
-        self.episodes.extend(EpisodeStats(**e) for e in state["episodes"])
+        self.episodes.extend(EpisodeStats(**e) for e in saved["episodes"])
         self._drop_metrics_after(self.env_steps)
-        return weights, state
+        learner.load_weights(weights)
+        learner.load_state_dict(saved["learner"])
+        rollout.restore(saved["env"])
+        rollout.policy_version = learner.policy_version
+        set_rng_state(saved["rng"])  # last: replaying the env may draw random numbers
 
-    def save(self, weights: dict[str, torch.Tensor], state: dict[str, Any]) -> Path:
-        state = {
-            **state,
+    def save(self, learner: Learner, env: BatchedEnv) -> Path:
+        saved = {
+            "learner": learner.state_dict(),
+            "env": env.resume_state(),
+            "rng": get_rng_state(),
             "iteration": self.iteration,
             "env_steps": self.env_steps,
             "episodes": [vars(e) for e in self.episodes],
         }
-        self.checkpoint_path = save_checkpoint(self.run_dir / "checkpoints", f"iter_{self.iteration:06d}", weights,
-                                               state, self.config_yaml, keep=self.config.keep_checkpoints)
+        self.checkpoint_path = save_checkpoint(self.run_dir / "checkpoints", f"iter_{self.iteration:06d}",
+                                               learner.get_weights(), saved, self.config_yaml,
+                                               keep=self.config.keep_checkpoints)
         return self.checkpoint_path
 
     def should_checkpoint(self, finished: bool) -> bool:

@@ -7,7 +7,7 @@ never load torch, share the same types."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,14 +45,6 @@ class Observation:
             instruction=list(self.instruction),
         )
 
-    @staticmethod
-    def concat(parts: Sequence["Observation"]) -> "Observation":
-        return Observation(
-            state=np.concatenate([p.state for p in parts]),
-            images={name: np.concatenate([p.images[name] for p in parts]) for name in parts[0].images},
-            instruction=[text for p in parts for text in p.instruction],
-        )
-
 
 @dataclass
 class ActionChunk:
@@ -67,10 +59,6 @@ class ActionChunk:
     value: Array | None = None  # (B,)
     policy_version: int = 0
     record: dict[str, Array] = field(default_factory=dict)
-
-    @property
-    def chunk_size(self) -> int:
-        return int(self.actions.shape[1])
 
 
 @dataclass

@@ -50,6 +50,11 @@ class MLPGaussianPolicy(Policy):
         super().__init__()
         if cfg.activation not in ACTIVATIONS:
             raise ConfigError(f"policy.activation must be one of {sorted(ACTIVATIONS)}, got '{cfg.activation}'")
+        if spec.image_shapes:
+            raise ConfigError(
+                f"policy '{cfg.name}' reads only the state vector, but the env sends images "
+                f"{sorted(spec.image_shapes)}: use env.obs_mode=state or an image policy"
+            )
         if cfg.chunk_size < 1:
             raise ConfigError(f"policy.chunk_size must be >= 1, got {cfg.chunk_size}")
         self.spec = spec

@@ -96,8 +96,8 @@ class EnvGroup:
             "episodes": episodes,
         }
 
-    def render(self, local_index: int) -> np.ndarray:
-        return self.envs[local_index].render()
+    def render(self, local_idx: int) -> np.ndarray:
+        return self.envs[local_idx].render()
 
     def resume_state(self) -> dict[str, Any]:
         """Each env's episode as (seed, actions since reset): replaying them on a
@@ -107,21 +107,21 @@ class EnvGroup:
             "episode": self.episode.copy(),
             "seed": self.seed.copy(),
             "actions": [np.asarray(a, dtype=np.float32).reshape(-1, action_dim) for a in self.actions],
-            "state": self._batch(self.observations)["state"],
+            "observation_state": self._batch(self.observations)["state"],
         }
 
-    def restore(self, state: dict[str, Any]) -> dict[str, Any]:
+    def restore(self, saved: dict[str, Any]) -> dict[str, Any]:
         for i, env in enumerate(self.envs):
-            self.episode[i] = int(state["episode"][i]) - 1
-            self._start_episode(i, int(state["seed"][i]))
-            for action in state["actions"][i]:
+            self.episode[i] = int(saved["episode"][i]) - 1
+            self._start_episode(i, int(saved["seed"][i]))
+            for action in saved["actions"][i]:
                 result = env.step(np.asarray(action, dtype=np.float32))
                 self.actions[i].append(np.asarray(action, dtype=np.float32))
                 self.episode_return[i] += result.reward
                 self.episode_success[i] |= result.success
                 self.observations[i] = result.observation
         batch = self._batch(self.observations)
-        if not np.array_equal(batch["state"], np.asarray(state["state"])):
+        if not np.array_equal(batch["state"], np.asarray(saved["observation_state"])):
             raise RuntimeError(
                 "replaying the checkpointed episodes did not reproduce the saved observations: "
                 "this simulator is not deterministic, so the run cannot resume mid-episode"

@@ -38,7 +38,7 @@ OBS_MODES = ("state", "rgb")
 class ManiSkillConfig:
     name: str = "maniskill"
     task: str = "PushCube-v1"
-    num_envs: int = 8
+    num_envs: int = 16
     num_workers: int = 0  # cpu backend: worker processes holding the envs (0: this process)
     backend: str = "cpu"  # cpu (physx_cpu) | gpu (physx_cuda)
     obs_mode: str = "state"  # state | rgb
@@ -61,7 +61,7 @@ def check_config(cfg: ManiSkillConfig) -> None:
         raise ConfigError(f"env.num_envs must be >= 1, got {cfg.num_envs}")
 
 
-def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str) -> Any:
+def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra: Any) -> Any:
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
 
@@ -73,6 +73,7 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str) -> Any:
         reward_mode=cfg.reward_mode,
         render_mode="rgb_array",
         human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size),
+        **extra,
     )
     if cfg.obs_mode == "rgb":
         kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)

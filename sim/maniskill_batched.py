@@ -4,10 +4,11 @@ Every env steps together, so an env whose episode ends inside a chunk keeps bein
 until the chunk is over; its extra steps are ignored (reward, success, executed actions) and
 it is reset, with its final observation kept, once the chunk is done.
 
-Seeding: the first reset is seeded from the run seed; later automatic resets draw from
-ManiSkill's own seeded generators. ManiSkill randomises the envs of one reset call from the
-first seed given, so per-env seeds are not independent on this backend. Runs on this backend
-resume from checkpoints with fresh episodes (GPU physics is not replayed bit-exactly)."""
+Seeding: the first reset is seeded from the run seed and ManiSkill's enhanced determinism is
+on, so later automatic resets draw episode seeds from ManiSkill's own seeded generators rather
+than from torch's global RNG (which the policy samples from). ManiSkill cannot seed a partial
+reset per env, so `reset(seeds=..., env_idx=...)` is refused on this backend. Runs on this
+backend resume from checkpoints with fresh episodes (GPU physics is not replayed bit-exactly)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ class ManiSkillBatchedEnv(BatchedEnv):
         self.torch = torch
         self.cfg = cfg
         self.num_envs = cfg.num_envs
-        self.env = make_gym_env(cfg, cfg.num_envs, sim_backend)
+        self.env = make_gym_env(cfg, cfg.num_envs, sim_backend, enhanced_determinism=True)
         self.device = self.env.unwrapped.device
         self.first_seed = episode_seed(base_seed, 0, 0, stream)
         self.tasks = [cfg.task] * self.num_envs
@@ -47,6 +48,8 @@ class ManiSkillBatchedEnv(BatchedEnv):
 
     def reset(self, seeds: Sequence[int] | None = None, env_idx: Sequence[int] | None = None) -> Observation:
         options: dict[str, Any] = {}
+        if env_idx is not None and seeds is not None and len(env_idx) != self.num_envs:
+            raise ValueError("this backend cannot seed a partial reset per env; reset all envs or pass no seeds")
         if env_idx is not None:
             if len(env_idx) == 0:
                 return self._observation(self.env.unwrapped.get_obs())

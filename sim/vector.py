@@ -4,6 +4,7 @@ spread over worker processes (one group of envs each), so CPU simulators use eve
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import traceback
 from typing import Any, Callable, Sequence
 
@@ -38,12 +39,8 @@ class _LocalGroup:
 
 
 def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int, stream: int) -> None:
-    try:
-        import torch  # simulators such as ManiSkill use torch internally; one thread per worker
-
-        torch.set_num_threads(1)
-    except ImportError:
-        pass
+    # Simulators that use torch or BLAS internally get one thread per worker process.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     group = None
     try:
         group = EnvGroup(make_env, env_ids, base_seed, stream)
@@ -67,7 +64,9 @@ def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids:
 
 
 class _ProcessGroup:
-    def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int):
+    def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int,
+                 timeout_s: float):
+        self.timeout_s = timeout_s
         context = mp.get_context("spawn")
         self.connection, child = context.Pipe()
         self.process = context.Process(
@@ -75,16 +74,25 @@ class _ProcessGroup:
         )
         self.process.start()
         child.close()
-        self._unwrap(self.connection.recv_bytes())
+        self.receive()
+
+    def _dead(self, during: str) -> EnvWorkerError:
+        self.process.join(timeout=1)
+        return EnvWorkerError(f"env worker {self.process.pid} died during {during} (exit code {self.process.exitcode})")
 
     def send(self, command: str, **args: Any) -> None:
-        self.connection.send_bytes(codec.encode({"command": command, "args": args}))
+        try:
+            self.connection.send_bytes(codec.encode({"command": command, "args": args}))
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            raise self._dead(f"'{command}'") from None
 
     def receive(self) -> Any:
+        if not self.connection.poll(self.timeout_s):
+            raise EnvWorkerError(f"env worker {self.process.pid} gave no answer within {self.timeout_s:.0f} s")
         try:
             return self._unwrap(self.connection.recv_bytes())
-        except EOFError as error:
-            raise EnvWorkerError(f"env worker {self.process.pid} exited (code {self.process.exitcode})") from error
+        except (EOFError, ConnectionResetError):
+            raise self._dead("a request") from None
 
     @staticmethod
     def _unwrap(data: bytes) -> Any:
@@ -107,33 +115,48 @@ class _ProcessGroup:
 
 class VectorizedEnv(BatchedEnv):
     def __init__(self, make_env: Callable[[int], SingleEnv], num_envs: int, num_workers: int = 0,
-                 base_seed: int = 0, stream: int = 0):
+                 base_seed: int = 0, stream: int = 0, worker_timeout_s: float = 300.0):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         num_workers = min(num_workers, num_envs)
         self.num_envs = num_envs
-        group_type = _ProcessGroup if num_workers > 0 else _LocalGroup
         splits = np.array_split(np.arange(num_envs), max(num_workers, 1))
+        self._sizes = [len(ids) for ids in splits]
+        self._starts = np.cumsum([0] + self._sizes)  # first env index of each group
         self.groups: list[Any] = []
         try:
             for ids in splits:
-                self.groups.append(group_type(make_env, ids.tolist(), base_seed, stream))
+                if num_workers > 0:
+                    self.groups.append(_ProcessGroup(make_env, ids.tolist(), base_seed, stream, worker_timeout_s))
+                else:
+                    self.groups.append(_LocalGroup(make_env, ids.tolist(), base_seed, stream))
             descriptions = self._all("describe")
         except BaseException:
             self.close()
             raise
-        self._sizes = [len(ids) for ids in splits]
         self.spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in descriptions[0]["spec"].items()})
         self.tasks = [t for d in descriptions for t in d["tasks"]]
         self.instructions = [t for d in descriptions for t in d["instructions"]]
 
     def _all(self, command: str, per_group: list[dict[str, Any]] | None = None) -> list[Any]:
+        """Send to every group, then collect every reply before raising the first failure,
+        so no stale reply is left in a pipe."""
+        sent = []
         for k, group in enumerate(self.groups):
             group.send(command, **(per_group[k] if per_group else {}))
-        return [group.receive() for group in self.groups]
+            sent.append(group)
+        replies, failure = [], None
+        for group in sent:
+            try:
+                replies.append(group.receive())
+            except EnvWorkerError as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
+        return replies
 
     def _split(self, values: np.ndarray) -> list[np.ndarray]:
-        return np.split(np.asarray(values), np.cumsum(self._sizes)[:-1])
+        return np.split(np.asarray(values), self._starts[1:-1])
 
     def _observation(self, parts: list[dict[str, Any]], prefix: str = "") -> Observation:
         return Observation(
@@ -147,7 +170,7 @@ class VectorizedEnv(BatchedEnv):
         seeds_arr = None if seeds is None else np.asarray(seeds, dtype=np.int64)
         if seeds_arr is not None and seeds_arr.shape != env_idx.shape:
             raise ValueError(f"got {seeds_arr.size} seeds for {env_idx.size} envs")
-        starts = np.cumsum([0] + self._sizes)
+        starts = self._starts
         args = []
         for k in range(len(self.groups)):
             mine = (env_idx >= starts[k]) & (env_idx < starts[k + 1])
@@ -178,9 +201,8 @@ class VectorizedEnv(BatchedEnv):
         )
 
     def render(self, env_idx: int = 0) -> np.ndarray:
-        starts = np.cumsum([0] + self._sizes)
-        k = int(np.searchsorted(starts, env_idx, side="right") - 1)
-        self.groups[k].send("render", local_index=int(env_idx - starts[k]))
+        k = int(np.searchsorted(self._starts, env_idx, side="right") - 1)
+        self.groups[k].send("render", local_idx=int(env_idx - self._starts[k]))
         return self.groups[k].receive()
 
     def resume_state(self) -> dict[str, Any]:
@@ -190,21 +212,22 @@ class VectorizedEnv(BatchedEnv):
             "episode": np.concatenate([p["episode"] for p in parts]),
             "seed": np.concatenate([p["seed"] for p in parts]),
             "actions": [a for p in parts for a in p["actions"]],
-            "state": np.concatenate([p["state"] for p in parts]),
+            "observation_state": np.concatenate([p["observation_state"] for p in parts]),
         }
 
-    def restore(self, state: dict[str, Any]) -> Observation:
+    def restore(self, state: dict[str, Any] | None) -> Observation:
+        if state is None:
+            return self.reset()
         if len(state["seed"]) != self.num_envs:
             raise ValueError(f"the saved env state has {len(state['seed'])} envs, this env has {self.num_envs}")
-        bounds = np.cumsum([0] + self._sizes)
         per_group = []
         for k in range(len(self.groups)):
-            rows = slice(bounds[k], bounds[k + 1])
-            per_group.append({"state": {
+            rows = slice(self._starts[k], self._starts[k + 1])
+            per_group.append({"saved": {
                 "episode": np.asarray(state["episode"])[rows],
                 "seed": np.asarray(state["seed"])[rows],
                 "actions": list(state["actions"][rows]),
-                "state": np.asarray(state["state"])[rows],
+                "observation_state": np.asarray(state["observation_state"])[rows],
             }})
         return self._observation(self._all("restore", per_group))
 

@@ -24,7 +24,7 @@ class PPOConfig:
     lr: float = 3e-4
     anneal_lr: bool = True
     adam_eps: float = 1e-5
-    gamma: float = 0.99
+    gamma: float = 0.99  # discount per env step of the policy, i.e. per executed action chunk
     gae_lambda: float = 0.95
     update_epochs: int = 10
     num_minibatches: int = 32
@@ -83,10 +83,21 @@ def ppo_loss(
     return PPOLoss(total, policy_loss, value_loss, entropy, approx_kl, clipfrac)
 
 
+def check_config(cfg: PPOConfig) -> None:
+    for key in ("rollout_steps", "num_minibatches", "update_epochs"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
+    for key in ("gamma", "gae_lambda"):
+        if not 0.0 <= getattr(cfg, key) <= 1.0:
+            raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg, key)}")
+    for key in ("lr", "clip_coef", "max_grad_norm", "reward_clip"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"algo.{key} must be > 0, got {getattr(cfg, key)}")
+
+
 class PPO:
     def __init__(self, cfg: PPOConfig, policy: Policy):
-        if cfg.rollout_steps < 1 or cfg.num_minibatches < 1 or cfg.update_epochs < 1:
-            raise ConfigError("algo.rollout_steps, algo.num_minibatches and algo.update_epochs must be >= 1")
+        check_config(cfg)
         self.cfg = cfg
         self.policy = policy
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
@@ -107,7 +118,12 @@ class PPO:
 
         flat_adv, flat_ret = advantages.reshape(-1), returns.reshape(-1)
         size = flat_adv.numel()
-        minibatch = max(size // cfg.num_minibatches, 1)
+        minibatch = size // cfg.num_minibatches
+        if minibatch < 2:
+            raise ConfigError(
+                f"a batch of {size} samples (envs x algo.rollout_steps) cannot be split into "
+                f"algo.num_minibatches={cfg.num_minibatches} minibatches of at least 2"
+            )
         sums: dict[str, float] = {}
         updates = 0
         for _ in range(cfg.update_epochs):

@@ -45,16 +45,7 @@ class LocalRuntime:
             policy = build_policy(config.policy, env.spec, device)
             learner = Learner(policy, build_algo(config.algo, policy), device)
             rollout = Rollout(env, policy, device)
-            restored = session.load()
-            if restored is None:
-                rollout.start()
-            else:
-                weights, state = restored
-                learner.load_weights(weights)
-                learner.load_state_dict(state["learner"])
-                rollout.restore(state["env"])
-                set_rng_state(state["rng"])
-            rollout.policy_version = learner.policy_version
+            session.restore(learner, rollout)
 
             session.start_logging()
             while not session.finished:
@@ -65,25 +56,11 @@ class LocalRuntime:
                 metrics["train/policy_version"] = learner.policy_version
                 session.record(env_steps, episodes, metrics)
                 if session.should_checkpoint(session.finished):
-                    session.save(learner.get_weights(), {
-                        "learner": learner.state_dict(),
-                        "env": env.resume_state(),
-                        "rng": get_rng_state(),
-                    })
+                    session.save(learner, env)
         finally:
             session.close()
             env.close()
         return session
-
-
-def get_rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
 
 
 @RUNTIMES.register("local", LocalRuntimeConfig)

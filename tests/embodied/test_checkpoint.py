@@ -44,3 +44,10 @@ def test_a_latest_pointer_to_a_missing_checkpoint_is_reported(tmp_path):
     (tmp_path / "checkpoints" / "latest").write_text("iter_000009")
     with pytest.raises(CheckpointError, match="names iter_000009, which is missing"):
         resolve_checkpoint(tmp_path)
+
+
+def test_pruning_orders_by_iteration_and_never_removes_the_new_checkpoint(tmp_path):
+    directory = tmp_path / "checkpoints"
+    save_checkpoint(directory, "iter_1000000", {"w": torch.zeros(1)}, {}, "", keep=5)
+    newest = save_checkpoint(directory, "iter_999999", {"w": torch.ones(1)}, {}, "", keep=1)
+    assert newest.is_dir() and (directory / "latest").read_text() == "iter_999999"

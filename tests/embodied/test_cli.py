@@ -99,3 +99,12 @@ def test_eval_of_a_missing_checkpoint_fails_with_a_clear_error(tmp_path):
 def test_resume_of_a_run_without_checkpoints_fails_clearly(tmp_path):
     result = embodied("train", f"resume={tmp_path}", check=False)
     assert result.returncode == 2 and "holds no checkpoint" in result.stderr
+
+
+def test_resume_from_an_older_checkpoint_is_refused_and_leaves_the_run_untouched(uninterrupted):
+    older = uninterrupted / "checkpoints" / "iter_000001"
+    before = (older / "config.yaml").read_text()
+    result = embodied("train", f"resume={older}", check=False)
+    assert result.returncode == 2 and "pass the run directory" in result.stderr
+    assert (older / "config.yaml").read_text() == before
+    assert not (older / "checkpoints").exists()

@@ -74,3 +74,16 @@ def test_first_minibatch_of_an_update_sees_ratio_one_and_logs_diagnostics():
     for key in ("loss/policy_loss", "loss/value_loss", "loss/approx_kl", "loss/clipfrac", "loss/explained_variance"):
         assert np.isfinite(metrics[key]), key
     assert metrics["train/lr"] == 3e-4
+
+
+def test_out_of_range_hyperparameters_are_config_errors():
+    import pytest
+
+    from embodied.errors import ConfigError
+
+    spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    policy = MLPGaussianPolicy(MLPPolicyConfig(), spec)
+    with pytest.raises(ConfigError, match="algo.gamma must be in"):
+        PPO(PPOConfig(gamma=1.5), policy)
+    with pytest.raises(ConfigError, match="algo.num_minibatches=64"):
+        PPO(PPOConfig(num_minibatches=64), policy).update(_batch(policy), progress=0.0)

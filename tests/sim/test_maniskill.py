@@ -138,7 +138,7 @@ def test_resume_state_replays_episodes_to_the_same_observation(pushcube):
     expected = pushcube.step(np.full((3, 1, 8), -0.2, np.float32))
     pushcube.reset()
     restored = pushcube.restore(saved)
-    np.testing.assert_array_equal(restored.state, saved["state"])
+    np.testing.assert_array_equal(restored.state, saved["observation_state"])
     np.testing.assert_array_equal(pushcube.step(np.full((3, 1, 8), -0.2, np.float32)).observation.state,
                                   expected.observation.state)
 
@@ -169,3 +169,27 @@ def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
         assert env.resume_state() is None
     finally:
         env.close()
+
+
+def test_a_killed_env_worker_is_reported_not_waited_on():
+    from sim.vector import EnvWorkerError
+
+    env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=2), seed=0)
+    try:
+        env.reset()
+        env.groups[1].process.kill()
+        env.groups[1].process.join()
+        with pytest.raises(EnvWorkerError, match="died"):
+            env.step(np.zeros((2, 1, 8), np.float32))
+    finally:
+        env.close()
+
+
+def test_an_mlp_policy_refuses_camera_observations_it_would_ignore():
+    from embodied.types import EnvSpec
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+    spec = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
+                   image_shapes={"base_camera": (64, 64, 3)})
+    with pytest.raises(ConfigError, match="obs_mode=state"):
+        MLPGaussianPolicy(MLPPolicyConfig(), spec)
