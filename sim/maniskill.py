@@ -64,6 +64,7 @@ def check_config(cfg: ManiSkillConfig) -> None:
 def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra: Any) -> Any:
     import gymnasium as gym
     import mani_skill.envs  # noqa: F401  (registers the tasks)
+    import torch
 
     kwargs: dict[str, Any] = dict(
         obs_mode=cfg.obs_mode,
@@ -72,6 +73,9 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
         control_mode=cfg.control_mode,
         reward_mode=cfg.reward_mode,
         render_mode="rgb_array",
+        # Without CUDA, render with SAPIEN's CPU (Vulkan llvmpipe) device directly instead
+        # of asking for a CUDA one and falling back with a warning per env.
+        render_backend="gpu" if torch.cuda.is_available() else "cpu",
         human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size),
         **extra,
     )
