@@ -165,8 +165,13 @@ class ManiSkillEnv(SingleEnv):
 def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedEnv:
     check_config(cfg)
     if cfg.backend == "gpu":
+        import torch
+
         from sim.maniskill_batched import ManiSkillBatchedEnv
 
+        if not torch.cuda.is_available():
+            raise ConfigError("env.backend=gpu runs physx_cuda and needs an NVIDIA GPU with CUDA; "
+                              "none is visible here. Use env.backend=cpu (optionally env.num_workers=N).")
         return ManiSkillBatchedEnv(cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda")
     from functools import partial
 

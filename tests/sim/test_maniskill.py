@@ -193,3 +193,12 @@ def test_an_mlp_policy_refuses_camera_observations_it_would_ignore():
                    image_shapes={"base_camera": (64, 64, 3)})
     with pytest.raises(ConfigError, match="obs_mode=state"):
         MLPGaussianPolicy(MLPPolicyConfig(), spec)
+
+
+def test_gpu_backend_without_cuda_is_a_clear_config_error():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the gpu backend is available")
+    with pytest.raises(ConfigError, match="needs an NVIDIA GPU"):
+        make_maniskill(ManiSkillConfig(backend="gpu"), seed=0)
