@@ -64,3 +64,8 @@ def test_registry_rejects_duplicates_and_unknown_names():
         registry.register("round", dict)(lambda: None)
     with pytest.raises(UnknownNameError, match="Did you mean 'round'"):
         registry.get("rund")
+
+
+def test_gpu_env_config_extends_the_cpu_one():
+    config = load("env=maniskill_pushcube_gpu")
+    assert config.env.backend == "gpu" and config.env.num_envs == 1024 and config.env.task == "PushCube-v1"
