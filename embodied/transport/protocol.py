@@ -1,0 +1,71 @@
+"""The envelope every socket message travels in: `{v, kind, seq, body}` packed by
+`embodied.transport.codec` (msgpack header + raw array frames).
+
+Decoding checks the protocol version, the kind and the sequence number as well as the codec's
+bounds, and raises `ProtocolError` with a machine-readable code, which a server answers with
+an `error` message instead of crashing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from embodied.transport.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, pack, unpack
+
+PROTOCOL_VERSION = 1
+
+# env side <-> rollout, rollout -> learner, learner -> rollout, and both directions' liveness
+KINDS = frozenset({
+    "hello", "welcome",  # handshake: client metadata, server metadata (or an error)
+    "reset", "step", "result",  # env side <-> rollout
+    "trajectory", "ack",  # rollout -> learner with acknowledgement
+    "weights",  # learner -> rollout, tagged with policy_version
+    "heartbeat", "error",
+})
+
+
+class ProtocolError(Exception):
+    """A message that breaks the protocol. `code` is one of: malformed, version, kind, seq."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.detail = message
+
+
+@dataclass
+class Message:
+    kind: str
+    seq: int
+    body: Any = field(default_factory=dict)
+
+
+def encode_message(message: Message) -> list[Frame]:
+    if message.kind not in KINDS:
+        raise ProtocolError("kind", f"unknown message kind '{message.kind}'; known: {', '.join(sorted(KINDS))}")
+    try:
+        return pack({"v": PROTOCOL_VERSION, "kind": message.kind, "seq": int(message.seq), "body": message.body})
+    except CodecError as error:
+        raise ProtocolError("malformed", str(error)) from None
+
+
+def decode_message(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
+    try:
+        envelope = unpack(frames, limits)
+    except CodecError as error:
+        raise ProtocolError("malformed", str(error)) from None
+    if not isinstance(envelope, dict) or set(envelope) != {"v", "kind", "seq", "body"}:
+        raise ProtocolError("malformed", "expected an envelope map with keys v, kind, seq, body")
+    if envelope["v"] != PROTOCOL_VERSION:
+        raise ProtocolError("version", f"peer speaks protocol version {envelope['v']!r}, this side {PROTOCOL_VERSION}")
+    kind, seq = envelope["kind"], envelope["seq"]
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise ProtocolError("kind", f"unknown message kind {kind!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise ProtocolError("seq", f"sequence number must be a non-negative integer, got {seq!r}")
+    return Message(kind, seq, envelope["body"])
+
+
+def error_message(seq: int, error: ProtocolError) -> Message:
+    """The typed reply to a message that could not be used."""
+    return Message("error", seq, {"code": error.code, "message": error.detail})

@@ -1,0 +1,72 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from embodied.transport.codec import pack
+from embodied.transport.protocol import (KINDS, PROTOCOL_VERSION, Message, ProtocolError, decode_message,
+                                         encode_message, error_message)
+
+BODIES = {
+    "hello": {"role": "env", "protocol": PROTOCOL_VERSION, "num_envs": 4, "action_dim": 8},
+    "welcome": {"policy": "mlp_gaussian", "policy_version": 3, "chunk_size": 4, "control_hz": 20.0},
+    "reset": {"seeds": np.array([1, 2], np.int64), "env_idx": np.array([0, 3], np.int64)},
+    "step": {"actions": np.zeros((4, 2, 8), np.float32), "policy_version": 3},
+    "result": {"state": np.ones((4, 35), np.float32), "images": {"base": np.zeros((4, 8, 8, 3), np.uint8)},
+               "reward": np.zeros(4, np.float32), "terminated": np.zeros(4, bool), "instruction": ["push"] * 4},
+    "trajectory": {"id": 17, "reward": np.zeros((50, 4), np.float32)},
+    "ack": {"ids": [15, 16, 17]},
+    "weights": {"policy_version": 4, "tensors": {"actor.0.weight": np.zeros((64, 35), np.float32)}},
+    "heartbeat": {"time": 12.5},
+    "error": {"code": "malformed", "message": "bad frame"},
+}
+
+
+def assert_same(got, expected):
+    if isinstance(expected, np.ndarray):
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        np.testing.assert_array_equal(got, expected)
+    elif isinstance(expected, dict):
+        assert got.keys() == expected.keys()
+        for key in expected:
+            assert_same(got[key], expected[key])
+    else:
+        assert got == expected
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_message_kind_round_trips(kind):
+    assert set(BODIES) == KINDS
+    decoded = decode_message(encode_message(Message(kind, 41, BODIES[kind])))
+    assert decoded.kind == kind and decoded.seq == 41
+    assert_same(decoded.body, BODIES[kind])
+
+
+@pytest.mark.parametrize("envelope,code", [
+    ({"v": PROTOCOL_VERSION + 1, "kind": "step", "seq": 0, "body": {}}, "version"),
+    ({"v": PROTOCOL_VERSION, "kind": "exec", "seq": 0, "body": {}}, "kind"),
+    ({"v": PROTOCOL_VERSION, "kind": "step", "seq": -1, "body": {}}, "seq"),
+    ({"v": PROTOCOL_VERSION, "kind": "step", "seq": True, "body": {}}, "seq"),
+    ({"v": PROTOCOL_VERSION, "kind": "step"}, "malformed"),
+    ([1, 2, 3], "malformed"),
+])
+def test_broken_envelopes_get_typed_errors(envelope, code):
+    with pytest.raises(ProtocolError) as caught:
+        decode_message(pack(envelope))
+    assert caught.value.code == code
+    reply = decode_message(encode_message(error_message(5, caught.value)))
+    assert reply.kind == "error" and reply.body["code"] == code
+
+
+def test_unknown_kinds_cannot_be_sent():
+    with pytest.raises(ProtocolError, match="unknown message kind 'exec'"):
+        encode_message(Message("exec", 0, {}))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=256), min_size=0, max_size=4))
+def test_random_frames_only_ever_raise_protocol_errors(frames):
+    try:
+        decode_message(frames)
+    except ProtocolError as error:
+        assert error.code in {"malformed", "version", "kind", "seq"}
