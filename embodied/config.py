@@ -44,6 +44,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     eval_episodes: int = 50  # evaluated after training; 0 to skip
     eval_video_episodes: int = 0
+    eval_every: int = 0  # iterations between evaluations during training; 0: none
+    periodic_eval_episodes: int = 16
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
@@ -65,7 +67,7 @@ def check_values(config: Any) -> None:
     for key in positive:
         if getattr(config, key) < 1:
             raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
-    for key in ("seed", "eval_episodes", "eval_video_episodes", "video_episodes", "checkpoint_every"):
+    for key in ("seed", "eval_episodes", "eval_video_episodes", "video_episodes", "checkpoint_every", "eval_every"):
         if getattr(config, key, 0) < 0:
             raise ConfigError(f"'{key}' must be >= 0, got {getattr(config, key)}")
 

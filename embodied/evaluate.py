@@ -57,7 +57,9 @@ def summarize(task: str, episodes: list[EpisodeStats]) -> TaskResult:
 @torch.no_grad()
 def run_episodes(env: BatchedEnv, policy: Policy, episodes: int, deterministic: bool = True,
                  video_episodes: int = 0, progress: bool = True) -> tuple[list[EpisodeStats], list[list[np.ndarray]]]:
-    """Each env gets a fixed share of the episodes, fixed in advance, so that envs whose
+    """Run the env's fixed evaluation set (it is rewound first) until `episodes` ended.
+
+    Each env gets a fixed share of the episodes, fixed in advance, so that envs whose
     episodes end sooner do not bias the sample toward short (often failing) episodes."""
     quota = np.full(env.num_envs, episodes // env.num_envs)
     quota[: episodes % env.num_envs] += 1
@@ -66,7 +68,7 @@ def run_episodes(env: BatchedEnv, policy: Policy, episodes: int, deterministic: 
     videos: list[list[np.ndarray]] = []
     frames: list[np.ndarray] = []
     record = video_episodes > 0
-    observation = env.reset()
+    observation = env.rewind()
     if record:
         frames.append(env.render(0))
     device = policy.device

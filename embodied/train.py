@@ -4,6 +4,7 @@ checkpoint save/restore, metric logging, the progress bar and the closing evalua
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import random
 import time
@@ -22,6 +23,7 @@ from embodied.runs import MetricLogger, new_run_dir
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
 from embodied.types import EpisodeStats
+from policies.base import Policy
 from sim.base import BatchedEnv
 
 EPISODE_WINDOW = 100  # episodes behind the success rate and return shown while training
@@ -67,6 +69,36 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
     return to_schema(TrainConfig, merged)
 
 
+class PeriodicEvaluation:
+    """Deterministic-policy evaluation every `eval_every` iterations on a separate env with
+    its own seeds (the same episodes each time), envs in this process."""
+
+    def __init__(self, config: TrainConfig):
+        self.config = config
+        self.env: BatchedEnv | None = None
+
+    def due(self, iteration: int) -> bool:
+        return self.config.eval_every > 0 and iteration % self.config.eval_every == 0
+
+    def run(self, policy: Policy) -> dict[str, float]:
+        from embodied.build import build_env
+        from embodied.evaluate import run_episodes, summarize
+
+        if self.env is None:
+            env_cfg = self.config.env
+            if hasattr(env_cfg, "num_workers"):
+                env_cfg = dataclasses.replace(env_cfg, num_workers=0)
+            self.env = build_env(env_cfg, seed=self.config.seed, stream=1)
+        episodes, _ = run_episodes(self.env, policy, self.config.periodic_eval_episodes, progress=False)
+        result = summarize("all", episodes)
+        return {"eval/success_rate": result.success_rate, "eval/episode_return": result.mean_return,
+                "eval/episode_length": result.mean_length}
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+
+
 class TrainSession:
     def __init__(self, config: TrainConfig):
         self.config = config
@@ -86,6 +118,7 @@ class TrainSession:
         self._logger: MetricLogger | None = None
         self._bar: Any = None
         self._last_time = time.perf_counter()
+        self._last_eval: float | None = None
         self._last_steps = 0
 
     # ---- checkpoints -------------------------------------------------------------------
@@ -155,11 +188,18 @@ class TrainSession:
         assert self._logger is not None
         self._logger.log(metrics, self.env_steps)
         self._bar.update(env_steps)
+        eval_success = {} if self._last_eval is None else {"eval_success": f"{self._last_eval:.2f}"}
         self._bar.set_postfix(
+            **eval_success,
             success=f"{metrics.get('rollout/success_rate', 0.0):.2f}",
             ret=f"{metrics.get('rollout/episode_return', 0.0):.2f}",
             sps=f"{metrics['train/env_steps_per_s']:.0f}",
         )
+
+    def record_eval(self, metrics: dict[str, float]) -> None:
+        assert self._logger is not None
+        self._logger.log(metrics, self.env_steps)
+        self._last_eval = metrics["eval/success_rate"]
 
     def close(self) -> None:
         if self._bar is not None:

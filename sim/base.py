@@ -73,6 +73,11 @@ class BatchedEnv(ABC):
     def render(self, env_idx: int = 0) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} cannot render frames")
 
+    @abstractmethod
+    def rewind(self) -> Observation:
+        """Reset every env to the start of its episode sequence, so the same episodes come
+        again: a fixed evaluation set however often it is run."""
+
     def resume_state(self) -> dict[str, Any] | None:
         """What `restore` needs to put every env back where it is now; None where the env
         cannot be restored mid-episode (a resumed run then starts fresh episodes)."""

@@ -51,6 +51,10 @@ class EnvGroup:
             self._start_episode(int(i), None if seeds is None else int(seeds[k]))
         return self._batch(self.observations)
 
+    def rewind(self) -> dict[str, Any]:
+        self.episode[:] = -1
+        return self.reset()
+
     def step(self, chunk: np.ndarray) -> dict[str, Any]:
         n, chunk_size, action_dim = chunk.shape
         reward = np.zeros(n, dtype=np.float32)

@@ -62,6 +62,10 @@ class ManiSkillBatchedEnv(BatchedEnv):
         self.episode_return[rows], self.episode_length[rows], self.episode_success[rows] = 0.0, 0, False
         return self._observation(raw)
 
+    def rewind(self) -> Observation:
+        self._seeded = False
+        return self.reset()
+
     def step(self, actions: np.ndarray) -> StepResult:
         torch = self.torch
         chunk = torch.as_tensor(actions, dtype=torch.float32, device=self.device)

@@ -180,6 +180,9 @@ class VectorizedEnv(BatchedEnv):
             })
         return self._observation(self._all("reset", args))
 
+    def rewind(self) -> Observation:
+        return self._observation(self._all("rewind"))
+
     def step(self, actions: np.ndarray) -> StepResult:
         actions = np.asarray(actions, dtype=np.float32)
         if actions.ndim != 3 or actions.shape[0] != self.num_envs or actions.shape[2] != self.spec.action_dim:

@@ -17,7 +17,7 @@ from embodied.config import TrainConfig
 from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
-from embodied.train import TrainSession
+from embodied.train import PeriodicEvaluation, TrainSession
 
 
 @dataclass
@@ -40,6 +40,7 @@ class LocalRuntime:
         torch.manual_seed(config.seed)
 
         session = TrainSession(config)
+        evaluation = PeriodicEvaluation(config)
         env = build_env(config.env, seed=config.seed)
         try:
             policy = build_policy(config.policy, env.spec, device)
@@ -55,10 +56,13 @@ class LocalRuntime:
                 rollout.policy_version = learner.policy_version
                 metrics["train/policy_version"] = learner.policy_version
                 session.record(env_steps, episodes, metrics)
+                if evaluation.due(session.iteration):
+                    session.record_eval(evaluation.run(policy))
                 if session.should_checkpoint(session.finished):
                     session.save(learner, env)
         finally:
             session.close()
+            evaluation.close()
             env.close()
         return session
 

@@ -202,3 +202,10 @@ def test_gpu_backend_without_cuda_is_a_clear_config_error():
         pytest.skip("this machine has CUDA: the gpu backend is available")
     with pytest.raises(ConfigError, match="needs an NVIDIA GPU"):
         make_maniskill(ManiSkillConfig(backend="gpu"), seed=0)
+
+
+def test_rewind_replays_the_same_episode_sequence(pushcube):
+    first = pushcube.rewind()
+    pushcube.step(np.full((3, 2, 8), 0.4, np.float32))
+    pushcube.reset()
+    assert np.array_equal(pushcube.rewind().state, first.state)
