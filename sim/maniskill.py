@@ -46,6 +46,10 @@ class ManiSkillConfig:
     reward_mode: str = "normalized_dense"
     image_size: int = 128  # camera width and height for obs_mode=rgb
     max_episode_steps: Optional[int] = None  # None: the task's own limit
+    # Run every episode to the time limit instead of ending it at success (success still
+    # counts if reached at any step). With dense rewards, ending at success teaches the
+    # agent to hover just short of it, where reward keeps coming.
+    ignore_terminations: bool = True
     instruction: Optional[str] = None  # None: the built-in instruction for the task
     render_size: int = 256  # frames for videos
 
@@ -149,7 +153,7 @@ class ManiSkillEnv(SingleEnv):
         return SingleStep(
             observation=self._observation(raw),
             reward=float(reward[0]),
-            terminated=bool(terminated[0]),
+            terminated=bool(terminated[0]) and not self.cfg.ignore_terminations,
             truncated=bool(truncated[0]),
             success=bool(info["success"][0]) if "success" in info else False,
         )

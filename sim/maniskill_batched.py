@@ -81,6 +81,8 @@ class ManiSkillBatchedEnv(BatchedEnv):
         final_images: dict[str, np.ndarray] = {}
         for j in range(chunk_size):
             raw, step_reward, step_terminated, step_truncated, info = self.env.step(chunk[:, j])
+            if self.cfg.ignore_terminations:
+                step_terminated = torch.zeros_like(step_terminated)
             reward += torch.where(active, step_reward.float(), 0.0)
             executed += active.long()
             if "success" in info:

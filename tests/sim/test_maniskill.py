@@ -89,17 +89,33 @@ def test_time_limit_truncates_keeps_final_observation_and_auto_resets():
         env.close()
 
 
+def _cube_on_goal(group):
+    group.reset()
+    task = group.envs[0].env.unwrapped
+    goal = task.goal_region.pose.p[0].numpy()
+    cube = task.obj.pose.p[0].numpy()
+    task.obj.set_pose(sapien.Pose(p=[goal[0], goal[1], cube[2]]))
+    return group.step(np.zeros((1, 1, 8), np.float32))
+
+
 def test_success_fires_and_terminates_when_the_cube_is_on_the_goal():
-    group = EnvGroup(partial(ManiSkillEnv, ManiSkillConfig(task="PushCube-v1")), [0], base_seed=0)
+    config = ManiSkillConfig(task="PushCube-v1", ignore_terminations=False)
+    group = EnvGroup(partial(ManiSkillEnv, config), [0], base_seed=0)
     try:
-        group.reset()
-        task = group.envs[0].env.unwrapped
-        goal = task.goal_region.pose.p[0].numpy()
-        cube = task.obj.pose.p[0].numpy()
-        task.obj.set_pose(sapien.Pose(p=[goal[0], goal[1], cube[2]]))
-        result = group.step(np.zeros((1, 1, 8), np.float32))
+        result = _cube_on_goal(group)
         assert result["success"][0] and result["terminated"][0]
         assert result["episodes"][0][4] is True  # the ended episode counts as a success
+    finally:
+        group.close()
+
+
+def test_by_default_success_does_not_end_the_episode_but_counts_at_its_end():
+    group = EnvGroup(partial(ManiSkillEnv, ManiSkillConfig(task="PushCube-v1")), [0], base_seed=0)
+    try:
+        result = _cube_on_goal(group)
+        assert result["success"][0] and not result["terminated"][0] and not result["episodes"]
+        result = group.step(np.zeros((1, 49, 8), np.float32))
+        assert result["truncated"][0] and result["episodes"][0][4] is True
     finally:
         group.close()
 
