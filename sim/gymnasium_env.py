@@ -3,7 +3,7 @@ so the trainer can be checked against published results on standard tasks."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, Optional
 
@@ -21,6 +21,8 @@ class GymnasiumConfig:
     task: str = "InvertedPendulum-v4"
     num_envs: int = 1
     num_workers: int = 0
+    transport: str = "pipe"  # to worker processes: pipe | zmq
+    python: Optional[str] = None  # zmq workers: interpreter to run them (default: this one)
     max_episode_steps: Optional[int] = None
     instruction: str = ""
     kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make
@@ -75,6 +77,6 @@ class GymnasiumEnv(SingleEnv):
 
 @ENVS.register("gymnasium", GymnasiumConfig)
 def make_gymnasium(cfg: GymnasiumConfig, seed: int, stream: int = 0) -> BatchedEnv:
-    from sim.vector import VectorizedEnv
+    from sim.vector import vectorize
 
-    return VectorizedEnv(partial(GymnasiumEnv, cfg), cfg.num_envs, cfg.num_workers, base_seed=seed, stream=stream)
+    return vectorize(partial(GymnasiumEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, cfg.transport, asdict(cfg))

@@ -9,7 +9,7 @@ camera images plus the robot's proprioception and task extras as `state`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -40,6 +40,8 @@ class ManiSkillConfig:
     task: str = "PushCube-v1"
     num_envs: int = 16
     num_workers: int = 0  # cpu backend: worker processes holding the envs (0: this process)
+    transport: str = "pipe"  # to worker processes: pipe | zmq
+    python: Optional[str] = None  # zmq workers: interpreter to run them (default: this one)
     backend: str = "cpu"  # cpu (physx_cpu) | gpu (physx_cuda)
     obs_mode: str = "state"  # state | rgb
     control_mode: str = "pd_joint_delta_pos"
@@ -179,6 +181,6 @@ def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedE
         return ManiSkillBatchedEnv(cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda")
     from functools import partial
 
-    from sim.vector import VectorizedEnv
+    from sim.vector import vectorize
 
-    return VectorizedEnv(partial(ManiSkillEnv, cfg), cfg.num_envs, cfg.num_workers, base_seed=seed, stream=stream)
+    return vectorize(partial(ManiSkillEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, cfg.transport, asdict(cfg))

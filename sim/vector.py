@@ -113,23 +113,38 @@ class _ProcessGroup:
         self.connection.close()
 
 
+def vectorize(make_env: Callable[[int], SingleEnv], num_envs: int, num_workers: int = 0, base_seed: int = 0,
+              stream: int = 0, transport: str = "pipe", env_config: dict[str, Any] | None = None,
+              worker_timeout_s: float = 300.0) -> "VectorizedEnv":
+    """B single envs in this process (num_workers=0) or in worker processes reached over
+    pipes (`transport=pipe`) or ZeroMQ (`transport=zmq`, needs the env's config dict)."""
+    if num_workers == 0:
+        return VectorizedEnv(lambda ids: _LocalGroup(make_env, ids, base_seed, stream), num_envs, 1)
+    if transport == "pipe":
+        return VectorizedEnv(lambda ids: _ProcessGroup(make_env, ids, base_seed, stream, worker_timeout_s),
+                             num_envs, num_workers)
+    if transport == "zmq":
+        from sim.remote import EnvHub
+
+        hub = EnvHub(env_config or {}, base_seed, stream, worker_timeout_s)
+        return VectorizedEnv(hub.start_worker, num_envs, num_workers, on_close=hub.close)
+    raise ValueError(f"unknown env transport '{transport}'; known: pipe, zmq")
+
+
 class VectorizedEnv(BatchedEnv):
-    def __init__(self, make_env: Callable[[int], SingleEnv], num_envs: int, num_workers: int = 0,
-                 base_seed: int = 0, stream: int = 0, worker_timeout_s: float = 300.0):
+    def __init__(self, make_group: Callable[[list[int]], Any], num_envs: int, num_groups: int,
+                 on_close: Callable[[], None] | None = None):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        num_workers = min(num_workers, num_envs)
         self.num_envs = num_envs
-        splits = np.array_split(np.arange(num_envs), max(num_workers, 1))
+        self._on_close = on_close
+        splits = np.array_split(np.arange(num_envs), max(min(num_groups, num_envs), 1))
         self._sizes = [len(ids) for ids in splits]
         self._starts = np.cumsum([0] + self._sizes)  # first env index of each group
         self.groups: list[Any] = []
         try:
             for ids in splits:
-                if num_workers > 0:
-                    self.groups.append(_ProcessGroup(make_env, ids.tolist(), base_seed, stream, worker_timeout_s))
-                else:
-                    self.groups.append(_LocalGroup(make_env, ids.tolist(), base_seed, stream))
+                self.groups.append(make_group(ids.tolist()))
             descriptions = self._all("describe")
         except BaseException:
             self.close()
@@ -141,11 +156,14 @@ class VectorizedEnv(BatchedEnv):
     def _all(self, command: str, per_group: list[dict[str, Any]] | None = None) -> list[Any]:
         """Send to every group, then collect every reply before raising the first failure,
         so no stale reply is left in a pipe."""
-        sent = []
+        sent, failure = [], None
         for k, group in enumerate(self.groups):
-            group.send(command, **(per_group[k] if per_group else {}))
-            sent.append(group)
-        replies, failure = [], None
+            try:
+                group.send(command, **(per_group[k] if per_group else {}))
+                sent.append(group)
+            except EnvWorkerError as error:
+                failure = failure or error
+        replies = []
         for group in sent:
             try:
                 replies.append(group.receive())
@@ -238,3 +256,6 @@ class VectorizedEnv(BatchedEnv):
         for group in self.groups:
             group.close()
         self.groups = []
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None

@@ -17,10 +17,10 @@ PROTOCOL_VERSION = 1
 # env side <-> rollout, rollout -> learner, learner -> rollout, and both directions' liveness
 KINDS = frozenset({
     "hello", "welcome",  # handshake: client metadata, server metadata (or an error)
-    "reset", "step", "result",  # env side <-> rollout
+    "command", "result",  # rollout -> env side: {command, args}; env side -> rollout: {ok} or {error}
     "trajectory", "ack",  # rollout -> learner with acknowledgement
     "weights",  # learner -> rollout, tagged with policy_version
-    "heartbeat", "error",
+    "heartbeat", "close", "error",
 })
 
 

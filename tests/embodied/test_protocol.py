@@ -10,14 +10,14 @@ from embodied.transport.protocol import (KINDS, PROTOCOL_VERSION, Message, Proto
 BODIES = {
     "hello": {"role": "env", "protocol": PROTOCOL_VERSION, "num_envs": 4, "action_dim": 8},
     "welcome": {"policy": "mlp_gaussian", "policy_version": 3, "chunk_size": 4, "control_hz": 20.0},
-    "reset": {"seeds": np.array([1, 2], np.int64), "env_idx": np.array([0, 3], np.int64)},
-    "step": {"actions": np.zeros((4, 2, 8), np.float32), "policy_version": 3},
+    "command": {"command": "step", "args": {"chunk": np.zeros((4, 2, 8), np.float32)}},
     "result": {"state": np.ones((4, 35), np.float32), "images": {"base": np.zeros((4, 8, 8, 3), np.uint8)},
                "reward": np.zeros(4, np.float32), "terminated": np.zeros(4, bool), "instruction": ["push"] * 4},
     "trajectory": {"id": 17, "reward": np.zeros((50, 4), np.float32)},
     "ack": {"ids": [15, 16, 17]},
     "weights": {"policy_version": 4, "tensors": {"actor.0.weight": np.zeros((64, 35), np.float32)}},
     "heartbeat": {"time": 12.5},
+    "close": {},
     "error": {"code": "malformed", "message": "bad frame"},
 }
 
@@ -43,11 +43,11 @@ def test_every_message_kind_round_trips(kind):
 
 
 @pytest.mark.parametrize("envelope,code", [
-    ({"v": PROTOCOL_VERSION + 1, "kind": "step", "seq": 0, "body": {}}, "version"),
+    ({"v": PROTOCOL_VERSION + 1, "kind": "command", "seq": 0, "body": {}}, "version"),
     ({"v": PROTOCOL_VERSION, "kind": "exec", "seq": 0, "body": {}}, "kind"),
-    ({"v": PROTOCOL_VERSION, "kind": "step", "seq": -1, "body": {}}, "seq"),
-    ({"v": PROTOCOL_VERSION, "kind": "step", "seq": True, "body": {}}, "seq"),
-    ({"v": PROTOCOL_VERSION, "kind": "step"}, "malformed"),
+    ({"v": PROTOCOL_VERSION, "kind": "command", "seq": -1, "body": {}}, "seq"),
+    ({"v": PROTOCOL_VERSION, "kind": "command", "seq": True, "body": {}}, "seq"),
+    ({"v": PROTOCOL_VERSION, "kind": "command"}, "malformed"),
     ([1, 2, 3], "malformed"),
 ])
 def test_broken_envelopes_get_typed_errors(envelope, code):

@@ -1,0 +1,50 @@
+"""ZeroMQ helpers shared by every role: endpoint policy and message send/receive.
+
+Endpoints are loopback-only (tcp://127.0.0.1, tcp://localhost, tcp://[::1], ipc://, inproc://)
+until CURVE authentication exists; anything else is refused before a socket binds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from embodied.transport.codec import DEFAULT_LIMITS, Limits
+from embodied.transport.protocol import Message, decode_message, encode_message
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+class EndpointError(ValueError):
+    """An endpoint this build will not open."""
+
+
+def check_endpoint(endpoint: str) -> str:
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return endpoint
+    if scheme == "tcp":
+        host = rest.rsplit(":", 1)[0]
+        if host in LOOPBACK_HOSTS or host.startswith("127."):
+            return endpoint
+        raise EndpointError(f"refusing non-loopback endpoint {endpoint}: only loopback addresses are allowed "
+                            f"without authentication")
+    raise EndpointError(f"unsupported endpoint '{endpoint}': use tcp://127.0.0.1:<port> or ipc://<path>")
+
+
+def send(socket: zmq.Socket, message: Message, identity: bytes | None = None) -> None:
+    frames = encode_message(message)
+    socket.send_multipart(([identity] if identity is not None else []) + frames, copy=False)
+
+
+def receive(socket: zmq.Socket, routed: bool = False, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes | None, Any]:
+    """One message: (sender identity or None, decoded Message). Protocol errors propagate as
+    `ProtocolError` with the sender identity attached as `.identity`."""
+    frames = socket.recv_multipart(copy=False)
+    identity = bytes(frames[0].buffer) if routed else None
+    payload = [frame.buffer for frame in (frames[1:] if routed else frames)]
+    try:
+        return identity, decode_message(payload, limits)
+    except Exception as error:
+        error.identity = identity  # type: ignore[attr-defined]
+        raise

@@ -1,0 +1,138 @@
+"""The rollout's side of env workers over ZeroMQ: one ROUTER socket (`EnvHub`) that worker
+processes (`python -m sim.worker`) connect to, and one group handle per worker with the same
+send/receive shape as in-process and pipe groups, so `VectorizedEnv` drives all three alike.
+
+Every reply has a deadline; a worker that exits or goes silent is reported as an
+`EnvWorkerError` naming it, never waited on forever."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError
+from embodied.transport.sockets import check_endpoint, receive, send
+from sim.vector import EnvWorkerError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class EnvHub:
+    def __init__(self, env_config: dict[str, Any], base_seed: int, stream: int, timeout_s: float,
+                 endpoint: str | None = None):
+        self.env_config = env_config
+        self.base_seed = base_seed
+        self.stream = stream
+        self.timeout_s = timeout_s
+        self._tmp = None
+        if endpoint is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="embodied-env-")
+            endpoint = f"ipc://{self._tmp.name}/hub"
+        self.endpoint = check_endpoint(endpoint)
+        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone worker raises
+        self.socket.bind(self.endpoint)
+        self.inbox: dict[bytes, collections.deque[Message]] = collections.defaultdict(collections.deque)
+        self.seq = 0
+        self.count = 0
+
+    def start_worker(self, env_ids: list[int]) -> "SocketGroup":
+        identity = f"env-worker-{self.count}".encode()
+        self.count += 1
+        python = self.env_config.get("python") or sys.executable
+        command = [python, "-m", "sim.worker", "--endpoint", self.endpoint, "--env", json.dumps(self.env_config),
+                   "--env-ids", *map(str, env_ids), "--seed", str(self.base_seed), "--stream", str(self.stream),
+                   "--worker-id", identity.decode()]
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        process = subprocess.Popen(command, env=environment)
+        group = SocketGroup(self, identity, process)
+        hello = group.wait_for("hello")
+        if hello.body.get("protocol") != PROTOCOL_VERSION:
+            group.close()
+            raise EnvWorkerError(f"{identity.decode()} speaks protocol {hello.body.get('protocol')}, "
+                                 f"this rollout {PROTOCOL_VERSION}")
+        send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION}), identity)
+        return group
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def pump(self, timeout_s: float) -> None:
+        """Move at most one incoming message into its sender's inbox."""
+        if not self.socket.poll(int(timeout_s * 1000)):
+            return
+        try:
+            identity, message = receive(self.socket, routed=True)
+        except ProtocolError as error:
+            raise EnvWorkerError(f"{getattr(error, 'identity', b'?').decode()} sent a malformed message: {error}")
+        if message.kind != "heartbeat":
+            self.inbox[identity].append(message)
+
+    def close(self) -> None:
+        self.socket.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+class SocketGroup:
+    def __init__(self, hub: EnvHub, identity: bytes, process: subprocess.Popen):
+        self.hub = hub
+        self.identity = identity
+        self.process = process
+        self.name = f"{identity.decode()} (pid {process.pid})"
+        self.pending: int | None = None
+
+    def wait_for(self, kind: str, seq: int | None = None) -> Message:
+        deadline = time.monotonic() + self.hub.timeout_s
+        inbox = self.hub.inbox[self.identity]
+        while True:
+            while inbox:
+                message = inbox.popleft()
+                if message.kind == kind and (seq is None or message.seq == seq):
+                    return message
+                if message.kind == "error":
+                    raise EnvWorkerError(f"{self.name} refused a message: {message.body}")
+            if self.process.poll() is not None:
+                raise EnvWorkerError(f"{self.name} died (exit code {self.process.returncode})")
+            if time.monotonic() > deadline:
+                raise EnvWorkerError(f"{self.name} gave no '{kind}' within {self.hub.timeout_s:.0f} s")
+            self.hub.pump(timeout_s=0.05)
+
+    def send(self, command: str, **args: Any) -> None:
+        self.pending = self.hub.next_seq()
+        try:
+            send(self.hub.socket, Message("command", self.pending, {"command": command, "args": args}), self.identity)
+        except zmq.ZMQError as error:
+            if self.process.poll() is not None:
+                raise EnvWorkerError(f"{self.name} died (exit code {self.process.returncode})") from None
+            raise EnvWorkerError(f"{self.name} is unreachable: {error}") from None
+
+    def receive(self) -> Any:
+        reply = self.wait_for("result", self.pending).body
+        if "error" in reply:
+            raise EnvWorkerError(f"{self.name} failed:\n{reply['error']}")
+        return reply["ok"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                send(self.hub.socket, Message("close", self.hub.next_seq(), {}), self.identity)
+            except zmq.ZMQError:
+                pass
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

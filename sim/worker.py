@@ -1,0 +1,101 @@
+"""An env worker process: a group of single envs served over ZeroMQ to the rollout.
+
+    python -m sim.worker --endpoint ipc:///tmp/x --env '{"name": "gymnasium", ...}' --env-ids 0 1 --seed 1
+
+Imports numpy, pyzmq, msgpack and the simulator only: never torch (simulators that use torch
+internally import it themselves), so it can run under another Python interpreter, e.g. the
+virtualenv of a simulator with conflicting pins. The worker connects a DEALER socket to the
+rollout's ROUTER, says hello with its env metadata, then answers requests. It sends heartbeats
+while idle and exits when its parent process is gone."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from functools import partial
+from typing import Any, Callable
+
+import zmq
+
+from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message
+from embodied.transport.sockets import check_endpoint, receive, send
+from sim.base import SingleEnv
+from sim.group import EnvGroup
+
+COMMANDS = frozenset({"describe", "reset", "rewind", "step", "render", "resume_state", "restore"})
+
+
+def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
+    """Builds single envs from a plain config dict, without the training-side registries."""
+    name = env_config.get("name")
+    if name == "maniskill":
+        from sim.maniskill import ManiSkillConfig, ManiSkillEnv
+
+        return partial(ManiSkillEnv, ManiSkillConfig(**env_config))
+    if name == "gymnasium":
+        from sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv
+
+        return partial(GymnasiumEnv, GymnasiumConfig(**env_config))
+    raise ValueError(f"no env worker for env '{name}'; known: gymnasium, maniskill")
+
+
+def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int,
+          stream: int = 0, worker_id: str = "", heartbeat_s: float = 1.0) -> None:
+    parent = os.getppid()
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.IDENTITY, (worker_id or f"env-{os.getpid()}").encode())
+    socket.connect(check_endpoint(endpoint))
+    group = EnvGroup(make_env, env_ids, base_seed, stream)
+    try:
+        send(socket, Message("hello", 0, {"protocol": PROTOCOL_VERSION, "role": "env", "env_ids": env_ids,
+                                          **group.describe()}))
+        while True:
+            if not socket.poll(int(heartbeat_s * 1000)):
+                if os.getppid() != parent:
+                    return  # the rollout that started this worker is gone
+                send(socket, Message("heartbeat", 0, {"time": time.time()}))
+                continue
+            try:
+                _, request = receive(socket)
+            except ProtocolError as error:
+                send(socket, error_message(0, error))
+                continue
+            if request.kind == "close":
+                return
+            if request.kind == "command":
+                send(socket, Message("result", request.seq, run_command(group, request.body)))
+    finally:
+        group.close()
+        socket.close()
+
+
+def run_command(group: EnvGroup, body: Any) -> dict[str, Any]:
+    command = body.get("command") if isinstance(body, dict) else None
+    if command not in COMMANDS:
+        return {"error": f"unknown command {command!r}; known: {', '.join(sorted(COMMANDS))}"}
+    try:
+        return {"ok": getattr(group, command)(**body.get("args", {}))}
+    except Exception:
+        return {"error": traceback.format_exc()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--env", required=True, help="the env config as JSON")
+    parser.add_argument("--env-ids", type=int, nargs="+", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stream", type=int, default=0)
+    parser.add_argument("--worker-id", default="")
+    args = parser.parse_args()
+    serve(args.endpoint, single_env_factory(json.loads(args.env)), args.env_ids, args.seed, args.stream,
+          args.worker_id)
+
+
+if __name__ == "__main__":
+    main()

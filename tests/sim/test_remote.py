@@ -1,0 +1,82 @@
+"""Env workers over ZeroMQ: real sockets, real worker processes."""
+
+import os
+import signal
+import sys
+
+import numpy as np
+import pytest
+
+from embodied.transport.sockets import EndpointError, check_endpoint
+from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from sim.maniskill import ManiSkillConfig, make_maniskill
+from sim.vector import EnvWorkerError
+
+
+def test_zmq_workers_give_the_same_results_as_in_process_envs():
+    chunk = np.random.default_rng(1).uniform(-1, 1, size=(4, 3, 8)).astype(np.float32)
+    results = []
+    for workers, transport in ((0, "pipe"), (2, "zmq")):
+        env = make_maniskill(ManiSkillConfig(num_envs=4, num_workers=workers, transport=transport), seed=5)
+        try:
+            env.reset()
+            results.append(env.step(chunk))
+        finally:
+            env.close()
+    np.testing.assert_array_equal(results[0].observation.state, results[1].observation.state)
+    np.testing.assert_array_equal(results[0].reward, results[1].reward)
+
+
+def test_a_killed_zmq_worker_is_reported_promptly():
+    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2, transport="zmq"),
+                         seed=0)
+    try:
+        env.reset()
+        env.groups[0].process.send_signal(signal.SIGKILL)
+        env.groups[0].process.wait()
+        with pytest.raises(EnvWorkerError, match="died"):
+            env.step(np.zeros((2, 1, 1), np.float32))
+    finally:
+        env.close()
+
+
+def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
+    """The worker runs under an interpreter in which any torch import fails (as a separate
+    virtualenv without torch would), and serves a gymnasium env over ZeroMQ."""
+    script = tmp_path / "no_torch.py"
+    script.write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import runpy\n"
+        "assert sys.argv[1:3] == ['-m', 'sim.worker']\n"
+        "sys.argv = ['sim.worker'] + sys.argv[3:]\n"
+        "runpy.run_module('sim.worker', run_name='__main__')\n"
+    )
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    wrapper.chmod(0o755)
+    config = GymnasiumConfig(task="InvertedPendulum-v4", num_envs=1, num_workers=1, transport="zmq",
+                             python=str(wrapper))
+    env = make_gymnasium(config, seed=0)
+    try:
+        first = env.reset()
+        result = env.step(np.zeros((1, 2, 1), np.float32))
+        assert first.state.shape == (1, 4) and result.executed_steps.tolist() == [2]
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:5555", "tcp://192.168.1.4:5555", "udp://127.0.0.1:1"])
+def test_non_loopback_endpoints_are_refused(endpoint):
+    with pytest.raises(EndpointError):
+        check_endpoint(endpoint)
+
+
+def test_loopback_endpoints_are_allowed():
+    for endpoint in ("tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://[::1]:2", "ipc:///tmp/x"):
+        assert check_endpoint(endpoint) == endpoint
+    assert os.name == "posix"
