@@ -73,6 +73,11 @@ class BatchedEnv(ABC):
     def render(self, env_idx: int = 0) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} cannot render frames")
 
+    def recover(self) -> Observation:
+        """After an `EnvWorkerError`: restart what failed and return the full batch of
+        observations. Envs without worker processes have nothing to restart."""
+        raise NotImplementedError(f"{type(self).__name__} cannot recover from a failed env worker")
+
     @abstractmethod
     def rewind(self) -> Observation:
         """Reset every env to the start of its episode sequence, so the same episodes come

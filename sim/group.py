@@ -51,6 +51,9 @@ class EnvGroup:
             self._start_episode(int(i), None if seeds is None else int(seeds[k]))
         return self._batch(self.observations)
 
+    def observe(self) -> dict[str, Any]:
+        return self._batch(self.observations)
+
     def rewind(self) -> dict[str, Any]:
         self.episode[:] = -1
         return self.reset()

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from embodied.errors import ConfigError
 from embodied.transport import codec
 from embodied.types import EnvSpec, EpisodeStats, Observation, StepResult
 from sim.base import BatchedEnv, SingleEnv
@@ -110,6 +111,7 @@ class _ProcessGroup:
             self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.kill()
+            self.process.join()
         self.connection.close()
 
 
@@ -128,7 +130,7 @@ def vectorize(make_env: Callable[[int], SingleEnv], num_envs: int, num_workers: 
 
         hub = EnvHub(env_config or {}, base_seed, stream, worker_timeout_s)
         return VectorizedEnv(hub.start_worker, num_envs, num_workers, on_close=hub.close)
-    raise ValueError(f"unknown env transport '{transport}'; known: pipe, zmq")
+    raise ConfigError(f"env.transport must be 'pipe' or 'zmq', got '{transport}'")
 
 
 class VectorizedEnv(BatchedEnv):
@@ -138,7 +140,10 @@ class VectorizedEnv(BatchedEnv):
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.num_envs = num_envs
         self._on_close = on_close
+        self._make_group = make_group
+        self._failed: set[int] = set()  # groups whose worker died or stopped answering
         splits = np.array_split(np.arange(num_envs), max(min(num_groups, num_envs), 1))
+        self._splits = [ids.tolist() for ids in splits]
         self._sizes = [len(ids) for ids in splits]
         self._starts = np.cumsum([0] + self._sizes)  # first env index of each group
         self.groups: list[Any] = []
@@ -160,14 +165,16 @@ class VectorizedEnv(BatchedEnv):
         for k, group in enumerate(self.groups):
             try:
                 group.send(command, **(per_group[k] if per_group else {}))
-                sent.append(group)
+                sent.append(k)
             except EnvWorkerError as error:
+                self._failed.add(k)
                 failure = failure or error
         replies = []
-        for group in sent:
+        for k in sent:
             try:
-                replies.append(group.receive())
+                replies.append(self.groups[k].receive())
             except EnvWorkerError as error:
+                self._failed.add(k)
                 failure = failure or error
         if failure is not None:
             raise failure
@@ -200,6 +207,17 @@ class VectorizedEnv(BatchedEnv):
 
     def rewind(self) -> Observation:
         return self._observation(self._all("rewind"))
+
+    def recover(self) -> Observation:
+        """Replace every group whose worker failed with a fresh one (its envs start new
+        episodes; the others carry on) and return the full batch of observations."""
+        for k in sorted(self._failed):
+            self.groups[k].close()
+            self.groups[k] = self._make_group(self._splits[k])
+            self.groups[k].send("reset")
+            self.groups[k].receive()
+        self._failed.clear()
+        return self._observation(self._all("observe"))
 
     def step(self, actions: np.ndarray) -> StepResult:
         actions = np.asarray(actions, dtype=np.float32)

@@ -25,7 +25,7 @@ from embodied.transport.sockets import check_endpoint, receive, send
 from sim.base import SingleEnv
 from sim.group import EnvGroup
 
-COMMANDS = frozenset({"describe", "reset", "rewind", "step", "render", "resume_state", "restore"})
+COMMANDS = frozenset({"describe", "observe", "reset", "rewind", "step", "render", "resume_state", "restore"})
 
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:

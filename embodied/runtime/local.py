@@ -55,6 +55,7 @@ class LocalRuntime:
                 metrics = learner.update(batch, progress)
                 rollout.policy_version = learner.policy_version
                 metrics["train/policy_version"] = learner.policy_version
+                metrics["train/env_worker_restarts"] = rollout.env_restarts
                 session.record(env_steps, episodes, metrics)
                 if evaluation.due(session.iteration):
                     session.record_eval(evaluation.run(policy))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -11,15 +12,20 @@ from embodied.buffers import Trajectory, TrajectoryBuilder
 from embodied.types import ActionChunk, EpisodeStats, Observation
 from policies.base import Policy
 from sim.base import BatchedEnv
+from sim.vector import EnvWorkerError
+
+logger = logging.getLogger(__name__)
 
 
 class Rollout:
-    def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device):
+    def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3):
         self.env = env
         self.policy = policy
         self.device = device
         self.observation: Observation | None = None
         self.policy_version = 0
+        self.max_env_restarts = max_env_restarts  # in a row, before the failure stops training
+        self.env_restarts = 0
 
     def start(self) -> None:
         self.observation = self.env.reset()
@@ -37,12 +43,27 @@ class Rollout:
             record={k: v.cpu() for k, v in chunk.record.items()},
         )
 
-    @torch.no_grad()
     def collect(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
         """Run `num_steps` chunk steps in every env. Returns the trajectory, the episodes
-        that ended and the number of env steps (single actions) executed."""
+        that ended and the number of env steps (single actions) executed.
+
+        If an env worker dies or stops answering, it is restarted and the whole batch is
+        collected again, so no partial trajectory reaches the learner."""
         if self.observation is None:
             raise RuntimeError("Rollout.start() or restore() must come before collect()")
+        for attempt in range(self.max_env_restarts + 1):
+            try:
+                return self._collect(num_steps)
+            except EnvWorkerError as error:
+                if attempt == self.max_env_restarts:
+                    raise
+                logger.warning("env worker failed, restarting it and collecting the batch again: %s", error)
+                self.observation = self.env.recover()
+                self.env_restarts += 1
+        raise AssertionError("unreachable")
+
+    @torch.no_grad()
+    def _collect(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
         builder = TrajectoryBuilder()
         episodes: list[EpisodeStats] = []
         env_steps = 0

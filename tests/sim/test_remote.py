@@ -80,3 +80,57 @@ def test_loopback_endpoints_are_allowed():
     for endpoint in ("tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://[::1]:2", "ipc:///tmp/x"):
         assert check_endpoint(endpoint) == endpoint
     assert os.name == "posix"
+
+
+@pytest.mark.parametrize("transport", ["pipe", "zmq"])
+def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transport):
+    import torch
+
+    from embodied.runtime.rollout import Rollout
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2,
+                                         transport=transport), seed=0)
+    try:
+        policy = MLPGaussianPolicy(MLPPolicyConfig(), env.spec)
+        rollout = Rollout(env, policy, torch.device("cpu"))
+        rollout.start()
+        rollout.collect(5)
+        dead = env.groups[1].process
+        os.kill(dead.pid, signal.SIGKILL)
+        batch, _, env_steps = rollout.collect(5)
+        assert rollout.env_restarts == 1 and env.groups[1].process.pid != dead.pid
+        assert batch.reward.shape == (5, 4) and env_steps == 20
+        assert rollout.collect(3)[0].reward.shape == (3, 4) and rollout.env_restarts == 1
+    finally:
+        env.close()
+
+
+def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
+    import json
+    import subprocess
+    import time
+
+    import psutil
+
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "embodied.cli", "train", "experiment=mujoco_invertedpendulum",
+               "env.num_envs=2", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=256",
+               "algo.num_minibatches=4", "algo.update_epochs=2", "total_env_steps=12288", "eval_episodes=0",
+               "logger.progress_bar=false", f"run_dir={run_dir}"]
+    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and metrics.read_text()) and time.monotonic() < deadline:
+            assert trainer.poll() is None, trainer.communicate()[1]
+            time.sleep(0.2)
+        workers = [p for p in psutil.Process(trainer.pid).children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+        assert len(workers) == 2, "expected two env worker processes"
+        workers[0].kill()
+        out, err = trainer.communicate(timeout=300)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    last = json.loads(metrics.read_text().splitlines()[-1])
+    assert last["env_steps"] >= 12288 and last["train/env_worker_restarts"] == 1
