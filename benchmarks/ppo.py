@@ -5,6 +5,7 @@ Markdown summary and a PNG plot per suite.
     python benchmarks/ppo.py mujoco      # InvertedPendulum-v4 x3 seeds, Hopper-v4 x1, 1M steps each
     python benchmarks/ppo.py maniskill   # PushCube-v1 and PickCube-v1, state obs, CPU
     python benchmarks/ppo.py report      # rebuild summaries and plots from the collected runs
+    python benchmarks/ppo.py collect     # re-read the run directories, then report
     python benchmarks/ppo.py mujoco --only hopper-s1 --steps 200000   # one run, shorter
 
 Reference (PPO, 1M steps, mean +- std over seeds of the final training-episode return):
@@ -17,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -59,20 +59,21 @@ def train(name: str, overrides: list[str], steps: int) -> None:
     if (run_dir / "checkpoints" / "latest").is_file():  # continue an interrupted benchmark run
         command = [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", f"total_env_steps={steps}",
                    "eval_episodes=0", "logger.progress_bar=false"]
-    started = time.time()
     print(f"[{name}] {' '.join(command[3:])}", flush=True)
     subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    collect(name, wall_time=time.time() - started)
+    collect(name)
 
 
-def collect(name: str, wall_time: float | None = None) -> None:
-    lines = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
-    keep = ("env_steps", "rollout/episode_return", "rollout/success_rate", "train/env_steps_per_s")
+def collect(name: str) -> None:
+    """Curve and wall time of a finished run (start: its config file; end: its last checkpoint)."""
+    run_dir = RUNS / name
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    keep = ("env_steps", "rollout/episode_return", "rollout/success_rate", "eval/success_rate",
+            "eval/episode_return", "train/env_steps_per_s")
     curve = [{k: line[k] for k in keep if k in line} for line in lines]
+    wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
     out = RESULTS / "runs" / f"{name}.json"
-    previous = json.loads(out.read_text()) if out.exists() else {}
     out.parent.mkdir(parents=True, exist_ok=True)
-    wall = wall_time if wall_time is not None else previous.get("wall_time_s")
     out.write_text(json.dumps({"name": name, "wall_time_s": wall, "curve": curve}))
 
 
@@ -112,7 +113,8 @@ def report(suite_name: str) -> None:
             ax.plot(x, y, label=name)
             finals.append(y[-1])
             steps.append(x[-1])
-            speeds.append(float(np.median([p["train/env_steps_per_s"] for p in run["curve"]])))
+            speeds.append(float(np.median([p["train/env_steps_per_s"] for p in run["curve"]
+                                           if "train/env_steps_per_s" in p])))
             walls.append(run.get("wall_time_s"))
             if suite_name == "maniskill":
                 reach.append(first_reaching(curve, metric, suite.get("goal", {}).get(task, 0.9)))
@@ -156,12 +158,17 @@ def report(suite_name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("suite", choices=[*SUITES, "report"])
+    parser.add_argument("suite", choices=[*SUITES, "report", "collect"])
     parser.add_argument("--only", nargs="*", help="run names to run (default: all of the suite)")
     parser.add_argument("--steps", type=int, help="env steps per run (default: the suite's)")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = parser.parse_args()
-    if args.suite == "report":
+    if args.suite in ("report", "collect"):
+        if args.suite == "collect":  # re-read every finished run directory
+            for suite in SUITES.values():
+                for name in suite["runs"]:
+                    if (RUNS / name / "checkpoints" / "latest").is_file():
+                        collect(name)
         for name in SUITES:
             report(name)
         return

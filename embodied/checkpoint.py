@@ -32,7 +32,7 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "s") -> An
         tensors[prefix] = obj.detach().cpu().contiguous()
         return {TENSOR: prefix}
     if isinstance(obj, np.ndarray):
-        tensors[prefix] = torch.from_numpy(np.ascontiguousarray(obj))
+        tensors[prefix] = torch.from_numpy(np.array(obj))  # a copy: decoded arrays may be read-only
         return {NDARRAY: prefix}
     if isinstance(obj, dict):
         return {"__dict__": [[flatten(k, tensors, f"{prefix}.k{i}"), flatten(v, tensors, f"{prefix}.{i}")]
