@@ -4,6 +4,7 @@
     embodied train env=maniskill_pickcube algo.lr=1e-4 experiment=pushcube
     embodied train resume=runs/train-20260101-120000
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
+    embodied keys keys/                             CURVE keypairs for non-loopback endpoints
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Sequence
 
 from embodied.errors import EmbodiedError
 
-VERBS = ("train", "eval")
+VERBS = ("train", "eval", "keys")
 
 
 def train(overrides: list[str]) -> int:
@@ -50,6 +51,16 @@ def evaluate(overrides: list[str]) -> int:
     return 0
 
 
+def keys(arguments: list[str]) -> int:
+    from embodied.transport.security import describe, generate_keys
+
+    if len(arguments) != 1:
+        print("usage: embodied keys <directory>", file=sys.stderr)
+        return 2
+    print(describe(generate_keys(arguments[0])))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help", "help"):
@@ -62,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {unknown_name_message('command', verb, list(VERBS))}", file=sys.stderr)
         return 2
     try:
-        return train(overrides) if verb == "train" else evaluate(overrides)
+        return {"train": train, "eval": evaluate, "keys": keys}[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

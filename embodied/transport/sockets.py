@@ -1,7 +1,8 @@
 """ZeroMQ helpers shared by every role: endpoint policy and message send/receive.
 
-Endpoints are loopback-only (tcp://127.0.0.1, tcp://localhost, tcp://[::1], ipc://, inproc://)
-until CURVE authentication exists; anything else is refused before a socket binds."""
+Loopback endpoints (tcp://127.0.0.1, tcp://localhost, tcp://[::1], ipc://, inproc://) are
+always allowed; any other address only with CURVE authentication on (`authenticated=True`,
+see `embodied.transport.security`). Anything else is refused before a socket opens."""
 
 from __future__ import annotations
 
@@ -19,16 +20,16 @@ class EndpointError(ValueError):
     """An endpoint this build will not open."""
 
 
-def check_endpoint(endpoint: str) -> str:
+def check_endpoint(endpoint: str, authenticated: bool = False) -> str:
     scheme, _, rest = endpoint.partition("://")
     if scheme in ("ipc", "inproc"):
         return endpoint
     if scheme == "tcp":
         host = rest.rsplit(":", 1)[0]
-        if host in LOOPBACK_HOSTS or host.startswith("127."):
+        if host in LOOPBACK_HOSTS or host.startswith("127.") or authenticated:
             return endpoint
-        raise EndpointError(f"refusing non-loopback endpoint {endpoint}: only loopback addresses are allowed "
-                            f"without authentication")
+        raise EndpointError(f"refusing non-loopback endpoint {endpoint} without authentication: "
+                            f"create keys with `embodied keys <dir>` and configure them on both ends")
     raise EndpointError(f"unsupported endpoint '{endpoint}': use tcp://127.0.0.1:<port> or ipc://<path>")
 
 
