@@ -69,6 +69,24 @@ class Trajectory:
         )
 
 
+def concat_envs(parts: list[Trajectory]) -> Trajectory:
+    """Trajectories of the same steps for disjoint env rows, joined along the env axis."""
+    joined = {}
+    for f in fields(Trajectory):
+        values = [getattr(p, f.name) for p in parts]
+        if f.name == "observation":
+            joined[f.name] = Observation(
+                state=torch.cat([v.state for v in values], dim=1),
+                images={k: torch.cat([v.images[k] for v in values], dim=1) for k in values[0].images},
+                instruction=[text for v in values for text in v.instruction],
+            )
+        elif f.name == "record":
+            joined[f.name] = {k: torch.cat([v[k] for v in values], dim=1) for k in values[0]}
+        else:
+            joined[f.name] = torch.cat(values, dim=0 if f.name == "last_value" else 1)
+    return Trajectory(**joined)
+
+
 def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, *x.shape[2:])
 

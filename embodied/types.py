@@ -46,6 +46,15 @@ class Observation:
         )
 
 
+def concat_observations(parts: list[Observation]) -> Observation:
+    """Observations of disjoint env rows, joined in order (numpy on the env side)."""
+    return Observation(
+        state=np.concatenate([p.state for p in parts]),
+        images={name: np.concatenate([p.images[name] for p in parts]) for name in parts[0].images},
+        instruction=[text for p in parts for text in p.instruction],
+    )
+
+
 @dataclass
 class ActionChunk:
     """What the policy decided for one env step: C actions per env.

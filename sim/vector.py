@@ -142,6 +142,7 @@ class VectorizedEnv(BatchedEnv):
         self._on_close = on_close
         self._make_group = make_group
         self._failed: set[int] = set()  # groups whose worker died or stopped answering
+        self._awaiting: set[int] = set()  # groups with a stage step sent and not yet received
         splits = np.array_split(np.arange(num_envs), max(min(num_groups, num_envs), 1))
         self._splits = [ids.tolist() for ids in splits]
         self._sizes = [len(ids) for ids in splits]
@@ -183,11 +184,11 @@ class VectorizedEnv(BatchedEnv):
     def _split(self, values: np.ndarray) -> list[np.ndarray]:
         return np.split(np.asarray(values), self._starts[1:-1])
 
-    def _observation(self, parts: list[dict[str, Any]], prefix: str = "") -> Observation:
+    def _observation(self, parts: list[dict[str, Any]], prefix: str = "", rows: slice = slice(None)) -> Observation:
         return Observation(
             state=np.concatenate([p[prefix + "state"] for p in parts]),
             images={name: np.concatenate([p[prefix + "images"][name] for p in parts]) for name in parts[0][prefix + "images"]},
-            instruction=list(self.instructions),
+            instruction=list(self.instructions[rows]),
         )
 
     def reset(self, seeds: Sequence[int] | None = None, env_idx: Sequence[int] | None = None) -> Observation:
@@ -211,6 +212,12 @@ class VectorizedEnv(BatchedEnv):
     def recover(self) -> Observation:
         """Replace every group whose worker failed with a fresh one (its envs start new
         episodes; the others carry on) and return the full batch of observations."""
+        for k in sorted(self._awaiting - self._failed):  # drain replies still in flight
+            try:
+                self.groups[k].receive()
+            except EnvWorkerError:
+                self._failed.add(k)
+        self._awaiting.clear()
         for k in sorted(self._failed):
             self.groups[k].close()
             self.groups[k] = self._make_group(self._splits[k])
@@ -225,19 +232,47 @@ class VectorizedEnv(BatchedEnv):
             raise ValueError(
                 f"expected an action chunk of shape ({self.num_envs}, C, {self.spec.action_dim}), got {actions.shape}"
             )
-        parts = self._all("step", [{"chunk": chunk} for chunk in self._split(actions)])
+        return self._result(self._all("step", [{"chunk": chunk} for chunk in self._split(actions)]))
+
+    def _result(self, parts: list[dict[str, Any]], rows: slice = slice(None)) -> StepResult:
         cat = lambda key: np.concatenate([p[key] for p in parts])  # noqa: E731
         return StepResult(
-            observation=self._observation(parts),
+            observation=self._observation(parts, rows=rows),
             reward=cat("reward"),
             terminated=cat("terminated"),
             truncated=cat("truncated"),
             success=cat("success"),
             executed_steps=cat("executed_steps"),
             executed_action=cat("executed_action"),
-            final_observation=self._observation(parts, prefix="final_"),
+            final_observation=self._observation(parts, prefix="final_", rows=rows),
             episodes=[EpisodeStats(int(e[0]), str(e[1]), float(e[2]), int(e[3]), bool(e[4])) for p in parts for e in p["episodes"]],
         )
+
+    # ---- stages: one group each, stepped independently so that inference for one group
+    # ---- overlaps simulation in the others (pipelined rollout)
+    @property
+    def num_stages(self) -> int:
+        return len(self.groups)
+
+    def stage_rows(self, stage: int) -> slice:
+        return slice(int(self._starts[stage]), int(self._starts[stage + 1]))
+
+    def send_stage_step(self, stage: int, actions: np.ndarray) -> None:
+        try:
+            self.groups[stage].send("step", chunk=np.asarray(actions, dtype=np.float32))
+        except EnvWorkerError:
+            self._failed.add(stage)
+            raise
+        self._awaiting.add(stage)
+
+    def receive_stage_step(self, stage: int) -> StepResult:
+        self._awaiting.discard(stage)
+        try:
+            part = self.groups[stage].receive()
+        except EnvWorkerError:
+            self._failed.add(stage)
+            raise
+        return self._result([part], rows=self.stage_rows(stage))
 
     def render(self, env_idx: int = 0) -> np.ndarray:
         k = int(np.searchsorted(self._starts, env_idx, side="right") - 1)

@@ -25,6 +25,9 @@ class LocalRuntimeConfig:
     name: str = "local"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     torch_threads: Optional[int] = None  # None: torch's default
+    # Overlap policy inference for one env worker group with simulation in the others
+    # (needs env.num_workers >= 2).
+    pipeline: bool = False
 
 
 class LocalRuntime:
@@ -45,7 +48,7 @@ class LocalRuntime:
         try:
             policy = build_policy(config.policy, env.spec, device)
             learner = Learner(policy, build_algo(config.algo, policy), device)
-            rollout = Rollout(env, policy, device)
+            rollout = Rollout(env, policy, device, pipeline=self.cfg.pipeline)
             session.restore(learner, rollout)
 
             session.start_logging()

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.buffers import Trajectory, TrajectoryBuilder
-from embodied.types import ActionChunk, EpisodeStats, Observation
+from embodied.buffers import Trajectory, TrajectoryBuilder, concat_envs
+from embodied.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from policies.base import Policy
 from sim.base import BatchedEnv
 from sim.vector import EnvWorkerError
@@ -18,8 +18,11 @@ logger = logging.getLogger(__name__)
 
 
 class Rollout:
-    def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3):
+    def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3,
+                 pipeline: bool = False):
         self.env = env
+        # Pipelining needs an env whose worker groups step independently (VectorizedEnv with workers).
+        self.pipeline = pipeline and getattr(env, "num_stages", 1) > 1
         self.policy = policy
         self.device = device
         self.observation: Observation | None = None
@@ -53,7 +56,7 @@ class Rollout:
             raise RuntimeError("Rollout.start() or restore() must come before collect()")
         for attempt in range(self.max_env_restarts + 1):
             try:
-                return self._collect(num_steps)
+                return self._collect_pipelined(num_steps) if self.pipeline else self._collect(num_steps)
             except EnvWorkerError as error:
                 if attempt == self.max_env_restarts:
                     raise
@@ -61,6 +64,15 @@ class Rollout:
                 self.observation = self.env.recover()
                 self.env_restarts += 1
         raise AssertionError("unreachable")
+
+    def _bootstrap(self, result: StepResult) -> torch.Tensor:
+        """Value of the final observation where an episode was truncated, else 0."""
+        bootstrap = torch.zeros(len(result.reward))
+        truncated_rows = np.flatnonzero(result.truncated & ~result.terminated)
+        if truncated_rows.size:
+            final = result.final_observation.select(truncated_rows).to_torch(self.device)
+            bootstrap[truncated_rows] = self.policy.value(final).cpu()
+        return bootstrap
 
     @torch.no_grad()
     def _collect(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
@@ -70,14 +82,37 @@ class Rollout:
         for _ in range(num_steps):
             chunk = self._act(self.observation)
             result = self.env.step(chunk.actions.numpy())
-            bootstrap = torch.zeros(len(result.reward))
-            truncated_rows = np.flatnonzero(result.truncated & ~result.terminated)
-            if truncated_rows.size:
-                final = result.final_observation.select(truncated_rows).to_torch(self.device)
-                bootstrap[truncated_rows] = self.policy.value(final).cpu()
-            builder.add(self.observation, chunk, result, bootstrap)
+            builder.add(self.observation, chunk, result, self._bootstrap(result))
             self.observation = result.observation
             env_steps += int(result.executed_steps.sum())
             episodes.extend(result.episodes)
         last_value = self.policy.value(self.observation.to_torch(self.device)).cpu()
         return builder.build(last_value), episodes, env_steps
+
+    @torch.no_grad()
+    def _collect_pipelined(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
+        """Each worker group is a stage: while one group simulates its chunk, the policy runs
+        for the next group, so inference and simulation overlap (SEED RL / RLinf style)."""
+        env = self.env
+        stages = range(env.num_stages)
+        observations = [self.observation.select(env.stage_rows(k)) for k in stages]
+        builders = [TrajectoryBuilder() for _ in stages]
+        chunks: list[ActionChunk] = []
+        for k in stages:
+            chunks.append(self._act(observations[k]))
+            env.send_stage_step(k, chunks[k].actions.numpy())
+        episodes: list[EpisodeStats] = []
+        env_steps = 0
+        for t in range(num_steps):
+            for k in stages:
+                result = env.receive_stage_step(k)
+                builders[k].add(observations[k], chunks[k], result, self._bootstrap(result))
+                observations[k] = result.observation
+                env_steps += int(result.executed_steps.sum())
+                episodes.extend(result.episodes)
+                if t < num_steps - 1:
+                    chunks[k] = self._act(observations[k])
+                    env.send_stage_step(k, chunks[k].actions.numpy())
+        self.observation = concat_observations(observations)
+        parts = [builders[k].build(self.policy.value(observations[k].to_torch(self.device)).cpu()) for k in stages]
+        return concat_envs(parts), episodes, env_steps

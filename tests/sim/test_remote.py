@@ -82,8 +82,8 @@ def test_loopback_endpoints_are_allowed():
     assert os.name == "posix"
 
 
-@pytest.mark.parametrize("transport", ["pipe", "zmq"])
-def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transport):
+@pytest.mark.parametrize("transport,pipeline", [("pipe", False), ("zmq", False), ("pipe", True)])
+def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transport, pipeline):
     import torch
 
     from embodied.runtime.rollout import Rollout
@@ -93,7 +93,8 @@ def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transpo
                                          transport=transport), seed=0)
     try:
         policy = MLPGaussianPolicy(MLPPolicyConfig(), env.spec)
-        rollout = Rollout(env, policy, torch.device("cpu"))
+        rollout = Rollout(env, policy, torch.device("cpu"), pipeline=pipeline)
+        assert rollout.pipeline == pipeline
         rollout.start()
         rollout.collect(5)
         dead = env.groups[1].process
@@ -134,3 +135,31 @@ def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
     assert trainer.returncode == 0, err
     last = json.loads(metrics.read_text().splitlines()[-1])
     assert last["env_steps"] >= 12288 and last["train/env_worker_restarts"] == 1
+
+
+def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one():
+    import torch
+
+    from embodied.runtime.rollout import Rollout
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+    batches = []
+    for pipeline in (False, True):
+        env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2), seed=3)
+        try:
+            torch.manual_seed(0)
+            policy = MLPGaussianPolicy(MLPPolicyConfig(init_log_std=-30.0), env.spec)  # sampling = the mean
+            rollout = Rollout(env, policy, torch.device("cpu"), pipeline=pipeline)
+            rollout.start()
+            batch, episodes, env_steps = rollout.collect(40)
+            batches.append((batch, len(episodes), env_steps, rollout.observation.state))
+        finally:
+            env.close()
+    (sequential, n_seq, steps_seq, last_seq), (pipelined, n_pipe, steps_pipe, last_pipe) = batches
+    assert (n_seq, steps_seq) == (n_pipe, steps_pipe) and steps_seq == 160
+    torch.testing.assert_close(pipelined.observation.state, sequential.observation.state)
+    torch.testing.assert_close(pipelined.reward, sequential.reward)
+    torch.testing.assert_close(pipelined.value, sequential.value)
+    torch.testing.assert_close(pipelined.last_value, sequential.last_value)
+    assert torch.equal(pipelined.terminated, sequential.terminated)
+    np.testing.assert_allclose(last_pipe, last_seq)
