@@ -4,6 +4,7 @@ from another process through `embodied.transport.codec`."""
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -145,3 +146,18 @@ class EnvGroup:
             "state": np.stack([o.state for o in observations]).astype(np.float32),
             "images": {name: np.stack([o.images[name] for o in observations]) for name in observations[0].images},
         }
+
+
+COMMANDS = frozenset({"describe", "observe", "reset", "rewind", "step", "render", "resume_state", "restore"})
+
+
+def run_command(group: EnvGroup, request: Any) -> dict[str, Any]:
+    """Execute one `{command, args}` request from a worker's channel: `{ok: result}` or
+    `{error: text}`; only the group's public commands can be called."""
+    command = request.get("command") if isinstance(request, dict) else None
+    if command not in COMMANDS:
+        return {"error": f"unknown command {command!r}; known: {', '.join(sorted(COMMANDS))}"}
+    try:
+        return {"ok": getattr(group, command)(**request.get("args", {}))}
+    except Exception:
+        return {"error": traceback.format_exc()}

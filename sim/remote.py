@@ -43,6 +43,8 @@ class EnvHub:
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone worker raises
         self.socket.bind(self.endpoint)
         self.inbox: dict[bytes, collections.deque[Message]] = collections.defaultdict(collections.deque)
+        self.known: set[bytes] = set()  # identities of the workers this hub started
+        self.last_heard: dict[bytes, float] = {}
         self.seq = 0
         self.count = 0
 
@@ -56,13 +58,14 @@ class EnvHub:
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         process = subprocess.Popen(command, env=environment)
+        self.known.add(identity)
         group = SocketGroup(self, identity, process)
-        hello = group.wait_for("hello")
-        if hello.body.get("protocol") != PROTOCOL_VERSION:
+        try:
+            group.wait_for("hello")  # the envelope check has already matched protocol versions
+            send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION}), identity)
+        except BaseException:
             group.close()
-            raise EnvWorkerError(f"{identity.decode()} speaks protocol {hello.body.get('protocol')}, "
-                                 f"this rollout {PROTOCOL_VERSION}")
-        send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION}), identity)
+            raise
         return group
 
     def next_seq(self) -> int:
@@ -70,13 +73,18 @@ class EnvHub:
         return self.seq
 
     def pump(self, timeout_s: float) -> None:
-        """Move at most one incoming message into its sender's inbox."""
+        """Move at most one incoming message into its sender's inbox. A malformed message
+        becomes an `error` in its sender's inbox; messages from unknown peers are dropped."""
         if not self.socket.poll(int(timeout_s * 1000)):
             return
         try:
             identity, message = receive(self.socket, routed=True)
         except ProtocolError as error:
-            raise EnvWorkerError(f"{getattr(error, 'identity', b'?').decode()} sent a malformed message: {error}")
+            identity = getattr(error, "identity", None)
+            message = Message("error", 0, {"code": error.code, "message": error.detail})
+        if identity not in self.known:
+            return
+        self.last_heard[identity] = time.monotonic()
         if message.kind != "heartbeat":
             self.inbox[identity].append(message)
 
@@ -107,7 +115,9 @@ class SocketGroup:
             if self.process.poll() is not None:
                 raise EnvWorkerError(f"{self.name} died (exit code {self.process.returncode})")
             if time.monotonic() > deadline:
-                raise EnvWorkerError(f"{self.name} gave no '{kind}' within {self.hub.timeout_s:.0f} s")
+                heard = self.hub.last_heard.get(self.identity)
+                silence = f"last heard {time.monotonic() - heard:.0f} s ago" if heard else "never heard from"
+                raise EnvWorkerError(f"{self.name} gave no '{kind}' within {self.hub.timeout_s:.0f} s ({silence})")
             self.hub.pump(timeout_s=0.05)
 
     def send(self, command: str, **args: Any) -> None:
@@ -136,3 +146,6 @@ class SocketGroup:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.hub.known.discard(self.identity)
+        self.hub.inbox.pop(self.identity, None)
+        self.hub.last_heard.pop(self.identity, None)

@@ -14,7 +14,7 @@ from embodied.errors import ConfigError
 from embodied.transport import codec
 from embodied.types import EnvSpec, EpisodeStats, Observation, StepResult
 from sim.base import BatchedEnv, SingleEnv
-from sim.group import EnvGroup
+from sim.group import EnvGroup, run_command
 
 
 class EnvWorkerError(RuntimeError):
@@ -48,13 +48,9 @@ def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids:
         connection.send_bytes(codec.encode({"ok": None}))
         while True:
             request = codec.decode(connection.recv_bytes())
-            if request["command"] == "close":
+            if request.get("command") == "close":
                 break
-            try:
-                reply = {"ok": getattr(group, request["command"])(**request["args"])}
-            except Exception:
-                reply = {"error": traceback.format_exc()}
-            connection.send_bytes(codec.encode(reply))
+            connection.send_bytes(codec.encode(run_command(group, request)))
     except (EOFError, KeyboardInterrupt):
         pass
     except Exception:
@@ -75,7 +71,11 @@ class _ProcessGroup:
         )
         self.process.start()
         child.close()
-        self.receive()
+        try:
+            self.receive()
+        except BaseException:
+            self.close()
+            raise
 
     def _dead(self, during: str) -> EnvWorkerError:
         self.process.join(timeout=1)
@@ -209,21 +209,26 @@ class VectorizedEnv(BatchedEnv):
     def rewind(self) -> Observation:
         return self._observation(self._all("rewind"))
 
-    def recover(self) -> Observation:
-        """Replace every group whose worker failed with a fresh one (its envs start new
-        episodes; the others carry on) and return the full batch of observations."""
-        for k in sorted(self._awaiting - self._failed):  # drain replies still in flight
+    def drain(self) -> None:
+        """Read and drop the replies of stage steps still in flight, so the next request to
+        each group gets its own reply (after a failure that interrupted a pipelined rollout)."""
+        for k in sorted(self._awaiting - self._failed):
             try:
                 self.groups[k].receive()
             except EnvWorkerError:
                 self._failed.add(k)
         self._awaiting.clear()
+
+    def recover(self) -> Observation:
+        """Replace every group whose worker failed with a fresh one (its envs start new
+        episodes; the others carry on) and return the full batch of observations."""
+        self.drain()
         for k in sorted(self._failed):
             self.groups[k].close()
             self.groups[k] = self._make_group(self._splits[k])
             self.groups[k].send("reset")
             self.groups[k].receive()
-        self._failed.clear()
+            self._failed.discard(k)
         return self._observation(self._all("observe"))
 
     def step(self, actions: np.ndarray) -> StepResult:

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import time
-import traceback
 from functools import partial
 from typing import Any, Callable
 
@@ -23,10 +22,7 @@ import zmq
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message
 from embodied.transport.sockets import check_endpoint, receive, send
 from sim.base import SingleEnv
-from sim.group import EnvGroup
-
-COMMANDS = frozenset({"describe", "observe", "reset", "rewind", "step", "render", "resume_state", "restore"})
-
+from sim.group import EnvGroup, run_command
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
     """Builds single envs from a plain config dict, without the training-side registries."""
@@ -72,16 +68,6 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
     finally:
         group.close()
         socket.close()
-
-
-def run_command(group: EnvGroup, body: Any) -> dict[str, Any]:
-    command = body.get("command") if isinstance(body, dict) else None
-    if command not in COMMANDS:
-        return {"error": f"unknown command {command!r}; known: {', '.join(sorted(COMMANDS))}"}
-    try:
-        return {"ok": getattr(group, command)(**body.get("args", {}))}
-    except Exception:
-        return {"error": traceback.format_exc()}
 
 
 def main() -> None:

@@ -54,16 +54,18 @@ class Rollout:
         collected again, so no partial trajectory reaches the learner."""
         if self.observation is None:
             raise RuntimeError("Rollout.start() or restore() must come before collect()")
-        for attempt in range(self.max_env_restarts + 1):
+        failures = 0
+        while True:
             try:
+                if failures:
+                    self.observation = self.env.recover()
+                    self.env_restarts += 1
                 return self._collect_pipelined(num_steps) if self.pipeline else self._collect(num_steps)
             except EnvWorkerError as error:
-                if attempt == self.max_env_restarts:
+                failures += 1
+                if failures > self.max_env_restarts:
                     raise
                 logger.warning("env worker failed, restarting it and collecting the batch again: %s", error)
-                self.observation = self.env.recover()
-                self.env_restarts += 1
-        raise AssertionError("unreachable")
 
     def _bootstrap(self, result: StepResult) -> torch.Tensor:
         """Value of the final observation where an episode was truncated, else 0."""
@@ -103,16 +105,20 @@ class Rollout:
             env.send_stage_step(k, chunks[k].actions.numpy())
         episodes: list[EpisodeStats] = []
         env_steps = 0
-        for t in range(num_steps):
-            for k in stages:
-                result = env.receive_stage_step(k)
-                builders[k].add(observations[k], chunks[k], result, self._bootstrap(result))
-                observations[k] = result.observation
-                env_steps += int(result.executed_steps.sum())
-                episodes.extend(result.episodes)
-                if t < num_steps - 1:
-                    chunks[k] = self._act(observations[k])
-                    env.send_stage_step(k, chunks[k].actions.numpy())
+        try:
+            for t in range(num_steps):
+                for k in stages:
+                    result = env.receive_stage_step(k)
+                    builders[k].add(observations[k], chunks[k], result, self._bootstrap(result))
+                    observations[k] = result.observation
+                    env_steps += int(result.executed_steps.sum())
+                    episodes.extend(result.episodes)
+                    if t < num_steps - 1:
+                        chunks[k] = self._act(observations[k])
+                        env.send_stage_step(k, chunks[k].actions.numpy())
+        except BaseException:
+            env.drain()
+            raise
         self.observation = concat_observations(observations)
         parts = [builders[k].build(self.policy.value(observations[k].to_torch(self.device)).cpu()) for k in stages]
         return concat_envs(parts), episodes, env_steps

@@ -47,7 +47,7 @@ def pack(message: Any) -> list[Frame]:
     def default(value: Any) -> Any:
         if isinstance(value, np.ndarray):
             _check_dtype(value.dtype)
-            array = np.ascontiguousarray(value)
+            array = value if value.flags.c_contiguous else value.copy(order="C")
             buffers.append(memoryview(array.reshape(-1).view(np.uint8)))
             record = msgpack.packb([len(buffers), array.dtype.str, list(array.shape)])
             return msgpack.ExtType(ARRAY_EXT, record)

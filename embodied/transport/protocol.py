@@ -56,7 +56,7 @@ def decode_message(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
         raise ProtocolError("malformed", str(error)) from None
     if not isinstance(envelope, dict) or set(envelope) != {"v", "kind", "seq", "body"}:
         raise ProtocolError("malformed", "expected an envelope map with keys v, kind, seq, body")
-    if envelope["v"] != PROTOCOL_VERSION:
+    if type(envelope["v"]) is not int or envelope["v"] != PROTOCOL_VERSION:
         raise ProtocolError("version", f"peer speaks protocol version {envelope['v']!r}, this side {PROTOCOL_VERSION}")
     kind, seq = envelope["kind"], envelope["seq"]
     if not isinstance(kind, str) or kind not in KINDS:

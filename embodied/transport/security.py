@@ -8,6 +8,7 @@ Unauthenticated peers never complete the handshake: their messages never reach t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,19 @@ def generate_keys(directory: str | Path) -> dict[str, Path]:
     """Server and client keypairs in `directory` (public `.key`, secret `.key_secret`), and an
     `authorized/` folder holding the client's public key for the server to trust."""
     directory = Path(directory)
-    (directory / "authorized").mkdir(parents=True, exist_ok=True)
-    server_public, server_secret = zmq.auth.create_certificates(str(directory), "server")
-    client_public, client_secret = zmq.auth.create_certificates(str(directory), "client")
-    authorized = directory / "authorized" / "client.key"
-    authorized.write_bytes(Path(client_public).read_bytes())
-    for secret in (server_secret, client_secret):
-        Path(secret).chmod(0o600)
+    existing = [p.name for p in directory.glob("*.key*")] if directory.is_dir() else []
+    if existing:
+        raise ConfigError(f"{directory} already holds keys ({', '.join(sorted(existing))}); "
+                          f"choose an empty directory rather than replace keys peers may trust")
+    previous = os.umask(0o077)  # secret keys are never readable by others, not even briefly
+    try:
+        (directory / "authorized").mkdir(parents=True, exist_ok=True)
+        server_public, server_secret = zmq.auth.create_certificates(str(directory), "server")
+        client_public, client_secret = zmq.auth.create_certificates(str(directory), "client")
+        authorized = directory / "authorized" / "client.key"
+        authorized.write_bytes(Path(client_public).read_bytes())
+    finally:
+        os.umask(previous)
     return {"server_public": Path(server_public), "server_secret": Path(server_secret),
             "client_public": Path(client_public), "client_secret": Path(client_secret), "authorized": authorized}
 
@@ -53,7 +60,11 @@ class CurveServer:
             raise ConfigError(f"{authorized} holds no authorized client keys")
         self.authenticator = ThreadAuthenticator(context)
         self.authenticator.start()
-        self.authenticator.configure_curve(domain="*", location=str(authorized))
+        try:
+            self.authenticator.configure_curve(domain="*", location=str(authorized))
+        except BaseException:
+            self.authenticator.stop()
+            raise
 
     def apply(self, socket: zmq.Socket) -> None:
         socket.curve_secretkey = self.secret

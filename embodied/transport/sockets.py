@@ -6,6 +6,7 @@ see `embodied.transport.security`). Anything else is refused before a socket ope
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import zmq
@@ -13,11 +14,18 @@ import zmq
 from embodied.transport.codec import DEFAULT_LIMITS, Limits
 from embodied.transport.protocol import Message, decode_message, encode_message
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
-
 
 class EndpointError(ValueError):
     """An endpoint this build will not open."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a DNS name other than localhost
+        return False
 
 
 def check_endpoint(endpoint: str, authenticated: bool = False) -> str:
@@ -26,7 +34,7 @@ def check_endpoint(endpoint: str, authenticated: bool = False) -> str:
         return endpoint
     if scheme == "tcp":
         host = rest.rsplit(":", 1)[0]
-        if host in LOOPBACK_HOSTS or host.startswith("127.") or authenticated:
+        if ";" not in rest and (_is_loopback(host) or authenticated):
             return endpoint
         raise EndpointError(f"refusing non-loopback endpoint {endpoint} without authentication: "
                             f"create keys with `embodied keys <dir>` and configure them on both ends")

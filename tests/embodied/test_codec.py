@@ -88,3 +88,8 @@ def test_corrupted_valid_messages_never_escape_as_anything_but_codec_errors(posi
         unpack(frames)
     except CodecError:
         pass
+
+
+def test_zero_dimensional_arrays_keep_their_shape():
+    decoded = unpack(pack({"x": np.array(2.5, np.float32)}))
+    assert decoded["x"].shape == () and decoded["x"] == 2.5

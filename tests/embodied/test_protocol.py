@@ -70,3 +70,10 @@ def test_random_frames_only_ever_raise_protocol_errors(frames):
         decode_message(frames)
     except ProtocolError as error:
         assert error.code in {"malformed", "version", "kind", "seq"}
+
+
+def test_a_version_field_that_is_not_an_integer_is_a_version_error():
+    for version in (np.array([1, 2]), np.array([1]), "1", 1.0):
+        with pytest.raises(ProtocolError) as caught:
+            decode_message(pack({"v": version, "kind": "command", "seq": 0, "body": {}}))
+        assert caught.value.code == "version"

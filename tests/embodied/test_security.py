@@ -60,3 +60,13 @@ def test_keys_command_writes_both_keypairs_with_private_secrets(tmp_path, capsys
 
 def test_non_loopback_endpoints_need_authentication():
     assert check_endpoint("tcp://10.0.0.5:5555", authenticated=True) == "tcp://10.0.0.5:5555"
+
+
+def test_keys_are_never_overwritten(tmp_path):
+    import pytest
+
+    from embodied.errors import ConfigError
+
+    generate_keys(tmp_path)
+    with pytest.raises(ConfigError, match="already holds keys"):
+        generate_keys(tmp_path)

@@ -70,19 +70,20 @@ def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
         env.close()
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:5555", "tcp://192.168.1.4:5555", "udp://127.0.0.1:1"])
+@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:5555", "tcp://192.168.1.4:5555", "udp://127.0.0.1:1",
+                                      "tcp://127.0.0.1.example.com:5555", "tcp://127.0.0.1;10.0.0.5:5555"])
 def test_non_loopback_endpoints_are_refused(endpoint):
     with pytest.raises(EndpointError):
         check_endpoint(endpoint)
 
 
 def test_loopback_endpoints_are_allowed():
-    for endpoint in ("tcp://127.0.0.1:5555", "tcp://localhost:1", "tcp://[::1]:2", "ipc:///tmp/x"):
+    for endpoint in ("tcp://127.0.0.1:5555", "tcp://127.3.4.5:5", "tcp://localhost:1", "tcp://[::1]:2", "ipc:///tmp/x"):
         assert check_endpoint(endpoint) == endpoint
     assert os.name == "posix"
 
 
-@pytest.mark.parametrize("transport,pipeline", [("pipe", False), ("zmq", False), ("pipe", True)])
+@pytest.mark.parametrize("transport,pipeline", [("pipe", False), ("zmq", False), ("pipe", True), ("zmq", True)])
 def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transport, pipeline):
     import torch
 
