@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 from sim.maniskill import ManiSkillConfig, make_maniskill
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -54,18 +55,8 @@ def main() -> None:
     lines += [f"| {w or 'none (in-process)'} | {r:.0f} | {r / base:.2f} |" for w, r in rates.items()]
     (RESULTS / "env_throughput.md").write_text("\n".join(lines) + "\n\n![throughput](env_throughput.png)\n")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.5, 3))
-    ax.bar([str(w) for w in rates], list(rates.values()), color="tab:blue")
-    ax.set_xlabel("worker processes (0 = in-process)")
-    ax.set_ylabel("env steps / s")
-    ax.set_title(f"{args.task}, {args.num_envs} envs")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "env_throughput.png", dpi=110)
+    bar_chart(RESULTS / "env_throughput.png", {str(w): r for w, r in rates.items()}, "env steps / s",
+              f"{args.task}, {args.num_envs} envs", xlabel="worker processes (0 = in-process)")
     print("\n".join(lines))
 
 

@@ -20,6 +20,7 @@ import torch
 
 from embodied.runtime.rollout import Rollout
 from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 from sim.maniskill import ManiSkillConfig, make_maniskill
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -87,17 +88,7 @@ def main() -> None:
              f"Speed-up: **{speedup:.2f}x**."]
     (RESULTS / "pipeline.md").write_text("\n".join(lines) + "\n\n![pipeline](pipeline.png)\n")
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(4.5, 3))
-    ax.bar(list(rates), list(rates.values()), color=["tab:gray", "tab:blue"])
-    ax.set_ylabel("env steps / s")
-    ax.set_title(f"{args.task}: {speedup:.2f}x")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "pipeline.png", dpi=110)
+    bar_chart(RESULTS / "pipeline.png", rates, "env steps / s", f"{args.task}: {speedup:.2f}x")
     print("\n".join(lines))
 
 

@@ -133,20 +133,6 @@ def test_rgb_observations_have_camera_images_and_proprioception():
         env.close()
 
 
-def test_worker_processes_give_the_same_results_as_in_process_envs():
-    chunk = np.random.default_rng(1).uniform(-1, 1, size=(2, 3, 8)).astype(np.float32)
-    results = []
-    for workers in (0, 2):
-        env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=workers), seed=5)
-        try:
-            env.reset()
-            results.append(env.step(chunk))
-        finally:
-            env.close()
-    np.testing.assert_array_equal(results[0].observation.state, results[1].observation.state)
-    np.testing.assert_array_equal(results[0].reward, results[1].reward)
-
-
 def test_resume_state_replays_episodes_to_the_same_observation(pushcube):
     pushcube.reset()
     pushcube.step(np.full((3, 4, 8), 0.2, np.float32))
