@@ -148,6 +148,10 @@ class EnvGroup:
         }
 
 
+class EnvWorkerError(RuntimeError):
+    """An env worker process failed, died or stopped answering."""
+
+
 COMMANDS = frozenset({"describe", "observe", "reset", "rewind", "step", "render", "resume_state", "restore"})
 
 
@@ -161,3 +165,10 @@ def run_command(group: EnvGroup, request: Any) -> dict[str, Any]:
         return {"ok": getattr(group, command)(**request.get("args", {}))}
     except Exception:
         return {"error": traceback.format_exc()}
+
+
+def unwrap_reply(reply: dict[str, Any], worker: str) -> Any:
+    """The result inside a `run_command` reply, or the worker's error raised here."""
+    if "error" in reply:
+        raise EnvWorkerError(f"{worker} failed:\n{reply['error']}")
+    return reply["ok"]

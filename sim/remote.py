@@ -21,7 +21,7 @@ import zmq
 
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError
 from embodied.transport.sockets import check_endpoint, receive, send
-from sim.vector import EnvWorkerError
+from sim.group import EnvWorkerError, unwrap_reply
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -130,10 +130,7 @@ class SocketGroup:
             raise EnvWorkerError(f"{self.name} is unreachable: {error}") from None
 
     def receive(self) -> Any:
-        reply = self.wait_for("result", self.pending).body
-        if "error" in reply:
-            raise EnvWorkerError(f"{self.name} failed:\n{reply['error']}")
-        return reply["ok"]
+        return unwrap_reply(self.wait_for("result", self.pending).body, self.name)
 
     def close(self) -> None:
         if self.process.poll() is None:

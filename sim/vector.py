@@ -14,11 +14,7 @@ from embodied.errors import ConfigError
 from embodied.transport import codec
 from embodied.types import EnvSpec, EpisodeStats, Observation, StepResult
 from sim.base import BatchedEnv, SingleEnv
-from sim.group import EnvGroup, run_command
-
-
-class EnvWorkerError(RuntimeError):
-    """An env worker process failed; carries the worker's traceback."""
+from sim.group import EnvGroup, EnvWorkerError, run_command, unwrap_reply
 
 
 class _LocalGroup:
@@ -91,16 +87,10 @@ class _ProcessGroup:
         if not self.connection.poll(self.timeout_s):
             raise EnvWorkerError(f"env worker {self.process.pid} gave no answer within {self.timeout_s:.0f} s")
         try:
-            return self._unwrap(self.connection.recv_bytes())
+            data = self.connection.recv_bytes()
         except (EOFError, ConnectionResetError):
             raise self._dead("a request") from None
-
-    @staticmethod
-    def _unwrap(data: bytes) -> Any:
-        reply = codec.decode(data)
-        if "error" in reply:
-            raise EnvWorkerError(f"env worker failed:\n{reply['error']}")
-        return reply["ok"]
+        return unwrap_reply(codec.decode(data), f"env worker {self.process.pid}")
 
     def close(self) -> None:
         if self.process.is_alive():
@@ -145,12 +135,11 @@ class VectorizedEnv(BatchedEnv):
         self._awaiting: set[int] = set()  # groups with a stage step sent and not yet received
         splits = np.array_split(np.arange(num_envs), max(min(num_groups, num_envs), 1))
         self._splits = [ids.tolist() for ids in splits]
-        self._sizes = [len(ids) for ids in splits]
-        self._starts = np.cumsum([0] + self._sizes)  # first env index of each group
+        self._starts = np.cumsum([0] + [len(ids) for ids in splits])  # first env index of each group
         self.groups: list[Any] = []
         try:
-            for ids in splits:
-                self.groups.append(make_group(ids.tolist()))
+            for ids in self._splits:
+                self.groups.append(make_group(ids))
             descriptions = self._all("describe")
         except BaseException:
             self.close()
@@ -301,7 +290,7 @@ class VectorizedEnv(BatchedEnv):
             raise ValueError(f"the saved env state has {len(state['seed'])} envs, this env has {self.num_envs}")
         per_group = []
         for k in range(len(self.groups)):
-            rows = slice(self._starts[k], self._starts[k + 1])
+            rows = self.stage_rows(k)
             per_group.append({"saved": {
                 "episode": np.asarray(state["episode"])[rows],
                 "seed": np.asarray(state["seed"])[rows],

@@ -12,7 +12,7 @@ from embodied.buffers import Trajectory, TrajectoryBuilder, concat_envs
 from embodied.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from policies.base import Policy
 from sim.base import BatchedEnv
-from sim.vector import EnvWorkerError
+from sim.group import EnvWorkerError
 
 logger = logging.getLogger(__name__)
 

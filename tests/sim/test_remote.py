@@ -10,7 +10,7 @@ import pytest
 from embodied.transport.sockets import EndpointError, check_endpoint
 from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from sim.maniskill import ManiSkillConfig, make_maniskill
-from sim.vector import EnvWorkerError
+from sim.group import EnvWorkerError
 
 
 @pytest.mark.parametrize("transport", ["pipe", "zmq"])
