@@ -3,6 +3,7 @@ heavy dependencies (simulators) lazily, so this stays cheap."""
 
 import embodied.algos.ppo  # noqa: F401
 import embodied.runtime.local  # noqa: F401
+import embodied.runtime.procs  # noqa: F401
 import policies.mlp  # noqa: F401
 import sim.gymnasium_env  # noqa: F401
 import sim.maniskill  # noqa: F401

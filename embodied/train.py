@@ -122,12 +122,19 @@ class TrainSession:
         self._last_steps = 0
 
     # ---- checkpoints -------------------------------------------------------------------
-    def restore(self, learner: Learner, rollout: Rollout) -> None:
-        """Continue from the run's latest checkpoint, or start fresh episodes."""
-        if self.checkpoint is None:
-            rollout.start()
+    def saved_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """Weights and state of the checkpoint this run resumes from, or None for a new run."""
+        return load_checkpoint(self.checkpoint) if self.checkpoint is not None else None
+
+    def restore(self, learner: Learner, rollout: Rollout | None = None) -> None:
+        """Continue from the run's latest checkpoint, or start fresh episodes. Without a
+        `rollout` (it lives in another process) only the learner side is restored."""
+        saved_state = self.saved_state()
+        if saved_state is None:
+            if rollout is not None:
+                rollout.start()
             return
-        weights, saved = load_checkpoint(self.checkpoint)
+        weights, saved = saved_state
         self.checkpoint_path = self.checkpoint
         self.iteration = int(saved["iteration"])
         self.env_steps = int(saved["env_steps"])
@@ -136,18 +143,22 @@ class TrainSession:
         self._drop_metrics_after(self.env_steps)
         learner.load_weights(weights)
         learner.load_state_dict(saved["learner"])
-        rollout.restore(saved["env"])
-        rollout.policy_version = learner.policy_version
+        if rollout is not None:
+            rollout.restore(saved["env"])
+            rollout.policy_version = learner.policy_version
         set_rng_state(saved["rng"])  # last: replaying the env may draw random numbers
 
-    def save(self, learner: Learner, env: BatchedEnv) -> Path:
+    def save(self, learner: Learner, env_state: dict[str, Any] | None, extra: dict[str, Any] | None = None) -> Path:
+        """A checkpoint of the learner, the env side's resume state where this process holds
+        it, and `extra` state of the runtime."""
         saved = {
             "learner": learner.state_dict(),
-            "env": env.resume_state(),
+            "env": env_state,
             "rng": get_rng_state(),
             "iteration": self.iteration,
             "env_steps": self.env_steps,
             "episodes": [vars(e) for e in self.episodes],
+            **(extra or {}),
         }
         self.checkpoint_path = save_checkpoint(self.run_dir / "checkpoints", f"iter_{self.iteration:06d}",
                                                learner.get_weights(), saved, self.config_yaml,

@@ -37,6 +37,10 @@ class PPOConfig:
     target_kl: Optional[float] = None  # stop the epoch loop early above this approx_kl
     scale_reward: bool = True  # divide rewards by the running std of the discounted return
     reward_clip: float = 10.0
+    # Decoupled PPO for samples from an older policy (asynchronous training): the ratio is
+    # clipped around the policy at the start of the update, and each sample is reweighted by
+    # that policy over the one that acted, capped here.
+    behaviour_weight_cap: float = 5.0
 
 
 @dataclass
@@ -58,7 +62,11 @@ def ppo_loss(
     returns: torch.Tensor,
     entropy: torch.Tensor,
     cfg: PPOConfig,
+    behaviour_weight: Optional[torch.Tensor] = None,
 ) -> PPOLoss:
+    """`old_log_prob` is the policy the ratio is clipped around. In decoupled PPO that is the
+    proximal policy, and `behaviour_weight` = pi_proximal / pi_behaviour corrects for the
+    older policy that collected the samples."""
     log_ratio = new_log_prob - old_log_prob
     ratio = log_ratio.exp()
     with torch.no_grad():
@@ -67,10 +75,11 @@ def ppo_loss(
 
     if cfg.normalize_advantages and advantages.numel() > 1:
         advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    policy_loss = torch.max(
+    per_sample = torch.max(
         -advantages * ratio,
         -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef),
-    ).mean()
+    )
+    policy_loss = (per_sample if behaviour_weight is None else behaviour_weight * per_sample).mean()
 
     if cfg.clip_value_loss:
         clipped_value = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
@@ -90,7 +99,7 @@ def check_config(cfg: PPOConfig) -> None:
     for key in ("gamma", "gae_lambda"):
         if not 0.0 <= getattr(cfg, key) <= 1.0:
             raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg, key)}")
-    for key in ("lr", "clip_coef", "max_grad_norm", "reward_clip"):
+    for key in ("lr", "clip_coef", "max_grad_norm", "reward_clip", "behaviour_weight_cap"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"algo.{key} must be > 0, got {getattr(cfg, key)}")
 
@@ -103,8 +112,9 @@ class PPO:
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.return_scaler = ReturnScaler(cfg.gamma, cfg.reward_clip) if cfg.scale_reward else None
 
-    def update(self, batch: Trajectory, progress: float) -> dict[str, float]:
-        """One PPO iteration on a freshly collected batch; `progress` in [0, 1) anneals the lr."""
+    def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
+        """One PPO iteration on a collected batch; `progress` in [0, 1) anneals the lr.
+        `off_policy`: the batch came from an older policy than this one (decoupled PPO)."""
         cfg = self.cfg
         lr = cfg.lr * (1.0 - progress) if cfg.anneal_lr else cfg.lr
         for group in self.optimizer.param_groups:
@@ -124,6 +134,11 @@ class PPO:
                 f"a batch of {size} samples (envs x algo.rollout_steps) cannot be split into "
                 f"algo.num_minibatches={cfg.num_minibatches} minibatches of at least 2"
             )
+        behaviour_log_prob = batch.log_prob.reshape(-1)
+        old_log_prob, behaviour_weight = behaviour_log_prob, None
+        if off_policy:
+            old_log_prob = self._log_prob(batch, minibatch)  # the proximal policy: this one, now
+            behaviour_weight = (old_log_prob - behaviour_log_prob).exp().clamp(max=cfg.behaviour_weight_cap)
         sums: dict[str, float] = {}
         updates = 0
         for _ in range(cfg.update_epochs):
@@ -132,8 +147,9 @@ class PPO:
                 rows = order[start:start + minibatch]
                 chunk = batch.chunk(rows)
                 evaluated = self.policy.evaluate(batch.flat_observation(rows), chunk)
-                loss = ppo_loss(evaluated.log_prob, chunk.log_prob, flat_adv[rows], evaluated.value,
-                                chunk.value, flat_ret[rows], evaluated.entropy, cfg)
+                loss = ppo_loss(evaluated.log_prob, old_log_prob[rows], flat_adv[rows], evaluated.value,
+                                chunk.value, flat_ret[rows], evaluated.entropy, cfg,
+                                None if behaviour_weight is None else behaviour_weight[rows])
                 self.optimizer.zero_grad()
                 loss.total.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -149,7 +165,16 @@ class PPO:
         metrics["loss/explained_variance"] = explained_variance(batch.value.reshape(-1), flat_ret)
         metrics["train/lr"] = lr
         metrics["train/advantage_mean"] = float(flat_adv.mean())
+        if behaviour_weight is not None:
+            metrics["loss/behaviour_weight"] = float(behaviour_weight.mean())
         return metrics
+
+    @torch.no_grad()
+    def _log_prob(self, batch: Trajectory, minibatch: int) -> torch.Tensor:
+        rows = torch.arange(batch.num_steps * batch.num_envs)
+        parts = [self.policy.evaluate(batch.flat_observation(r), batch.chunk(r)).log_prob
+                 for r in rows.split(minibatch)]
+        return torch.cat(parts)
 
     def state_dict(self) -> dict:
         return {

@@ -17,9 +17,10 @@ class Learner:
         self.device = device
         self.policy_version = 0
 
-    def update(self, batch: Trajectory, progress: float) -> dict[str, float]:
+    def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
+        """`off_policy`: the batch was sampled by an older policy_version than the current one."""
         batch = batch.to(self.device)
-        metrics = self.algo.update(batch, progress)
+        metrics = self.algo.update(batch, progress, off_policy=off_policy)
         # Input statistics move after the update, so rollout and update of one batch saw
         # the same normalisation and the first PPO ratio is exactly 1.
         self.policy.update_normalization(batch.flat_observation(slice(None)))

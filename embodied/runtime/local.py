@@ -63,7 +63,7 @@ class LocalRuntime:
                 if evaluation.due(session.iteration):
                     session.record_eval(evaluation.run(policy))
                 if session.should_checkpoint(session.finished):
-                    session.save(learner, env)
+                    session.save(learner, env.resume_state())
         finally:
             session.close()
             evaluation.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from embodied.transport.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, pack, unpack
+from embodied.transport.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, decode, encode, pack, unpack
 
 PROTOCOL_VERSION = 1
 
@@ -40,13 +40,34 @@ class Message:
     body: Any = field(default_factory=dict)
 
 
-def encode_message(message: Message) -> list[Frame]:
+def _envelope(message: Message) -> dict[str, Any]:
     if message.kind not in KINDS:
         raise ProtocolError("kind", f"unknown message kind '{message.kind}'; known: {', '.join(sorted(KINDS))}")
+    return {"v": PROTOCOL_VERSION, "kind": message.kind, "seq": int(message.seq), "body": message.body}
+
+
+def encode_message(message: Message) -> list[Frame]:
     try:
-        return pack({"v": PROTOCOL_VERSION, "kind": message.kind, "seq": int(message.seq), "body": message.body})
+        return pack(_envelope(message))
     except CodecError as error:
         raise ProtocolError("malformed", str(error)) from None
+
+
+def encode_message_single(message: Message) -> bytes:
+    """The message as one buffer, for sockets that keep only single-part messages (a SUB
+    socket with CONFLATE, which holds just the latest weights)."""
+    try:
+        return encode(_envelope(message))
+    except CodecError as error:
+        raise ProtocolError("malformed", str(error)) from None
+
+
+def decode_message_single(data: Frame, limits: Limits = DEFAULT_LIMITS) -> Message:
+    try:
+        envelope = decode(data, limits)
+    except CodecError as error:
+        raise ProtocolError("malformed", str(error)) from None
+    return _check_envelope(envelope)
 
 
 def decode_message(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Message:
@@ -54,6 +75,10 @@ def decode_message(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> 
         envelope = unpack(frames, limits)
     except CodecError as error:
         raise ProtocolError("malformed", str(error)) from None
+    return _check_envelope(envelope)
+
+
+def _check_envelope(envelope: Any) -> Message:
     if not isinstance(envelope, dict) or set(envelope) != {"v", "kind", "seq", "body"}:
         raise ProtocolError("malformed", "expected an envelope map with keys v, kind, seq, body")
     if type(envelope["v"]) is not int or envelope["v"] != PROTOCOL_VERSION:

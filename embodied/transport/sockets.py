@@ -41,6 +41,26 @@ def check_endpoint(endpoint: str, authenticated: bool = False) -> str:
     raise EndpointError(f"unsupported endpoint '{endpoint}': use tcp://127.0.0.1:<port> or ipc://<path>")
 
 
+def bind(socket: zmq.Socket, endpoint: str, curve: Any = None) -> str:
+    """Bind after the endpoint check; `curve` (a `CurveServer`) makes the socket require CURVE.
+    Returns the bound address (a `*` port resolved)."""
+    check_endpoint(endpoint, authenticated=curve is not None)
+    if curve is not None:
+        curve.apply(socket)
+    socket.bind(endpoint)
+    return socket.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def connect(socket: zmq.Socket, endpoint: str, keys_dir: Any = None) -> None:
+    """Connect after the endpoint check, as a CURVE client when `keys_dir` is given."""
+    from embodied.transport.security import apply_client_keys
+
+    check_endpoint(endpoint, authenticated=keys_dir is not None)
+    if keys_dir is not None:
+        apply_client_keys(socket, keys_dir)
+    socket.connect(endpoint)
+
+
 def send(socket: zmq.Socket, message: Message, identity: bytes | None = None) -> None:
     frames = encode_message(message)
     socket.send_multipart(([identity] if identity is not None else []) + frames, copy=False)

@@ -1,0 +1,284 @@
+"""`runtime=procs`: one process per role on one machine, over ZeroMQ, from the same Hydra
+config as `runtime=local`.
+
+    learner (this process) --weights PUB-->  rollout process  <--ROUTER/DEALER-->  env workers
+                           <--trajectories--
+
+The learner starts the rollout process (which starts the env workers, see `env.num_workers`)
+and supervises it: a rollout that dies or goes silent is restarted. A learner killed and
+resumed with `resume=<run dir>` finds the rollout still running, binds the same endpoints and
+takes up the link where its checkpoint left off (see `learner_link` for the delivery marks)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from embodied.build import build_algo, build_policy, resolve_device
+from embodied.config import TrainConfig
+from embodied.errors import ConfigError
+from embodied.registry import RUNTIMES
+from embodied.runtime.learner import Learner
+from embodied.runtime.learner_link import LearnerLink, LinkError
+from embodied.runtime.wire import published_weights, tensors_to_wire, trajectory_from_wire
+from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.transport.protocol import PROTOCOL_VERSION
+from embodied.types import EnvSpec, EpisodeStats
+
+logger = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLLOUT_NAME = "rollout-0"
+
+
+@dataclass
+class ProcsRuntimeConfig:
+    name: str = "procs"
+    device: str = "auto"  # the learner's: auto | cpu | cuda | cuda:N
+    rollout_device: str = "auto"  # the rollout's policy inference
+    torch_threads: Optional[int] = None  # per process; None: torch's default
+    pipeline: bool = False  # overlap inference for one env worker group with simulation in others
+    # 0: synchronous, every sample from the current policy. k > 0: the rollout keeps acting
+    # with weights up to k updates old; older samples are dropped and counted, the rest are
+    # corrected with their behaviour log-prob (decoupled PPO).
+    max_policy_lag: int = 0
+    trajectory_endpoint: str = "tcp://127.0.0.1:*"  # '*': a free port, recorded in the run dir
+    weights_endpoint: str = "tcp://127.0.0.1:*"
+    keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); needed off loopback
+    heartbeat_s: float = 1.0
+    peer_timeout_s: float = 30.0  # a peer silent this long is taken for dead
+    reconnect_timeout_s: float = 120.0  # a rollout without a learner this long exits
+    startup_timeout_s: float = 600.0  # for the rollout to build its envs and connect
+    max_rollout_restarts: int = 3  # in a row without a batch in between
+
+
+def check_config(cfg: ProcsRuntimeConfig) -> None:
+    if cfg.max_policy_lag < 0:
+        raise ConfigError(f"runtime.max_policy_lag must be >= 0, got {cfg.max_policy_lag}")
+    for key in ("heartbeat_s", "peer_timeout_s", "reconnect_timeout_s", "startup_timeout_s"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"runtime.{key} must be > 0, got {getattr(cfg, key)}")
+    if cfg.peer_timeout_s <= 2 * cfg.heartbeat_s:
+        raise ConfigError(f"runtime.peer_timeout_s ({cfg.peer_timeout_s}) must exceed two heartbeats "
+                          f"(runtime.heartbeat_s={cfg.heartbeat_s})")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.is_file() and stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z")
+
+
+class RolloutSupervisor:
+    """Starts the rollout process, adopts the one a crashed learner of the same run left
+    running, and restarts it when it dies or stops answering."""
+
+    def __init__(self, run_dir: Path, cfg: ProcsRuntimeConfig):
+        self.cfg = cfg
+        self.config_path = run_dir / "config.yaml"
+        self.state_path = run_dir / "procs.json"
+        self.log_path = run_dir / "logs" / "rollout.log"
+        self.process: subprocess.Popen | None = None
+        self.pid: int | None = None
+        self.restarts = 0
+        self.failures_in_a_row = 0
+        self.endpoints: dict[str, str] | None = None
+
+    def previous(self) -> dict[str, Any] | None:
+        """The rollout a previous learner of this run started, if it still runs."""
+        if not self.state_path.is_file():
+            return None
+        state = json.loads(self.state_path.read_text())
+        pid = int(state["rollout_pid"])
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        ours = not cmdline.is_file() or str(self.config_path).encode() in cmdline.read_bytes()
+        return state if _process_alive(pid) and ours else None
+
+    def adopt(self, state: dict[str, Any]) -> None:
+        self.pid = int(state["rollout_pid"])
+        logger.info("rollout process %d from before is still running; waiting for it to reconnect", self.pid)
+
+    def start(self, endpoints: dict[str, str]) -> None:
+        self.endpoints = endpoints
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = [sys.executable, "-m", "embodied.runtime.rollout_process", "--config", str(self.config_path),
+                   "--trajectory-endpoint", endpoints["trajectory"], "--weights-endpoint", endpoints["weights"],
+                   "--name", ROLLOUT_NAME]
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
+                                            # Ctrl-C stops the learner, which then tells the
+                                            # rollout to finish, rather than killing it mid-batch.
+                                            start_new_session=True)
+        self.pid = self.process.pid
+        self.state_path.write_text(json.dumps({"rollout_pid": self.pid, **endpoints}))
+
+    def alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        return self.pid is not None and _process_alive(self.pid)
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def check(self, last_heard: float | None) -> None:
+        """Restart a rollout that died or went silent."""
+        silent = last_heard is not None and time.monotonic() - last_heard > self.cfg.peer_timeout_s
+        if self.alive() and not silent:
+            return
+        reason = "stopped answering" if self.alive() else "exited"
+        self.failures_in_a_row += 1
+        if self.failures_in_a_row > self.cfg.max_rollout_restarts:
+            raise LinkError(f"the rollout process {reason} {self.failures_in_a_row} times in a row; "
+                            f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+        logger.warning("rollout process %s %s; restarting it. Log tail:\n%s", self.pid, reason, self.log_tail(5))
+        self.stop(timeout_s=5.0)
+        self.restarts += 1
+        assert self.endpoints is not None
+        self.start(self.endpoints)
+
+    def progressed(self) -> None:
+        self.failures_in_a_row = 0
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Wait for the rollout to exit (the learner has told it to), else kill it."""
+        if self.pid is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self.alive():
+            try:  # the rollout leads its own process group, its env workers included
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.process is not None:
+            self.process.wait()
+
+
+class ProcsRuntime:
+    def __init__(self, cfg: ProcsRuntimeConfig):
+        check_config(cfg)
+        self.cfg = cfg
+
+    def train(self, config: TrainConfig) -> TrainSession:
+        cfg = self.cfg
+        if cfg.torch_threads:
+            torch.set_num_threads(cfg.torch_threads)
+        device = resolve_device(cfg.device)
+        random.seed(config.seed)
+        np.random.seed(config.seed)
+        torch.manual_seed(config.seed)
+
+        session = TrainSession(config)
+        saved_state = session.saved_state()
+        saved = saved_state[1] if saved_state else {}
+        procs_state = saved.get("procs") or {}
+        expected = {"protocol": PROTOCOL_VERSION, "policy": config.policy.name, "chunk_size": config.policy.chunk_size}
+        if "spec" in procs_state:
+            expected["spec"] = procs_state["spec"]
+        supervisor = RolloutSupervisor(session.run_dir, cfg)
+        previous = supervisor.previous() if saved_state else None
+        endpoints = ({"trajectory": previous["trajectory"], "weights": previous["weights"]} if previous
+                     else {"trajectory": cfg.trajectory_endpoint, "weights": cfg.weights_endpoint})
+        link = LearnerLink(endpoints["trajectory"], endpoints["weights"], expected,
+                           delivered=procs_state.get("delivery"),
+                           policy_version=int(saved["learner"]["policy_version"]) if saved else 0,
+                           keys_dir=cfg.keys_dir, heartbeat_s=cfg.heartbeat_s)
+        endpoints = {"trajectory": link.trajectory_endpoint, "weights": link.weights_endpoint}
+        evaluation = PeriodicEvaluation(config)
+        finished = False
+        try:
+            if previous:
+                supervisor.adopt(previous)
+                supervisor.endpoints = endpoints
+            else:
+                supervisor.start(endpoints)
+            hello = self._wait_hello(link, supervisor)
+            spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["spec"].items()})
+            policy = build_policy(config.policy, spec, device)
+            learner = Learner(policy, build_algo(config.algo, policy), device)
+            session.restore(learner)
+            link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
+            dropped = int(procs_state.get("stale_batches_dropped", 0))
+
+            session.start_logging()
+            while not session.finished:
+                delivery = link.next_trajectory(timeout_s=cfg.heartbeat_s)
+                if delivery is None:
+                    supervisor.check(link.last_heard(ROLLOUT_NAME))
+                    continue
+                supervisor.progressed()
+                body = delivery.body
+                try:
+                    batch = trajectory_from_wire(body["trajectory"])
+                except (KeyError, TypeError, ValueError) as error:
+                    raise LinkError(f"malformed trajectory {delivery.seq} from {delivery.sender}: {error}") from None
+                lag = learner.policy_version - int(batch.policy_version.min())
+                if lag > cfg.max_policy_lag:
+                    dropped += 1
+                    link.consumed(delivery, learner.policy_version, durable=config.checkpoint_every == 0)
+                    continue
+                progress = session.env_steps / config.total_env_steps
+                metrics = learner.update(batch, progress, off_policy=lag > 0)
+                link.consumed(delivery, learner.policy_version, durable=config.checkpoint_every == 0)
+                link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
+                metrics.update({
+                    "train/policy_version": learner.policy_version,
+                    "train/policy_lag": lag,
+                    "train/stale_batches_dropped": dropped,
+                    "train/env_worker_restarts": body["env_restarts"],
+                    "train/rollout_restarts": supervisor.restarts,
+                    "train/trajectories_resent": body["resent"],
+                })
+                session.record(int(body["env_steps"]), [EpisodeStats(**e) for e in body["episodes"]], metrics)
+                if evaluation.due(session.iteration):
+                    session.record_eval(evaluation.run(policy))
+                if session.should_checkpoint(session.finished):
+                    state = link.delivery_state()
+                    session.save(learner, None, {"procs": {"delivery": state, "spec": hello["spec"],
+                                                           "stale_batches_dropped": dropped}})
+                    link.checkpointed(state)
+            finished = True
+        finally:
+            session.close()
+            evaluation.close()
+            link.close(tell_rollouts=True)
+            supervisor.stop(timeout_s=30.0 if finished else 10.0)
+        return session
+
+    def _wait_hello(self, link: LearnerLink, supervisor: RolloutSupervisor) -> dict[str, Any]:
+        deadline = time.monotonic() + self.cfg.startup_timeout_s
+        while True:
+            hello = link.wait_hello(timeout_s=1.0)
+            if hello is not None:
+                return hello
+            if not supervisor.alive():
+                raise LinkError(f"the rollout process exited before connecting; its log "
+                                f"({supervisor.log_path}) ends:\n{supervisor.log_tail()}")
+            if time.monotonic() > deadline:
+                raise LinkError(f"the rollout did not connect within runtime.startup_timeout_s="
+                                f"{self.cfg.startup_timeout_s:.0f} s; its log ({supervisor.log_path}) ends:\n"
+                                f"{supervisor.log_tail()}")
+
+
+@RUNTIMES.register("procs", ProcsRuntimeConfig)
+def make_procs_runtime(cfg: ProcsRuntimeConfig) -> ProcsRuntime:
+    return ProcsRuntime(cfg)

@@ -1,0 +1,109 @@
+"""The rollout role as its own process under `runtime=procs`: builds the env side (its
+worker processes included) and the policy, acts with the newest weights the learner
+published, and sends numbered trajectories to the learner.
+
+    python -m embodied.runtime.rollout_process --config <run dir>/config.yaml \\
+        --trajectory-endpoint tcp://127.0.0.1:5555 --weights-endpoint tcp://127.0.0.1:5556
+
+The learner starts it. It outlives a learner that crashes, reconnects to the learner resumed
+from a checkpoint, and exits when the learner says training is over or when no learner
+answers within `runtime.reconnect_timeout_s`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from embodied.build import build_env, build_policy, resolve_device
+from embodied.config import TrainConfig, load_yaml, to_schema
+from embodied.errors import EmbodiedError
+from embodied.runtime.rollout import Rollout
+from embodied.runtime.rollout_link import RolloutLink
+from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
+
+logger = logging.getLogger("embodied.rollout")
+
+# The rollout samples actions from its own random stream, apart from the learner's.
+ROLLOUT_SEED_OFFSET = 7919
+
+
+def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int) -> None:
+    """Collect and send batches until the learner closes the link. A batch is collected only
+    when at most `max_policy_lag` sent batches are unused and the held weights are at most
+    `max_policy_lag` versions behind the learner: with 0, every batch is on-policy."""
+
+    def ready() -> bool:
+        weights = link.current_weights()
+        fresh = weights is not None and weights.policy_version >= link.learner_version - max_policy_lag
+        return fresh and link.in_flight() <= max_policy_lag
+
+    held: tuple[str, int] | None = None
+    rollout.start()
+    while True:
+        link.wait(ready, "weights from the learner")
+        if link.closed:
+            logger.info("the learner finished training; exiting")
+            return
+        weights = link.current_weights()
+        if (weights.learner_id, weights.policy_version) != held:
+            load_published_weights(rollout.policy, tensors_from_wire(weights.tensors))
+            held = (weights.learner_id, weights.policy_version)
+            rollout.policy_version = link.held_version = weights.policy_version
+        batch, episodes, env_steps = rollout.collect(rollout_steps)
+        link.send_trajectory({
+            "trajectory": trajectory_to_wire(batch),
+            "episodes": [vars(e) for e in episodes],
+            "env_steps": env_steps,
+            "env_restarts": rollout.env_restarts,
+            "resent": link.resent,
+            "reconnects": link.reconnects,
+        })
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the run's resolved config.yaml")
+    parser.add_argument("--trajectory-endpoint", required=True)
+    parser.add_argument("--weights-endpoint", required=True)
+    parser.add_argument("--name", default="rollout-0", help="this rollout's name towards the learner")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+
+    config = to_schema(TrainConfig, load_yaml(Path(args.config)))
+    runtime = config.runtime
+    if runtime.torch_threads:
+        torch.set_num_threads(runtime.torch_threads)
+    seed = config.seed + ROLLOUT_SEED_OFFSET
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    env = build_env(config.env, seed=config.seed)
+    try:
+        device = resolve_device(runtime.rollout_device)
+        policy = build_policy(config.policy, env.spec, device)
+        hello = {"sender": args.name, "policy": config.policy.name, "chunk_size": config.policy.chunk_size,
+                 "spec": env.spec.to_dict()}
+        link = RolloutLink(args.trajectory_endpoint, args.weights_endpoint, hello, keys_dir=runtime.keys_dir,
+                           heartbeat_s=runtime.heartbeat_s, timeout_s=runtime.peer_timeout_s,
+                           reconnect_timeout_s=runtime.reconnect_timeout_s)
+        try:
+            run(link, Rollout(env, policy, device, pipeline=runtime.pipeline), config.algo.rollout_steps,
+                runtime.max_policy_lag)
+        finally:
+            link.close()
+    except EmbodiedError as error:
+        logger.error("%s", error)
+        return 2
+    finally:
+        env.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
