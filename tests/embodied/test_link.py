@@ -1,0 +1,183 @@
+"""The learner <-> rollout link over real ZeroMQ sockets on loopback."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.runtime.learner_link import LearnerLink, LinkError
+from embodied.runtime.rollout_link import RolloutLink
+from embodied.runtime.wire import tensors_from_wire, tensors_to_wire
+from embodied.transport.security import generate_keys
+from embodied.transport.sockets import EndpointError
+from tests.netproxy import DropProxy
+
+HELLO = {"policy": "mlp_gaussian", "chunk_size": 1, "spec": {"state_dim": 3, "action_low": (-1.0, -1.0)}}
+EXPECTED = {"protocol": 1, "policy": "mlp_gaussian", "chunk_size": 1}
+FAST = {"heartbeat_s": 0.1}
+
+
+def rollout_link(learner: LearnerLink, trajectory_endpoint: str | None = None, **kwargs) -> RolloutLink:
+    options = {"heartbeat_s": 0.1, "timeout_s": 1.0, "reconnect_timeout_s": 30.0, **kwargs}
+    return RolloutLink(trajectory_endpoint or learner.trajectory_endpoint, learner.weights_endpoint,
+                       {"sender": "rollout-0", **HELLO}, **options)
+
+
+def receive_all(learner: LearnerLink, count: int, timeout_s: float = 10.0) -> list[int]:
+    seqs = []
+    deadline = time.monotonic() + timeout_s
+    while len(seqs) < count and time.monotonic() < deadline:
+        delivery = learner.next_trajectory(0.1)
+        if delivery is not None:
+            assert delivery.body["step"] == delivery.seq  # the payload that was sent under this number
+            seqs.append(delivery.seq)
+            learner.consumed(delivery, policy_version=delivery.seq)
+    return seqs
+
+
+@pytest.fixture
+def learner():
+    link = LearnerLink("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", EXPECTED, **FAST)
+    yield link
+    link.close(tell_rollouts=False)
+
+
+def test_trajectories_arrive_in_order_and_checkpoint_makes_them_durable(learner):
+    rollout = rollout_link(learner)
+    try:
+        for step in range(1, 6):
+            rollout.send_trajectory({"step": step, "observation": np.full((4, 3), step, np.float32)})
+        assert receive_all(learner, 5) == [1, 2, 3, 4, 5]
+        rollout.wait(lambda: rollout.consumed == 5, "consumed mark", 5)
+        assert rollout.durable == 0 and rollout.in_flight() == 0
+        learner.checkpointed(learner.delivery_state())
+        rollout.wait(lambda: rollout.durable == 5, "durable mark", 5)
+        assert rollout.learner_version == 5
+    finally:
+        rollout.close()
+
+
+def test_reconnecting_rollout_resends_unacked_trajectories_after_network_drop(learner):
+    port = int(learner.trajectory_endpoint.rsplit(":", 1)[1])
+    proxy = DropProxy(port)
+    rollout = rollout_link(learner, proxy.endpoint)
+    try:
+        rollout.send_trajectory({"step": 1})
+        assert receive_all(learner, 1) == [1]
+        proxy.cut()
+        for step in (2, 3):
+            rollout.send_trajectory({"step": step})
+        time.sleep(1.5)  # past the rollout's 1 s timeout: it takes the learner for gone
+        assert not rollout.connected
+        assert learner.next_trajectory(0.2) is None  # nothing got through the cut
+        proxy.restore()
+        assert receive_all(learner, 2) == [2, 3]
+        rollout.send_trajectory({"step": 4})
+        assert receive_all(learner, 1) == [4]
+        assert learner.next_trajectory(0.5) is None  # and nothing twice
+        assert rollout.reconnects == 1
+    finally:
+        rollout.close()
+        proxy.close()
+
+
+def test_restarted_learner_gets_exactly_what_its_checkpoint_lacks(learner):
+    rollout = rollout_link(learner)
+    try:
+        for step in range(1, 6):
+            rollout.send_trajectory({"step": step})
+        assert receive_all(learner, 5) == [1, 2, 3, 4, 5]
+        checkpoint = {"rollout-0": 3}  # the learner's last checkpoint held trajectories 1..3
+        learner.checkpointed(checkpoint)
+        rollout.wait(lambda: rollout.durable == 3, "durable mark", 5)
+        endpoints = learner.trajectory_endpoint, learner.weights_endpoint
+        learner.close(tell_rollouts=False)  # the learner dies without a word
+
+        restarted = LearnerLink(*endpoints, EXPECTED, delivered=checkpoint, policy_version=3, **FAST)
+        try:
+            assert restarted.wait_hello(10) is not None
+            rollout.send_trajectory({"step": 6})
+            assert receive_all(restarted, 3) == [4, 5, 6]
+            assert restarted.next_trajectory(0.5) is None
+            rollout.wait(lambda: rollout.learner_id == restarted.learner_id, "the new learner", 5)
+        finally:
+            restarted.close(tell_rollouts=False)
+    finally:
+        rollout.close()
+
+
+def test_weights_subscriber_keeps_only_the_newest(learner):
+    rollout = rollout_link(learner)
+    try:
+        assert learner.wait_hello(10) is not None
+        for version in range(1, 20):
+            learner.publish(version, tensors_to_wire({"w": torch.full((1000,), float(version))}))
+        rollout.wait(lambda: (rollout.current_weights() or None) is not None
+                     and rollout.current_weights().policy_version == 19, "the newest weights", 10)
+        tensors = tensors_from_wire(rollout.current_weights().tensors)
+        assert torch.equal(tensors["w"], torch.full((1000,), 19.0))
+    finally:
+        rollout.close()
+
+
+def test_weights_keep_bfloat16_and_frozen_parameters_stay_home():
+    from embodied.runtime.wire import published_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4)).to(torch.bfloat16)
+    model[0].requires_grad_(False)  # a frozen backbone
+    weights = published_weights(model)
+    assert set(weights) == {"1.weight", "1.bias"}
+    back = tensors_from_wire(tensors_to_wire(weights))
+    assert back["1.weight"].dtype == torch.bfloat16 and torch.equal(back["1.weight"], weights["1.weight"])
+
+
+def test_handshake_mismatch_fails_loudly_on_both_ends():
+    learner = LearnerLink("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", {**EXPECTED, "chunk_size": 4}, **FAST)
+    rollout = rollout_link(learner)
+    try:
+        with pytest.raises(LinkError, match="chunk_size"):
+            rollout.wait(lambda: rollout.connected, "welcome", 10)
+        with pytest.raises(LinkError, match="chunk_size: this side 4, peer 1"):
+            learner.wait_hello(1)
+    finally:
+        rollout.close()
+        learner.close(tell_rollouts=False)
+
+
+def test_rollout_gives_up_with_an_error_when_no_learner_answers():
+    rollout = RolloutLink("tcp://127.0.0.1:9", "tcp://127.0.0.1:9", {"sender": "rollout-0", **HELLO},
+                          heartbeat_s=0.1, timeout_s=0.5, reconnect_timeout_s=1.0)
+    try:
+        with pytest.raises(LinkError, match="no learner answered"):
+            rollout.wait(lambda: False, "a learner", 10)
+    finally:
+        rollout.close()
+
+
+def test_curve_link_refuses_a_rollout_without_keys(tmp_path):
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    with pytest.raises(EndpointError):  # refused before any socket binds
+        LearnerLink("tcp://0.0.0.0:*", "tcp://127.0.0.1:*", EXPECTED)
+    learner = LearnerLink("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", EXPECTED, keys_dir=str(keys), **FAST)
+    port = learner.trajectory_endpoint.rsplit(":", 1)[1]
+    weights_port = learner.weights_endpoint.rsplit(":", 1)[1]
+    hello = {"sender": "rollout-0", **HELLO}
+    try:
+        stranger = RolloutLink(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{weights_port}", hello,
+                               heartbeat_s=0.1, timeout_s=0.5, reconnect_timeout_s=30)
+        try:
+            assert learner.wait_hello(1.5) is None
+        finally:
+            stranger.close()
+        member = RolloutLink(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{weights_port}", hello,
+                             keys_dir=str(keys), heartbeat_s=0.1, timeout_s=0.5)
+        try:
+            assert learner.wait_hello(10) is not None
+            learner.publish(1, tensors_to_wire({"w": torch.ones(2)}))
+            member.wait(lambda: member.current_weights() is not None, "weights over CURVE", 10)
+        finally:
+            member.close()
+    finally:
+        learner.close(tell_rollouts=False)

@@ -1,0 +1,117 @@
+"""`runtime=procs` end to end: learner, rollout and env workers as real processes."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+
+PROCS = ["runtime=procs", "runtime.device=cpu", "runtime.rollout_device=cpu", "runtime.heartbeat_s=0.2",
+         "runtime.peer_timeout_s=5", "logger.progress_bar=false"]
+
+
+def train_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "embodied.cli", "train", *PROCS, *args]
+
+
+def metrics_of(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def updates_of(run_dir: Path) -> list[dict]:
+    return [m for m in metrics_of(run_dir) if "train/iteration" in m]
+
+
+def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert process.poll() is None, f"training exited while waiting for {what}:\n{process.communicate()[1]}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(train_command(
+        "env.num_envs=4", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=25",
+        "algo.num_minibatches=4", "algo.update_epochs=2", "total_env_steps=2000", "checkpoint_every=5",
+        "eval_every=10", "periodic_eval_episodes=2", "eval_episodes=2", f"run_dir={run_dir}"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
+        rollout = psutil.Process(json.loads((run_dir / "procs.json").read_text())["rollout_pid"])
+        workers = [p for p in rollout.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+        assert len(workers) == 2, "expected the rollout to run two env workers"
+        workers[0].kill()
+        out, err = trainer.communicate(timeout=300)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    updates = updates_of(run_dir)
+    assert [u["train/iteration"] for u in updates] == list(range(1, 21))
+    assert updates[-1]["env_steps"] == 2000 and updates[-1]["train/policy_version"] == 20
+    assert all(u["train/policy_lag"] == 0 for u in updates)  # synchronous: always the current policy
+    assert updates[-1]["train/env_worker_restarts"] == 1
+    assert any("eval/success_rate" in m for m in metrics_of(run_dir))
+    assert (run_dir / "eval" / "PushCube-v1" / "report.md").is_file()
+    assert not rollout.is_running() or rollout.status() == psutil.STATUS_ZOMBIE  # told to finish, it did
+
+
+def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_path):
+    run_dir = tmp_path / "run"
+    iterations, batch = 40, 2 * 64
+    args = ["experiment=mujoco_invertedpendulum", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=64",
+            "algo.num_minibatches=2", "algo.update_epochs=1", f"total_env_steps={iterations * batch}",
+            "checkpoint_every=10", "eval_episodes=0", f"run_dir={run_dir}"]
+    trainer = subprocess.Popen(train_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # Past the checkpoint at iteration 10: what came after it is consumed but not durable.
+        wait_for(lambda: len(updates_of(run_dir)) >= 12, "twelve updates", trainer)
+        trainer.kill()
+        trainer.wait()
+    finally:
+        trainer.kill()
+    rollout_pid = json.loads((run_dir / "procs.json").read_text())["rollout_pid"]
+    assert psutil.pid_exists(rollout_pid), "the rollout should outlive the learner"
+    assert resolve_checkpoint(run_dir).name == "iter_000010"
+
+    resumed = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}"],
+                             capture_output=True, text=True, timeout=300, env={**os.environ})
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads((run_dir / "procs.json").read_text())["rollout_pid"] == rollout_pid  # adopted, not replaced
+
+    _, state = load_checkpoint(resolve_checkpoint(run_dir))
+    updates = updates_of(run_dir)
+    # Each update used exactly one trajectory; trajectories are numbered 1, 2, ... by the rollout,
+    # so the learner's consumed mark equals the update count only if none was lost or used twice.
+    assert [u["train/iteration"] for u in updates] == list(range(1, iterations + 1))
+    assert state["procs"]["delivery"] == {"rollout-0": iterations}
+    assert state["env_steps"] == iterations * batch
+    assert updates[-1]["train/trajectories_resent"] >= 2  # the ones after the checkpoint came back
+    assert all(u["train/policy_lag"] == 0 for u in updates)
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(rollout_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(rollout_pid), "the finished learner should have ended the rollout"
+
+
+def test_asynchronous_training_bounds_policy_lag_and_corrects_stale_samples(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(train_command(
+        "experiment=mujoco_invertedpendulum", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=64",
+        "algo.num_minibatches=2", "algo.update_epochs=2", "total_env_steps=2560", "checkpoint_every=0",
+        "eval_episodes=0", "runtime.max_policy_lag=1", f"run_dir={run_dir}"),
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    updates = updates_of(run_dir)
+    lags = [u["train/policy_lag"] for u in updates]
+    assert max(lags) == 1 and min(lags) >= 0
+    stale = [u for u in updates if u["train/policy_lag"] > 0]
+    assert stale and all("loss/behaviour_weight" in u for u in stale)
+    assert updates[-1]["env_steps"] + 0 >= 2560
