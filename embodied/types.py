@@ -112,6 +112,7 @@ class EnvSpec:
     action_high: tuple[float, ...]
     image_shapes: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     max_episode_steps: int | None = None
+    control_hz: float | None = None  # actions per second the env side executes
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -48,6 +48,7 @@ class GymnasiumEnv(SingleEnv):
             action_low=tuple(float(x) for x in space.low),
             action_high=tuple(float(x) for x in space.high),
             max_episode_steps=limit,
+            control_hz=1.0 / self.env.unwrapped.dt if hasattr(self.env.unwrapped, "dt") else None,
         )
 
     @staticmethod

@@ -123,6 +123,7 @@ def env_spec(gym_env: Any, cfg: ManiSkillConfig, state: np.ndarray, images: dict
         action_high=tuple(float(x) for x in space.high),
         image_shapes={name: tuple(image.shape[-3:]) for name, image in images.items()},
         max_episode_steps=int(limit) if limit else None,
+        control_hz=float(gym_env.unwrapped.control_freq),
     )
 
 

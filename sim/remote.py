@@ -19,7 +19,7 @@ from typing import Any
 
 import zmq
 
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError
+from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
 from embodied.transport.sockets import check_endpoint, receive, send
 from sim.group import EnvWorkerError, unwrap_reply
 
@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 class EnvHub:
     def __init__(self, env_config: dict[str, Any], base_seed: int, stream: int, timeout_s: float,
-                 endpoint: str | None = None):
+                 endpoint: str | None = None, expected_spec: dict[str, Any] | None = None):
         self.env_config = env_config
+        self.spec = plain(expected_spec) if expected_spec is not None else None
         self.base_seed = base_seed
         self.stream = stream
         self.timeout_s = timeout_s
@@ -61,12 +62,25 @@ class EnvHub:
         self.known.add(identity)
         group = SocketGroup(self, identity, process)
         try:
-            group.wait_for("hello")  # the envelope check has already matched protocol versions
-            send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION}), identity)
+            self._handshake(group)
         except BaseException:
             group.close()
             raise
         return group
+
+    def _handshake(self, group: "SocketGroup") -> None:
+        """Every worker must serve envs of one spec (observation and action space, control
+        rate): the first worker's, or `expected_spec`. A mismatch fails on both ends."""
+        hello = group.wait_for("hello")  # the envelope check has already matched protocol versions
+        spec = plain(hello.body.get("spec")) if isinstance(hello.body, dict) else None
+        if self.spec is None:
+            self.spec = spec
+        differences = hello_mismatch(self.spec, spec) if isinstance(spec, dict) else ["spec: missing"]
+        if differences:
+            text = f"{group.name} serves envs that do not match the others: " + "; ".join(differences)
+            send(self.socket, Message("error", 0, {"code": "mismatch", "message": text}), group.identity)
+            raise EnvWorkerError(text)
+        send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION, "spec": self.spec}), group.identity)
 
     def next_seq(self) -> int:
         self.seq += 1

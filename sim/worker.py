@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import zmq
 
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message
+from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
 from embodied.transport.sockets import check_endpoint, receive, send
 from sim.base import SingleEnv
 from sim.group import EnvGroup, run_command
@@ -48,8 +48,10 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
     socket.connect(check_endpoint(endpoint))
     group = EnvGroup(make_env, env_ids, base_seed, stream)
     try:
+        description = group.describe()
+        spec = plain(description["spec"])
         send(socket, Message("hello", 0, {"protocol": PROTOCOL_VERSION, "role": "env", "env_ids": env_ids,
-                                          **group.describe()}))
+                                          **description}))
         while True:
             if not socket.poll(int(heartbeat_s * 1000)):
                 if os.getppid() != parent:
@@ -63,6 +65,12 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
                 continue
             if request.kind == "close":
                 return
+            if request.kind == "welcome":
+                differences = hello_mismatch({"spec": spec}, request.body)
+                if differences:
+                    raise SystemExit(f"env worker {worker_id}: the rollout expects other envs: {'; '.join(differences)}")
+            if request.kind == "error":
+                raise SystemExit(f"env worker {worker_id}: the rollout refused it: {request.body.get('message')}")
             if request.kind == "command":
                 send(socket, Message("result", request.seq, run_command(group, request.body)))
     finally:

@@ -25,11 +25,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
 import zmq
 
 from embodied.errors import EmbodiedError
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, encode_message_single, error_message
+from embodied.transport.protocol import (PROTOCOL_VERSION, Message, ProtocolError, encode_message_single, error_message,
+                                         hello_mismatch, plain)
 from embodied.transport.security import CurveServer
 from embodied.transport.sockets import bind, receive, send
 
@@ -58,18 +58,6 @@ class _Sender:
     last_heard: float
     held_version: int = -1  # the policy_version the rollout last said it holds
     gap_reported: int = 0  # the resend point last asked for, so one gap asks once
-
-
-def plain(value: Any) -> Any:
-    """`value` as it reads after a trip over the wire (tuples become lists), so handshake
-    metadata compares equal however it was built."""
-    return msgpack.unpackb(msgpack.packb(value), raw=False, strict_map_key=False)
-
-
-def hello_mismatch(expected: dict[str, Any], hello: dict[str, Any]) -> list[str]:
-    """The handshake keys (protocol, policy, chunk size, env spec) on which two ends differ."""
-    return [f"{key}: this side {expected[key]!r}, peer {hello.get(key)!r}"
-            for key in expected if key != "sender" and hello.get(key) != expected[key]]
 
 
 class LearnerLink:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+import msgpack
+
 from embodied.transport.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, decode, encode, pack, unpack
 
 PROTOCOL_VERSION = 1
@@ -94,3 +96,15 @@ def _check_envelope(envelope: Any) -> Message:
 def error_message(seq: int, error: ProtocolError) -> Message:
     """The typed reply to a message that could not be used."""
     return Message("error", seq, {"code": error.code, "message": error.detail})
+
+
+def plain(value: Any) -> Any:
+    """`value` as it reads after a trip over the wire (tuples become lists), so handshake
+    metadata compares equal however it was built."""
+    return msgpack.unpackb(msgpack.packb(value), raw=False, strict_map_key=False)
+
+
+def hello_mismatch(expected: dict[str, Any], hello: dict[str, Any]) -> list[str]:
+    """The handshake keys (protocol, policy, chunk size, env spec) on which two ends differ."""
+    return [f"{key}: this side {expected[key]!r}, peer {hello.get(key)!r}"
+            for key in expected if key != "sender" and hello.get(key) != expected[key]]

@@ -69,3 +69,15 @@ def test_registry_rejects_duplicates_and_unknown_names():
 def test_gpu_env_config_extends_the_cpu_one():
     config = load("env=maniskill_pushcube_gpu")
     assert config.env.backend == "gpu" and config.env.num_envs == 1024 and config.env.task == "PushCube-v1"
+
+
+def test_procs_runtime_shares_the_config_and_checks_its_values():
+    from embodied.runtime.procs import ProcsRuntimeConfig, make_procs_runtime
+
+    config = load("runtime=procs", "runtime.max_policy_lag=2")
+    assert isinstance(config.runtime, ProcsRuntimeConfig) and config.runtime.max_policy_lag == 2
+    assert config.env == load().env and config.algo == load().algo
+    with pytest.raises(ConfigError, match="runtime.max_policy_lag must be >= 0"):
+        make_procs_runtime(load("runtime=procs", "runtime.max_policy_lag=-1").runtime)
+    with pytest.raises(ConfigError, match="peer_timeout_s"):
+        make_procs_runtime(load("runtime=procs", "runtime.peer_timeout_s=1", "runtime.heartbeat_s=1").runtime)

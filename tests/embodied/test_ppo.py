@@ -87,3 +87,35 @@ def test_out_of_range_hyperparameters_are_config_errors():
         PPO(PPOConfig(gamma=1.5), policy)
     with pytest.raises(ConfigError, match="algo.num_minibatches=64"):
         PPO(PPOConfig(num_minibatches=64), policy).update(_batch(policy), progress=0.0)
+
+
+def test_decoupled_loss_reweights_by_proximal_over_behaviour_policy():
+    rng = np.random.default_rng(1)
+    n = 32
+    behaviour, proximal = rng.normal(size=n), rng.normal(size=n)
+    new_lp = proximal + rng.normal(scale=0.3, size=n)
+    adv, ret, old_v, ent = rng.normal(size=n), rng.normal(size=n), rng.normal(size=n), rng.uniform(1, 2, size=n)
+    cfg = PPOConfig(clip_coef=0.2)
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    weight = np.minimum(np.exp(proximal - behaviour), cfg.behaviour_weight_cap)
+    loss = ppo_loss(t(new_lp), t(proximal), t(adv), t(old_v), t(old_v), t(ret), t(ent), cfg, t(weight))
+    # the ratio is clipped around the proximal policy; the weight corrects for the behaviour one
+    ratio = np.exp(new_lp - proximal)
+    norm_adv = (adv - adv.mean()) / (adv.std(ddof=1) + 1e-8)
+    expected = np.mean(weight * np.maximum(-norm_adv * ratio, -norm_adv * np.clip(ratio, 0.8, 1.2)))
+    np.testing.assert_allclose(float(loss.policy_loss), expected, rtol=1e-10)
+
+
+def test_off_policy_update_of_an_on_policy_batch_equals_the_plain_update():
+    spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    results = []
+    for off_policy in (False, True):
+        torch.manual_seed(0)
+        policy = MLPGaussianPolicy(MLPPolicyConfig(chunk_size=2), spec)
+        batch = _batch(policy)
+        metrics = PPO(PPOConfig(update_epochs=2, num_minibatches=4), policy).update(batch, 0.0, off_policy=off_policy)
+        results.append((metrics, [p.detach().clone() for p in policy.parameters()]))
+    (plain, plain_weights), (decoupled, decoupled_weights) = results
+    assert decoupled["loss/behaviour_weight"] == 1.0  # proximal == behaviour: every weight is one
+    for a, b in zip(plain_weights, decoupled_weights):
+        torch.testing.assert_close(a, b)

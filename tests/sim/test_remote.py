@@ -41,6 +41,22 @@ def test_a_killed_zmq_worker_is_reported_promptly():
         env.close()
 
 
+def test_an_env_worker_with_other_envs_is_refused_on_both_ends():
+    from dataclasses import asdict
+
+    from sim.remote import EnvHub
+
+    pendulum = asdict(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=1))
+    hopper_spec = {"state_dim": 11, "action_dim": 3, "action_low": [-1.0] * 3, "action_high": [1.0] * 3,
+                   "image_shapes": {}, "max_episode_steps": 1000, "control_hz": 125.0}
+    hub = EnvHub(pendulum, base_seed=0, stream=0, timeout_s=60, expected_spec=hopper_spec)
+    try:
+        with pytest.raises(EnvWorkerError, match=r"do not match the others: state_dim: this side 11, peer 4"):
+            hub.start_worker([0])
+    finally:
+        hub.close()
+
+
 def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
     """The worker runs under an interpreter in which any torch import fails (as a separate
     virtualenv without torch would), and serves a gymnasium env over ZeroMQ."""
