@@ -122,47 +122,46 @@ class RolloutLink:
 
     # ---- the IO thread -----------------------------------------------------------------------
     def _serve(self) -> None:
-        now = time.monotonic()
         last_beat = 0.0
-        last_heard = silent_since = progress = now
+        self._last_heard = self._silent_since = self._progress = time.monotonic()
+        poller = zmq.Poller()
+        poller.register(self._dealer, zmq.POLLIN)
+        poller.register(self._subscriber, zmq.POLLIN)
         try:
             self._send(Message("hello", 0, self.hello))
             while not self._stop.is_set():
                 self._send_new()
-                poller = zmq.Poller()
-                poller.register(self._dealer, zmq.POLLIN)
-                poller.register(self._subscriber, zmq.POLLIN)
                 ready = dict(poller.poll(POLL_MS))
-                now = time.monotonic()
                 if self._subscriber in ready:
                     self._on_weights()
                 if self._dealer in ready:
-                    marks_before = self.received
+                    self._last_heard = time.monotonic()
                     self._on_message()
-                    last_heard = now
-                    if self.received != marks_before:
-                        progress = now
-                if self.connected and now - last_heard > self.timeout_s:
-                    logger.warning("learner silent for %.0f s; reconnecting", now - last_heard)
-                    with self._condition:
-                        self.connected = False
-                    silent_since = last_heard
-                if not self.connected and now - silent_since > self.reconnect_timeout_s:
-                    raise LinkError(f"no learner answered for {now - silent_since:.0f} s; giving up")
+                now = time.monotonic()
+                if self.connected and now - self._last_heard > self.timeout_s:
+                    logger.warning("learner silent for %.0f s; reconnecting", now - self._last_heard)
+                    self._disconnect(since=self._last_heard)
+                if not self.connected and now - self._silent_since > self.reconnect_timeout_s:
+                    raise LinkError(f"no learner answered for {now - self._silent_since:.0f} s; giving up")
                 if now - last_beat >= self.heartbeat_s:
                     last_beat = now
                     kind = "heartbeat" if self.connected else "hello"
                     body = {"policy_version": self.held_version} if self.connected else self.hello
                     self._send(Message(kind, 0, body))
-                if self.connected and self.last_sent > self.received and now - progress > self.ack_timeout_s:
-                    logger.warning("no acknowledgement for %.0f s; resending from %d", now - progress, self.received + 1)
+                if self.connected and self.last_sent > self.received and now - self._progress > self.ack_timeout_s:
+                    logger.warning("no acknowledgement for %.0f s; resending from %d", now - self._progress,
+                                   self.received + 1)
                     self._resend(self.received + 1)
-                    progress = now
         except LinkError as error:
             self._fail(error)
         except Exception as error:
             logger.exception("rollout link stopped")
             self._fail(LinkError(f"rollout link stopped: {error}"))
+
+    def _disconnect(self, since: float) -> None:
+        with self._condition:
+            self.connected = False
+        self._silent_since = since
 
     def _fail(self, error: LinkError) -> None:
         with self._condition:
@@ -185,8 +184,10 @@ class RolloutLink:
                 return
             if self.connected and seq in self._outbox:
                 self._send(self._outbox[seq])
+                self._progress = time.monotonic()
 
     def _resend(self, start: int) -> None:
+        self._progress = time.monotonic()
         for seq, frames in list(self._outbox.items()):
             if seq >= start:
                 self._send(frames)
@@ -227,8 +228,7 @@ class RolloutLink:
             code = body.get("code")
             if code == "hello":  # a learner that does not know this rollout yet
                 if self.connected:
-                    with self._condition:
-                        self.connected = False
+                    self._disconnect(since=time.monotonic())
                     self._send(Message("hello", 0, self.hello))
             else:
                 raise LinkError(f"the learner refused this rollout ({code}): {body.get('message')}")
@@ -254,6 +254,8 @@ class RolloutLink:
 
     def _update_marks(self, body: dict[str, Any]) -> None:
         with self._condition:
+            if int(body.get("received", 0)) > self.received:
+                self._progress = time.monotonic()
             self.received = max(self.received, int(body.get("received", 0)))
             self.consumed = max(self.consumed, int(body.get("consumed", 0)))
             self.durable = max(self.durable, int(body.get("durable", 0)))

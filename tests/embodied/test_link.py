@@ -83,7 +83,9 @@ def test_reconnecting_rollout_resends_unacked_trajectories_after_network_drop(le
 
 
 def test_restarted_learner_gets_exactly_what_its_checkpoint_lacks(learner):
-    rollout = rollout_link(learner)
+    # Connected for longer than its reconnect timeout: only the silence since losing the
+    # learner may count against it.
+    rollout = rollout_link(learner, reconnect_timeout_s=2.0)
     try:
         for step in range(1, 6):
             rollout.send_trajectory({"step": step})
@@ -91,6 +93,7 @@ def test_restarted_learner_gets_exactly_what_its_checkpoint_lacks(learner):
         checkpoint = {"rollout-0": 3}  # the learner's last checkpoint held trajectories 1..3
         learner.checkpointed(checkpoint)
         rollout.wait(lambda: rollout.durable == 3, "durable mark", 5)
+        time.sleep(2.5)
         endpoints = learner.trajectory_endpoint, learner.weights_endpoint
         learner.close(tell_rollouts=False)  # the learner dies without a word
 
