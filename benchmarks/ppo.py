@@ -4,6 +4,7 @@ Markdown summary and a PNG plot per suite.
 
     python benchmarks/ppo.py mujoco      # InvertedPendulum-v4 x3 seeds, Hopper-v4 x1, 1M steps each
     python benchmarks/ppo.py maniskill   # PushCube-v1 and PickCube-v1, state obs, CPU
+    python benchmarks/ppo.py runtimes    # the default PushCube run under runtime=local and runtime=procs
     python benchmarks/ppo.py report      # rebuild summaries and plots from the collected runs
     python benchmarks/ppo.py collect     # re-read the run directories, then report
     python benchmarks/ppo.py mujoco --only hopper-s1 --steps 200000   # one run, shorter
@@ -48,6 +49,15 @@ SUITES = {
         },
         "steps": 2_000_000,
         "goal": {"pushcube": 0.9},
+    },
+    "runtimes": {  # the main job (configs/train.yaml as is), with each runtime
+        "metric": "eval/success_rate",
+        "runs": {
+            "pushcube-local-s1": ["runtime=local", "seed=1"],
+            "pushcube-procs-s1": ["runtime=procs", "seed=1"],
+        },
+        "steps": 200_000,
+        "goal": {"pushcube-local": 0.9, "pushcube-procs": 0.9},
     },
 }
 
@@ -116,7 +126,7 @@ def report(suite_name: str) -> None:
             speeds.append(float(np.median([p["train/env_steps_per_s"] for p in run["curve"]
                                            if "train/env_steps_per_s" in p])))
             walls.append(run.get("wall_time_s"))
-            if suite_name == "maniskill":
+            if "goal" in suite:
                 reach.append(first_reaching(curve, metric, suite.get("goal", {}).get(task, 0.9)))
         entry = {"runs": sorted(members), "final": finals, "final_mean": float(np.mean(finals)),
                  "final_std": float(np.std(finals)), "env_steps": steps, "median_env_steps_per_s": speeds,
