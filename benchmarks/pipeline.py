@@ -42,9 +42,9 @@ class OffCPUInference:
         self.policy = policy
         self.seconds_per_row = seconds_per_row
 
-    def act(self, observation, deterministic: bool = False):
+    def act(self, observation, deterministic: bool = False, generator=None):
         started = time.perf_counter()
-        chunk = self.policy.act(observation, deterministic)
+        chunk = self.policy.act(observation, deterministic, generator)
         latency = self.seconds_per_row * observation.state.shape[0]
         time.sleep(max(0.0, latency - (time.perf_counter() - started)))
         return chunk

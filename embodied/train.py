@@ -146,6 +146,8 @@ class TrainSession:
         if rollout is not None:
             rollout.restore(saved["env"])
             rollout.policy_version = learner.policy_version
+            if "sampling_rng" in saved:
+                rollout.generator.set_state(saved["sampling_rng"])
         set_rng_state(saved["rng"])  # last: replaying the env may draw random numbers
 
     def save(self, learner: Learner, env_state: dict[str, Any] | None, extra: dict[str, Any] | None = None) -> Path:

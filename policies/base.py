@@ -30,8 +30,10 @@ class Policy(nn.Module, ABC):
     spec: EnvSpec
 
     @abstractmethod
-    def act(self, observation: Observation, deterministic: bool = False) -> ActionChunk:
-        """Sample (or, deterministic, take the mode of) an action chunk per env."""
+    def act(self, observation: Observation, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActionChunk:
+        """Sample (or, deterministic, take the mode of) an action chunk per env; random draws
+        come from `generator` (default: torch's global one)."""
 
     @abstractmethod
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:

@@ -79,10 +79,15 @@ class MLPGaussianPolicy(Policy):
     def _entropy(self, batch: int) -> torch.Tensor:
         return (0.5 + HALF_LOG_2PI + self.log_std).sum().expand(batch)
 
-    def act(self, observation: Observation, deterministic: bool = False) -> ActionChunk:
+    def act(self, observation: Observation, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActionChunk:
         features = self._features(observation)
         mean = self.actor(features)
-        flat = mean if deterministic else mean + torch.randn_like(mean) * self.log_std.exp()
+        if deterministic:
+            flat = mean
+        else:
+            noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
+            flat = mean + noise * self.log_std.exp()
         return ActionChunk(
             actions=flat.view(-1, self.chunk_size, self.spec.action_dim),
             log_prob=self._log_prob(mean, flat),

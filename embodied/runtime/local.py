@@ -48,7 +48,7 @@ class LocalRuntime:
         try:
             policy = build_policy(config.policy, env.spec, device)
             learner = Learner(policy, build_algo(config.algo, policy), device)
-            rollout = Rollout(env, policy, device, pipeline=self.cfg.pipeline)
+            rollout = Rollout(env, policy, device, pipeline=self.cfg.pipeline, seed=config.seed)
             session.restore(learner, rollout)
 
             session.start_logging()
@@ -63,7 +63,7 @@ class LocalRuntime:
                 if evaluation.due(session.iteration):
                     session.record_eval(evaluation.run(policy))
                 if session.should_checkpoint(session.finished):
-                    session.save(learner, env.resume_state())
+                    session.save(learner, env.resume_state(), {"sampling_rng": rollout.generator.get_state()})
         finally:
             session.close()
             evaluation.close()

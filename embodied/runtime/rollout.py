@@ -16,10 +16,15 @@ from sim.group import EnvWorkerError
 
 logger = logging.getLogger(__name__)
 
+# Actions are sampled from the rollout's own random stream, seeded from the run seed plus
+# this, so that the learner's stream (minibatch order) is the same whether the two share a
+# process (runtime=local) or not (runtime=procs).
+SAMPLING_SEED_OFFSET = 7919
+
 
 class Rollout:
     def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3,
-                 pipeline: bool = False):
+                 pipeline: bool = False, seed: int = 0):
         self.env = env
         # Pipelining needs an env whose worker groups step independently (VectorizedEnv with workers).
         self.pipeline = pipeline and getattr(env, "num_stages", 1) > 1
@@ -29,6 +34,8 @@ class Rollout:
         self.policy_version = 0
         self.max_env_restarts = max_env_restarts  # in a row, before the failure stops training
         self.env_restarts = 0
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed + SAMPLING_SEED_OFFSET)
 
     def start(self) -> None:
         self.observation = self.env.reset()
@@ -37,7 +44,7 @@ class Rollout:
         self.observation = self.env.restore(env_state)
 
     def _act(self, observation: Observation) -> ActionChunk:
-        chunk = self.policy.act(observation.to_torch(self.device))
+        chunk = self.policy.act(observation.to_torch(self.device), generator=self.generator)
         return ActionChunk(
             actions=chunk.actions.cpu(),
             log_prob=chunk.log_prob.cpu(),

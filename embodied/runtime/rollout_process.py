@@ -29,9 +29,6 @@ from embodied.runtime.wire import load_published_weights, tensors_from_wire, tra
 
 logger = logging.getLogger("embodied.rollout")
 
-# The rollout samples actions from its own random stream, apart from the learner's.
-ROLLOUT_SEED_OFFSET = 7919
-
 
 def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int) -> None:
     """Collect and send batches until the learner closes the link. A batch is collected only
@@ -79,10 +76,9 @@ def main() -> int:
     runtime = config.runtime
     if runtime.torch_threads:
         torch.set_num_threads(runtime.torch_threads)
-    seed = config.seed + ROLLOUT_SEED_OFFSET
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+    random.seed(config.seed)
+    np.random.seed(config.seed)
+    torch.manual_seed(config.seed)
     env = build_env(config.env, seed=config.seed)
     try:
         device = resolve_device(runtime.rollout_device)
@@ -93,8 +89,8 @@ def main() -> int:
                            heartbeat_s=runtime.heartbeat_s, timeout_s=runtime.peer_timeout_s,
                            reconnect_timeout_s=runtime.reconnect_timeout_s)
         try:
-            run(link, Rollout(env, policy, device, pipeline=runtime.pipeline), config.algo.rollout_steps,
-                runtime.max_policy_lag)
+            rollout = Rollout(env, policy, device, pipeline=runtime.pipeline, seed=config.seed)
+            run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag)
         finally:
             link.close()
     except EmbodiedError as error:
