@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 POLL_MS = 10
 
 
+# Hello keys that describe the connection rather than what must match on both ends.
+EPHEMERAL_HELLO_KEYS = ("sender", "pid", "first_held")
+
+
 class LinkError(EmbodiedError):
     """The link cannot go on: a peer that does not match, or one that stays silent."""
 
@@ -56,7 +60,7 @@ class _Sender:
     consumed: int
     durable: int
     last_heard: float
-    held_version: int = -1  # the policy_version the rollout last said it holds
+    held: tuple[str, int] = ("", -1)  # (learner_id, policy_version) of the weights the rollout holds
     gap_reported: int = 0  # the resend point last asked for, so one gap asks once
 
 
@@ -68,15 +72,16 @@ class LearnerLink:
         self.heartbeat_s = heartbeat_s
         self._expected = plain(expected_hello)
         self._context = zmq.Context()
-        self._curve = CurveServer(self._context, keys_dir) if keys_dir else None
+        self._curve: CurveServer | None = None
         self._router = self._context.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting rollout takes its name back
         self._publisher = self._context.socket(zmq.PUB)
         self._publisher.setsockopt(zmq.LINGER, 0)
         try:
-            self.trajectory_endpoint = bind(self._router, trajectory_endpoint, self._curve)
-            self.weights_endpoint = bind(self._publisher, weights_endpoint, self._curve)
+            self._curve = CurveServer(self._context, keys_dir) if keys_dir else None
+            self.trajectory_endpoint = self._bind(self._router, trajectory_endpoint)
+            self.weights_endpoint = self._bind(self._publisher, weights_endpoint)
         except BaseException:
             self._close_sockets()
             raise
@@ -92,8 +97,15 @@ class LearnerLink:
         self._hello = threading.Event()
         self._error: LinkError | None = None
         self._stop = threading.Event()
+        self._close_sent = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="learner-link", daemon=True)
         self._thread.start()
+
+    def _bind(self, socket: zmq.Socket, endpoint: str) -> str:
+        try:
+            return bind(socket, endpoint, self._curve)
+        except zmq.ZMQError as error:
+            raise LinkError(f"cannot bind {endpoint}: {error}; is another learner of this run still running?") from None
 
     # ---- the learner's side (main thread) --------------------------------------------------
     def wait_hello(self, timeout_s: float) -> dict[str, Any] | None:
@@ -149,14 +161,18 @@ class LearnerLink:
         """Stop serving; `tell_rollouts` asks connected rollouts to finish and exit."""
         if tell_rollouts and self._thread.is_alive():
             self._requests.put(("close", None))
-            deadline = time.monotonic() + 2.0
-            while not self._requests.empty() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            self._close_sent.wait(timeout=2.0)
         self._stop.set()
         self._thread.join(timeout=5.0)
+        if self._thread.is_alive():  # sockets are not thread-safe: leave them to process exit
+            logger.warning("learner link thread did not stop; leaving its sockets open")
+            return
         self._close_sockets()
 
     def _close_sockets(self) -> None:
+        if self._router.closed:  # closed before
+            return
+        self._router.setsockopt(zmq.LINGER, 1000)  # let a final 'close' reach the rollouts
         self._router.close()
         self._publisher.close()
         if self._curve is not None:
@@ -210,6 +226,7 @@ class LearnerLink:
             elif kind == "close":
                 for state in self._senders.values():
                     self._send(state.identity, Message("close", 0, {}))
+                self._close_sent.set()
 
     def _publish(self) -> None:
         if self._weights is not None:
@@ -220,7 +237,7 @@ class LearnerLink:
         for state in list(self._senders.values()):
             self._send(state.identity, Message("heartbeat", 0, self._marks(state)))
         # A subscriber that joined after the last update, or missed it, gets the latest again.
-        behind = any(s.held_version < self._policy_version for s in self._senders.values())
+        behind = any(s.held != (self.learner_id, self._policy_version) for s in self._senders.values())
         if behind and time.monotonic() - self._last_publish >= self.heartbeat_s:
             self._publish()
 
@@ -245,7 +262,7 @@ class LearnerLink:
         if message.kind == "trajectory":
             self._on_trajectory(name, state, message)
         elif message.kind == "heartbeat" and isinstance(message.body, dict):
-            state.held_version = int(message.body.get("policy_version", -1))
+            state.held = (str(message.body.get("learner_id", "")), int(message.body.get("policy_version", -1)))
         elif message.kind == "close":
             logger.info("rollout %s closed its link", name)
 
@@ -260,13 +277,21 @@ class LearnerLink:
             self._error = LinkError(text)
             return
         if not self._hello.is_set():
-            self._expected = {k: v for k, v in hello.items() if k not in ("sender", "pid")}
+            self._expected = {k: v for k, v in hello.items() if k not in EPHEMERAL_HELLO_KEYS}
         name = hello["sender"]
         with self._lock:
             old = self._senders.get(name)
-            mark = old.consumed if old else self._delivered.get(name, 0)
-            received = old.received if old else mark
-            state = _Sender(identity, received, mark, old.durable if old else mark, time.monotonic())
+            durable = old.durable if old else self._delivered.get(name, 0)
+            consumed = old.consumed if old else durable
+            received = old.received if old else consumed
+            first_held = int(hello.get("first_held", received + 1))
+            if first_held > received + 1:
+                # The rollout process that sent these died before a checkpoint held them, and
+                # this learner's state holds none of them: skipping uses none twice.
+                logger.warning("trajectories %d-%d of %s died with an earlier rollout process; skipping them",
+                               received + 1, first_held - 1, name)
+                received = consumed = first_held - 1
+            state = _Sender(identity, received, consumed, durable, time.monotonic())
             self._senders[name] = state
         self._names = {i: n for i, n in self._names.items() if n != name}
         self._names[identity] = name

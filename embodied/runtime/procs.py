@@ -95,6 +95,7 @@ class RolloutSupervisor:
         self.log_path = run_dir / "logs" / "rollout.log"
         self.process: subprocess.Popen | None = None
         self.pid: int | None = None
+        self.started_at = time.monotonic()
         self.restarts = 0
         self.failures_in_a_row = 0
         self.endpoints: dict[str, str] | None = None
@@ -109,8 +110,10 @@ class RolloutSupervisor:
         ours = not cmdline.is_file() or str(self.config_path).encode() in cmdline.read_bytes()
         return state if _process_alive(pid) and ours else None
 
-    def adopt(self, state: dict[str, Any]) -> None:
+    def adopt(self, state: dict[str, Any], endpoints: dict[str, str]) -> None:
         self.pid = int(state["rollout_pid"])
+        self.endpoints = endpoints
+        self.started_at = time.monotonic()
         logger.info("rollout process %d from before is still running; waiting for it to reconnect", self.pid)
 
     def start(self, endpoints: dict[str, str]) -> None:
@@ -126,6 +129,7 @@ class RolloutSupervisor:
                                             # rollout to finish, rather than killing it mid-batch.
                                             start_new_session=True)
         self.pid = self.process.pid
+        self.started_at = time.monotonic()
         self.state_path.write_text(json.dumps({"rollout_pid": self.pid, **endpoints}))
 
     def alive(self) -> bool:
@@ -139,8 +143,12 @@ class RolloutSupervisor:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def check(self, last_heard: float | None) -> None:
-        """Restart a rollout that died or went silent."""
-        silent = last_heard is not None and time.monotonic() - last_heard > self.cfg.peer_timeout_s
+        """Restart a rollout that died or went silent: silent for `peer_timeout_s` once it has
+        spoken, for `startup_timeout_s` while it builds its envs."""
+        if last_heard is not None and last_heard > self.started_at:
+            silent = time.monotonic() - last_heard > self.cfg.peer_timeout_s
+        else:
+            silent = time.monotonic() - self.started_at > self.cfg.startup_timeout_s
         if self.alive() and not silent:
             return
         reason = "stopped answering" if self.alive() else "exited"
@@ -191,34 +199,52 @@ class ProcsRuntime:
         saved_state = session.saved_state()
         saved = saved_state[1] if saved_state else {}
         procs_state = saved.get("procs") or {}
-        expected = {"protocol": PROTOCOL_VERSION, "policy": config.policy.name, "chunk_size": config.policy.chunk_size}
+        expected = {"protocol": PROTOCOL_VERSION, "run": str(session.run_dir.resolve()),
+                    "policy": config.policy.name, "chunk_size": config.policy.chunk_size}
         if "spec" in procs_state:
             expected["spec"] = procs_state["spec"]
         supervisor = RolloutSupervisor(session.run_dir, cfg)
         previous = supervisor.previous() if saved_state else None
         endpoints = ({"trajectory": previous["trajectory"], "weights": previous["weights"]} if previous
                      else {"trajectory": cfg.trajectory_endpoint, "weights": cfg.weights_endpoint})
-        link = LearnerLink(endpoints["trajectory"], endpoints["weights"], expected,
-                           delivered=procs_state.get("delivery"),
-                           policy_version=int(saved["learner"]["policy_version"]) if saved else 0,
-                           keys_dir=cfg.keys_dir, heartbeat_s=cfg.heartbeat_s)
+        try:
+            link = LearnerLink(endpoints["trajectory"], endpoints["weights"], expected,
+                               delivered=procs_state.get("delivery"),
+                               policy_version=int(saved["learner"]["policy_version"]) if saved else 0,
+                               keys_dir=cfg.keys_dir, heartbeat_s=cfg.heartbeat_s)
+        except BaseException:
+            session.close()
+            raise
         endpoints = {"trajectory": link.trajectory_endpoint, "weights": link.weights_endpoint}
-        evaluation = PeriodicEvaluation(config)
         finished = False
         try:
             if previous:
-                supervisor.adopt(previous)
-                supervisor.endpoints = endpoints
+                supervisor.adopt(previous, endpoints)
             else:
                 supervisor.start(endpoints)
             hello = self._wait_hello(link, supervisor)
-            spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["spec"].items()})
-            policy = build_policy(config.policy, spec, device)
-            learner = Learner(policy, build_algo(config.algo, policy), device)
-            session.restore(learner)
-            link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
-            dropped = int(procs_state.get("stale_batches_dropped", 0))
+            self._loop(config, session, link, supervisor, hello, procs_state, device)
+            finished = True
+        finally:
+            try:
+                session.close()
+            finally:
+                link.close(tell_rollouts=True)
+                supervisor.stop(timeout_s=30.0 if finished else 10.0)
+        return session
 
+    def _loop(self, config: TrainConfig, session: TrainSession, link: LearnerLink, supervisor: "RolloutSupervisor",
+              hello: dict[str, Any], procs_state: dict[str, Any], device: torch.device) -> None:
+        """Learn from trajectories as they arrive until the run has its env steps."""
+        cfg = self.cfg
+        spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["spec"].items()})
+        policy = build_policy(config.policy, spec, device)
+        learner = Learner(policy, build_algo(config.algo, policy), device)
+        session.restore(learner)
+        link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
+        dropped = int(procs_state.get("stale_batches_dropped", 0))
+        evaluation = PeriodicEvaluation(config)
+        try:
             session.start_logging()
             while not session.finished:
                 delivery = link.next_trajectory(timeout_s=cfg.heartbeat_s)
@@ -256,13 +282,8 @@ class ProcsRuntime:
                     session.save(learner, None, {"procs": {"delivery": state, "spec": hello["spec"],
                                                            "stale_batches_dropped": dropped}})
                     link.checkpointed(state)
-            finished = True
         finally:
-            session.close()
             evaluation.close()
-            link.close(tell_rollouts=True)
-            supervisor.stop(timeout_s=30.0 if finished else 10.0)
-        return session
 
     def _wait_hello(self, link: LearnerLink, supervisor: RolloutSupervisor) -> dict[str, Any]:
         deadline = time.monotonic() + self.cfg.startup_timeout_s
@@ -270,7 +291,11 @@ class ProcsRuntime:
             hello = link.wait_hello(timeout_s=1.0)
             if hello is not None:
                 return hello
-            if not supervisor.alive():
+            if not supervisor.alive() and supervisor.process is None:
+                # The rollout a crashed learner left behind gave up waiting just now: start anew.
+                logger.warning("the rollout process from before has exited; starting a new one")
+                supervisor.start(supervisor.endpoints)
+            elif not supervisor.alive():
                 raise LinkError(f"the rollout process exited before connecting; its log "
                                 f"({supervisor.log_path}) ends:\n{supervisor.log_tail()}")
             if time.monotonic() > deadline:

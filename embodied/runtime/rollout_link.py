@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import zmq
 
-from embodied.runtime.learner_link import POLL_MS, LinkError
+from embodied.runtime.learner_link import EPHEMERAL_HELLO_KEYS, POLL_MS, LinkError
 from embodied.transport.protocol import (PROTOCOL_VERSION, Message, ProtocolError, decode_message_single, encode_message,
                                          hello_mismatch, plain)
 from embodied.transport.sockets import connect, receive
@@ -69,7 +69,7 @@ class RolloutLink:
         self.last_sent = 0
         self.received = self.consumed = self.durable = 0
         self.weights: Weights | None = None
-        self.held_version = -1
+        self.held: tuple[str, int] = ("", -1)  # (learner_id, policy_version) the rollout acts with
         self.reconnects = 0
         self.resent = 0
         self._error: LinkError | None = None
@@ -113,9 +113,14 @@ class RolloutLink:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5.0)
+        if self._thread.is_alive():  # sockets are not thread-safe: leave them to process exit
+            logger.warning("rollout link thread did not stop; leaving its sockets open")
+            return
         self._close_sockets()
 
     def _close_sockets(self) -> None:
+        if self._dealer.closed:  # closed before
+            return
         self._dealer.close()
         self._subscriber.close()
         self._context.term()
@@ -128,7 +133,7 @@ class RolloutLink:
         poller.register(self._dealer, zmq.POLLIN)
         poller.register(self._subscriber, zmq.POLLIN)
         try:
-            self._send(Message("hello", 0, self.hello))
+            self._send_hello()
             while not self._stop.is_set():
                 self._send_new()
                 ready = dict(poller.poll(POLL_MS))
@@ -145,9 +150,10 @@ class RolloutLink:
                     raise LinkError(f"no learner answered for {now - self._silent_since:.0f} s; giving up")
                 if now - last_beat >= self.heartbeat_s:
                     last_beat = now
-                    kind = "heartbeat" if self.connected else "hello"
-                    body = {"policy_version": self.held_version} if self.connected else self.hello
-                    self._send(Message(kind, 0, body))
+                    if self.connected:
+                        self._send(Message("heartbeat", 0, {"learner_id": self.held[0], "policy_version": self.held[1]}))
+                    else:
+                        self._send_hello()
                 if self.connected and self.last_sent > self.received and now - self._progress > self.ack_timeout_s:
                     logger.warning("no acknowledgement for %.0f s; resending from %d", now - self._progress,
                                    self.received + 1)
@@ -175,6 +181,13 @@ class RolloutLink:
             return True
         except zmq.Again:  # no learner connected: the resend after the next welcome covers it
             return False
+
+    def _send_hello(self) -> None:
+        """Hello with the first sequence number this rollout still holds, so a learner can
+        tell trajectories it will get back from ones that died with an earlier rollout."""
+        with self._condition:
+            first_held = next(iter(self._outbox), self.last_sent + 1)
+        self._send(Message("hello", 0, {**self.hello, "first_held": first_held}))
 
     def _send_new(self) -> None:
         while True:
@@ -229,12 +242,12 @@ class RolloutLink:
             if code == "hello":  # a learner that does not know this rollout yet
                 if self.connected:
                     self._disconnect(since=time.monotonic())
-                    self._send(Message("hello", 0, self.hello))
+                    self._send_hello()
             else:
                 raise LinkError(f"the learner refused this rollout ({code}): {body.get('message')}")
 
     def _on_welcome(self, body: dict[str, Any]) -> None:
-        differences = hello_mismatch({k: v for k, v in self.hello.items() if k not in ("sender", "pid")}, body)
+        differences = hello_mismatch({k: v for k, v in self.hello.items() if k not in EPHEMERAL_HELLO_KEYS}, body)
         if differences:
             raise LinkError("the learner does not match this rollout: " + "; ".join(differences))
         with self._condition:

@@ -51,7 +51,8 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
         if (weights.learner_id, weights.policy_version) != held:
             load_published_weights(rollout.policy, tensors_from_wire(weights.tensors))
             held = (weights.learner_id, weights.policy_version)
-            rollout.policy_version = link.held_version = weights.policy_version
+            rollout.policy_version = weights.policy_version
+            link.held = held
         batch, episodes, env_steps = rollout.collect(rollout_steps)
         link.send_trajectory({
             "trajectory": trajectory_to_wire(batch),
@@ -83,8 +84,9 @@ def main() -> int:
     try:
         device = resolve_device(runtime.rollout_device)
         policy = build_policy(config.policy, env.spec, device)
-        hello = {"sender": args.name, "policy": config.policy.name, "chunk_size": config.policy.chunk_size,
-                 "spec": env.spec.to_dict()}
+        # `run` keeps a rollout left over from another run from feeding this run's learner.
+        hello = {"sender": args.name, "run": str(Path(args.config).resolve().parent), "policy": config.policy.name,
+                 "chunk_size": config.policy.chunk_size, "spec": env.spec.to_dict()}
         link = RolloutLink(args.trajectory_endpoint, args.weights_endpoint, hello, keys_dir=runtime.keys_dir,
                            heartbeat_s=runtime.heartbeat_s, timeout_s=runtime.peer_timeout_s,
                            reconnect_timeout_s=runtime.reconnect_timeout_s)

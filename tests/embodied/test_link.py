@@ -93,6 +93,7 @@ def test_restarted_learner_gets_exactly_what_its_checkpoint_lacks(learner):
         checkpoint = {"rollout-0": 3}  # the learner's last checkpoint held trajectories 1..3
         learner.checkpointed(checkpoint)
         rollout.wait(lambda: rollout.durable == 3, "durable mark", 5)
+        rollout.held = (learner.learner_id, 5)  # acting with the dead learner's newest weights
         time.sleep(2.5)
         endpoints = learner.trajectory_endpoint, learner.weights_endpoint
         learner.close(tell_rollouts=False)  # the learner dies without a word
@@ -100,14 +101,42 @@ def test_restarted_learner_gets_exactly_what_its_checkpoint_lacks(learner):
         restarted = LearnerLink(*endpoints, EXPECTED, delivered=checkpoint, policy_version=3, **FAST)
         try:
             assert restarted.wait_hello(10) is not None
+            restarted.publish(3, tensors_to_wire({"w": torch.zeros(1)}))
             rollout.send_trajectory({"step": 6})
             assert receive_all(restarted, 3) == [4, 5, 6]
             assert restarted.next_trajectory(0.5) is None
             rollout.wait(lambda: rollout.learner_id == restarted.learner_id, "the new learner", 5)
+            # version 3 of the new learner replaces version 5 of the old one, though older
+            rollout.wait(lambda: rollout.current_weights() is not None, "the new learner's weights", 10)
+            assert rollout.current_weights().policy_version == 3
         finally:
             restarted.close(tell_rollouts=False)
     finally:
         rollout.close()
+
+
+def test_trajectories_that_died_with_an_earlier_rollout_are_skipped_not_awaited(learner):
+    first = rollout_link(learner)
+    for step in (1, 2, 3, 4, 5):
+        first.send_trajectory({"step": step})
+    assert receive_all(learner, 5) == [1, 2, 3, 4, 5]
+    first.close()  # the rollout process dies; trajectories 4 and 5 are not durable
+    second = rollout_link(learner)
+    try:
+        second.wait(lambda: second.connected, "welcome", 10)
+        for step in (6, 7):  # a new rollout continues the learner's numbering
+            second.send_trajectory({"step": step})
+        assert receive_all(learner, 2) == [6, 7]
+        endpoints = learner.trajectory_endpoint, learner.weights_endpoint
+        learner.close(tell_rollouts=False)
+        # A learner resumed from a checkpoint holding 1..3 can never get 4 and 5 back.
+        restarted = LearnerLink(*endpoints, EXPECTED, delivered={"rollout-0": 3}, policy_version=3, **FAST)
+        try:
+            assert receive_all(restarted, 2) == [6, 7]
+        finally:
+            restarted.close(tell_rollouts=False)
+    finally:
+        second.close()
 
 
 def test_weights_subscriber_keeps_only_the_newest(learner):
