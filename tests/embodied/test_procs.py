@@ -63,6 +63,28 @@ def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
     assert not rollout.is_running() or rollout.status() == psutil.STATUS_ZOMBIE  # told to finish, it did
 
 
+def test_a_killed_rollout_process_is_restarted_and_training_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    batch = 2 * 64
+    trainer = subprocess.Popen(train_command(
+        "experiment=mujoco_invertedpendulum", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=64",
+        "algo.num_minibatches=2", "algo.update_epochs=1", f"total_env_steps={20 * batch}", "eval_episodes=0",
+        f"run_dir={run_dir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 3, "three updates", trainer)
+        first = json.loads((run_dir / "procs.json").read_text())["rollout_pid"]
+        psutil.Process(first).kill()
+        out, err = trainer.communicate(timeout=300)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    assert json.loads((run_dir / "procs.json").read_text())["rollout_pid"] != first
+    updates = updates_of(run_dir)
+    assert updates[-1]["train/rollout_restarts"] == 1
+    assert [u["train/iteration"] for u in updates] == list(range(1, 21))
+    assert updates[-1]["env_steps"] == 20 * batch
+
+
 def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_path):
     run_dir = tmp_path / "run"
     iterations, batch = 40, 2 * 64
