@@ -213,3 +213,29 @@ def test_curve_link_refuses_a_rollout_without_keys(tmp_path):
             member.close()
     finally:
         learner.close(tell_rollouts=False)
+
+
+def test_learner_answers_malformed_frames_with_typed_errors_and_keeps_serving(learner):
+    import zmq
+
+    from embodied.transport.protocol import decode_message
+
+    context = zmq.Context()
+    peer = context.socket(zmq.DEALER)
+    peer.setsockopt(zmq.LINGER, 0)
+    peer.connect(learner.trajectory_endpoint)
+    try:
+        for frames in ([b"\xc1garbage"], [b"\x93\x01\x02"], [b"\x84\xa1v\x63\xa4kind\xa5hello\xa3seq\x00\xa4body\x80"]):
+            peer.send_multipart(frames)
+            assert peer.poll(5000), "no reply to a malformed message"
+            reply = decode_message(peer.recv_multipart())
+            assert reply.kind == "error" and reply.body["code"] in ("malformed", "version")
+    finally:
+        peer.close()
+        context.term()
+    rollout = rollout_link(learner)
+    try:
+        rollout.send_trajectory({"step": 1})
+        assert receive_all(learner, 1) == [1]
+    finally:
+        rollout.close()
