@@ -140,6 +140,7 @@ def report(suite_name: str) -> None:
             entry["env_steps_to_goal"] = reach
         summary["tasks"][task] = entry
         ax.set_title(task)
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k")
         ax.set_xlabel("env steps")
         ax.set_ylabel(metric.split("/")[-1].replace("_", " "))
         ax.legend(fontsize=7)
