@@ -6,4 +6,5 @@ import embodied.runtime.local  # noqa: F401
 import embodied.runtime.procs  # noqa: F401
 import policies.mlp  # noqa: F401
 import sim.gymnasium_env  # noqa: F401
+import sim.libero  # noqa: F401
 import sim.maniskill  # noqa: F401

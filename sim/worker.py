@@ -35,7 +35,11 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
         from sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv
 
         return partial(GymnasiumEnv, GymnasiumConfig(**env_config))
-    raise ValueError(f"no env worker for env '{name}'; known: gymnasium, maniskill")
+    if name == "libero":
+        from sim.libero import LiberoConfig, LiberoEnv
+
+        return partial(LiberoEnv, LiberoConfig(**env_config))
+    raise ValueError(f"no env worker for env '{name}'; known: gymnasium, libero, maniskill")
 
 
 def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int,

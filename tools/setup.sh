@@ -75,8 +75,57 @@ SRC
     fi
 }
 
+libero_venv="${EMBODIED_LIBERO_VENV:-$root/.venv-libero}"
+
+# LIBERO (robosuite 1.4, mujoco 2.3.7) gets a virtualenv of its own; its env workers run
+# under that interpreter (sim/libero.py).
+ensure_libero_venv() {
+    if [ ! -x "$libero_venv/bin/python" ]; then
+        log "creating LIBERO's virtualenv $libero_venv"
+        "$python" -m venv "$libero_venv"
+        "$libero_venv/bin/pip" install -q -U pip setuptools wheel
+    fi
+    local stamp="$libero_venv/.embodied-install-stamp"
+    local want
+    want="$(sha256sum < tools/libero-requirements.txt | cut -d' ' -f1)"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+        log "installing LIBERO and its assets (about 650 MB)"
+        "$libero_venv/bin/pip" install -q -r tools/libero-requirements.txt
+        echo "$want" > "$stamp"
+    fi
+}
+
+egl_works() {
+    MUJOCO_GL=egl PYOPENGL_PLATFORM=egl "$libero_venv/bin/python" - <<'PY' >/dev/null 2>&1
+import mujoco
+context = mujoco.GLContext(32, 32)
+context.make_current()
+context.free()
+PY
+}
+
+# LIBERO renders its cameras offscreen through EGL (Mesa's software renderer on a CPU machine).
+ensure_egl() {
+    if egl_works; then return; fi
+    log "no working EGL: installing Mesa's EGL and GL drivers"
+    local release=()
+    if [ -f /etc/apt/sources.list.d/bookworm-backports.sources ]; then
+        release=(-t bookworm-backports)  # the same Mesa as the Vulkan driver above
+    fi
+    as_root apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${release[@]}" \
+        libegl1 libegl-mesa0 libgl1-mesa-dri >/dev/null
+    if ! egl_works; then
+        log "EGL still not usable; LIBERO can render with OSMesa instead: install libosmesa6 and"
+        log "pass env.mujoco_gl=osmesa"
+        exit 1
+    fi
+}
+
 ensure_venv
 ensure_vulkan
+ensure_libero_venv
+ensure_egl
 export PATH="$venv/bin:$PATH"
 
 case "$job" in

@@ -1,0 +1,177 @@
+"""LIBERO tasks (libero_spatial, libero_object, libero_goal, libero_10, libero_90) behind the
+batched env interface, offline, with the community's evaluation protocol:
+
+- an episode reset with seed `s` starts from the task's standard init state `s mod 50`, with
+  numpy's random state (which robosuite uses to jitter fixtures on every reset) seeded with
+  `s`: the same seed gives the same scene, and evaluation passes trial numbers as seeds, so
+  trial k is init state k everywhere;
+- after the init state, `settle_steps` no-op actions (gripper open) let objects come to rest;
+- episodes end at success (the task's own goal check) or at the suite's step limit:
+  spatial 220, object 280, goal 300, libero_10 520, libero_90 400;
+- images (agentview, wrist) are rotated 180 degrees from robosuite's render so that up is up;
+  proprio state is end-effector position (3), end-effector orientation as axis-angle (3) and
+  gripper finger positions (2); actions are 7-d delta end-effector pose + gripper in [-1, 1].
+
+LIBERO needs robosuite 1.4 and therefore its own virtualenv (`tools/setup.sh` makes
+`.venv-libero`). Its envs always live in env worker processes under that interpreter
+(`env.python`), reached over ZeroMQ; this module imports LIBERO only inside those workers."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from embodied.errors import ConfigError
+from embodied.registry import ENVS, unknown_name_message
+from embodied.types import EnvSpec
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PYTHON = ROOT / ".venv-libero" / "bin" / "python"
+
+SUITE_STEP_LIMITS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
+                     "libero_90": 400}
+CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
+IMAGE_SIZES = (128, 224, 256)
+NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
+STATE_DIM = 8
+ACTION_DIM = 7
+CONTROL_HZ = 20.0
+
+
+@dataclass
+class LiberoConfig:
+    name: str = "libero"
+    suite: str = "libero_spatial"
+    task_ids: Optional[list[int]] = None  # None: every task of the suite; env i runs task_ids[i % n]
+    num_envs: int = 10
+    num_workers: int = 2  # LIBERO envs always run in worker processes under `python`
+    python: Optional[str] = None  # the LIBERO virtualenv's interpreter (default: .venv-libero)
+    image_size: int = 128  # 128 | 224 | 256, square
+    cameras: list[str] = field(default_factory=lambda: ["agentview", "wrist"])  # [] for state only
+    settle_steps: int = 10
+    max_episode_steps: Optional[int] = None  # None: the suite's standard limit
+    render_size: int = 256  # frames for videos
+    mujoco_gl: str = "egl"  # offscreen rendering backend: egl | osmesa
+    transport: str = "zmq"
+
+
+def check_config(cfg: LiberoConfig) -> None:
+    if cfg.suite not in SUITE_STEP_LIMITS:
+        raise ConfigError(unknown_name_message("LIBERO suite (env.suite)", cfg.suite, sorted(SUITE_STEP_LIMITS)))
+    if cfg.image_size not in IMAGE_SIZES:
+        raise ConfigError(f"env.image_size must be one of {IMAGE_SIZES}, got {cfg.image_size}")
+    unknown = [c for c in cfg.cameras if c not in CAMERAS]
+    if unknown:
+        raise ConfigError(f"env.cameras: unknown {unknown}; known: {sorted(CAMERAS)}")
+    if cfg.num_envs < 1 or cfg.num_workers < 1:
+        raise ConfigError("LIBERO needs env.num_envs >= 1 and env.num_workers >= 1 (it runs in worker processes)")
+    if cfg.transport != "zmq":
+        raise ConfigError("LIBERO runs under its own interpreter, reached only with env.transport=zmq")
+    if cfg.settle_steps < 0:
+        raise ConfigError(f"env.settle_steps must be >= 0, got {cfg.settle_steps}")
+
+
+def libero_python(cfg: LiberoConfig) -> str:
+    python = Path(cfg.python) if cfg.python else DEFAULT_PYTHON
+    if not python.is_file():
+        raise ConfigError(f"no LIBERO interpreter at {python}: run `bash tools/setup.sh install` "
+                          f"(it creates .venv-libero) or set env.python")
+    return str(python)
+
+
+def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
+    """robosuite's (x, y, z, w) quaternion as an axis-angle vector."""
+    x, y, z, w = (float(v) for v in quat_xyzw)
+    w = min(max(w, -1.0), 1.0)
+    sin_half = math.sqrt(max(1.0 - w * w, 0.0))
+    if sin_half < 1e-8:
+        return np.zeros(3)
+    angle = 2.0 * math.acos(w)
+    return np.array([x, y, z]) / sin_half * angle
+
+
+class LiberoEnv(SingleEnv):
+    """One LIBERO task in this (worker) process."""
+
+    def __init__(self, cfg: LiberoConfig, env_id: int = 0):
+        os.environ.setdefault("MUJOCO_GL", cfg.mujoco_gl)
+        os.environ.setdefault("PYOPENGL_PLATFORM", cfg.mujoco_gl)
+        from libero.libero import benchmark, get_libero_path
+        from libero.libero.envs import OffScreenRenderEnv
+
+        check_config(cfg)
+        suite = benchmark.get_benchmark_dict()[cfg.suite]()
+        task_ids = cfg.task_ids if cfg.task_ids is not None else list(range(suite.n_tasks))
+        bad = [t for t in task_ids if not 0 <= t < suite.n_tasks]
+        if bad:
+            raise ConfigError(f"env.task_ids {bad} are not in {cfg.suite} (tasks 0-{suite.n_tasks - 1})")
+        self.task_id = task_ids[env_id % len(task_ids)]
+        task = suite.get_task(self.task_id)
+        self.task = f"{cfg.suite}/{self.task_id}:{task.name}"
+        self.instruction = str(task.language)
+        self.init_states = suite.get_task_init_states(self.task_id)
+        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        self.cfg = cfg
+        self.cameras = list(cfg.cameras)
+        size = cfg.image_size
+        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=size, camera_widths=size,
+                                      has_offscreen_renderer=True, use_camera_obs=bool(self.cameras))
+        self.limit = cfg.max_episode_steps or SUITE_STEP_LIMITS[cfg.suite]
+        self.steps = 0
+        self.spec = EnvSpec(
+            state_dim=STATE_DIM, action_dim=ACTION_DIM, action_low=(-1.0,) * ACTION_DIM,
+            action_high=(1.0,) * ACTION_DIM, image_shapes={c: (size, size, 3) for c in self.cameras},
+            max_episode_steps=self.limit, control_hz=CONTROL_HZ,
+        )
+
+    def _observation(self, raw: dict[str, Any]) -> SingleObservation:
+        state = np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
+                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        # robosuite renders upside down and mirrored; a 180-degree turn shows the scene upright
+        images = {c: np.ascontiguousarray(raw[CAMERAS[c]][::-1, ::-1]) for c in self.cameras}
+        return SingleObservation(state=state, images=images)
+
+    def reset(self, seed: int) -> SingleObservation:
+        np.random.seed(seed % 2**32)  # robosuite places fixtures with numpy's global generator
+        self.env.reset()
+        raw = self.env.set_init_state(self.init_states[seed % len(self.init_states)])
+        for _ in range(self.cfg.settle_steps):
+            raw, _, _, _ = self.env.step(NOOP)
+        self.steps = 0
+        return self._observation(raw)
+
+    def step(self, action: np.ndarray) -> SingleStep:
+        raw, _, _, _ = self.env.step(np.asarray(action, dtype=np.float64))
+        self.steps += 1
+        success = bool(self.env.check_success())
+        return SingleStep(
+            observation=self._observation(raw),
+            reward=float(success),  # LIBERO's reward: 1 at success, else 0
+            terminated=success,
+            truncated=not success and self.steps >= self.limit,
+            success=success,
+        )
+
+    def render(self) -> np.ndarray:
+        frame = self.env.env.sim.render(height=self.cfg.render_size, width=self.cfg.render_size,
+                                        camera_name="agentview")
+        return np.ascontiguousarray(frame[::-1, ::-1])
+
+    def close(self) -> None:
+        self.env.close()
+
+
+@ENVS.register("libero", LiberoConfig)
+def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0) -> BatchedEnv:
+    from sim.vector import vectorize
+
+    check_config(cfg)
+    config = {**asdict(cfg), "python": libero_python(cfg)}
+    return vectorize(partial(LiberoEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, "zmq", config)
