@@ -57,13 +57,18 @@ class EvalConfig:
     video_episodes: int = 0
     deterministic: bool = True
     seed: int = 0
-    output: Optional[str] = None  # default: <run dir>/eval/<env task>
+    output: Optional[str] = None  # default: <run dir>/eval/<env task or suites>
     progress_bar: bool = True
+    # Suite mode: every task of these suites (comma-separated, e.g. libero_spatial,libero_goal),
+    # `trials` each, trial k reset with seed k; resumable. `episodes` is then unused.
+    suite: Optional[str] = None
+    trials: int = 50
+    task_ids: Optional[list[int]] = None  # a subset of each suite's tasks
 
 
 def check_values(config: Any) -> None:
     """Range checks the types alone do not catch."""
-    positive = {"TrainConfig": ("total_env_steps",), "EvalConfig": ("episodes",)}.get(type(config).__name__, ())
+    positive = {"TrainConfig": ("total_env_steps",), "EvalConfig": ("episodes", "trials")}.get(type(config).__name__, ())
     for key in positive:
         if getattr(config, key) < 1:
             raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")

@@ -93,13 +93,16 @@ def run_episodes(env: BatchedEnv, policy: Policy, episodes: int, deterministic: 
     return results, videos
 
 
-def write_report(output: Path, results: list[EpisodeStats], meta: dict[str, Any]) -> dict[str, Any]:
+def write_report(output: Path, results: list[EpisodeStats], meta: dict[str, Any],
+                 groups: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """report.json and report.md: per task, per group of tasks (e.g. a suite) and overall."""
     output.mkdir(parents=True, exist_ok=True)
     tasks = sorted({e.task for e in results})
     per_task = [summarize(task, [e for e in results if e.task == task]) for task in tasks]
+    per_group = [summarize(name, [e for e in results if e.task in members]) for name, members in (groups or {}).items()]
     overall = summarize("all", results)
     report = {**meta, "overall": asdict(overall), "tasks": [asdict(t) for t in per_task],
-              "episodes": [asdict(e) for e in results]}
+              "groups": [asdict(g) for g in per_group], "episodes": [asdict(e) for e in results]}
     (output / "report.json").write_text(json.dumps(report, indent=2))
     lines = [
         f"# Evaluation: {meta.get('checkpoint', '')}",
@@ -107,24 +110,27 @@ def write_report(output: Path, results: list[EpisodeStats], meta: dict[str, Any]
         f"policy_version {meta.get('policy_version')}, env steps trained {meta.get('env_steps')}, "
         f"{'deterministic' if meta.get('deterministic') else 'sampled'} actions, seed {meta.get('seed')}",
         "",
-        "| task | episodes | success | 95% CI | mean return | mean length |",
-        "| --- | ---: | ---: | --- | ---: | ---: |",
+        "| task | episodes | success | 95% CI | mean return | mean length | instruction |",
+        "| --- | ---: | ---: | --- | ---: | ---: | --- |",
     ]
-    for t in per_task + ([overall] if len(per_task) > 1 else []):
+    instructions = meta.get("instructions", {})
+    several_groups = len(per_group) > 1
+    for t in per_task + (per_group if several_groups else []) + ([overall] if len(per_task) > 1 else []):
         low, high = t.success_ci95
         lines.append(f"| {t.task} | {t.episodes} | {t.success_rate:.1%} | [{low:.1%}, {high:.1%}] "
-                     f"| {t.mean_return:.2f} | {t.mean_length:.1f} |")
+                     f"| {t.mean_return:.2f} | {t.mean_length:.1f} | {instructions.get(t.task, '')} |")
     (output / "report.md").write_text("\n".join(lines) + "\n")
     return report
 
 
-def write_videos(output: Path, videos: list[list[np.ndarray]], fps: int = 20) -> list[Path]:
+def write_videos(output: Path, videos: list[list[np.ndarray]], fps: int = 20,
+                 names: list[str] | None = None) -> list[Path]:
     import imageio.v2 as imageio
 
     output.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, frames in enumerate(videos):
-        path = output / f"episode_{i:03d}.mp4"
+        path = output / f"{names[i] if names else f'episode_{i:03d}'}.mp4"
         imageio.mimwrite(path, frames, fps=fps, macro_block_size=1)
         paths.append(path)
     return paths
@@ -138,25 +144,30 @@ def evaluate_checkpoint(config: Any) -> Path:
     from embodied.config import TrainConfig, load_yaml, to_schema
     from embodied.errors import ConfigError
 
+    if config.suite:
+        from embodied.eval_suite import evaluate_suite
+
+        return evaluate_suite(config)
     if not config.checkpoint:
         raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
     checkpoint = resolve_checkpoint(config.checkpoint)
     trained = to_schema(TrainConfig, load_yaml(checkpoint / "config.yaml"))
     env_cfg = config.env or trained.env
     weights, state = load_checkpoint(checkpoint)
+    label = getattr(env_cfg, "task", None) or getattr(env_cfg, "suite", env_cfg.name)
     env = build_env(env_cfg, seed=config.seed, stream=1)
     try:
         policy = build_policy(trained.policy, env.spec, torch.device("cpu"))
         try:
             policy.load_state_dict(weights)
         except RuntimeError as error:
-            raise ConfigError(f"the checkpoint's policy does not fit env '{env_cfg.task}': {error}") from None
+            raise ConfigError(f"the checkpoint's policy does not fit env '{label}': {error}") from None
         policy.eval()
         results, videos = run_episodes(env, policy, config.episodes, config.deterministic,
                                        config.video_episodes, config.progress_bar)
     finally:
         env.close()
-    output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / env_cfg.task
+    output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / label
     write_report(output, results, {
         "checkpoint": str(checkpoint),
         "env": env_cfg.name,

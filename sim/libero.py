@@ -35,6 +35,7 @@ from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PYTHON = ROOT / ".venv-libero" / "bin" / "python"
 
+SUITE_TASK_COUNTS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 SUITE_STEP_LIMITS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
                      "libero_90": 400}
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}

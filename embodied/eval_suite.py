@@ -1,0 +1,198 @@
+"""`embodied eval suite=<name>[,<name>...]`: every task of one or more suites, `trials`
+trials each, by the standard protocol, resumable.
+
+    embodied eval checkpoint=runs/x suite=libero_spatial,libero_goal trials=50 env.num_workers=4
+
+Trial k of a task is reset with seed k: for LIBERO that is the task's standard init state k
+(see `sim.libero`), so every harness that follows the protocol evaluates the same scenes. Each
+task's trials run in waves across the env's parallel envs. Every finished trial is appended
+to `<output>/episodes.jsonl` (flushed to disk) before the next wave: a killed evaluation
+started again with the same arguments continues where it stopped and never counts a trial
+twice. The report has per-task and per-suite success with 95% Wilson intervals."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from embodied.errors import ConfigError
+from embodied.evaluate import write_report, write_videos
+from embodied.types import EpisodeStats
+from policies.base import Policy
+from sim.base import BatchedEnv
+
+MANISKILL_SUITE = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
+
+
+def _libero_tasks(suite: str) -> Callable[[Any], list[tuple[str, Any]]]:
+    def tasks(base: Any) -> list[tuple[str, Any]]:
+        from sim.libero import SUITE_TASK_COUNTS
+
+        return [(f"{suite}/{t}", dataclasses.replace(base, suite=suite, task_ids=[t]))
+                for t in range(SUITE_TASK_COUNTS[suite])]
+    return tasks
+
+
+def _maniskill_tasks(base: Any) -> list[tuple[str, Any]]:
+    return [(f"maniskill/{task}", dataclasses.replace(base, task=task)) for task in MANISKILL_SUITE]
+
+
+# suite name -> (env name, the per-task env configs derived from a base config of that env)
+SUITES: dict[str, tuple[str, Callable[[Any], list[tuple[str, Any]]]]] = {
+    **{suite: ("libero", _libero_tasks(suite))
+       for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")},
+    "maniskill": ("maniskill", _maniskill_tasks),
+}
+
+
+def suite_tasks(suites: list[str], config_env: Any, trained_env: Any,
+                task_ids: list[int] | None) -> list[tuple[str, str, Any]]:
+    """(suite, task label, env config) for every task to evaluate. The base env config is
+    `env=` from the command line, else the training env if it is the suite's kind of env,
+    else that env's defaults."""
+    from embodied.registry import ENVS, unknown_name_message
+
+    tasks = []
+    for suite in suites:
+        if suite not in SUITES:
+            raise ConfigError(unknown_name_message("evaluation suite", suite, sorted(SUITES)))
+        env_name, expand = SUITES[suite]
+        base = next((c for c in (config_env, trained_env) if c is not None and c.name == env_name),
+                    None) or ENVS.get(env_name).schema()
+        chosen = expand(base)
+        if task_ids is not None:
+            bad = [t for t in task_ids if not 0 <= t < len(chosen)]
+            if bad:
+                raise ConfigError(f"task_ids {bad} are not in {suite} (tasks 0-{len(chosen) - 1})")
+            chosen = [chosen[t] for t in task_ids]
+        tasks += [(suite, label, env_cfg) for label, env_cfg in chosen]
+    return tasks
+
+
+class TrialLog:
+    """Finished trials in `<output>/episodes.jsonl`, one JSON line each, flushed and synced
+    before the next wave starts. `meta` must match what an earlier, interrupted run wrote."""
+
+    def __init__(self, output: Path, meta: dict[str, Any]):
+        output.mkdir(parents=True, exist_ok=True)
+        self.path = output / "episodes.jsonl"
+        meta_path = output / "eval_config.json"
+        if meta_path.is_file() and self.path.is_file():
+            previous = json.loads(meta_path.read_text())
+            if previous != meta:
+                changed = sorted(k for k in set(previous) | set(meta) if previous.get(k) != meta.get(k))
+                raise ConfigError(f"{output} holds an evaluation with other settings ({', '.join(changed)}); "
+                                  f"pass another output= or remove it")
+        meta_path.write_text(json.dumps(meta, indent=2))
+        self.records: list[dict[str, Any]] = []
+        if self.path.is_file():
+            for line in self.path.read_text().splitlines():
+                try:
+                    self.records.append(json.loads(line))
+                except json.JSONDecodeError:  # a line cut short by a kill: that trial runs again
+                    break
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+
+    def done(self, task: str) -> set[int]:
+        return {r["trial"] for r in self.records if r["task"] == task}
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        with open(self.path, "a") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records += records
+
+
+@torch.no_grad()
+def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic: bool,
+               video_trials: set[int], bar: Any) -> tuple[dict[int, EpisodeStats], dict[int, list[np.ndarray]]]:
+    """Run `trials` (reset seeds) in waves of `env.num_envs`; the first episode each env
+    finishes in a wave is its trial's result."""
+    results: dict[int, EpisodeStats] = {}
+    videos: dict[int, list[np.ndarray]] = {}
+    for start in range(0, len(trials), env.num_envs):
+        wave = trials[start:start + env.num_envs]
+        seeds = wave + [wave[-1]] * (env.num_envs - len(wave))  # spare envs repeat a trial, unrecorded
+        observation = env.reset(seeds=seeds)
+        pending = set(range(len(wave)))
+        filming = wave[0] in video_trials
+        frames = [env.render(0)] if filming else []
+        while pending:
+            chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic)
+            result = env.step(chunk.actions.cpu().numpy())
+            observation = result.observation
+            for episode in result.episodes:
+                if episode.env_id in pending:
+                    pending.discard(episode.env_id)
+                    results[wave[episode.env_id]] = episode
+                    bar.update(1)
+            if filming:
+                if 0 in pending:
+                    frames.append(env.render(0))
+                else:
+                    videos[wave[0]], filming = frames, False
+    return results, videos
+
+
+def evaluate_suite(config: Any) -> Path:
+    from embodied.build import build_env, build_policy
+    from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
+    from embodied.config import TrainConfig, load_yaml, to_schema
+
+    if not config.checkpoint:
+        raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
+    checkpoint = resolve_checkpoint(config.checkpoint)
+    trained = to_schema(TrainConfig, load_yaml(checkpoint / "config.yaml"))
+    suites = [s.strip() for s in config.suite.split(",") if s.strip()]
+    tasks = suite_tasks(suites, config.env, trained.env, config.task_ids)
+    output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / "+".join(suites)
+    weights, state = load_checkpoint(checkpoint)
+    meta = {"checkpoint": str(checkpoint), "suites": suites, "trials": config.trials, "task_ids": config.task_ids,
+            "deterministic": config.deterministic, "env": [dataclasses.asdict(e) for _, _, e in tasks][:1]}
+    log = TrialLog(output, meta)
+    bar = tqdm(total=len(tasks) * config.trials, initial=sum(len(log.done(label)) for _, label, _ in tasks),
+               desc="eval", unit="trial", disable=not config.progress_bar)
+    for suite, label, env_cfg in tasks:
+        remaining = [k for k in range(config.trials) if k not in log.done(label)]
+        if not remaining:
+            continue
+        env = build_env(dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))),
+                        seed=config.seed, stream=1)
+        try:
+            policy = build_policy(trained.policy, env.spec, torch.device("cpu"))
+            try:
+                policy.load_state_dict(weights)
+            except RuntimeError as error:
+                raise ConfigError(f"the checkpoint's policy does not fit {label}: {error}") from None
+            policy.eval()
+            instruction = env.instructions[0]
+            video_trials = set(range(config.video_episodes))
+            results, videos = run_trials(env, policy, remaining, config.deterministic, video_trials, bar)
+        finally:
+            env.close()
+        if videos:
+            write_videos(output / "videos" / label.replace("/", "_"), list(videos.values()),
+                         names=[f"trial_{trial:03d}" for trial in videos])
+        log.add([{"suite": suite, "task": label, "instruction": instruction, "trial": trial, "seed": trial,
+                  "success": bool(e.success), "episode_return": float(e.episode_return), "length": int(e.length)}
+                 for trial, e in sorted(results.items())])
+    bar.close()
+    episodes = [EpisodeStats(env_id=r["trial"], task=r["task"], episode_return=r["episode_return"],
+                             length=r["length"], success=r["success"]) for r in log.records]
+    write_report(output, episodes, groups={s: [label for suite, label, _ in tasks if suite == s] for s in suites},
+                 meta={
+        "checkpoint": str(checkpoint), "suites": suites, "trials": config.trials,
+        "policy_version": state.get("learner", {}).get("policy_version"), "env_steps": state.get("env_steps"),
+        "deterministic": config.deterministic, "seed": "k for trial k",
+        "instructions": {r["task"]: r["instruction"] for r in log.records},
+    })
+    return output
