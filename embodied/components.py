@@ -8,3 +8,4 @@ import policies.mlp  # noqa: F401
 import sim.gymnasium_env  # noqa: F401
 import sim.libero  # noqa: F401
 import sim.maniskill  # noqa: F401
+import sim.robosuite_env  # noqa: F401

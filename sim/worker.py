@@ -39,7 +39,11 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
         from sim.libero import LiberoConfig, LiberoEnv
 
         return partial(LiberoEnv, LiberoConfig(**env_config))
-    raise ValueError(f"no env worker for env '{name}'; known: gymnasium, libero, maniskill")
+    if name == "robosuite":
+        from sim.robosuite_env import RobosuiteConfig, RobosuiteEnv
+
+        return partial(RobosuiteEnv, RobosuiteConfig(**env_config))
+    raise ValueError(f"no env worker for env '{name}'; known: gymnasium, libero, maniskill, robosuite")
 
 
 def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int,
