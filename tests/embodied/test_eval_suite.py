@@ -94,3 +94,22 @@ def test_suite_eval_refuses_to_mix_settings_into_an_existing_output(libero_check
         evaluate_suite(config)
     with pytest.raises(ConfigError, match="libero_goal"):
         evaluate_suite(EvalConfig(checkpoint=str(libero_checkpoint), suite="libero_gaol", output=str(tmp_path / "x")))
+
+
+def test_maniskill_suite_in_the_same_harness(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = embodied("train", "env.num_envs=2", "algo.rollout_steps=4", "algo.num_minibatches=2", "total_env_steps=8",
+                       "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}")
+    _, err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, err
+    output = tmp_path / "eval"
+    report = evaluate_suite(EvalConfig(checkpoint=str(run_dir), suite="maniskill", task_ids=[0], trials=2,
+                                       output=str(output), progress_bar=False))
+    assert report == output
+    result = json.loads((output / "report.json").read_text())
+    assert [t["task"] for t in result["tasks"]] == ["maniskill/PushCube-v1"] and result["overall"]["episodes"] == 2
+    assert result["instructions"]["maniskill/PushCube-v1"] == "push the cube to the goal region"
+    # A state policy for PushCube does not fit PickCube's observations: said so, by task.
+    with pytest.raises(ConfigError, match="does not fit maniskill/PickCube-v1"):
+        evaluate_suite(EvalConfig(checkpoint=str(run_dir), suite="maniskill", task_ids=[1], trials=1,
+                                  output=str(tmp_path / "pick"), progress_bar=False))
