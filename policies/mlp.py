@@ -53,7 +53,8 @@ class MLPGaussianPolicy(Policy):
         if spec.image_shapes:
             raise ConfigError(
                 f"policy '{cfg.name}' reads only the state vector, but the env sends images "
-                f"{sorted(spec.image_shapes)}: use env.obs_mode=state or an image policy"
+                f"{sorted(spec.image_shapes)}: use state observations (env.obs_mode=state; for LIBERO "
+                f"env.cameras=[]) or an image policy"
             )
         if cfg.chunk_size < 1:
             raise ConfigError(f"policy.chunk_size must be >= 1, got {cfg.chunk_size}")
