@@ -38,3 +38,17 @@ def explained_variance(prediction: torch.Tensor, target: torch.Tensor) -> float:
     """1 - Var[target - prediction] / Var[target]; nan when the target is constant."""
     variance = target.var()
     return float("nan") if variance == 0 else float(1 - (target - prediction).var() / variance)
+
+
+def group_normalized(returns: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO's advantage: each rollout's return minus its group's mean, over the group's
+    standard deviation (unbiased, as torch.std), where a group is the rollouts started from
+    one initial state. A group of one carries no comparison and gets advantage 0."""
+    advantages = torch.zeros_like(returns, dtype=torch.float32)
+    for group in torch.unique(group_ids):
+        members = group_ids == group
+        if int(members.sum()) < 2:
+            continue
+        values = returns[members].float()
+        advantages[members] = (values - values.mean()) / (values.std() + eps)
+    return advantages

@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+import torch
+
+from embodied.advantages import group_normalized
+from embodied.algos.grpo import DynamicSampling, Group, grpo_loss
+
+
+def test_group_advantages_on_hand_made_groups():
+    returns = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 5.0])
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 2])
+    advantages = group_normalized(returns, groups)
+    std = np.std([1, 0, 0, 1], ddof=1)
+    np.testing.assert_allclose(advantages[:4].numpy(), np.array([0.5, -0.5, -0.5, 0.5]) / (std + 1e-6), rtol=1e-6)
+    assert advantages[4:].tolist() == [0.0, 0.0, 0.0]  # no spread, and a group of one: nothing to compare
+
+
+def test_grpo_loss_matches_a_reference_with_asymmetric_clip_and_token_mean():
+    rng = np.random.default_rng(0)
+    old = rng.normal(size=(4, 6))
+    new = old + rng.normal(scale=0.4, size=(4, 6))
+    advantages = np.array([1.0, -1.0, 0.5, -2.0])
+    mask = np.ones((4, 6))
+    mask[2, 3:] = 0  # a shorter rollout
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    loss = grpo_loss(t(new), t(old), t(advantages), t(mask), clip_low=0.2, clip_high=0.28)
+    ratio = np.exp(new - old)
+    a = advantages[:, None]
+    per_token = -np.minimum(ratio * a, np.clip(ratio, 0.8, 1.28) * a)
+    np.testing.assert_allclose(float(loss.policy_loss), (per_token * mask).sum() / mask.sum(), rtol=1e-12)
+    clipped = ((ratio < 0.8) | (ratio > 1.28)) * mask
+    np.testing.assert_allclose(float(loss.clipfrac), clipped.sum() / mask.sum(), rtol=1e-12)
+
+
+def test_clip_higher_lets_a_positive_advantage_push_further_up_than_down():
+    a = torch.tensor([1.0])
+    mask = torch.ones(1, 1)
+    up = grpo_loss(torch.log(torch.tensor([[1.25]])), torch.zeros(1, 1), a, mask)
+    down = grpo_loss(torch.log(torch.tensor([[0.75]])), torch.zeros(1, 1), -a, mask)
+    assert float(up.policy_loss) == pytest.approx(-1.25)  # inside 1 + 0.28: still has gradient
+    assert float(down.policy_loss) == pytest.approx(0.8)  # clipped at 1 - 0.2
+
+
+def test_dynamic_sampling_keeps_informative_groups_and_reports_tasks_never_covered():
+    sampler = DynamicSampling(groups_per_batch=2)
+    offers = [Group("push", 8, 8), Group("pick", 3, 8), Group("stack", 0, 8), Group("push", 8, 8),
+              Group("pick", 5, 8), Group("pick", 4, 8)]
+    kept = [sampler.offer(g) for g in offers]
+    assert kept == [False, True, False, False, True, False]  # the last is informative, but the batch is full
+    assert sampler.full and [g.success_rate for g in sampler.take_batch()] == [3 / 8, 5 / 8]
+    assert sampler.uncovered() == ["push", "stack"]
+    assert sampler.metrics() == {"sampling/pick/informative_fraction": 1.0, "sampling/push/informative_fraction": 0.0,
+                                 "sampling/stack/informative_fraction": 0.0}
