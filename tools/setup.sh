@@ -33,7 +33,7 @@ ensure_venv() {
     want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         log "installing Python packages (pinned by constraints.txt)"
-        "$venv/bin/pip" install -q -c constraints.txt -e ".[maniskill,mujoco,video,dev]"
+        "$venv/bin/pip" install -q -c constraints.txt -e ".[maniskill,mujoco,video,vla,dev]"
         echo "$want" > "$stamp"
     fi
 }

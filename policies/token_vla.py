@@ -1,0 +1,210 @@
+"""Autoregressive token VLA (OpenVLA / OpenVLA-OFT style) on a transformers causal LM.
+
+The prefix is the instruction's tokens followed by one embedding of the (normalised) state;
+then come C x A action positions whose tokens are the last 256 vocabulary ids
+(`policies.action_tokens`). Two decoders:
+
+- causal: one action token after another, each fed back as the next input (OpenVLA);
+- parallel: all C x A positions from one forward pass (OpenVLA-OFT). Their inputs are
+  learned query embeddings instead of sampled tokens, so given the observation the positions
+  are independent and sampling them all at once is exact.
+
+The log-prob of an action chunk is the sum of its tokens' log-probs under a softmax restricted
+to the 256 action tokens, with the same temperature at rollout and in training. The value
+head reads the hidden state just before the first action position. `backbone=tiny` builds a
+small random Qwen2 (and a byte-level instruction tokenizer) that runs anywhere; with
+`lora_rank > 0` the backbone is frozen and only LoRA adapters, heads and embeddings train,
+so only they travel as weight updates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from embodied.errors import ConfigError
+from embodied.registry import POLICIES
+from embodied.types import ActionChunk, EnvSpec, Observation
+from policies.action_tokens import NUM_BINS, ActionTokenizer
+from policies.base import Policy, PolicyEval
+from policies.normalization import RunningNormalizer
+
+DECODERS = ("causal", "parallel")
+
+
+@dataclass
+class TokenVLAConfig:
+    name: str = "token_vla"
+    chunk_size: int = 1
+    decoder: str = "parallel"  # causal | parallel
+    backbone: str = "tiny"  # tiny: a small random Qwen2 built here
+    hidden_size: int = 64  # tiny backbone only
+    num_layers: int = 2
+    num_heads: int = 4
+    vocab_size: int = 1024  # tiny backbone: 256 action ids at the end, instruction bytes at the start
+    max_instruction_tokens: int = 48
+    temperature: float = 1.0
+    lora_rank: int = 0  # > 0: freeze the backbone, train LoRA adapters of this rank
+    lora_alpha: int = 16
+    value_from_detached: bool = False  # stop the value loss's gradient at the backbone
+
+
+class ByteTokenizer:
+    """Instruction text as UTF-8 bytes (ids 1..256; 0 pads), for backbones without a tokenizer."""
+
+    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(len(texts), length, dtype=torch.long)
+        for row, text in enumerate(texts):
+            data = list(text.encode("utf-8"))[:length]
+            if data:  # left-padded, so the state and action positions line up across rows
+                ids[row, length - len(data):] = torch.tensor(data) + 1
+        return ids, (ids != 0).long()
+
+
+def build_backbone(cfg: TokenVLAConfig) -> nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    if cfg.backbone != "tiny":
+        raise ConfigError(f"policy.backbone '{cfg.backbone}': only 'tiny' is built in so far")
+    if cfg.vocab_size < NUM_BINS + 257:
+        raise ConfigError(f"policy.vocab_size must hold 257 byte ids and {NUM_BINS} action ids, got {cfg.vocab_size}")
+    config = Qwen2Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
+                         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                         num_key_value_heads=cfg.num_heads, max_position_embeddings=512, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config)
+
+
+class TokenVLAPolicy(Policy):
+    def __init__(self, cfg: TokenVLAConfig, spec: EnvSpec):
+        super().__init__()
+        if cfg.decoder not in DECODERS:
+            raise ConfigError(f"policy.decoder must be one of {DECODERS}, got '{cfg.decoder}'")
+        if cfg.temperature <= 0:
+            raise ConfigError(f"policy.temperature must be > 0, got {cfg.temperature}")
+        if spec.image_shapes:
+            raise ConfigError(f"policy '{cfg.name}' has no vision encoder yet; use state observations")
+        self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
+        self.backbone = build_backbone(cfg)
+        if cfg.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            self.backbone = get_peft_model(self.backbone, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                                                     target_modules=["q_proj", "v_proj"]))
+        hidden = self.backbone.config.hidden_size
+        self.actions = ActionTokenizer(cfg.vocab_size, np.array(spec.action_low), np.array(spec.action_high))
+        self.positions = cfg.chunk_size * spec.action_dim
+        self.normalizer = RunningNormalizer(spec.state_dim)
+        self.state_embedding = nn.Linear(spec.state_dim, hidden)
+        self.action_queries = nn.Parameter(torch.randn(self.positions, hidden) * 0.02)  # parallel decoder inputs
+        self.value_head = nn.Linear(hidden, 1)
+        self.instructions = ByteTokenizer()
+
+    # ---- pieces -----------------------------------------------------------------------------
+    def _token_embeddings(self) -> nn.Module:
+        return self.backbone.get_input_embeddings()
+
+    def _prefix(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.action_queries.device
+        texts = observation.instruction or [""] * observation.state.shape[0]
+        ids, mask = self.instructions(texts, self.cfg.max_instruction_tokens)
+        state = self.normalizer(observation.state.to(device, torch.float32))
+        embeddings = torch.cat([self._token_embeddings()(ids.to(device)), self.state_embedding(state)[:, None]], 1)
+        return embeddings, torch.cat([mask, torch.ones(len(ids), 1, dtype=torch.long)], 1).to(device)
+
+    def _run(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, output_hidden_states=True)
+        return out.logits, out.hidden_states[-1]
+
+    def _action_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Log-softmax over the 256 action tokens only, at the policy's temperature."""
+        return torch.log_softmax(logits[..., self.actions.first_token:] / self.cfg.temperature, dim=-1)
+
+    def _value(self, hidden_before_actions: torch.Tensor) -> torch.Tensor:
+        if self.cfg.value_from_detached:
+            hidden_before_actions = hidden_before_actions.detach()
+        return self.value_head(hidden_before_actions).squeeze(-1)
+
+    def _score(self, observation: Observation, bins: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-position action log-probs (B, P, 256) and value (B,). For the causal decoder,
+        `bins` (B, P) are the action tokens fed back (teacher forcing)."""
+        prefix, mask = self._prefix(observation)
+        batch, start = prefix.shape[0], prefix.shape[1]
+        if self.cfg.decoder == "parallel":
+            inputs = self.action_queries[None].expand(batch, -1, -1)
+        else:
+            fed = bins[:, :-1] + self.actions.first_token
+            inputs = self._token_embeddings()(fed)
+        embeddings = torch.cat([prefix, inputs], 1)
+        full_mask = torch.cat([mask, torch.ones(batch, inputs.shape[1], dtype=torch.long, device=mask.device)], 1)
+        logits, hidden = self._run(embeddings, full_mask)
+        if self.cfg.decoder == "parallel":
+            scored = logits[:, start:]  # each query position predicts its own action token
+        else:
+            scored = logits[:, start - 1:start - 1 + self.positions]  # position t predicts token t + 1
+        return self._action_log_probs(scored), self._value(hidden[:, start - 1])
+
+    # ---- the policy contract ----------------------------------------------------------------
+    def act(self, observation: Observation, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActionChunk:
+        if self.cfg.decoder == "parallel":
+            log_probs, value = self._score(observation, None)
+            bins = self._pick(log_probs, deterministic, generator)
+        else:
+            bins, value = self._decode_causally(observation, deterministic, generator)
+            log_probs, _ = self._score(observation, bins)
+        chosen = log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1)
+        tokens = bins + self.actions.first_token
+        per_action = tokens.view(-1, self.chunk_size, self.spec.action_dim).cpu().numpy()
+        actions = torch.as_tensor(self.actions.decode(per_action), dtype=torch.float32)
+        return ActionChunk(actions=actions.to(value.device),
+                           log_prob=chosen, value=value, record={"action_tokens": tokens})
+
+    def _pick(self, log_probs: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> torch.Tensor:
+        if deterministic:
+            return log_probs.argmax(-1)
+        flat = log_probs.reshape(-1, NUM_BINS).exp()
+        return torch.multinomial(flat, 1, generator=generator).view(log_probs.shape[:-1])
+
+    def _decode_causally(self, observation: Observation, deterministic: bool,
+                         generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        prefix, mask = self._prefix(observation)
+        out = self.backbone(inputs_embeds=prefix, attention_mask=mask, use_cache=True, output_hidden_states=True)
+        value = self._value(out.hidden_states[-1][:, -1])
+        picked = []
+        for position in range(self.positions):
+            bins = self._pick(self._action_log_probs(out.logits[:, -1:]), deterministic, generator)
+            picked.append(bins)
+            if position + 1 < self.positions:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+                out = self.backbone(inputs_embeds=self._token_embeddings()(bins + self.actions.first_token),
+                                    attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+        return torch.cat(picked, 1), value
+
+    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+        bins = chunk.record["action_tokens"].to(self.action_queries.device) - self.actions.first_token
+        log_probs, value = self._score(observation, bins)
+        chosen = log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1).sum(-1)
+        return PolicyEval(log_prob=chosen, entropy=entropy, value=value)
+
+    def value(self, observation: Observation) -> torch.Tensor:
+        prefix, mask = self._prefix(observation)
+        return self._value(self._run(prefix, mask)[1][:, -1])
+
+    def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        """Token cross-entropy of demonstrated actions (B, C, A)."""
+        tokens = self.actions.encode(actions.reshape(actions.shape[0], -1, self.spec.action_dim).cpu().numpy())
+        bins = torch.as_tensor(tokens - self.actions.first_token, device=self.action_queries.device)
+        bins = bins.reshape(actions.shape[0], self.positions)
+        log_probs, _ = self._score(observation, bins)
+        return -log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1).mean()
+
+    def update_normalization(self, observation: Observation) -> None:
+        self.normalizer.update(observation.state.to(self.action_queries.device))
+
+
+@POLICIES.register("token_vla", TokenVLAConfig)
+def make_token_vla(cfg: TokenVLAConfig, spec: EnvSpec) -> Policy:
+    return TokenVLAPolicy(cfg, spec)
