@@ -1,6 +1,7 @@
 """Imports every built-in component so that its registry entry exists. Modules import their
 heavy dependencies (simulators) lazily, so this stays cheap."""
 
+import embodied.algos.grpo  # noqa: F401
 import embodied.algos.ppo  # noqa: F401
 import embodied.runtime.local  # noqa: F401
 import embodied.runtime.procs  # noqa: F401

@@ -23,6 +23,7 @@ class PolicyEval:
     log_prob: torch.Tensor  # (B,)
     entropy: torch.Tensor  # (B,)
     value: torch.Tensor  # (B,)
+    token_log_prob: torch.Tensor | None = None  # (B, P) for token policies: one term per action token
 
 
 class Policy(nn.Module, ABC):

@@ -154,12 +154,12 @@ class TokenVLAPolicy(Policy):
         else:
             bins, value = self._decode_causally(observation, deterministic, generator)
             log_probs, _ = self._score(observation, bins)
-        chosen = log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1)
+        per_token = log_probs.gather(-1, bins[..., None]).squeeze(-1)
         tokens = bins + self.actions.first_token
         per_action = tokens.view(-1, self.chunk_size, self.spec.action_dim).cpu().numpy()
         actions = torch.as_tensor(self.actions.decode(per_action), dtype=torch.float32)
-        return ActionChunk(actions=actions.to(value.device),
-                           log_prob=chosen, value=value, record={"action_tokens": tokens})
+        return ActionChunk(actions=actions.to(value.device), log_prob=per_token.sum(-1), value=value,
+                           record={"action_tokens": tokens, "token_log_prob": per_token})
 
     def _pick(self, log_probs: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> torch.Tensor:
         if deterministic:
@@ -185,9 +185,9 @@ class TokenVLAPolicy(Policy):
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
         bins = chunk.record["action_tokens"].to(self.action_queries.device) - self.actions.first_token
         log_probs, value = self._score(observation, bins)
-        chosen = log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1)
+        per_token = log_probs.gather(-1, bins[..., None]).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1).sum(-1)
-        return PolicyEval(log_prob=chosen, entropy=entropy, value=value)
+        return PolicyEval(log_prob=per_token.sum(-1), entropy=entropy, value=value, token_log_prob=per_token)
 
     def value(self, observation: Observation) -> torch.Tensor:
         prefix, mask = self._prefix(observation)

@@ -18,9 +18,16 @@ in the logs and in `uncovered()` instead of silently vanishing from training."""
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
+from torch import nn
+
+from embodied.advantages import group_normalized
+from embodied.buffers import Trajectory
+from embodied.errors import ConfigError
+from embodied.registry import ALGOS
+from policies.base import Policy
 
 
 @dataclass
@@ -100,3 +107,110 @@ class DynamicSampling:
         """Per task, the fraction of its groups inside the success band."""
         return {f"sampling/{task}/informative_fraction": self.informative[task] / self.seen[task]
                 for task in sorted(self.seen)}
+
+
+@dataclass
+class GRPOConfig:
+    name: str = "grpo"
+    # Chunk steps per iteration. Every env starts an episode at the iteration's start, envs in
+    # a group of `group_size` from the same initial state; only each env's first episode counts,
+    # so this should cover the task's episode length.
+    rollout_steps: int = 50
+    group_size: int = 8  # env.num_envs must be a multiple
+    lr: float = 1e-4
+    adam_eps: float = 1e-8
+    update_epochs: int = 1
+    num_minibatches: int = 4
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    max_grad_norm: float = 1.0
+    outcome: str = "success"  # what a group compares: success (0/1) or return
+    success_band: list[float] = field(default_factory=lambda: [0.1, 0.9])  # dynamic sampling; [0, 1] keeps all
+
+
+def check_config(cfg: GRPOConfig) -> None:
+    for key in ("rollout_steps", "group_size", "update_epochs", "num_minibatches"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.group_size < 2:
+        raise ConfigError("algo.group_size must be >= 2: a group of one has nothing to compare with")
+    if cfg.outcome not in ("success", "return"):
+        raise ConfigError(f"algo.outcome must be 'success' or 'return', got '{cfg.outcome}'")
+    if len(cfg.success_band) != 2:
+        raise ConfigError(f"algo.success_band must be [low, high], got {cfg.success_band}")
+
+
+class GRPO:
+    def __init__(self, cfg: GRPOConfig, policy: Policy):
+        check_config(cfg)
+        self.cfg = cfg
+        self.policy = policy
+        self.group_size = cfg.group_size  # tells the runtime to start episodes in groups
+        self.optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
+                                          eps=cfg.adam_eps)
+        self.sampling = DynamicSampling(groups_per_batch=1 << 30, low=cfg.success_band[0], high=cfg.success_band[1])
+
+    def _outcomes(self, batch: Trajectory) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per env: its first episode's steps (T, B), whether that episode ended, its success and return."""
+        done = batch.terminated | batch.truncated
+        first_episode = (done.long().cumsum(0) - done.long()) == 0  # up to and including the first done
+        ended = done.any(0)
+        success = (batch.success & first_episode).any(0)
+        episode_return = (batch.reward * first_episode).sum(0)
+        return first_episode, ended, success, episode_return
+
+    def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
+        cfg, size = self.cfg, self.cfg.group_size
+        if batch.num_envs % size:
+            raise ConfigError(f"env.num_envs={batch.num_envs} is not a multiple of algo.group_size={size}")
+        first_episode, ended, success, episode_return = self._outcomes(batch)
+        groups = torch.arange(batch.num_envs) // size
+        outcome = success.float() if cfg.outcome == "success" else episode_return.float()
+        advantages = group_normalized(outcome, groups)
+        informative = torch.zeros(batch.num_envs, dtype=torch.bool)
+        for g in range(batch.num_envs // size):
+            members = slice(g * size, (g + 1) * size)
+            task = batch.observation.instruction[g * size] if batch.observation.instruction else "task"
+            kept = self.sampling.offer(Group(task, int(success[members].sum()), size))
+            informative[members] = kept
+        self.sampling.take_batch()
+        use = first_episode & (informative & ended)[None]
+        rows = torch.nonzero(use.reshape(-1)).squeeze(-1)
+        metrics = {"grpo/success_rate": float(success.float().mean()), "grpo/unfinished_episodes": float((~ended).sum()),
+                   "grpo/informative_groups": float(informative.sum() // size), **self.sampling.metrics()}
+        if rows.numel() == 0:
+            return {**metrics, "train/lr": cfg.lr}  # every group all-success or all-failure: nothing to learn
+        minibatch = max(rows.numel() // cfg.num_minibatches, 1)
+        sums: dict[str, float] = {}
+        updates = 0
+        for _ in range(cfg.update_epochs):
+            order = rows[torch.randperm(rows.numel())]
+            for start in range(0, order.numel(), minibatch):
+                picked = order[start:start + minibatch]
+                chunk = batch.chunk(picked)
+                evaluated = self.policy.evaluate(batch.flat_observation(picked), chunk)
+                new = evaluated.token_log_prob if evaluated.token_log_prob is not None else evaluated.log_prob[:, None]
+                old = chunk.record.get("token_log_prob", chunk.log_prob[:, None])
+                env_of_row = picked % batch.num_envs  # flat rows are (step, env) in time-major order
+                loss = grpo_loss(new, old.to(new.device), advantages[env_of_row].to(new.device),
+                                 torch.ones_like(new), cfg.clip_low, cfg.clip_high)
+                self.optimizer.zero_grad()
+                loss.total.backward()
+                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
+                for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
+                    sums[name] = sums.get(name, 0.0) + value
+                updates += 1
+        return {**metrics, **{f"loss/{name}": total / updates for name, total in sums.items()}, "train/lr": cfg.lr}
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+@ALGOS.register("grpo", GRPOConfig)
+def make_grpo(cfg: GRPOConfig, policy: Policy) -> GRPO:
+    return GRPO(cfg, policy)

@@ -52,7 +52,10 @@ class LocalRuntime:
             session.restore(learner, rollout)
 
             session.start_logging()
+            group_size = getattr(config.algo, "group_size", 0)  # GRPO-style algorithms: grouped starts
             while not session.finished:
+                if group_size:
+                    rollout.start_groups(group_size, session.iteration, config.seed)
                 progress = session.env_steps / config.total_env_steps
                 batch, episodes, env_steps = rollout.collect(config.algo.rollout_steps)
                 metrics = learner.update(batch, progress)

@@ -11,7 +11,7 @@ import torch
 from embodied.buffers import Trajectory, TrajectoryBuilder, concat_envs
 from embodied.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from policies.base import Policy
-from sim.base import BatchedEnv
+from sim.base import BatchedEnv, episode_seed
 from sim.group import EnvWorkerError
 
 logger = logging.getLogger(__name__)
@@ -20,6 +20,7 @@ logger = logging.getLogger(__name__)
 # this, so that the learner's stream (minibatch order) is the same whether the two share a
 # process (runtime=local) or not (runtime=procs).
 SAMPLING_SEED_OFFSET = 7919
+GROUP_STREAM = 2  # episode seeds of grouped starts (0: training episodes, 1: evaluation)
 
 
 class Rollout:
@@ -39,6 +40,14 @@ class Rollout:
 
     def start(self) -> None:
         self.observation = self.env.reset()
+
+    def start_groups(self, group_size: int, round_index: int, base_seed: int) -> None:
+        """Every env starts a new episode; the envs of each group of `group_size` start from the
+        same initial state (GRPO compares rollouts within a group). Seeds follow (run seed,
+        group, round), apart from the training and evaluation streams."""
+        groups = np.arange(self.env.num_envs) // group_size
+        self.observation = self.env.reset(seeds=[episode_seed(base_seed, int(g), round_index, GROUP_STREAM)
+                                                 for g in groups])
 
     def restore(self, env_state: dict[str, Any]) -> None:
         self.observation = self.env.restore(env_state)

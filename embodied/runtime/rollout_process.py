@@ -30,7 +30,8 @@ from embodied.runtime.wire import load_published_weights, tensors_from_wire, tra
 logger = logging.getLogger("embodied.rollout")
 
 
-def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int) -> None:
+def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int, group_size: int = 0,
+        seed: int = 0) -> None:
     """Collect and send batches until the learner closes the link. A batch is collected only
     when at most `max_policy_lag` sent batches are unused and the held weights are at most
     `max_policy_lag` versions behind the learner: with 0, every batch is on-policy."""
@@ -53,6 +54,8 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
             held = (weights.learner_id, weights.policy_version)
             rollout.policy_version = weights.policy_version
             link.held = held
+        if group_size:  # GRPO-style algorithms: grouped starts, one round per batch
+            rollout.start_groups(group_size, link.last_sent, seed)
         batch, episodes, env_steps = rollout.collect(rollout_steps)
         link.send_trajectory({
             "trajectory": trajectory_to_wire(batch),
@@ -92,7 +95,8 @@ def main() -> int:
                            reconnect_timeout_s=runtime.reconnect_timeout_s)
         try:
             rollout = Rollout(env, policy, device, pipeline=runtime.pipeline, seed=config.seed)
-            run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag)
+            run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag,
+                getattr(config.algo, "group_size", 0), config.seed)
         finally:
             link.close()
     except EmbodiedError as error:

@@ -51,3 +51,45 @@ def test_dynamic_sampling_keeps_informative_groups_and_reports_tasks_never_cover
     assert sampler.uncovered() == ["push", "stack"]
     assert sampler.metrics() == {"sampling/pick/informative_fraction": 1.0, "sampling/push/informative_fraction": 0.0,
                                  "sampling/stack/informative_fraction": 0.0}
+
+
+def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    # PushCube episodes are 50 steps; 4 envs in 2 groups of 2 from two initial states.
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=token_vla", "algo=grpo",
+                             "algo.group_size=2", "algo.num_minibatches=2", "algo.success_band=[0.0,1.0]",
+                             "algo.outcome=return", "env.num_envs=4", "total_env_steps=200", "eval_episodes=0",
+                             "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+              if "grpo/success_rate" in line][0]
+    assert update["env_steps"] == 200 and update["grpo/unfinished_episodes"] == 0
+    assert update["grpo/informative_groups"] == 2 and "loss/policy_loss" in update
+    assert abs(update["loss/approx_kl"]) < 0.5
+
+
+def test_grouped_starts_share_the_initial_state_within_a_group():
+    import numpy as np
+    import torch
+
+    from embodied.runtime.rollout import Rollout
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from sim.maniskill import ManiSkillConfig, make_maniskill
+
+    env = make_maniskill(ManiSkillConfig(num_envs=4), seed=0)
+    try:
+        rollout = Rollout(env, MLPGaussianPolicy(MLPPolicyConfig(), env.spec), torch.device("cpu"))
+        rollout.start_groups(2, round_index=0, base_seed=0)
+        first = rollout.observation.state
+        rollout.start_groups(2, round_index=1, base_seed=0)
+        second = rollout.observation.state
+    finally:
+        env.close()
+    np.testing.assert_array_equal(first[0], first[1])
+    np.testing.assert_array_equal(first[2], first[3])
+    assert not np.array_equal(first[0], first[2]) and not np.array_equal(first[0], second[0])
