@@ -28,7 +28,7 @@ def test_experiment_overrides_groups_and_values():
 
 
 def test_unknown_env_name_lists_known_ones_and_the_closest():
-    with pytest.raises(UnknownNameError, match=r"unknown env 'maniskil'; known: gymnasium, maniskill\. Did you mean 'maniskill'"):
+    with pytest.raises(UnknownNameError, match=r"unknown env 'maniskil'; known: gymnasium, libero, maniskill, robosuite\. Did you mean 'maniskill'"):
         load("env.name=maniskil")
 
 
