@@ -41,6 +41,9 @@ class PPOConfig:
     # clipped around the policy at the start of the update, and each sample is reweighted by
     # that policy over the one that acted, capped here.
     behaviour_weight_cap: float = 5.0
+    # Iterations at the start that train only the value function, so a pretrained policy
+    # (e.g. a VLA after SFT) is not pushed around by advantages from an untrained critic.
+    critic_warmup_iterations: int = 0
 
 
 @dataclass
@@ -111,6 +114,7 @@ class PPO:
         self.policy = policy
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.return_scaler = ReturnScaler(cfg.gamma, cfg.reward_clip) if cfg.scale_reward else None
+        self.iterations = 0
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
         """One PPO iteration on a collected batch; `progress` in [0, 1) anneals the lr.
@@ -151,7 +155,8 @@ class PPO:
                                 chunk.value, flat_ret[rows], evaluated.entropy, cfg,
                                 None if behaviour_weight is None else behaviour_weight[rows])
                 self.optimizer.zero_grad()
-                loss.total.backward()
+                warming_up = self.iterations < cfg.critic_warmup_iterations
+                (cfg.vf_coef * loss.value_loss if warming_up else loss.total).backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
@@ -167,6 +172,8 @@ class PPO:
         metrics["train/advantage_mean"] = float(flat_adv.mean())
         if behaviour_weight is not None:
             metrics["loss/behaviour_weight"] = float(behaviour_weight.mean())
+        metrics["train/critic_warmup"] = float(self.iterations < cfg.critic_warmup_iterations)
+        self.iterations += 1
         return metrics
 
     @torch.no_grad()
@@ -180,10 +187,12 @@ class PPO:
         return {
             "optimizer": self.optimizer.state_dict(),
             "return_scaler": self.return_scaler.state_dict() if self.return_scaler else None,
+            "iterations": self.iterations,
         }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.iterations = int(state.get("iterations", 0))
         if self.return_scaler is not None and state.get("return_scaler"):
             self.return_scaler.load_state_dict(state["return_scaler"])
 

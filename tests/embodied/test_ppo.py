@@ -119,3 +119,20 @@ def test_off_policy_update_of_an_on_policy_batch_equals_the_plain_update():
     assert decoupled["loss/behaviour_weight"] == 1.0  # proximal == behaviour: every weight is one
     for a, b in zip(plain_weights, decoupled_weights):
         torch.testing.assert_close(a, b)
+
+
+def test_critic_warmup_trains_only_the_value_function():
+    spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    torch.manual_seed(0)
+    policy = MLPGaussianPolicy(MLPPolicyConfig(), spec)
+    batch = _batch(policy)
+    ppo = PPO(PPOConfig(update_epochs=2, num_minibatches=4, critic_warmup_iterations=1), policy)
+    actor = [p.detach().clone() for p in policy.actor.parameters()] + [policy.log_std.detach().clone()]
+    critic = [p.detach().clone() for p in policy.critic.parameters()]
+    first = ppo.update(batch, 0.0)
+    assert first["train/critic_warmup"] == 1.0
+    for before, after in zip(actor, [*policy.actor.parameters(), policy.log_std]):
+        torch.testing.assert_close(before, after)
+    assert any(not torch.equal(b, a) for b, a in zip(critic, policy.critic.parameters()))
+    assert ppo.update(batch, 0.0)["train/critic_warmup"] == 0.0
+    assert not torch.equal(actor[-1], policy.log_std)  # after warm-up the policy moves too
