@@ -23,7 +23,7 @@ import torch
 from tqdm import tqdm
 
 from embodied.errors import ConfigError
-from embodied.evaluate import write_report, write_videos
+from embodied.evaluate import load_policy, write_report, write_videos
 from embodied.types import EpisodeStats
 from policies.base import Policy
 from sim.base import BatchedEnv
@@ -144,7 +144,7 @@ def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic
 
 
 def evaluate_suite(config: Any) -> Path:
-    from embodied.build import build_env, build_policy
+    from embodied.build import build_env
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
     from embodied.config import TrainConfig, load_yaml, to_schema
 
@@ -168,12 +168,7 @@ def evaluate_suite(config: Any) -> Path:
         env = build_env(dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))),
                         seed=config.seed, stream=1)
         try:
-            policy = build_policy(trained.policy, env.spec, torch.device("cpu"))
-            try:
-                policy.load_state_dict(weights)
-            except RuntimeError as error:
-                raise ConfigError(f"the checkpoint's policy does not fit {label}: {error}") from None
-            policy.eval()
+            policy = load_policy(trained.policy, weights, env, label)
             instruction = env.instructions[0]
             video_trials = set(range(config.video_episodes))
             results, videos = run_trials(env, policy, remaining, config.deterministic, video_trials, bar)

@@ -136,10 +136,23 @@ def write_videos(output: Path, videos: list[list[np.ndarray]], fps: int = 20,
     return paths
 
 
+def load_policy(policy_cfg: Any, weights: dict[str, torch.Tensor], env: BatchedEnv, label: str) -> Policy:
+    """The checkpoint's policy, built for `env`, in eval mode; a mismatch names the env."""
+    from embodied.build import build_policy
+    from embodied.errors import ConfigError
+
+    policy = build_policy(policy_cfg, env.spec, torch.device("cpu"))
+    try:
+        policy.load_state_dict(weights)
+    except RuntimeError as error:
+        raise ConfigError(f"the checkpoint's policy does not fit {label}: {error}") from None
+    return policy.eval()
+
+
 def evaluate_checkpoint(config: Any) -> Path:
     """`embodied eval`: load a checkpoint, run episodes on the training env (or
     `config.env`), write report.json / report.md (and videos) and return the output dir."""
-    from embodied.build import build_env, build_policy
+    from embodied.build import build_env
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
     from embodied.config import TrainConfig, load_yaml, to_schema
     from embodied.errors import ConfigError
@@ -157,12 +170,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     label = getattr(env_cfg, "task", None) or getattr(env_cfg, "suite", env_cfg.name)
     env = build_env(env_cfg, seed=config.seed, stream=1)
     try:
-        policy = build_policy(trained.policy, env.spec, torch.device("cpu"))
-        try:
-            policy.load_state_dict(weights)
-        except RuntimeError as error:
-            raise ConfigError(f"the checkpoint's policy does not fit env '{label}': {error}") from None
-        policy.eval()
+        policy = load_policy(trained.policy, weights, env, f"env '{label}'")
         results, videos = run_episodes(env, policy, config.episodes, config.deterministic,
                                        config.video_episodes, config.progress_bar)
     finally:
