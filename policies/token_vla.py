@@ -19,6 +19,7 @@ so only they travel as weight updates."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,7 +40,7 @@ class TokenVLAConfig:
     name: str = "token_vla"
     chunk_size: int = 1
     decoder: str = "parallel"  # causal | parallel
-    backbone: str = "tiny"  # tiny: a small random Qwen2 built here
+    backbone: str = "tiny"  # tiny: a small random Qwen2 built here; else a causal LM's local path or hub id
     hidden_size: int = 64  # tiny backbone only
     num_layers: int = 2
     num_heads: int = 4
@@ -51,29 +52,59 @@ class TokenVLAConfig:
     value_from_detached: bool = False  # stop the value loss's gradient at the backbone
 
 
+def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows cut to `length` and left-padded, so state and action positions line up."""
+    ids = torch.full((len(rows), length), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    for row, tokens in enumerate(rows):
+        tokens = tokens[:length]
+        if tokens:
+            ids[row, length - len(tokens):] = torch.tensor(tokens)
+            mask[row, length - len(tokens):] = 1
+    return ids, mask
+
+
 class ByteTokenizer:
-    """Instruction text as UTF-8 bytes (ids 1..256; 0 pads), for backbones without a tokenizer."""
+    """Instruction text as UTF-8 bytes (ids 1..256; 0 pads), for the built-in tiny backbone."""
 
     def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = torch.zeros(len(texts), length, dtype=torch.long)
-        for row, text in enumerate(texts):
-            data = list(text.encode("utf-8"))[:length]
-            if data:  # left-padded, so the state and action positions line up across rows
-                ids[row, length - len(data):] = torch.tensor(data) + 1
-        return ids, (ids != 0).long()
+        return _left_padded([[b + 1 for b in text.encode("utf-8")] for text in texts], length, pad=0)
 
 
-def build_backbone(cfg: TokenVLAConfig) -> nn.Module:
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+class PretrainedTokenizer:
+    """The backbone's own tokenizer, for backbones loaded from a path or hub."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+        for text, row in zip(texts, rows):
+            if text.strip() and not row:  # e.g. a tokenizer class that does not match its files
+                raise ConfigError(f"the backbone's tokenizer turned the instruction {text!r} into no tokens")
+        return _left_padded(rows, length, pad=self.pad)
+
+
+def build_backbone(cfg: TokenVLAConfig) -> tuple[nn.Module, Any]:
+    """The causal LM and the instruction tokenizer that goes with it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     if cfg.backbone != "tiny":
-        raise ConfigError(f"policy.backbone '{cfg.backbone}': only 'tiny' is built in so far")
+        try:
+            model = AutoModelForCausalLM.from_pretrained(cfg.backbone)
+            tokenizer = AutoTokenizer.from_pretrained(cfg.backbone)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"policy.backbone '{cfg.backbone}' could not be loaded: {error}") from None
+        if model.config.vocab_size <= NUM_BINS:
+            raise ConfigError(f"{cfg.backbone} has a vocabulary of {model.config.vocab_size}, too small for actions")
+        return model, PretrainedTokenizer(tokenizer)
     if cfg.vocab_size < NUM_BINS + 257:
         raise ConfigError(f"policy.vocab_size must hold 257 byte ids and {NUM_BINS} action ids, got {cfg.vocab_size}")
     config = Qwen2Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
                          num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                          num_key_value_heads=cfg.num_heads, max_position_embeddings=512, tie_word_embeddings=False)
-    return Qwen2ForCausalLM(config)
+    return Qwen2ForCausalLM(config), ByteTokenizer()
 
 
 class TokenVLAPolicy(Policy):
@@ -86,20 +117,20 @@ class TokenVLAPolicy(Policy):
         if spec.image_shapes:
             raise ConfigError(f"policy '{cfg.name}' has no vision encoder yet; use state observations")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
-        self.backbone = build_backbone(cfg)
+        self.backbone, self.instructions = build_backbone(cfg)
         if cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
             self.backbone = get_peft_model(self.backbone, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                                                      target_modules=["q_proj", "v_proj"]))
         hidden = self.backbone.config.hidden_size
-        self.actions = ActionTokenizer(cfg.vocab_size, np.array(spec.action_low), np.array(spec.action_high))
+        vocab_size = self.backbone.config.vocab_size
+        self.actions = ActionTokenizer(vocab_size, np.array(spec.action_low), np.array(spec.action_high))
         self.positions = cfg.chunk_size * spec.action_dim
         self.normalizer = RunningNormalizer(spec.state_dim)
         self.state_embedding = nn.Linear(spec.state_dim, hidden)
         self.action_queries = nn.Parameter(torch.randn(self.positions, hidden) * 0.02)  # parallel decoder inputs
         self.value_head = nn.Linear(hidden, 1)
-        self.instructions = ByteTokenizer()
 
     # ---- pieces -----------------------------------------------------------------------------
     def _token_embeddings(self) -> nn.Module:

@@ -97,3 +97,26 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
               if "loss/approx_kl" in line][0]
     assert update["env_steps"] == 8 and abs(update["loss/approx_kl"]) < 1.0
     assert (run_dir / "eval" / "PushCube-v1" / "report.md").is_file()
+
+
+def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "push", "the", "cube", "lift", "it"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(tmp_path)
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+
+    torch.manual_seed(0)
+    policy = TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path), decoder="causal"), SPEC)
+    assert policy.actions.first_token == 300 - 256
+    ids, mask = policy.instructions(["push the cube", "lift it now"], 4)
+    assert ids.tolist() == [[0, 2, 3, 4], [0, 5, 6, 1]] and mask.tolist() == [[0, 1, 1, 1], [0, 1, 1, 1]]
+    chunk = policy.act(observation(batch=2), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(policy.evaluate(observation(batch=2), chunk).log_prob, chunk.log_prob)
+    with pytest.raises(Exception, match="could not be loaded"):
+        TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path / "missing")), SPEC)
