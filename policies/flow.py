@@ -1,0 +1,226 @@
+"""Flow-matching policy with RL-ready samplers (Flow-SDE and Flow-Noise, as in πRL).
+
+The policy predicts a chunk of H actions (C <= H are executed) by integrating a learned
+velocity field from noise (t = 1) to actions (t = 0) in K steps, t_k = 1 - k/K. With
+x_t = (1 - t) x0 + t x1 (x0 actions, x1 noise), the velocity is v = x1 - x0, so from a
+prediction v at (x_t, t): x0_hat = x_t - t v, x1_hat = x_t + (1 - t) v, and the ODE step
+to t - d is x0_hat (1 - (t - d)) + x1_hat (t - d) = x_t - d v.
+
+Samplers, each recording the whole denoising chain so log-likelihoods can be recomputed:
+
+- ode: deterministic (evaluation, SFT).
+- flow_sde: one step, chosen uniformly per chunk, is stochastic:
+      sigma_t = a sqrt(t / (1 - t))      (a = `noise_level`; the first step uses t of step 1,
+                                          since sigma is infinite at t = 1)
+      mean    = (1 - (t - d)) x0_hat + ((t - d) - sigma_t^2 d / (2 t)) x1_hat
+      std     = sqrt(d) sigma_t
+  The chunk's log-likelihood is that step's Gaussian; a = 0 is the ODE step. Needs K >= 2.
+- flow_noise: every step adds noise whose std comes from a learned head, squashed into
+  [`noise_std_min`, `noise_std_max`], around the ODE mean; the log-likelihood sums all K
+  transitions and the initial N(0, I) term (K + 1 terms).
+
+Log-probs are summed over the chunk's dimensions and, for flow_noise, over steps (the
+choice of sum over mean changes the PPO ratio's scale; it is the sum here)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from embodied.errors import ConfigError
+from embodied.registry import POLICIES
+from embodied.types import ActionChunk, EnvSpec, Observation
+from policies.base import Policy, PolicyEval
+from policies.mlp import mlp
+from policies.normalization import RunningNormalizer
+
+SAMPLERS = ("ode", "flow_sde", "flow_noise")
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass
+class FlowPolicyConfig:
+    name: str = "flow"
+    chunk_size: int = 1  # C actions executed per env step
+    horizon: int = 4  # H actions predicted per chunk
+    denoise_steps: int = 4  # K
+    sampler: str = "flow_sde"  # ode | flow_sde | flow_noise
+    noise_level: float = 0.5  # a, Flow-SDE
+    noise_std_min: float = 0.08  # Flow-Noise
+    noise_std_max: float = 0.16
+    hidden: list[int] = field(default_factory=lambda: [256, 256])
+    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    time_features: int = 16
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Diagonal Gaussian log-density summed over the last dimension."""
+    z = (x - mean) / std
+    return (-0.5 * z.pow(2) - torch.log(std) - HALF_LOG_2PI).sum(-1)
+
+
+def sde_step(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float, sigma_t: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of the Flow-SDE transition from t to t - dt (see the module docstring)."""
+    x0_hat = x_t - t * velocity
+    x1_hat = x_t + (1 - t) * velocity
+    mean = (1 - (t - dt)) * x0_hat + ((t - dt) - sigma_t.pow(2) * dt / (2 * t)) * x1_hat
+    return mean, math.sqrt(dt) * sigma_t
+
+
+class FlowPolicy(Policy):
+    def __init__(self, cfg: FlowPolicyConfig, spec: EnvSpec):
+        super().__init__()
+        if cfg.sampler not in SAMPLERS:
+            raise ConfigError(f"policy.sampler must be one of {SAMPLERS}, got '{cfg.sampler}'")
+        if not 1 <= cfg.chunk_size <= cfg.horizon:
+            raise ConfigError(f"policy.chunk_size must be in [1, policy.horizon={cfg.horizon}], got {cfg.chunk_size}")
+        if cfg.denoise_steps < 1 or (cfg.sampler == "flow_sde" and cfg.denoise_steps < 2):
+            raise ConfigError("policy.denoise_steps must be >= 1, and >= 2 for flow_sde (its first step's "
+                              "noise uses the t of step 1, which is 0 when there is only one step)")
+        if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
+            raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
+        if spec.image_shapes:
+            raise ConfigError(f"policy '{cfg.name}' reads only the state vector; use state observations")
+        self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
+        self.dim = cfg.horizon * spec.action_dim
+        self.normalizer = RunningNormalizer(spec.state_dim)
+        inputs = spec.state_dim + self.dim + cfg.time_features
+        self.velocity = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
+        self.noise_head = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
+        self.critic = mlp([spec.state_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
+        self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
+        self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
+        self.register_buffer("frequencies", torch.exp(torch.linspace(0, math.log(100.0), cfg.time_features // 2)))
+
+    # ---- the flow ---------------------------------------------------------------------------
+    def _times(self) -> torch.Tensor:
+        return torch.linspace(1.0, 0.0, self.cfg.denoise_steps + 1, device=self.low.device)
+
+    def _inputs(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        angles = t[:, None] * self.frequencies[None]
+        return torch.cat([state, x, torch.sin(angles), torch.cos(angles)], -1)
+
+    def _sigma(self, step: int) -> float:
+        times = self._times()
+        t = float(times[max(step, 1)])  # sigma is infinite at t = 1: the first step uses step 1's t
+        return self.cfg.noise_level * math.sqrt(t / (1 - t))
+
+    def _transition(self, state: torch.Tensor, x: torch.Tensor, step: int, stochastic: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and std (B, D) of step `step`'s transition; std 0 where it is deterministic."""
+        times = self._times()
+        t, dt = float(times[step]), float(times[step] - times[step + 1])
+        t_batch = torch.full((x.shape[0],), t, device=x.device)
+        features = self._inputs(state, x, t_batch)
+        velocity = self.velocity(features)
+        ode_mean = x - dt * velocity
+        if self.cfg.sampler == "flow_noise":
+            squash = torch.sigmoid(self.noise_head(features))
+            std = self.cfg.noise_std_min + (self.cfg.noise_std_max - self.cfg.noise_std_min) * squash
+            return ode_mean, std
+        if self.cfg.sampler == "flow_sde":
+            sigma = torch.tensor(self._sigma(step), device=x.device)
+            mean, std = sde_step(x, velocity, torch.tensor(t, device=x.device), dt, sigma)
+            chosen = stochastic[:, None]
+            return torch.where(chosen, mean, ode_mean), torch.where(chosen, std.expand_as(x), torch.zeros_like(x))
+        return ode_mean, torch.zeros_like(x)
+
+    def _state(self, observation: Observation) -> torch.Tensor:
+        return self.normalizer(observation.state.to(self.low.device, torch.float32))
+
+    def _actions(self, x0: torch.Tensor) -> torch.Tensor:
+        """The first C of the H predicted actions, from [-1, 1] to the env's bounds."""
+        chunk = x0.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size]
+        return self.low + (chunk.clamp(-1, 1) + 1) / 2 * (self.high - self.low)
+
+    # ---- the policy contract ----------------------------------------------------------------
+    def act(self, observation: Observation, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActionChunk:
+        state = self._state(observation)
+        batch, device = state.shape[0], state.device
+        x = torch.randn(batch, self.dim, generator=generator, device=device)
+        chain = [x]
+        steps = self.cfg.denoise_steps
+        sde_step_index = torch.randint(0, steps, (batch,), generator=generator, device=device)
+        for step in range(steps):
+            stochastic = (sde_step_index == step) & (not deterministic)  # deterministic: the plain ODE
+            mean, std = self._transition(state, x, step, stochastic)
+            noise = torch.randn(batch, self.dim, generator=generator, device=device)
+            x = mean if deterministic or self.cfg.sampler == "ode" else mean + std * noise
+            chain.append(x)
+        record = {"chain": torch.stack(chain, 1), "sde_step": sde_step_index}
+        log_prob = self._chain_log_prob(state, record["chain"], sde_step_index)
+        return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self.critic(state).squeeze(-1),
+                           record=record)
+
+    def _chain_log_prob(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor) -> torch.Tensor:
+        if self.cfg.sampler == "ode":
+            return torch.zeros(chain.shape[0], device=chain.device)
+        if self.cfg.sampler == "flow_sde":
+            total = torch.zeros(chain.shape[0], device=chain.device)
+            for step in range(self.cfg.denoise_steps):
+                chosen = sde_step_index == step
+                if chosen.any():
+                    mean, std = self._transition(state[chosen], chain[chosen, step], step, torch.ones_like(chosen[chosen]))
+                    total[chosen] = gaussian_log_prob(chain[chosen, step + 1], mean, std)
+            return total
+        total = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
+        for step in range(self.cfg.denoise_steps):
+            mean, std = self._transition(state, chain[:, step], step, torch.ones(chain.shape[0], dtype=torch.bool))
+            total = total + gaussian_log_prob(chain[:, step + 1], mean, std)
+        return total
+
+    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+        state = self._state(observation)
+        chain = chunk.record["chain"].to(state.device)
+        log_prob = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
+        return PolicyEval(log_prob=log_prob, entropy=self._entropy(state, chain), value=self.critic(state).squeeze(-1))
+
+    def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
+        """Entropy of the chunk's stochastic transitions (Gaussian: sum of 0.5 + log(sqrt(2 pi) std))."""
+        batch = chain.shape[0]
+        if self.cfg.sampler == "flow_noise":
+            total = torch.zeros(batch, device=chain.device)
+            for step in range(self.cfg.denoise_steps):
+                _, std = self._transition(state, chain[:, step], step, torch.ones(batch, dtype=torch.bool))
+                total = total + (0.5 + HALF_LOG_2PI + torch.log(std)).sum(-1)
+            return total
+        if self.cfg.sampler == "flow_sde":
+            # the mean over the uniformly chosen step of that step's (weight-independent) entropy
+            entropies = [self.dim * (0.5 + HALF_LOG_2PI + math.log(math.sqrt(self._dt(s)) * self._sigma(s)))
+                         for s in range(self.cfg.denoise_steps)]
+            return torch.full((batch,), sum(entropies) / len(entropies), device=chain.device)
+        return torch.zeros(batch, device=chain.device)
+
+    def _dt(self, step: int) -> float:
+        times = self._times()
+        return float(times[step] - times[step + 1])
+
+    def value(self, observation: Observation) -> torch.Tensor:
+        return self.critic(self._state(observation)).squeeze(-1)
+
+    def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        """Flow matching: regress v = x1 - x0 at a random t on x_t = (1 - t) x0 + t x1. Demos
+        shorter than the horizon repeat their last action."""
+        state = self._state(observation)
+        actions = actions.to(state.device)
+        if actions.shape[1] < self.cfg.horizon:
+            pad = actions[:, -1:].expand(-1, self.cfg.horizon - actions.shape[1], -1)
+            actions = torch.cat([actions, pad], 1)
+        x0 = (2 * (actions[:, : self.cfg.horizon] - self.low) / (self.high - self.low) - 1).reshape(len(state), -1)
+        x1 = torch.randn_like(x0)
+        t = torch.rand(len(state), device=state.device)
+        x_t = (1 - t[:, None]) * x0 + t[:, None] * x1
+        return (self.velocity(self._inputs(state, x_t, t)) - (x1 - x0)).pow(2).mean()
+
+    def update_normalization(self, observation: Observation) -> None:
+        self.normalizer.update(observation.state.to(self.low.device))
+
+
+@POLICIES.register("flow", FlowPolicyConfig)
+def make_flow_policy(cfg: FlowPolicyConfig, spec: EnvSpec) -> Policy:
+    return FlowPolicy(cfg, spec)
