@@ -19,8 +19,10 @@ Samplers, each recording the whole denoising chain so log-likelihoods can be rec
   [`noise_std_min`, `noise_std_max`], around the ODE mean; the log-likelihood sums all K
   transitions and the initial N(0, I) term (K + 1 terms).
 
-Log-probs are summed over the chunk's dimensions and, for flow_noise, over steps (the
-choice of sum over mean changes the PPO ratio's scale; it is the sum here)."""
+Log-probs are summed over the chunk's dimensions and, for flow_noise, over steps; with
+`log_prob_reduction=mean` they are averaged instead. The choice changes the scale of the PPO
+ratio (a sum over 4 x 7 x 5 terms moves far faster than one action's log-prob), so it is an
+explicit setting."""
 
 from __future__ import annotations
 
@@ -54,6 +56,10 @@ class FlowPolicyConfig:
     hidden: list[int] = field(default_factory=lambda: [256, 256])
     critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
     time_features: int = 16
+    # How a chunk's log-likelihood aggregates its terms: sum (the chunk's true log-density) or
+    # mean over dimensions and stochastic steps (a per-action scale, so the PPO ratio does not
+    # grow with the horizon and the number of steps).
+    log_prob_reduction: str = "sum"
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -81,6 +87,8 @@ class FlowPolicy(Policy):
         if cfg.denoise_steps < 1 or (cfg.sampler == "flow_sde" and cfg.denoise_steps < 2):
             raise ConfigError("policy.denoise_steps must be >= 1, and >= 2 for flow_sde (its first step's "
                               "noise uses the t of step 1, which is 0 when there is only one step)")
+        if cfg.log_prob_reduction not in ("sum", "mean"):
+            raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
         if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
             raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
         if spec.image_shapes:
@@ -158,6 +166,14 @@ class FlowPolicy(Policy):
                            record=record)
 
     def _chain_log_prob(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor) -> torch.Tensor:
+        total = self._chain_log_prob_sum(state, chain, sde_step_index)
+        if self.cfg.log_prob_reduction == "mean":
+            terms = 1 if self.cfg.sampler == "flow_sde" else self.cfg.denoise_steps + 1
+            total = total / (terms * self.dim)
+        return total
+
+    def _chain_log_prob_sum(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
+                            ) -> torch.Tensor:
         if self.cfg.sampler == "ode":
             return torch.zeros(chain.shape[0], device=chain.device)
         if self.cfg.sampler == "flow_sde":

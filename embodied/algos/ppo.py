@@ -44,6 +44,11 @@ class PPOConfig:
     # Iterations at the start that train only the value function, so a pretrained policy
     # (e.g. a VLA after SFT) is not pushed around by advantages from an untrained critic.
     critic_warmup_iterations: int = 0
+    # Dual clip (> 1, e.g. 3): for negative advantages the loss is also capped at -c * A, so a
+    # huge ratio on a bad action cannot dominate the batch. None: off.
+    dual_clip: Optional[float] = None
+    value_loss: str = "mse"  # mse | huber (less sensitive to outlier returns, e.g. sparse success)
+    huber_delta: float = 10.0
 
 
 @dataclass
@@ -82,13 +87,20 @@ def ppo_loss(
         -advantages * ratio,
         -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef),
     )
+    if cfg.dual_clip is not None:
+        per_sample = torch.where(advantages < 0, torch.min(per_sample, -cfg.dual_clip * advantages), per_sample)
     policy_loss = (per_sample if behaviour_weight is None else behaviour_weight * per_sample).mean()
+
+    def error(value: torch.Tensor) -> torch.Tensor:
+        if cfg.value_loss == "huber":
+            return nn.functional.huber_loss(value, returns, reduction="none", delta=cfg.huber_delta)
+        return 0.5 * (value - returns) ** 2
 
     if cfg.clip_value_loss:
         clipped_value = old_value + (new_value - old_value).clamp(-cfg.clip_coef, cfg.clip_coef)
-        value_loss = 0.5 * torch.max((new_value - returns) ** 2, (clipped_value - returns) ** 2).mean()
+        value_loss = torch.max(error(new_value), error(clipped_value)).mean()
     else:
-        value_loss = 0.5 * ((new_value - returns) ** 2).mean()
+        value_loss = error(new_value).mean()
 
     entropy = entropy.mean()
     total = policy_loss - cfg.ent_coef * entropy + cfg.vf_coef * value_loss
@@ -102,9 +114,13 @@ def check_config(cfg: PPOConfig) -> None:
     for key in ("gamma", "gae_lambda"):
         if not 0.0 <= getattr(cfg, key) <= 1.0:
             raise ConfigError(f"algo.{key} must be in [0, 1], got {getattr(cfg, key)}")
-    for key in ("lr", "clip_coef", "max_grad_norm", "reward_clip", "behaviour_weight_cap"):
+    for key in ("lr", "clip_coef", "max_grad_norm", "reward_clip", "behaviour_weight_cap", "huber_delta"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"algo.{key} must be > 0, got {getattr(cfg, key)}")
+    if cfg.dual_clip is not None and cfg.dual_clip <= 1:
+        raise ConfigError(f"algo.dual_clip must be > 1 (or null), got {cfg.dual_clip}")
+    if cfg.value_loss not in ("mse", "huber"):
+        raise ConfigError(f"algo.value_loss must be 'mse' or 'huber', got '{cfg.value_loss}'")
 
 
 class PPO:

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig, ppo_loss
@@ -136,3 +137,17 @@ def test_critic_warmup_trains_only_the_value_function():
     assert any(not torch.equal(b, a) for b, a in zip(critic, policy.critic.parameters()))
     assert ppo.update(batch, 0.0)["train/critic_warmup"] == 0.0
     assert not torch.equal(actor[-1], policy.log_std)  # after warm-up the policy moves too
+
+
+def test_dual_clip_caps_negative_advantage_losses_and_huber_value_loss():
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    adv, ratio = np.array([-1.0, -1.0, 1.0]), np.array([5.0, 1.1, 5.0])
+    new_lp, old_lp = np.log(ratio), np.zeros(3)
+    zeros = np.zeros(3)
+    cfg = PPOConfig(clip_coef=0.2, normalize_advantages=False, dual_clip=3.0, clip_value_loss=False)
+    loss = ppo_loss(t(new_lp), t(old_lp), t(adv), t(zeros), t(zeros), t(zeros), t(zeros), cfg)
+    # sample 0: -A * r = 5 is capped at 3; sample 1 unaffected (1.1); sample 2 positive: clipped at 1.2
+    assert float(loss.policy_loss) == pytest.approx((3.0 + 1.1 - 1.2) / 3)
+    huber = PPOConfig(value_loss="huber", huber_delta=1.0, clip_value_loss=False)
+    value = ppo_loss(t(zeros), t(zeros), t(zeros), t([0.0, 0.5, 4.0]), t(zeros), t(zeros), t(zeros), huber)
+    assert float(value.value_loss) == pytest.approx((0.0 + 0.125 + 3.5) / 3)

@@ -101,7 +101,7 @@ def test_flow_matching_sft_loss_falls_on_a_tiny_dataset():
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
 
 
@@ -119,3 +119,14 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
     update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if "loss/approx_kl" in line][0]
     assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])
+
+
+def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():
+    observation = Observation(state=torch.randn(3, 4))
+    results = {}
+    for reduction in ("sum", "mean"):
+        torch.manual_seed(0)
+        policy = FlowPolicy(FlowPolicyConfig(sampler="flow_noise", denoise_steps=3, hidden=[16],
+                                             log_prob_reduction=reduction), SPEC)
+        results[reduction] = policy.act(observation, generator=torch.Generator().manual_seed(0)).log_prob
+    torch.testing.assert_close(results["mean"], results["sum"] / (4 * policy.dim))
