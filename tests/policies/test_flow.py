@@ -130,3 +130,20 @@ def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():
                                              log_prob_reduction=reduction), SPEC)
         results[reduction] = policy.act(observation, generator=torch.Generator().manual_seed(0)).log_prob
     torch.testing.assert_close(results["mean"], results["sum"] / (4 * policy.dim))
+
+
+def test_one_grpo_iteration_end_to_end_on_maniskill(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=flow", "policy.sampler=flow_noise",
+                             "algo=grpo", "algo.group_size=2", "algo.num_minibatches=2", "algo.outcome=return",
+                             "algo.success_band=[0.0,1.0]", "env.num_envs=4", "total_env_steps=200", "eval_episodes=0",
+                             "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+              if "grpo/success_rate" in line][0]
+    assert update["grpo/informative_groups"] == 2 and np.isfinite(update["loss/policy_loss"])
