@@ -22,20 +22,32 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-ensure_venv() {
-    if [ ! -x "$venv/bin/python" ]; then
-        log "creating virtualenv $venv"
-        "$python" -m venv "$venv"
-        "$venv/bin/pip" install -q -U pip setuptools wheel
+# ensure_virtualenv <dir> <what> <files that decide its contents> -- <pip install arguments>
+# Creates the virtualenv once, and (re)installs only when those files changed.
+ensure_virtualenv() {
+    local dir="$1" what="$2"
+    shift 2
+    local files=()
+    while [ "$1" != "--" ]; do files+=("$1"); shift; done
+    shift
+    if [ ! -x "$dir/bin/python" ]; then
+        log "creating virtualenv $dir"
+        "$python" -m venv "$dir"
+        "$dir/bin/pip" install -q -U pip setuptools wheel
     fi
-    local stamp="$venv/.embodied-install-stamp"
+    local stamp="$dir/.embodied-install-stamp"
     local want
-    want="$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)"
+    want="$(cat "${files[@]}" | sha256sum | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        log "installing Python packages (pinned by constraints.txt)"
-        "$venv/bin/pip" install -q -c constraints.txt -e ".[maniskill,mujoco,video,vla,dev]"
+        log "installing $what"
+        "$dir/bin/pip" install -q "$@"
         echo "$want" > "$stamp"
     fi
+}
+
+ensure_venv() {
+    ensure_virtualenv "$venv" "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
+        -c constraints.txt -e ".[maniskill,mujoco,video,vla,dev]"
 }
 
 vulkan_works() {
@@ -80,19 +92,8 @@ libero_venv="${EMBODIED_LIBERO_VENV:-$root/.venv-libero}"
 # LIBERO (robosuite 1.4, mujoco 2.3.7) gets a virtualenv of its own; its env workers run
 # under that interpreter (sim/libero.py).
 ensure_libero_venv() {
-    if [ ! -x "$libero_venv/bin/python" ]; then
-        log "creating LIBERO's virtualenv $libero_venv"
-        "$python" -m venv "$libero_venv"
-        "$libero_venv/bin/pip" install -q -U pip setuptools wheel
-    fi
-    local stamp="$libero_venv/.embodied-install-stamp"
-    local want
-    want="$(sha256sum < tools/libero-requirements.txt | cut -d' ' -f1)"
-    if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-        log "installing LIBERO and its assets (about 650 MB)"
-        "$libero_venv/bin/pip" install -q -r tools/libero-requirements.txt
-        echo "$want" > "$stamp"
-    fi
+    ensure_virtualenv "$libero_venv" "LIBERO and its assets (about 650 MB)" tools/libero-requirements.txt -- \
+        -r tools/libero-requirements.txt
 }
 
 egl_works() {
