@@ -44,7 +44,7 @@ def group_normalized(returns: torch.Tensor, group_ids: torch.Tensor, eps: float 
     """GRPO's advantage: each rollout's return minus its group's mean, over the group's
     standard deviation (unbiased, as torch.std), where a group is the rollouts started from
     one initial state. A group of one carries no comparison and gets advantage 0."""
-    advantages = torch.zeros_like(returns, dtype=torch.float32)
+    advantages = torch.zeros(returns.shape, dtype=torch.float32, device=returns.device)
     for group in torch.unique(group_ids):
         members = group_ids == group
         if int(members.sum()) < 2:

@@ -113,19 +113,19 @@ class TrialLog:
 
 
 @torch.no_grad()
-def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic: bool,
-               video_trials: set[int], bar: Any) -> tuple[dict[int, EpisodeStats], dict[int, list[np.ndarray]]]:
+def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic: bool, video_trials: set[int],
+               on_wave: Callable[[dict[int, EpisodeStats]], None]) -> dict[int, list[np.ndarray]]:
     """Run `trials` (reset seeds) in waves of `env.num_envs`; the first episode each env
-    finishes in a wave is its trial's result."""
-    results: dict[int, EpisodeStats] = {}
+    finishes in a wave is its trial's result, handed to `on_wave` when the wave is over.
+    Returns the frames of the trials in `video_trials`."""
     videos: dict[int, list[np.ndarray]] = {}
     for start in range(0, len(trials), env.num_envs):
         wave = trials[start:start + env.num_envs]
         seeds = wave + [wave[-1]] * (env.num_envs - len(wave))  # spare envs repeat a trial, unrecorded
         observation = env.reset(seeds=seeds)
         pending = set(range(len(wave)))
-        filming = wave[0] in video_trials
-        frames = [env.render(0)] if filming else []
+        frames = {i: [env.render(i)] for i, trial in enumerate(wave) if trial in video_trials}
+        results: dict[int, EpisodeStats] = {}
         while pending:
             chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic)
             result = env.step(chunk.actions.cpu().numpy())
@@ -134,13 +134,13 @@ def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic
                 if episode.env_id in pending:
                     pending.discard(episode.env_id)
                     results[wave[episode.env_id]] = episode
-                    bar.update(1)
-            if filming:
-                if 0 in pending:
-                    frames.append(env.render(0))
-                else:
-                    videos[wave[0]], filming = frames, False
-    return results, videos
+            for i in list(frames):
+                if i in pending:
+                    frames[i].append(env.render(i))
+                else:  # its episode ended; what the env shows now is the next one
+                    videos[wave[i]] = frames.pop(i)
+        on_wave(results)
+    return videos
 
 
 def evaluate_suite(config: Any) -> Path:
@@ -170,21 +170,24 @@ def evaluate_suite(config: Any) -> Path:
         try:
             policy = load_policy(trained.policy, weights, env, label)
             instruction = env.instructions[0]
-            video_trials = set(range(config.video_episodes))
-            results, videos = run_trials(env, policy, remaining, config.deterministic, video_trials, bar)
+
+            def record(results: dict[int, EpisodeStats]) -> None:
+                log.add([{"suite": suite, "task": label, "instruction": instruction, "trial": trial, "seed": trial,
+                          "success": bool(e.success), "episode_return": float(e.episode_return),
+                          "length": int(e.length)} for trial, e in sorted(results.items())])
+                bar.update(len(results))
+
+            videos = run_trials(env, policy, remaining, config.deterministic, set(range(config.video_episodes)), record)
         finally:
             env.close()
         if videos:
             write_videos(output / "videos" / label.replace("/", "_"), list(videos.values()),
                          names=[f"trial_{trial:03d}" for trial in videos])
-        log.add([{"suite": suite, "task": label, "instruction": instruction, "trial": trial, "seed": trial,
-                  "success": bool(e.success), "episode_return": float(e.episode_return), "length": int(e.length)}
-                 for trial, e in sorted(results.items())])
     bar.close()
     episodes = [EpisodeStats(env_id=r["trial"], task=r["task"], episode_return=r["episode_return"],
                              length=r["length"], success=r["success"]) for r in log.records]
-    write_report(output, episodes, groups={s: [label for suite, label, _ in tasks if suite == s] for s in suites},
-                 meta={
+    groups = {s: [label for suite, label, _ in tasks if suite == s] for s in suites}
+    write_report(output, episodes, groups=groups, meta={
         "checkpoint": str(checkpoint), "suites": suites, "trials": config.trials,
         "policy_version": state.get("learner", {}).get("policy_version"), "env_steps": state.get("env_steps"),
         "deterministic": config.deterministic, "seed": "k for trial k",

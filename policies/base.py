@@ -48,6 +48,10 @@ class Policy(nn.Module, ABC):
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """Supervised loss for demonstrated actions (B, C, A)."""
 
+    def value_parameters(self) -> list[nn.Parameter]:
+        """The parameters of the value function alone (critic warm-up trains only these)."""
+        return list(self.critic.parameters())
+
     def update_normalization(self, observation: Observation) -> None:
         """Fold observations into the input statistics (no-op for policies without any)."""
 

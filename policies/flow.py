@@ -87,6 +87,9 @@ class FlowPolicy(Policy):
         if cfg.denoise_steps < 1 or (cfg.sampler == "flow_sde" and cfg.denoise_steps < 2):
             raise ConfigError("policy.denoise_steps must be >= 1, and >= 2 for flow_sde (its first step's "
                               "noise uses the t of step 1, which is 0 when there is only one step)")
+        if cfg.sampler == "flow_sde" and cfg.noise_level <= 0:
+            raise ConfigError("policy.noise_level must be > 0 for flow_sde: without noise the step has no "
+                              "likelihood (use sampler=ode for deterministic sampling)")
         if cfg.log_prob_reduction not in ("sum", "mean"):
             raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
         if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
@@ -165,12 +168,15 @@ class FlowPolicy(Policy):
         return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self.critic(state).squeeze(-1),
                            record=record)
 
+    def _reduction(self) -> float:
+        """What a chunk's summed log-density (and entropy) is divided by."""
+        if self.cfg.log_prob_reduction == "sum":
+            return 1.0
+        terms = 1 if self.cfg.sampler == "flow_sde" else self.cfg.denoise_steps + 1
+        return float(terms * self.dim)
+
     def _chain_log_prob(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor) -> torch.Tensor:
-        total = self._chain_log_prob_sum(state, chain, sde_step_index)
-        if self.cfg.log_prob_reduction == "mean":
-            terms = 1 if self.cfg.sampler == "flow_sde" else self.cfg.denoise_steps + 1
-            total = total / (terms * self.dim)
-        return total
+        return self._chain_log_prob_sum(state, chain, sde_step_index) / self._reduction()
 
     def _chain_log_prob_sum(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
                             ) -> torch.Tensor:
@@ -194,7 +200,8 @@ class FlowPolicy(Policy):
         state = self._state(observation)
         chain = chunk.record["chain"].to(state.device)
         log_prob = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
-        return PolicyEval(log_prob=log_prob, entropy=self._entropy(state, chain), value=self.critic(state).squeeze(-1))
+        entropy = self._entropy(state, chain) / self._reduction()
+        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self.critic(state).squeeze(-1))
 
     def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
         """Entropy of the chunk's stochastic transitions (Gaussian: sum of 0.5 + log(sqrt(2 pi) std))."""

@@ -232,6 +232,9 @@ class TokenVLAPolicy(Policy):
         log_probs, _ = self._score(observation, bins)
         return -log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1).mean()
 
+    def value_parameters(self) -> list[nn.Parameter]:
+        return list(self.value_head.parameters())
+
     def update_normalization(self, observation: Observation) -> None:
         self.normalizer.update(observation.state.to(self.action_queries.device))
 

@@ -164,19 +164,30 @@ class GRPO:
         if batch.num_envs % size:
             raise ConfigError(f"env.num_envs={batch.num_envs} is not a multiple of algo.group_size={size}")
         first_episode, ended, success, episode_return = self._outcomes(batch)
-        groups = torch.arange(batch.num_envs) // size
+        if not ended.all():
+            raise ConfigError(f"algo.rollout_steps={batch.num_steps} chunk steps did not reach the end of the first "
+                              f"episode of {int((~ended).sum())} envs; GRPO compares whole episodes, so set it to at "
+                              f"least the episode length in chunk steps (env steps / policy.chunk_size)")
+        device = batch.reward.device
+        groups = torch.arange(batch.num_envs, device=device) // size
         outcome = success.float() if cfg.outcome == "success" else episode_return.float()
         advantages = group_normalized(outcome, groups)
-        informative = torch.zeros(batch.num_envs, dtype=torch.bool)
+        informative = torch.zeros(batch.num_envs, dtype=torch.bool, device=device)
+        instructions = batch.observation.instruction
         for g in range(batch.num_envs // size):
             members = slice(g * size, (g + 1) * size)
-            task = batch.observation.instruction[g * size] if batch.observation.instruction else "task"
+            tasks = set(instructions[members]) if instructions else {"task"}
+            if len(tasks) > 1:
+                raise ConfigError(f"the envs of GRPO group {g} run different tasks ({sorted(tasks)}); a group must "
+                                  f"share one task and initial state: give every env the same task, or make "
+                                  f"consecutive blocks of algo.group_size envs run one task")
+            task = tasks.pop()
             kept = self.sampling.offer(Group(task, int(success[members].sum()), size))
             informative[members] = kept
         self.sampling.take_batch()
-        use = first_episode & (informative & ended)[None]
+        use = first_episode & informative[None]
         rows = torch.nonzero(use.reshape(-1)).squeeze(-1)
-        metrics = {"grpo/success_rate": float(success.float().mean()), "grpo/unfinished_episodes": float((~ended).sum()),
+        metrics = {"grpo/success_rate": float(success.float().mean()),
                    "grpo/informative_groups": float(informative.sum() // size), **self.sampling.metrics()}
         if rows.numel() == 0:
             return {**metrics, "train/lr": cfg.lr}  # every group all-success or all-failure: nothing to learn

@@ -173,6 +173,11 @@ class PPO:
                 self.optimizer.zero_grad()
                 warming_up = self.iterations < cfg.critic_warmup_iterations
                 (cfg.vf_coef * loss.value_loss if warming_up else loss.total).backward()
+                if warming_up:  # a shared backbone under the value head stays as it is too
+                    value_parameters = {id(p) for p in self.policy.value_parameters()}
+                    for parameter in self.policy.parameters():
+                        if id(parameter) not in value_parameters:
+                            parameter.grad = None
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}

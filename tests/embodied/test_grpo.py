@@ -68,7 +68,7 @@ def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
               if "grpo/success_rate" in line][0]
-    assert update["env_steps"] == 200 and update["grpo/unfinished_episodes"] == 0
+    assert update["env_steps"] == 200
     assert update["grpo/informative_groups"] == 2 and "loss/policy_loss" in update
     assert abs(update["loss/approx_kl"]) < 0.5
 
@@ -93,3 +93,39 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
     np.testing.assert_array_equal(first[0], first[1])
     np.testing.assert_array_equal(first[2], first[3])
     assert not np.array_equal(first[0], first[2]) and not np.array_equal(first[0], second[0])
+
+
+
+def _episodes(instructions, steps=3, ends_at=2):
+    """A batch of one short episode per env, ending at step `ends_at` (None: never)."""
+    from embodied.buffers import TrajectoryBuilder
+    from embodied.types import ActionChunk, Observation, StepResult
+
+    envs = len(instructions)
+    builder = TrajectoryBuilder()
+    for t in range(steps):
+        observation = Observation(state=np.zeros((envs, 3), np.float32), instruction=list(instructions))
+        done = np.full(envs, ends_at is not None and t == ends_at)
+        result = StepResult(observation=observation, reward=np.ones(envs, np.float32), terminated=np.zeros(envs, bool),
+                            truncated=done, success=np.arange(envs) % 2 == 0, executed_steps=np.ones(envs, np.int64),
+                            executed_action=np.zeros((envs, 1, 2), np.float32), final_observation=observation)
+        chunk = ActionChunk(torch.zeros(envs, 1, 2), torch.zeros(envs), torch.zeros(envs))
+        builder.add(observation, chunk, result, torch.zeros(envs))
+    return builder.build(torch.zeros(envs))
+
+
+def test_grpo_refuses_groups_that_mix_tasks_or_episodes_that_did_not_end():
+    from embodied.algos.grpo import GRPO, GRPOConfig
+    from embodied.errors import ConfigError
+    from embodied.types import EnvSpec
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+    policy = MLPGaussianPolicy(MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0),
+                                                          action_high=(1.0, 1.0)))
+    grpo = GRPO(GRPOConfig(group_size=2, num_minibatches=1, success_band=[0.0, 1.0]), policy)
+    with pytest.raises(ConfigError, match="run different tasks"):
+        grpo.update(_episodes(["push", "lift", "push", "lift"]), 0.0)
+    with pytest.raises(ConfigError, match="did not reach the end of the first episode"):
+        grpo.update(_episodes(["push"] * 4, ends_at=None), 0.0)
+    metrics = grpo.update(_episodes(["push", "push", "lift", "lift"]), 0.0)
+    assert metrics["grpo/informative_groups"] == 2.0 and "loss/policy_loss" in metrics

@@ -71,9 +71,11 @@ def test_flow_noise_log_prob_has_k_plus_one_terms():
     torch.testing.assert_close(chunk.log_prob, expected)
 
 
-def test_single_step_flow_sde_is_refused_with_the_reason():
+def test_single_step_or_noiseless_flow_sde_is_refused_with_the_reason():
     with pytest.raises(ConfigError, match=">= 2 for flow_sde"):
         FlowPolicy(FlowPolicyConfig(sampler="flow_sde", denoise_steps=1), SPEC)
+    with pytest.raises(ConfigError, match="noise_level must be > 0"):
+        FlowPolicy(FlowPolicyConfig(sampler="flow_sde", noise_level=0.0), SPEC)
 
 
 def test_deterministic_act_follows_the_ode():
@@ -128,8 +130,10 @@ def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():
         torch.manual_seed(0)
         policy = FlowPolicy(FlowPolicyConfig(sampler="flow_noise", denoise_steps=3, hidden=[16],
                                              log_prob_reduction=reduction), SPEC)
-        results[reduction] = policy.act(observation, generator=torch.Generator().manual_seed(0)).log_prob
-    torch.testing.assert_close(results["mean"], results["sum"] / (4 * policy.dim))
+        chunk = policy.act(observation, generator=torch.Generator().manual_seed(0))
+        results[reduction] = (chunk.log_prob, policy.evaluate(observation, chunk).entropy)
+    torch.testing.assert_close(results["mean"][0], results["sum"][0] / (4 * policy.dim))
+    torch.testing.assert_close(results["mean"][1], results["sum"][1] / (4 * policy.dim))  # entropy on the same scale
 
 
 def test_one_grpo_iteration_end_to_end_on_maniskill(tmp_path):

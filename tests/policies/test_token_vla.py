@@ -120,3 +120,28 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
     torch.testing.assert_close(policy.evaluate(observation(batch=2), chunk).log_prob, chunk.log_prob)
     with pytest.raises(Exception, match="could not be loaded"):
         TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path / "missing")), SPEC)
+
+
+def test_critic_warmup_leaves_the_shared_backbone_alone():
+    from embodied.algos.ppo import PPO, PPOConfig
+    from embodied.buffers import TrajectoryBuilder
+    from embodied.types import StepResult
+
+    torch.manual_seed(0)
+    policy = TokenVLAPolicy(TokenVLAConfig(hidden_size=32, num_layers=1), SPEC)
+    builder = TrajectoryBuilder()
+    for t in range(4):
+        obs = Observation(state=np.random.default_rng(t).normal(size=(2, 5)).astype(np.float32), instruction=["go"] * 2)
+        with torch.no_grad():
+            chunk = policy.act(obs.to_torch())
+        result = StepResult(observation=obs, reward=np.ones(2, np.float32) * t, terminated=np.zeros(2, bool),
+                            truncated=np.zeros(2, bool), success=np.zeros(2, bool), executed_steps=np.ones(2, np.int64),
+                            executed_action=chunk.actions.numpy(), final_observation=obs)
+        builder.add(obs, chunk, result, torch.zeros(2))
+    batch = builder.build(torch.zeros(2))
+    backbone = [p.detach().clone() for p in policy.backbone.parameters()]
+    head = [p.detach().clone() for p in policy.value_head.parameters()]
+    PPO(PPOConfig(update_epochs=1, num_minibatches=2, critic_warmup_iterations=1), policy).update(batch, 0.0)
+    for before, after in zip(backbone, policy.backbone.parameters()):
+        torch.testing.assert_close(before, after)
+    assert any(not torch.equal(b, a) for b, a in zip(head, policy.value_head.parameters()))
