@@ -89,7 +89,7 @@ def procs_rate(config: TrainConfig, batches: int) -> float:
             while hello is None:
                 assert supervisor.alive(), supervisor.log_tail()
                 hello = link.wait_hello(1.0)
-            spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["spec"].items()})
+            spec = EnvSpec.from_dict(hello["spec"])
             policy = build_policy(config.policy, spec, torch.device("cpu"))
             link.publish(0, tensors_to_wire(published_weights(policy)))
             env_steps, started = 0, 0.0

@@ -116,3 +116,8 @@ class EnvSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "EnvSpec":
+        """The spec from `to_dict` after a trip over the wire (lists back to tuples)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})

@@ -144,7 +144,7 @@ class VectorizedEnv(BatchedEnv):
         except BaseException:
             self.close()
             raise
-        self.spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in descriptions[0]["spec"].items()})
+        self.spec = EnvSpec.from_dict(descriptions[0]["spec"])
         self.tasks = [t for d in descriptions for t in d["tasks"]]
         self.instructions = [t for d in descriptions for t in d["instructions"]]
 

@@ -237,7 +237,7 @@ class ProcsRuntime:
               hello: dict[str, Any], procs_state: dict[str, Any], device: torch.device) -> None:
         """Learn from trajectories as they arrive until the run has its env steps."""
         cfg = self.cfg
-        spec = EnvSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in hello["spec"].items()})
+        spec = EnvSpec.from_dict(hello["spec"])
         policy = build_policy(config.policy, spec, device)
         learner = Learner(policy, build_algo(config.algo, policy), device)
         session.restore(learner)
