@@ -29,6 +29,16 @@ from sim.base import BatchedEnv
 EPISODE_WINDOW = 100  # episodes behind the success rate and return shown while training
 
 
+def start_process(seed: int, torch_threads: int | None) -> None:
+    """What every role's process does first: torch's thread count, and Python's, numpy's
+    and torch's generators seeded with the run seed."""
+    if torch_threads:
+        torch.set_num_threads(torch_threads)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
 def get_rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():

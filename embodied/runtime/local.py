@@ -5,19 +5,15 @@ Deterministic on CPU for a given seed; a resumed run reproduces the uninterrupte
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 from typing import Optional
-
-import numpy as np
-import torch
 
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
-from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.train import PeriodicEvaluation, TrainSession, start_process
 
 
 @dataclass
@@ -35,12 +31,8 @@ class LocalRuntime:
         self.cfg = cfg
 
     def train(self, config: TrainConfig) -> TrainSession:
-        if self.cfg.torch_threads:
-            torch.set_num_threads(self.cfg.torch_threads)
+        start_process(config.seed, self.cfg.torch_threads)
         device = resolve_device(self.cfg.device)
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed)
 
         session = TrainSession(config)
         evaluation = PeriodicEvaluation(config)

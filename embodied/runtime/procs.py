@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -23,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from embodied.build import build_algo, build_policy, resolve_device
@@ -33,7 +31,7 @@ from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import LearnerLink, LinkError
 from embodied.runtime.wire import published_weights, tensors_to_wire, trajectory_from_wire
-from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.train import PeriodicEvaluation, TrainSession, start_process
 from embodied.transport.protocol import PROTOCOL_VERSION
 from embodied.types import EnvSpec, EpisodeStats
 
@@ -188,12 +186,8 @@ class ProcsRuntime:
 
     def train(self, config: TrainConfig) -> TrainSession:
         cfg = self.cfg
-        if cfg.torch_threads:
-            torch.set_num_threads(cfg.torch_threads)
+        start_process(config.seed, cfg.torch_threads)
         device = resolve_device(cfg.device)
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        torch.manual_seed(config.seed)
 
         session = TrainSession(config)
         saved_state = session.saved_state()

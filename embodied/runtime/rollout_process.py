@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import random
 import sys
 from pathlib import Path
-
-import numpy as np
-import torch
 
 from embodied.build import build_env, build_policy, resolve_device
 from embodied.config import TrainConfig, load_yaml, to_schema
@@ -26,6 +22,7 @@ from embodied.errors import EmbodiedError
 from embodied.runtime.rollout import Rollout
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
+from embodied.train import start_process
 
 logger = logging.getLogger("embodied.rollout")
 
@@ -78,11 +75,7 @@ def main() -> int:
 
     config = to_schema(TrainConfig, load_yaml(Path(args.config)))
     runtime = config.runtime
-    if runtime.torch_threads:
-        torch.set_num_threads(runtime.torch_threads)
-    random.seed(config.seed)
-    np.random.seed(config.seed)
-    torch.manual_seed(config.seed)
+    start_process(config.seed, runtime.torch_threads)
     env = build_env(config.env, seed=config.seed)
     try:
         device = resolve_device(runtime.rollout_device)
