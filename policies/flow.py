@@ -98,6 +98,7 @@ class FlowPolicy(Policy):
             raise ConfigError(f"policy '{cfg.name}' reads only the state vector; use state observations")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.dim = cfg.horizon * spec.action_dim
+        self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
         self.normalizer = RunningNormalizer(spec.state_dim)
         inputs = spec.state_dim + self.dim + cfg.time_features
         self.velocity = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
@@ -108,23 +109,19 @@ class FlowPolicy(Policy):
         self.register_buffer("frequencies", torch.exp(torch.linspace(0, math.log(100.0), cfg.time_features // 2)))
 
     # ---- the flow ---------------------------------------------------------------------------
-    def _times(self) -> torch.Tensor:
-        return torch.linspace(1.0, 0.0, self.cfg.denoise_steps + 1, device=self.low.device)
 
     def _inputs(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         angles = t[:, None] * self.frequencies[None]
         return torch.cat([state, x, torch.sin(angles), torch.cos(angles)], -1)
 
     def _sigma(self, step: int) -> float:
-        times = self._times()
-        t = float(times[max(step, 1)])  # sigma is infinite at t = 1: the first step uses step 1's t
+        t = self.times[max(step, 1)]  # sigma is infinite at t = 1: the first step uses step 1's t
         return self.cfg.noise_level * math.sqrt(t / (1 - t))
 
     def _transition(self, state: torch.Tensor, x: torch.Tensor, step: int, stochastic: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and std (B, D) of step `step`'s transition; std 0 where it is deterministic."""
-        times = self._times()
-        t, dt = float(times[step]), float(times[step] - times[step + 1])
+        t, dt = self.times[step], self._dt(step)
         t_batch = torch.full((x.shape[0],), t, device=x.device)
         features = self._inputs(state, x, t_batch)
         velocity = self.velocity(features)
@@ -220,8 +217,7 @@ class FlowPolicy(Policy):
         return torch.zeros(batch, device=chain.device)
 
     def _dt(self, step: int) -> float:
-        times = self._times()
-        return float(times[step] - times[step + 1])
+        return self.times[step] - self.times[step + 1]
 
     def value(self, observation: Observation) -> torch.Tensor:
         return self.critic(self._state(observation)).squeeze(-1)
