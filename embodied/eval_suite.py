@@ -157,7 +157,7 @@ def evaluate_suite(config: Any) -> Path:
     output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / "+".join(suites)
     weights, state = load_checkpoint(checkpoint)
     meta = {"checkpoint": str(checkpoint), "suites": suites, "trials": config.trials, "task_ids": config.task_ids,
-            "deterministic": config.deterministic, "env": [dataclasses.asdict(e) for _, _, e in tasks][:1]}
+            "deterministic": config.deterministic, "env": [dataclasses.asdict(e) for _, _, e in tasks[:1]]}
     log = TrialLog(output, meta)
     bar = tqdm(total=len(tasks) * config.trials, initial=sum(len(log.done(label)) for _, label, _ in tasks),
                desc="eval", unit="trial", disable=not config.progress_bar)
