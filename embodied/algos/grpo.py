@@ -18,12 +18,13 @@ in the logs and in `uncovered()` instead of silently vanishing from training."""
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from embodied.advantages import group_normalized
+from embodied.algos.ppo import LossAverages
 from embodied.buffers import Trajectory
 from embodied.errors import ConfigError
 from embodied.registry import ALGOS
@@ -192,8 +193,7 @@ class GRPO:
         if rows.numel() == 0:
             return {**metrics, "train/lr": cfg.lr}  # every group all-success or all-failure: nothing to learn
         minibatch = max(rows.numel() // cfg.num_minibatches, 1)
-        sums: dict[str, float] = {}
-        updates = 0
+        averages = LossAverages()
         for _ in range(cfg.update_epochs):
             order = rows[torch.randperm(rows.numel())]
             for start in range(0, order.numel(), minibatch):
@@ -209,11 +209,8 @@ class GRPO:
                 loss.total.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
-                for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
-                    sums[name] = sums.get(name, 0.0) + value
-                updates += 1
-        return {**metrics, **{f"loss/{name}": total / updates for name, total in sums.items()}, "train/lr": cfg.lr}
+                averages.add(loss, grad_norm)
+        return {**metrics, **averages.metrics(), "train/lr": cfg.lr}
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict()}

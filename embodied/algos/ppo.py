@@ -4,7 +4,7 @@ normalisation; approx_kl, clipfrac and explained_variance logged beside the loss
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -107,6 +107,23 @@ def ppo_loss(
     return PPOLoss(total, policy_loss, value_loss, entropy, approx_kl, clipfrac)
 
 
+class LossAverages:
+    """Means of a loss's named terms and the gradient norm over an update's minibatches."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, loss: Any, grad_norm: torch.Tensor) -> None:
+        terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
+        for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
+            self.sums[name] = self.sums.get(name, 0.0) + value
+        self.count += 1
+
+    def metrics(self) -> dict[str, float]:
+        return {f"loss/{name}": total / self.count for name, total in self.sums.items()}
+
+
 def check_config(cfg: PPOConfig) -> None:
     for key in ("rollout_steps", "num_minibatches", "update_epochs"):
         if getattr(cfg, key) < 1:
@@ -159,8 +176,9 @@ class PPO:
         if off_policy:
             old_log_prob = self._log_prob(batch, minibatch)  # the proximal policy: this one, now
             behaviour_weight = (old_log_prob - behaviour_log_prob).exp().clamp(max=cfg.behaviour_weight_cap)
-        sums: dict[str, float] = {}
-        updates = 0
+        averages = LossAverages()
+        warming_up = self.iterations < cfg.critic_warmup_iterations
+        value_parameters = {id(p) for p in self.policy.value_parameters()} if warming_up else set()
         for _ in range(cfg.update_epochs):
             order = torch.randperm(size)
             for start in range(0, size - minibatch + 1, minibatch):
@@ -171,29 +189,24 @@ class PPO:
                                 chunk.value, flat_ret[rows], evaluated.entropy, cfg,
                                 None if behaviour_weight is None else behaviour_weight[rows])
                 self.optimizer.zero_grad()
-                warming_up = self.iterations < cfg.critic_warmup_iterations
                 (cfg.vf_coef * loss.value_loss if warming_up else loss.total).backward()
                 if warming_up:  # a shared backbone under the value head stays as it is too
-                    value_parameters = {id(p) for p in self.policy.value_parameters()}
                     for parameter in self.policy.parameters():
                         if id(parameter) not in value_parameters:
                             parameter.grad = None
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
-                terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
-                for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
-                    sums[name] = sums.get(name, 0.0) + value
-                updates += 1
+                averages.add(loss, grad_norm)
             if cfg.target_kl is not None and float(loss.approx_kl) > cfg.target_kl:
                 break
 
-        metrics = {f"loss/{name}": total / updates for name, total in sums.items()}
+        metrics = averages.metrics()
         metrics["loss/explained_variance"] = explained_variance(batch.value.reshape(-1), flat_ret)
         metrics["train/lr"] = lr
         metrics["train/advantage_mean"] = float(flat_adv.mean())
         if behaviour_weight is not None:
             metrics["loss/behaviour_weight"] = float(behaviour_weight.mean())
-        metrics["train/critic_warmup"] = float(self.iterations < cfg.critic_warmup_iterations)
+        metrics["train/critic_warmup"] = float(warming_up)
         self.iterations += 1
         return metrics
 
