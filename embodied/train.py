@@ -96,8 +96,8 @@ class PeriodicEvaluation:
 
         if self.env is None:
             env_cfg = self.config.env
-            if hasattr(env_cfg, "num_workers"):  # one worker where the env cannot live in this process
-                env_cfg = dataclasses.replace(env_cfg, num_workers=1 if env_cfg.name == "libero" else 0)
+            if hasattr(env_cfg, "num_workers"):  # in this process, unless the env cannot live here
+                env_cfg = dataclasses.replace(env_cfg, num_workers=getattr(env_cfg, "MIN_WORKERS", 0))
             self.env = build_env(env_cfg, seed=self.config.seed, stream=1)
         episodes, _ = run_episodes(self.env, policy, self.config.periodic_eval_episodes, progress=False)
         result = summarize("all", episodes)

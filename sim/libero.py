@@ -23,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import numpy as np
 
@@ -48,6 +48,7 @@ CONTROL_HZ = 20.0
 
 @dataclass
 class LiberoConfig:
+    MIN_WORKERS: ClassVar[int] = 1  # LIBERO cannot run in the trainer's interpreter
     name: str = "libero"
     suite: str = "libero_spatial"
     task_ids: Optional[list[int]] = None  # None: every task of the suite; env i runs task_ids[i % n]
