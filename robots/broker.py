@@ -1,0 +1,69 @@
+"""The action-chunk broker: turns chunks of C actions from the policy server into one action
+per control tick.
+
+Time is counted in control ticks. A chunk answers the observation taken at tick s: its action
+j is meant for tick s + j. So an answer that took longer than a tick to arrive starts part way
+in: the actions whose tick has passed are skipped (and counted), never executed late.
+
+- chunk mode: the newest chunk is executed; the client asks for the next one once
+  `execute_steps` (k) of the current chunk's ticks have passed, and keeps executing the rest
+  of the current chunk while the answer is on its way.
+- ensemble mode (ACT's temporal ensembling): every stored chunk that has an action for this
+  tick votes, weighted exp(-decay * i) with i = 0 for the oldest; the client asks every
+  `execute_steps` ticks (usually 1)."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from embodied.errors import ConfigError
+
+MODES = ("chunk", "ensemble")
+
+
+class ChunkBroker:
+    def __init__(self, chunk_size: int, execute_steps: int, mode: str = "chunk", ensemble_decay: float = 0.01):
+        if mode not in MODES:
+            raise ConfigError(f"broker mode must be one of {MODES}, got '{mode}'")
+        if not 1 <= execute_steps <= chunk_size:
+            raise ConfigError(f"execute_steps must be in [1, chunk size {chunk_size}], got {execute_steps}")
+        self.chunk_size = chunk_size
+        self.execute_steps = execute_steps
+        self.mode = mode
+        self.ensemble_decay = ensemble_decay
+        self.chunks: collections.deque[tuple[int, np.ndarray]] = collections.deque()
+        self.skipped = 0  # chunk actions whose tick had passed when the chunk arrived
+
+    def clear(self) -> None:
+        """A new episode: nothing of the last one may be executed."""
+        self.chunks.clear()
+
+    def add(self, actions: np.ndarray, start_tick: int, now_tick: int) -> None:
+        """A chunk (C, A) for the observation taken at `start_tick`, arriving at `now_tick`."""
+        if self.chunks and start_tick <= self.chunks[-1][0]:
+            return  # an answer older than one already held
+        self.chunks.append((start_tick, np.asarray(actions, dtype=np.float32)))
+        self.skipped += min(max(now_tick - start_tick, 0), self.chunk_size)
+        while self.chunks and self.chunks[0][0] + self.chunk_size <= now_tick:
+            self.chunks.popleft()
+
+    def action(self, tick: int) -> np.ndarray | None:
+        """The action for `tick`, or None when no chunk covers it (the watchdog's business)."""
+        live = [(start, actions) for start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
+        if not live:
+            return None
+        if self.mode == "chunk":
+            start, actions = live[-1]
+            return actions[tick - start]
+        weights = np.exp(-self.ensemble_decay * np.arange(len(live)))
+        votes = np.stack([actions[tick - start] for start, actions in live])
+        return (weights[:, None] * votes).sum(0) / weights.sum()
+
+    def wants_query(self, tick: int) -> bool:
+        """Whether to send a new observation at `tick` (if none is on its way already)."""
+        if not self.chunks:
+            return True
+        newest = self.chunks[-1][0]
+        return tick - newest >= self.execute_steps

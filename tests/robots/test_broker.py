@@ -1,0 +1,61 @@
+"""The action-chunk broker: k of C actions then a new query, latency-aware skipping, ensembling."""
+
+import numpy as np
+import pytest
+
+from embodied.errors import ConfigError
+from robots.broker import ChunkBroker
+
+
+def chunk(start_value: float, size: int = 4) -> np.ndarray:
+    return (start_value + np.arange(size, dtype=np.float32))[:, None]
+
+
+def test_executes_k_actions_then_asks_while_finishing_the_chunk():
+    broker = ChunkBroker(chunk_size=4, execute_steps=2)
+    assert broker.wants_query(0)
+    broker.add(chunk(10), start_tick=0, now_tick=0)
+    assert broker.action(0)[0] == 10 and not broker.wants_query(0)
+    assert broker.action(1)[0] == 11 and not broker.wants_query(1)
+    assert broker.wants_query(2)  # k=2 executed: ask again, meanwhile the chunk goes on
+    assert broker.action(2)[0] == 12 and broker.action(3)[0] == 13
+    assert broker.action(4) is None  # past the chunk: the watchdog's business
+    assert broker.skipped == 0
+
+
+def test_actions_whose_tick_passed_during_inference_are_skipped():
+    broker = ChunkBroker(chunk_size=4, execute_steps=2)
+    broker.add(chunk(0), start_tick=0, now_tick=0)
+    broker.add(chunk(20), start_tick=2, now_tick=3)  # asked at tick 2, answered at tick 3
+    assert broker.action(3)[0] == 21  # the newest chunk's action for tick 3, not its first
+    assert broker.skipped == 1
+
+
+def test_an_answer_older_than_one_held_is_ignored():
+    broker = ChunkBroker(chunk_size=4, execute_steps=1)
+    broker.add(chunk(20), start_tick=2, now_tick=2)
+    broker.add(chunk(0), start_tick=1, now_tick=2)
+    assert broker.action(2)[0] == 20
+
+
+def test_temporal_ensembling_weights_older_chunks_more():
+    broker = ChunkBroker(chunk_size=4, execute_steps=1, mode="ensemble", ensemble_decay=0.5)
+    broker.add(chunk(0), start_tick=0, now_tick=0)
+    broker.add(chunk(100), start_tick=1, now_tick=1)
+    weights = np.exp(-0.5 * np.arange(2))
+    expected = (weights[0] * 1 + weights[1] * 100) / weights.sum()  # both chunks' action for tick 1
+    assert broker.action(1)[0] == pytest.approx(expected)
+
+
+def test_clear_forgets_the_last_episode():
+    broker = ChunkBroker(chunk_size=4, execute_steps=2)
+    broker.add(chunk(0), start_tick=0, now_tick=0)
+    broker.clear()
+    assert broker.action(1) is None and broker.wants_query(1)
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ConfigError, match="execute_steps"):
+        ChunkBroker(chunk_size=4, execute_steps=5)
+    with pytest.raises(ConfigError, match="mode"):
+        ChunkBroker(chunk_size=4, execute_steps=1, mode="smooth")
