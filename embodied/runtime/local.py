@@ -58,7 +58,8 @@ class LocalRuntime:
                 if evaluation.due(session.iteration):
                     session.record_eval(evaluation.run(policy))
                 if session.should_checkpoint(session.finished):
-                    session.save(learner, env.resume_state(), {"sampling_rng": rollout.generator.get_state()})
+                    session.save(learner, env.resume_state(), {"sampling_rng": rollout.generator.get_state(),
+                                                               "spec": env.spec.to_dict()})
         finally:
             session.close()
             evaluation.close()

@@ -195,8 +195,8 @@ class ProcsRuntime:
         procs_state = saved.get("procs") or {}
         expected = {"protocol": PROTOCOL_VERSION, "run": str(session.run_dir.resolve()),
                     "policy": config.policy.name, "chunk_size": config.policy.chunk_size}
-        if "spec" in procs_state:
-            expected["spec"] = procs_state["spec"]
+        if "spec" in saved:
+            expected["spec"] = saved["spec"]
         supervisor = RolloutSupervisor(session.run_dir, cfg)
         previous = supervisor.previous() if saved_state else None
         endpoints = ({"trajectory": previous["trajectory"], "weights": previous["weights"]} if previous
@@ -273,8 +273,8 @@ class ProcsRuntime:
                     session.record_eval(evaluation.run(policy))
                 if session.should_checkpoint(session.finished):
                     state = link.delivery_state()
-                    session.save(learner, None, {"procs": {"delivery": state, "spec": hello["spec"],
-                                                           "stale_batches_dropped": dropped}})
+                    session.save(learner, None, {"spec": hello["spec"], "procs": {
+                        "delivery": state, "stale_batches_dropped": dropped}})
                     link.checkpointed(state)
         finally:
             evaluation.close()
