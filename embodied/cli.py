@@ -4,7 +4,11 @@
     embodied train env=maniskill_pickcube algo.lr=1e-4 experiment=pushcube
     embodied train resume=runs/train-20260101-120000
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
+    embodied serve checkpoint=runs/train-20260101-120000        a policy server for robots
+    embodied robot robot=sim robot.env_from=runs/train-20260101-120000 episodes=5
     embodied keys keys/                             CURVE keypairs for non-loopback endpoints
+
+`robot` needs no torch: a robot PC installs only the client (see the README).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Sequence
 
 from embodied.errors import EmbodiedError
 
-VERBS = ("train", "eval", "keys")
+VERBS = ("train", "eval", "serve", "robot", "keys")
 
 
 def train(overrides: list[str]) -> int:
@@ -51,6 +55,23 @@ def evaluate(overrides: list[str]) -> int:
     return 0
 
 
+def serve(overrides: list[str]) -> int:
+    import logging
+
+    from embodied.config import compose, to_schema
+    from embodied.serve import ServeConfig, serve_checkpoint
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve_checkpoint(to_schema(ServeConfig, compose("serve", overrides)))
+    return 0
+
+
+def robot(overrides: list[str]) -> int:
+    from robots.cli import run
+
+    return run(overrides)
+
+
 def keys(arguments: list[str]) -> int:
     from embodied.transport.security import describe, generate_keys
 
@@ -73,12 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {unknown_name_message('command', verb, list(VERBS))}", file=sys.stderr)
         return 2
     try:
-        return {"train": train, "eval": evaluate, "keys": keys}[verb](overrides)
+        return {"train": train, "eval": evaluate, "serve": serve, "robot": robot, "keys": keys}[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("\ninterrupted; resume from the last checkpoint with resume=<run dir>", file=sys.stderr)
+        hint = "; resume from the last checkpoint with resume=<run dir>" if verb == "train" else ""
+        print(f"\ninterrupted{hint}", file=sys.stderr)
         return 130
 
 

@@ -56,3 +56,4 @@ ENVS: Registry = Registry("env")
 POLICIES: Registry = Registry("policy")
 ALGOS: Registry = Registry("algo")
 RUNTIMES: Registry = Registry("runtime")
+ROBOTS: Registry = Registry("robot")  # filled by robots/, which never imports torch

@@ -50,6 +50,10 @@ class SingleEnv(ABC):
         """uint8 (H, W, 3) frame for videos."""
         raise NotImplementedError(f"{type(self).__name__} cannot render frames")
 
+    def end_effector_position(self) -> np.ndarray | None:
+        """(3,) metres in the robot's base frame, for tasks with an arm (a robot's workspace box)."""
+        return None
+
     def close(self) -> None:
         pass
 

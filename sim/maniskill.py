@@ -164,6 +164,13 @@ class ManiSkillEnv(SingleEnv):
     def render(self) -> np.ndarray:
         return self.env.render()[0].cpu().numpy()
 
+    def end_effector_position(self) -> np.ndarray | None:
+        agent = self.env.unwrapped.agent
+        if getattr(agent, "tcp", None) is None:
+            return None
+        world = agent.tcp.pose.p[0] - agent.robot.pose.p[0]  # the robot base is not rotated in these tasks
+        return world.detach().cpu().numpy().astype(np.float64)
+
     def close(self) -> None:
         self.env.close()
 

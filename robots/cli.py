@@ -1,0 +1,118 @@
+"""`embodied robot robot=<name> server=<endpoint> [key=value ...]`: run a robot client.
+
+Keys (when stdin is a terminal): `e` or space latches the e-stop, `r` resets it, `q` quits.
+Signals: SIGUSR1 latches the e-stop (e.g. `kill -USR1 <pid>` from a hardware button
+script); Ctrl-C quits. Either way the robot is left holding the safe action."""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from embodied.config import _validate, compose
+from embodied.errors import ConfigError
+from embodied.registry import ROBOTS
+from robots.client import RobotClient, RobotClientConfig, build_robot
+from robots.policy_client import PolicyClient
+
+
+def load_client_config(overrides: list[str]) -> RobotClientConfig:
+    import robots.components  # noqa: F401  (fills the registry)
+
+    cfg = compose("robot", overrides)
+    robot_section = cfg.get("robot")
+    if robot_section is None or robot_section.get("name") is None:
+        raise ConfigError("no robot selected; pass robot=<name> (configs/robot/)")
+    top = {key: value for key, value in cfg.items() if key != "robot"}
+    config = _validate(RobotClientConfig, top, "")
+    config.robot = _validate(ROBOTS.get(robot_section.name).schema, robot_section, "robot.")
+    if config.episodes < 1:
+        raise ConfigError(f"'episodes' must be >= 1, got {config.episodes}")
+    return config
+
+
+class KeyboardMonitor:
+    """Single key presses from a terminal, read in a thread; nothing when `fd` is no terminal
+    (a service, CI) unless `force` (tests feed a pipe)."""
+
+    def __init__(self, actions: dict[str, Callable[[], None]], fd: int | None = None, force: bool = False):
+        self.actions = actions
+        self.fd = sys.stdin.fileno() if fd is None else fd
+        self.active = force or os.isatty(self.fd)
+        self._saved: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "KeyboardMonitor":
+        if self.active:
+            if os.isatty(self.fd):
+                import termios
+                import tty
+
+                self._saved = termios.tcgetattr(self.fd)
+                tty.setcbreak(self.fd)
+            self._thread = threading.Thread(target=self._run, name="keys", daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.fd], [], [], 0.1)
+            if not ready:
+                continue
+            data = os.read(self.fd, 1)
+            if not data:
+                return
+            action = self.actions.get(data.decode(errors="ignore").lower())
+            if action is not None:
+                action()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
+
+
+def run(overrides: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = load_client_config(overrides)
+    output = Path(config.output) if config.output else Path("runs") / f"robot-{time.strftime('%Y%m%d-%H%M%S')}"
+    robot = build_robot(config.robot)
+    policy = PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s)
+    client = RobotClient(robot, policy, config, output)
+    quit_requested = threading.Event()
+    client.should_quit = quit_requested.is_set
+    keys = {"e": lambda: client.safety.estop("key"), " ": lambda: client.safety.estop("key"),
+            "r": client.safety.reset_estop, "q": quit_requested.set}
+    def interrupt(*_: Any) -> None:  # the first Ctrl-C ends the run cleanly, a second one at once
+        quit_requested.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, lambda *_: client.safety.estop("SIGUSR1")),
+                signal.SIGINT: signal.signal(signal.SIGINT, interrupt)}
+    try:
+        with KeyboardMonitor(keys) as monitor:
+            if monitor.active:
+                print("keys: e/space e-stop, r reset e-stop, q quit", flush=True)
+            summary = client.run()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    jitter, trip = summary["jitter_ms"], summary["round_trip_ms"]
+    print(f"\n{len(summary['episodes'])} episodes, success {summary['success_rate']:.0%}; "
+          f"round trip p50 {trip.get('p50', float('nan')):.2f} ms p99 {trip.get('p99', float('nan')):.2f} ms; "
+          f"jitter p99 {jitter.get('p99', float('nan')):.2f} ms")
+    print(f"action sources: {summary['action_sources']}; safety: {summary['safety_interventions']}")
+    print(f"log: {output / 'steps.jsonl'}\nsummary: {output / 'summary.json'}")
+    return 0

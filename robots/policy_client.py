@@ -1,0 +1,221 @@
+"""The robot's connection to a policy server: handshake, one request in flight, validated
+replies, and reconnection that never blocks the control loop.
+
+A request that gets no answer within `request_timeout_s` means the server is gone: the socket
+is dropped (so queued stale requests are never delivered) and a new one says hello every
+`retry_s` until a server welcomes it. Meanwhile `poll` returns nothing and the control loop's
+watchdog holds the robot safe. Numpy and pyzmq only: no torch on the robot."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from embodied.errors import EmbodiedError
+from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, plain
+from embodied.transport.sockets import connect, receive, send
+from embodied.types import EnvSpec
+from robots.base import RobotObservation
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(EmbodiedError):
+    """The server refused this robot (spec mismatch, full) or could not be reached."""
+
+
+@dataclass
+class ActionReply:
+    actions: np.ndarray  # float32 (C, A)
+    tick: int  # the tick of the observation it answers
+    policy_version: int | None
+    round_trip_ms: float
+    timing: dict[str, float]
+
+
+class PolicyClient:
+    def __init__(self, endpoint: str, spec: EnvSpec, name: str = "robot", keys_dir: str | None = None,
+                 request_timeout_s: float = 2.0, retry_s: float = 1.0):
+        self.endpoint = endpoint
+        self.spec = spec
+        self.name = name
+        self.keys_dir = keys_dir
+        self.request_timeout_s = request_timeout_s
+        self.retry_s = retry_s
+        self.context = zmq.Context.instance()
+        self.socket: zmq.Socket | None = None
+        self.metadata: dict[str, Any] | None = None  # the server's welcome; None while not connected
+        self.seq = 0
+        self.in_flight: tuple[int, int, float] | None = None  # (seq, tick, sent at)
+        self._hello_sent = 0.0
+        self.counts: collections.Counter[str] = collections.Counter(
+            {"malformed_replies": 0, "server_errors": 0, "timeouts": 0, "reconnects": 0})
+
+    @property
+    def connected(self) -> bool:
+        return self.metadata is not None
+
+    # ---- connection -----------------------------------------------------------------------
+    def _open(self) -> None:
+        if self.socket is not None:
+            self.socket.close()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:8]}".encode())
+        connect(self.socket, self.endpoint, self.keys_dir)
+        self.metadata = None
+        self.in_flight = None
+        self._say_hello()
+
+    def _say_hello(self) -> None:
+        assert self.socket is not None
+        self.seq += 1
+        send(self.socket, Message("hello", self.seq, {"protocol": PROTOCOL_VERSION, "role": "robot",
+                                                      "name": self.name, "spec": plain(self.spec.to_dict())}))
+        self._hello_sent = time.monotonic()
+
+    def connect(self, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Handshake, waiting up to `timeout_s`; returns the server's metadata."""
+        self._open()
+        deadline = time.monotonic() + timeout_s
+        while not self.connected:
+            if time.monotonic() > deadline:
+                raise ServerError(f"no policy server answered at {self.endpoint} within {timeout_s:.0f} s; "
+                                  f"start one with `embodied serve checkpoint=<run dir> endpoint={self.endpoint}`")
+            self.poll(0.05)
+        return self.metadata  # type: ignore[return-value]
+
+    def _reconnect(self, why: str) -> None:
+        logger.warning("policy server %s: %s; reconnecting", self.endpoint, why)
+        self.counts["reconnects"] += 1
+        self._open()
+
+    def maintain(self) -> None:
+        """Call every tick: detects a silent server and retries the handshake."""
+        now = time.monotonic()
+        if self.in_flight is not None and now - self.in_flight[2] > self.request_timeout_s:
+            self.counts["timeouts"] += 1
+            self._reconnect(f"no answer within {self.request_timeout_s:.1f} s")
+        elif not self.connected and now - self._hello_sent > self.retry_s:
+            self._open()
+
+    def close(self) -> None:
+        if self.socket is not None:
+            if self.connected:
+                try:
+                    send(self.socket, Message("close", self.seq + 1, {}))
+                except zmq.ZMQError:
+                    pass
+            self.socket.close()
+            self.socket = None
+        self.metadata = None
+
+    # ---- requests -------------------------------------------------------------------------
+    def request(self, observation: RobotObservation, tick: int, instruction: str) -> bool:
+        """Send an observation unless one is on its way or the server is not connected."""
+        if not self.connected or self.in_flight is not None:
+            return False
+        assert self.socket is not None
+        self.seq += 1
+        body = {"tick": tick, "observation": {"state": np.asarray(observation.state, dtype=np.float32),
+                                              "images": observation.images, "instruction": instruction}}
+        send(self.socket, Message("infer", self.seq, body))
+        self.in_flight = (self.seq, tick, time.monotonic())
+        return True
+
+    def poll(self, timeout_s: float) -> ActionReply | None:
+        """Handle what arrives within `timeout_s`; returns a valid answer to the request in
+        flight, if one came. Anything malformed is counted, logged and dropped."""
+        if self.socket is None:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.socket.poll(max(int((deadline - time.monotonic()) * 1000), 0)):
+                return None
+            try:
+                _, message = receive(self.socket)
+            except ProtocolError as error:
+                self._reject(f"undecodable reply: {error}")
+                continue
+            reply = self._handle(message)
+            if reply is not None:
+                return reply
+
+    def _reject(self, why: str) -> None:
+        self.counts["malformed_replies"] += 1
+        logger.warning("rejected a reply from the policy server: %s", why)
+        self.in_flight = None  # ask again rather than wait for an answer that will not come
+
+    def _handle(self, message: Message) -> ActionReply | None:
+        if message.kind == "welcome":
+            self._welcome(message.body)
+        elif message.kind == "error":
+            body = message.body if isinstance(message.body, dict) else {}
+            code, text = body.get("code"), body.get("message", message.body)
+            if code in ("mismatch", "full", "version"):
+                raise ServerError(f"the policy server at {self.endpoint} refused this robot: {text}")
+            self.counts["server_errors"] += 1
+            logger.warning("policy server error (%s): %s", code, text)
+            if code == "hello":
+                self._reconnect("the server does not know this client")
+            else:
+                self.in_flight = None
+        elif message.kind == "action":
+            return self._action(message)
+        elif message.kind != "heartbeat":
+            self._reject(f"unexpected message kind '{message.kind}'")
+        return None
+
+    def _welcome(self, body: Any) -> None:
+        if not isinstance(body, dict) or not isinstance(body.get("chunk_size"), int) or body["chunk_size"] < 1:
+            self._reject(f"a welcome without a valid chunk_size: {body!r:.200}")
+            return
+        if self.metadata is None:
+            logger.info("connected to policy '%s' version %s at %s", body.get("policy"),
+                        body.get("policy_version"), self.endpoint)
+        self.metadata = body
+
+    def _action(self, message: Message) -> ActionReply | None:
+        if self.in_flight is None or message.seq != self.in_flight[0]:
+            return None  # the answer to a request already given up on
+        seq, tick, sent = self.in_flight
+        body = message.body
+        if not isinstance(body, dict):
+            self._reject("an action reply that is not a map")
+            return None
+        actions = body.get("actions")
+        expected = (self.metadata["chunk_size"], self.spec.action_dim) if self.metadata else None
+        if not isinstance(actions, np.ndarray) or actions.dtype != np.float32 or actions.shape != expected:
+            self._reject(f"actions must be float32 {expected}, got "
+                         f"{getattr(actions, 'dtype', type(actions).__name__)} {getattr(actions, 'shape', '')}")
+            return None
+        if not np.all(np.isfinite(actions)):
+            self._reject("actions contain NaN or infinity")
+            return None
+        timing = body.get("timing") if isinstance(body.get("timing"), dict) else {}
+        self.in_flight = None
+        return ActionReply(actions=actions, tick=tick, policy_version=body.get("policy_version"),
+                           round_trip_ms=(time.monotonic() - sent) * 1000,
+                           timing={k: float(v) for k, v in timing.items() if isinstance(v, (int, float))})
+
+    def ping(self, timeout_s: float = 5.0) -> float:
+        """Round trip of a heartbeat in milliseconds (a health check); raises if none comes."""
+        assert self.socket is not None
+        self.seq += 1
+        start = time.monotonic()
+        send(self.socket, Message("heartbeat", self.seq, {"time": time.time()}))
+        deadline = start + timeout_s
+        while time.monotonic() < deadline:
+            if self.socket.poll(50):
+                _, message = receive(self.socket)
+                if message.kind == "heartbeat" and message.seq == self.seq:
+                    return (time.monotonic() - start) * 1000
+                self._handle(message)
+        raise ServerError(f"the policy server at {self.endpoint} did not answer a ping within {timeout_s:.0f} s")
