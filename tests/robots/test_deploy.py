@@ -1,0 +1,285 @@
+"""Robot client <-> policy server on loopback, with real ZeroMQ sockets and a simulated robot."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from embodied.serve import PolicyServer, ServeConfig
+from embodied.transport.protocol import Message
+from embodied.transport.sockets import EndpointError, receive, send
+from embodied.types import EnvSpec, Observation
+from robots.client import BrokerConfig, RobotClient, RobotClientConfig
+from robots.policy_client import PolicyClient, ServerError
+from robots.safety import SafetyConfig
+from robots.sim_robot import SimRobot, SimRobotConfig
+
+SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
+PENDULUM = {"name": "gymnasium", "task": "InvertedPendulum-v4"}
+
+
+def free_endpoint() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def echo(chunk_size: int, action_dim: int):
+    """Actions that tell each client its own state back: action[c] = state[:A] + c."""
+    def infer(observation: Observation) -> np.ndarray:
+        base = observation.state[:, None, :action_dim]
+        return base + np.arange(chunk_size, dtype=np.float32)[None, :, None]
+    return infer
+
+
+def start_server(spec=SPEC, chunk_size=2, **config):
+    server = PolicyServer(echo(chunk_size, spec.action_dim), spec, {"policy": "echo", "policy_version": 3,
+                                                                     "chunk_size": chunk_size},
+                          ServeConfig(endpoint=config.pop("endpoint", "tcp://127.0.0.1:*"), stats_every_s=0, **config))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+
+    def shutdown():
+        stop.set()
+        thread.join(5)
+        server.close()
+    return server, shutdown
+
+
+def observation(state):
+    from robots.base import RobotObservation
+    return RobotObservation(state=np.asarray(state, dtype=np.float32))
+
+
+def ask(client: PolicyClient, state, tick=0, timeout_s=5.0):
+    assert client.request(observation(state), tick, "balance")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reply = client.poll(0.05)
+        if reply is not None:
+            return reply
+    raise AssertionError("no reply")
+
+
+def test_eight_clients_are_served_in_batches_each_with_its_own_answer():
+    server, shutdown = start_server(batch_window_ms=20)
+    errors, replies = [], []
+
+    def robot(index):
+        try:
+            client = PolicyClient(server.endpoint, SPEC, name=f"robot{index}")
+            client.connect()
+            for tick in range(15):
+                state = [index, tick, 0.0, 0.0]
+                reply = ask(client, state, tick)
+                np.testing.assert_allclose(reply.actions, [[index, tick], [index + 1, tick + 1]])
+                assert reply.tick == tick and reply.policy_version == 3
+                replies.append(reply.timing["batch_size"])
+            client.close()
+        except Exception as error:  # surfaced below with the robot's index
+            errors.append(f"robot{index}: {error!r}")
+
+    threads = [threading.Thread(target=robot, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    shutdown()
+    assert not errors, errors
+    assert len(replies) == 8 * 15
+    assert max(server.stats.batch_sizes) > 1 and max(replies) > 1
+    assert server.stats.requests == 8 * 15 and server.stats.batches < 8 * 15
+
+
+def test_the_server_refuses_a_robot_that_does_not_fit_the_policy_or_does_not_fit_in():
+    server, shutdown = start_server(max_clients=1)
+    try:
+        other = EnvSpec(state_dim=5, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
+        with pytest.raises(ServerError, match="state_dim: policy 4, robot 5"):
+            PolicyClient(server.endpoint, other).connect(timeout_s=5)
+        first = PolicyClient(server.endpoint, SPEC, name="first")
+        first.connect(timeout_s=5)
+        with pytest.raises(ServerError, match="full"):
+            PolicyClient(server.endpoint, SPEC, name="second").connect(timeout_s=5)
+        assert ask(first, [1, 2, 3, 4]).actions.shape == (2, 2)
+        assert first.ping() > 0
+    finally:
+        shutdown()
+
+
+def test_a_malformed_request_gets_a_typed_error_and_harms_no_other_client():
+    server, shutdown = start_server()
+    try:
+        good = PolicyClient(server.endpoint, SPEC, name="good")
+        good.connect(timeout_s=5)
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(server.endpoint)
+        send(raw, Message("infer", 1, {"tick": 0, "observation": {"state": np.zeros(4, np.float32)}}))
+        assert raw.poll(5000)
+        assert receive(raw)[1].body["code"] == "hello"  # unknown clients must say hello first
+        send(raw, Message("hello", 2, {"name": "raw", "spec": json.loads(json.dumps(SPEC.to_dict()))}))
+        assert raw.poll(5000) and receive(raw)[1].kind == "welcome"
+        for bad in ({"tick": 0, "observation": {"state": np.zeros(4, np.float64)}},
+                    {"tick": 0, "observation": {"state": np.zeros(3, np.float32)}},
+                    {"tick": "0", "observation": {"state": np.zeros(4, np.float32)}},
+                    {"observation": {"state": np.zeros(4, np.float32), "images": {"wrist": np.zeros((2, 2, 3), np.uint8)}}}):
+            send(raw, Message("infer", 3, bad))
+            assert raw.poll(5000)
+            reply = receive(raw)[1]
+            assert reply.kind == "error" and reply.body["code"] == "malformed", bad
+        raw.send_multipart([b"not msgpack"])
+        assert raw.poll(5000) and receive(raw)[1].body["code"] == "malformed"
+        raw.close()
+        assert ask(good, [5, 6, 0, 0]).actions[0].tolist() == [5.0, 6.0]
+        assert server.stats.malformed == 5
+    finally:
+        shutdown()
+
+
+def test_a_public_endpoint_needs_curve_keys():
+    with pytest.raises(EndpointError, match="embodied keys"):
+        PolicyServer(echo(1, 2), SPEC, {"chunk_size": 1}, ServeConfig(endpoint="tcp://0.0.0.0:5999"))
+
+
+class FakeServer:
+    """A ROUTER that welcomes a robot and then answers with whatever the test queues."""
+
+    def __init__(self, chunk_size=2):
+        self.socket = zmq.Context.instance().socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        port = self.socket.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.chunk_size = chunk_size
+
+    def welcome(self):
+        assert self.socket.poll(5000)
+        identity, message = receive(self.socket, routed=True)
+        send(self.socket, Message("welcome", message.seq, {"policy": "fake", "chunk_size": self.chunk_size}), identity)
+        return identity
+
+    def answer(self, frames_or_body):
+        assert self.socket.poll(5000)
+        identity, message = receive(self.socket, routed=True)
+        if isinstance(frames_or_body, list):
+            self.socket.send_multipart([identity, *frames_or_body])
+        else:
+            send(self.socket, Message("action", message.seq, frames_or_body), identity)
+
+
+@pytest.mark.parametrize("reply", [
+    {"actions": np.zeros((3, 2), np.float32)},  # wrong chunk length
+    {"actions": np.zeros((2, 2), np.float64)},  # wrong dtype
+    {"actions": np.full((2, 2), np.nan, np.float32)},  # not finite
+    {"actions": [[0.0, 0.0], [0.0, 0.0]]},  # not an array
+    [b"\x93garbage"],  # not a message at all
+])
+def test_malformed_replies_are_rejected_and_counted(reply):
+    fake = FakeServer()
+    client = PolicyClient(fake.endpoint, SPEC, request_timeout_s=5.0)
+    connecting = threading.Thread(target=client.connect, kwargs={"timeout_s": 5})
+    connecting.start()
+    fake.welcome()
+    connecting.join()
+    assert client.request(observation([0, 0, 0, 0]), 0, "")
+    fake.answer(reply)
+    assert client.poll(1.0) is None
+    assert client.counts["malformed_replies"] == 1 and client.in_flight is None
+    assert client.request(observation([0, 0, 0, 0]), 1, "")  # and it can ask again
+    fake.answer({"actions": np.ones((2, 2), np.float32), "timing": {"server_ms": 1.0}})
+    assert client.poll(2.0).actions.sum() == 4.0
+
+
+def pendulum_robot():
+    return SimRobot(SimRobotConfig(env=PENDULUM))
+
+
+def client_config(endpoint, tmp_path, **overrides):
+    values = dict(server=endpoint, episodes=2, max_episode_steps=30, control_hz=100.0, output=str(tmp_path),
+                  request_timeout_s=1.0, safety=SafetyConfig(safe_action="zero", watchdog_s=0.2))
+    values.update(overrides)
+    return RobotClientConfig(**values)
+
+
+def test_a_simulated_robot_completes_episodes_driven_by_the_server(tmp_path):
+    robot = pendulum_robot()
+    server, shutdown = start_server(spec=robot.spec, chunk_size=4)
+    try:
+        config = client_config(server.endpoint, tmp_path, broker=BrokerConfig(execute_steps=2))
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec, request_timeout_s=1.0), config,
+                              tmp_path).run()
+    finally:
+        shutdown()
+    assert [e["episode"] for e in summary["episodes"]] == [0, 1]
+    assert all(e["steps"] > 0 for e in summary["episodes"])
+    assert summary["action_sources"]["policy"] == sum(e["steps"] for e in summary["episodes"])
+    assert summary["safety_interventions"]["watchdog"] == 0
+    # a chunk of 4, asked again after 2: about one request per two ticks
+    assert server.stats.requests <= summary["action_sources"]["policy"] // 2 + 4
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert len(lines) == sum(e["ticks"] for e in summary["episodes"])
+    assert any("round_trip_ms" in line and "server_ms" in line for line in lines)
+    assert json.loads((tmp_path / "summary.json").read_text())["round_trip_ms"]["p50"] > 0
+
+
+SERVER_SCRIPT = """
+import sys, numpy as np
+from embodied.serve import PolicyServer, ServeConfig
+from embodied.types import EnvSpec
+spec = EnvSpec.from_dict({spec})
+def infer(observation):
+    return np.zeros((observation.batch_size, 1, spec.action_dim), np.float32)
+server = PolicyServer(infer, spec, {{"policy": "zeros", "chunk_size": 1}}, ServeConfig(endpoint="{endpoint}", stats_every_s=0))
+print("ready", flush=True)
+server.serve_forever()
+"""
+
+
+def launch_server(spec, endpoint):
+    process = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT.format(spec=spec.to_dict(), endpoint=endpoint)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "ready"
+    return process
+
+
+def test_watchdog_holds_the_robot_when_the_server_dies_and_the_client_reconnects(tmp_path):
+    # Pendulum-v1 never terminates: one episode spans the whole outage
+    robot = SimRobot(SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1", "max_episode_steps": 10_000}))
+    endpoint = free_endpoint()
+    server = launch_server(robot.spec, endpoint)
+    config = client_config(endpoint, tmp_path, episodes=1, max_episode_steps=10_000, control_hz=50.0)
+    client = RobotClient(robot, PolicyClient(endpoint, robot.spec, request_timeout_s=0.5, retry_s=0.2), config, tmp_path)
+    quit_requested = threading.Event()
+    client.should_quit = quit_requested.is_set
+    result = {}
+    runner = threading.Thread(target=lambda: result.update(client.run()))
+    runner.start()
+    try:
+        time.sleep(2.0)
+        server.kill()
+        server.wait()
+        time.sleep(1.5)
+        server = launch_server(robot.spec, endpoint)
+        time.sleep(2.0)
+        quit_requested.set()
+        runner.join(30)
+    finally:
+        server.kill()
+        server.wait()
+    assert result, "the client did not finish"
+    assert len(result["episodes"]) == 1
+    sources = [json.loads(line)["source"] for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    first_safe = sources.index("watchdog")
+    last_policy = max(i for i in range(first_safe) if sources[i] == "policy")
+    period = 1 / 50.0
+    assert (first_safe - last_policy) * period <= 0.2 + 2 * period  # within the watchdog's period
+    assert "policy" in sources[first_safe:], "policy actions did not resume after the server returned"
+    assert result["connection"]["reconnects"] >= 1
+    assert set(sources[last_policy + 1:first_safe]) <= {"none"}  # nothing else was sent meanwhile

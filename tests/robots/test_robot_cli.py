@@ -1,0 +1,126 @@
+"""The README walkthrough through the `embodied` command: train in simulation, serve the
+checkpoint, drive the simulated robot with a client whose process cannot import torch."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.embodied.test_cli import embodied
+from tests.robots.test_deploy import free_endpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Run first in a robot-side process: any import of torch fails, as on a robot PC without it.
+NO_TORCH = """
+import sys
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("torch is not installed on this robot PC")
+sys.meta_path.insert(0, NoTorch())
+"""
+ROBOT_MAIN = NO_TORCH + """
+from embodied.cli import main
+code = main(sys.argv[1:])
+assert "torch" not in sys.modules
+sys.exit(code)
+"""
+
+
+def robot_command(*args):
+    return [sys.executable, "-c", ROBOT_MAIN, "robot", *args]
+
+
+def test_the_robot_side_imports_without_torch():
+    modules = ["robots.client", "robots.cli", "robots.policy_client", "robots.safety", "robots.broker",
+               "robots.cameras", "robots.sim_robot", "robots.lerobot_robot", "robots.components", "sim.worker",
+               "sim.gymnasium_env", "embodied.cli", "embodied.transport.security"]
+    script = NO_TORCH + f"""
+import importlib
+for name in {modules!r}:
+    importlib.import_module(name)
+from embodied.cli import main
+assert main(["--help"]) == 0
+assert "torch" not in sys.modules
+print("imported without torch")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "imported without torch" in result.stdout
+
+
+def test_the_core_install_pulls_no_torch():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    assert "torch" not in core and "safetensors" not in core
+    assert any(d.startswith("torch") for d in project["optional-dependencies"]["train"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "pendulum"
+    embodied("train", "experiment=mujoco_invertedpendulum", "total_env_steps=64", "algo.rollout_steps=64",
+             "algo.num_minibatches=2", "algo.update_epochs=1", "eval_episodes=0", "logger.progress_bar=false",
+             f"run_dir={run_dir}")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def server(trained):
+    endpoint = free_endpoint()
+    process = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={trained}",
+                                f"endpoint={endpoint}", "stats_every_s=0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    line = process.stdout.readline()
+    assert line.startswith("serving mlp_gaussian"), line + process.stdout.read()
+    yield endpoint
+    process.send_signal(signal.SIGINT)
+    process.wait(10)
+
+
+def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
+    output = tmp_path / "robot"
+    result = subprocess.run(robot_command(f"robot.env_from={trained}", f"server={server}", "episodes=3",
+                                          "max_episode_steps=40", "control_hz=100", f"output={output}"),
+                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((output / "summary.json").read_text())
+    assert summary["policy"] == "mlp_gaussian"
+    assert [e["episode"] for e in summary["episodes"]] == [0, 1, 2]
+    assert summary["action_sources"]["policy"] == sum(e["steps"] for e in summary["episodes"]) > 0
+    assert summary["round_trip_ms"]["n"] == summary["action_sources"]["policy"]  # chunk 1: one query per step
+    assert "3 episodes" in result.stdout
+
+
+def test_sigusr1_latches_the_estop_and_ctrl_c_ends_the_run_cleanly(trained, server, tmp_path):
+    output = tmp_path / "robot"
+    process = subprocess.Popen(robot_command(f"robot.env_from={trained}", f"server={server}", "episodes=100000",
+                                             "max_episode_steps=40", "control_hz=100", f"output={output}"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 120
+        while not (output / "steps.jsonl").is_file() or not (output / "steps.jsonl").stat().st_size:
+            assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+            time.sleep(0.1)
+        time.sleep(0.5)
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        process.send_signal(signal.SIGINT)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, out
+    summary = json.loads((output / "summary.json").read_text())
+    sources = [json.loads(line)["source"] for line in (output / "steps.jsonl").read_text().splitlines()]
+    first_stop = sources.index("estop")
+    assert "policy" in sources[:first_stop] and "policy" not in sources[first_stop:]  # latched across episodes
+    assert summary["safety_interventions"]["estop"] == sources.count("estop") > 10
+    assert "E-STOP (SIGUSR1)" in out
