@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -40,6 +41,22 @@ def fit_image(frame: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
     return cv2.resize(cropped, (target_w, target_h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
 
 
+class Camera(ABC):
+    """What a robot reads images from: the newest frame, RGB uint8 at the policy's size."""
+
+    name: str
+
+    @abstractmethod
+    def connect(self) -> None: ...
+
+    @abstractmethod
+    def read_latest(self, max_age_s: float = 1.0) -> tuple[np.ndarray, float]:
+        """(frame, capture time on time.monotonic()); a frame older than `max_age_s` is an error."""
+
+    @abstractmethod
+    def disconnect(self) -> None: ...
+
+
 @dataclass
 class CameraConfig:
     source: Union[int, str] = 0  # device index, /dev/videoN or a video file
@@ -48,7 +65,7 @@ class CameraConfig:
     loop: bool = False  # a video file starts over at its end (demos)
 
 
-class OpenCVCamera:
+class OpenCVCamera(Camera):
     def __init__(self, config: CameraConfig, name: str = "camera"):
         self.config = config
         self.name = name
@@ -101,8 +118,6 @@ class OpenCVCamera:
                 time.sleep(period)
 
     def read_latest(self, max_age_s: float = 1.0) -> tuple[np.ndarray, float]:
-        """The newest frame and its capture time; a frame older than `max_age_s` is an error,
-        never silently reused."""
         with self._lock:
             frame, timestamp = self._frame, self._timestamp
         if frame is None:

@@ -143,8 +143,11 @@ class RobotClient:
             reply = self._exchange(tick, target, entry)
             if reply is not None:
                 self._take(reply, tick, entry)
+            position = self.robot.end_effector_position()
+            if position is not None:
+                entry["ee_position"] = np.round(position, 4).tolist()
             now = time.monotonic()
-            command, source = self._decide(tick, now, previous)
+            command, source = self._decide(tick, now, previous, position)
             entry["act_ms"] = (now - target) * 1000  # when this tick's command went out
             self.act_ms.append(entry["act_ms"])
             self.sources[source] += 1
@@ -184,13 +187,14 @@ class RobotClient:
             self.server_ms.append(reply.timing["server_ms"])
         entry.update(round_trip_ms=reply.round_trip_ms, policy_version=reply.policy_version, **reply.timing)
 
-    def _decide(self, tick: int, now: float, previous: np.ndarray | None) -> tuple[np.ndarray | None, str]:
+    def _decide(self, tick: int, now: float, previous: np.ndarray | None,
+                position: np.ndarray | None) -> tuple[np.ndarray | None, str]:
         assert self.broker is not None
         if self.safety.estopped:
             return self.safety.safe_action(self._hold(), "estop"), "estop"
         action = self.broker.action(tick)
         if action is not None:
-            command, stop = self.safety.filter(action, previous, self.robot.end_effector_position())
+            command, stop = self.safety.filter(action, previous, position)
             if stop:
                 return self.safety.safe_action(self._hold(), "workspace"), "workspace"
             return command, "policy"

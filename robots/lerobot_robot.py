@@ -5,7 +5,8 @@ lerobot describes a robot by flat feature dicts: `observation_features` maps a n
 `float` (a joint reading) or to an (H, W, 3) shape (a camera); `action_features` maps a name
 to `float`. The state vector is the float readings in that order, the images are the cameras,
 the action vector is the action features in order. lerobot publishes no action bounds, so
-they come from our config; `hold` commands the current reading of each action's joint."""
+they come from our config; `hold` commands the current reading of each action's joint.
+`LeRobotCamera` puts a lerobot camera behind our Camera interface."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from embodied.errors import ConfigError
 from embodied.registry import ROBOTS
 from embodied.types import EnvSpec
 from robots.base import Robot, RobotError, RobotObservation
-from robots.cameras import fit_image
+from robots.cameras import Camera, CameraError, fit_image
 
 
 @dataclass
@@ -103,6 +104,34 @@ class LeRobotRobot(Robot):
                              f"use safety.safe_action=zero")
         state = self._last_state if self._last_state is not None else self.get_observation().state
         return np.asarray([state[self.state_keys.index(key)] for key in self.action_keys], dtype=np.float32)
+
+
+class LeRobotCamera(Camera):
+    """A lerobot camera (OpenCV, RealSense, ...: anything with lerobot's `async_read`) behind
+    our Camera interface, for robots with their own drivers and lerobot's camera support."""
+
+    def __init__(self, camera: Any, name: str, size: tuple[int, int] | None = None, timeout_ms: float = 200.0):
+        self.camera = camera
+        self.name = name
+        self.size = size
+        self.timeout_ms = timeout_ms
+
+    def connect(self) -> None:
+        if not self.camera.is_connected:
+            self.camera.connect()
+
+    def read_latest(self, max_age_s: float = 1.0) -> tuple[np.ndarray, float]:
+        """lerobot's `async_read` returns its background thread's newest frame, waiting at
+        most `timeout_ms` for one, and raises when none comes."""
+        try:
+            frame = self.camera.async_read(timeout_ms=min(self.timeout_ms, max_age_s * 1000))
+        except Exception as error:  # lerobot raises TimeoutError or RuntimeError by backend
+            raise CameraError(f"camera '{self.name}': {error}") from None
+        return fit_image(np.asarray(frame, dtype=np.uint8), self.size), time.monotonic()
+
+    def disconnect(self) -> None:
+        if self.camera.is_connected:
+            self.camera.disconnect()
 
 
 @ROBOTS.register("lerobot", LeRobotConfig)

@@ -17,7 +17,7 @@ from embodied.transport.sockets import EndpointError, receive, send
 from embodied.types import EnvSpec, Observation
 from robots.client import BrokerConfig, RobotClient, RobotClientConfig
 from robots.policy_client import PolicyClient, ServerError
-from robots.safety import SafetyConfig
+from robots.safety import SafetyConfig, WorkspaceConfig
 from robots.sim_robot import SimRobot, SimRobotConfig
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
@@ -283,3 +283,50 @@ def test_watchdog_holds_the_robot_when_the_server_dies_and_the_client_reconnects
     assert "policy" in sources[first_safe:], "policy actions did not resume after the server returned"
     assert result["connection"]["reconnects"] >= 1
     assert set(sources[last_policy + 1:first_safe]) <= {"none"}  # nothing else was sent meanwhile
+
+
+def test_the_workspace_box_keeps_a_maniskill_arm_inside(tmp_path):
+    robot = SimRobot(SimRobotConfig(env={"name": "maniskill", "task": "PickCube-v1", "control_mode": "pd_ee_delta_pos"},
+                                    hold_keeps_dims=[-1]))
+    start = robot.env.end_effector_position()
+    reach = start[0] + 0.05
+
+    def push_forward(observation):  # a policy that drives the gripper straight along +x
+        actions = np.zeros((observation.batch_size, 1, 4), np.float32)
+        actions[..., 0] = 1.0
+        return actions
+
+    server = PolicyServer(push_forward, robot.spec, {"policy": "forward", "chunk_size": 1},
+                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+    box = WorkspaceConfig(low=[-1.0, -1.0, 0.0], high=[float(reach), 1.0, 1.0], action_scale=0.1)
+    try:
+        config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=40,
+                               safety=SafetyConfig(workspace=box))
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert summary["safety_interventions"]["workspace"] > 0
+    final = json.loads((tmp_path / "steps.jsonl").read_text().splitlines()[-1])["ee_position"]
+    assert start[0] + 0.03 < final[0] <= reach + 0.005  # it moved toward the wall and stopped there
+    np.testing.assert_allclose(robot.hold_action(), [0, 0, 0, 0])  # the gripper's last target was 0
+
+
+def test_with_curve_keys_only_an_authorized_robot_is_heard(tmp_path):
+    from embodied.transport.security import generate_keys
+
+    generate_keys(tmp_path / "keys")
+    server, shutdown = start_server(keys_dir=str(tmp_path / "keys"))
+    try:
+        trusted = PolicyClient(server.endpoint, SPEC, keys_dir=str(tmp_path / "keys"))
+        trusted.connect(timeout_s=5)
+        assert ask(trusted, [1, 0, 0, 0]).actions[0, 0] == 1.0
+        with pytest.raises(ServerError, match="no policy server answered"):
+            PolicyClient(server.endpoint, SPEC).connect(timeout_s=1.0)
+        assert len(server.clients) == 1
+    finally:
+        shutdown()

@@ -134,3 +134,35 @@ def test_keys_latch_and_reset_the_estop_and_quit():
     assert events == ["estop", "reset"]
     os.close(read_fd)
     os.close(write_fd)
+
+
+class StandInLeRobotCamera:
+    """Hardware stand-in with lerobot's camera API."""
+
+    def __init__(self, frames):
+        self.frames = frames
+        self.is_connected = False
+
+    def connect(self):
+        self.is_connected = True
+
+    def async_read(self, timeout_ms):
+        if not self.frames:
+            raise TimeoutError(f"no frame within {timeout_ms} ms")
+        return self.frames.pop(0)
+
+    def disconnect(self):
+        self.is_connected = False
+
+
+def test_a_lerobot_camera_reads_through_our_camera_interface():
+    from robots.lerobot_robot import LeRobotCamera
+
+    camera = LeRobotCamera(StandInLeRobotCamera([np.full((60, 80, 3), 9, np.uint8)]), "wrist", size=(30, 30))
+    camera.connect()
+    frame, timestamp = camera.read_latest()
+    assert frame.shape == (30, 30, 3) and frame.max() == 9 and timestamp > 0
+    with pytest.raises(CameraError, match="'wrist': no frame"):
+        camera.read_latest()
+    camera.disconnect()
+    assert not camera.camera.is_connected
