@@ -2,8 +2,10 @@
 
 One ROUTER socket serves many robot clients at once. Requests that arrive together are
 answered by one batched forward pass: the server waits at most `batch_window_ms` after the
-first request for the other connected clients, and never for a client with nothing to ask.
+first request for the other connected clients, and not at all once each has asked.
 Every reply carries the server's timing (queueing, inference, total) and the batch size.
+A client may have one request pending; a reconnecting client (same session) replaces its
+old registration.
 
     robot client                         policy server
     hello {spec, name}          ->       spec checked against the checkpoint's env
@@ -13,13 +15,15 @@ Every reply carries the server's timing (queueing, inference, total) and the bat
                                 <-       action {actions (C, A), policy_version, timing}
     heartbeat                   ->  <-   heartbeat {server time, clients, requests served}
 
-A malformed request is answered with a typed `error` for its sender alone; clients beyond
-`max_clients` are refused; a client silent for `client_timeout_s` loses its slot."""
+A malformed request, or a failed inference, is answered with a typed `error` for its
+senders alone; clients beyond `max_clients` are refused; a client silent for
+`client_timeout_s` loses its slot."""
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -58,6 +62,7 @@ class ServeConfig:
 @dataclass
 class ClientState:
     name: str
+    session: str
     last_seen: float
     requests: int = 0
 
@@ -83,8 +88,23 @@ class ServerStats:
 def spec_mismatch(expected: EnvSpec, offered: Any) -> list[str]:
     if not isinstance(offered, dict):
         return ["spec: missing"]
+    try:
+        offered = plain(offered)
+    except Exception:  # arrays or other values a spec never holds
+        return ["spec: not plain data"]
     ours = plain(expected.to_dict())
     return [f"{key}: policy {ours[key]!r}, robot {offered.get(key)!r}" for key in SPEC_KEYS if offered.get(key) != ours[key]]
+
+
+def check_serve_config(config: ServeConfig) -> None:
+    for key in ("max_clients", "max_batch"):
+        if getattr(config, key) < 1:
+            raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
+    for key in ("batch_window_ms", "stats_every_s"):
+        if getattr(config, key) < 0:
+            raise ConfigError(f"'{key}' must be >= 0, got {getattr(config, key)}")
+    if config.client_timeout_s <= 0:
+        raise ConfigError(f"'client_timeout_s' must be > 0, got {config.client_timeout_s}")
 
 
 class PolicyServer:
@@ -92,13 +112,13 @@ class PolicyServer:
 
     def __init__(self, infer: Callable[[Observation], np.ndarray], spec: EnvSpec, metadata: dict[str, Any],
                  config: ServeConfig):
-        if config.max_clients < 1 or config.max_batch < 1:
-            raise ConfigError("max_clients and max_batch must be >= 1")
+        check_serve_config(config)
         self.infer = infer
         self.spec = spec
         self.config = config
         self.metadata = {"protocol": PROTOCOL_VERSION, "server_id": uuid.uuid4().hex[:12], **metadata,
-                         "spec": plain(spec.to_dict()), "max_clients": config.max_clients}
+                         "spec": plain(spec.to_dict()), "max_clients": config.max_clients,
+                         "client_timeout_s": config.client_timeout_s}
         self.chunk_size = int(metadata["chunk_size"])
         self.context = zmq.Context.instance()
         self.curve = None
@@ -108,6 +128,9 @@ class PolicyServer:
             self.curve = CurveServer(self.context, config.keys_dir)
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        # Nothing larger than an observation of this spec is read off the wire at all.
+        image_bytes = sum(math.prod(shape) for shape in spec.image_shapes.values())
+        self.socket.setsockopt(zmq.MAXMSGSIZE, image_bytes + 4 * spec.state_dim + MAX_INSTRUCTION_CHARS * 4 + (1 << 16))
         self.endpoint = bind(self.socket, config.endpoint, self.curve)
         self.clients: dict[bytes, ClientState] = {}
         self.pending: collections.deque[Request] = collections.deque()
@@ -132,6 +155,14 @@ class PolicyServer:
             self._reply(getattr(error, "identity", b""), error_message(0, error))
             return
         assert identity is not None
+        try:
+            self._dispatch(identity, message)
+        except Exception as error:  # one client's bad message must not stop the server for all
+            logger.warning("a message from a client could not be handled: %r", error)
+            self.stats.malformed += 1
+            self._refuse(identity, message.seq, "malformed", f"message could not be handled: {error}")
+
+    def _dispatch(self, identity: bytes, message: Message) -> None:
         now = time.monotonic()
         client = self.clients.get(identity)
         if message.kind == "hello":
@@ -147,13 +178,19 @@ class PolicyServer:
                 "time": time.time(), "clients": len(self.clients), "requests": self.stats.requests,
                 "policy_version": self.metadata.get("policy_version")}))
         elif message.kind == "close":
-            self.clients.pop(identity, None)
+            self._forget(identity)
         else:
             self._refuse(identity, message.seq, "kind", f"a policy server does not take '{message.kind}' messages")
 
+    def _forget(self, identity: bytes) -> None:
+        self.clients.pop(identity, None)
+        self.pending = collections.deque(r for r in self.pending if r.identity != identity)
+
     def _hello(self, identity: bytes, message: Message, now: float) -> None:
         body = message.body if isinstance(message.body, dict) else {}
-        if identity not in self.clients and len(self.clients) >= self.config.max_clients:
+        session = str(body.get("session", ""))[:64]
+        returning = any(state.session == session for state in self.clients.values()) if session else False
+        if identity not in self.clients and not returning and len(self.clients) >= self.config.max_clients:
             self._refuse(identity, message.seq, "full", f"the server is full (max_clients={self.config.max_clients})")
             return
         differences = spec_mismatch(self.spec, body.get("spec"))
@@ -162,7 +199,11 @@ class PolicyServer:
                          "the robot does not match the policy: " + "; ".join(differences))
             return
         name = str(body.get("name", identity.hex()))[:128]
-        self.clients[identity] = ClientState(name=name, last_seen=now)
+        session = str(body.get("session", identity.hex()))[:64]
+        for other, state in list(self.clients.items()):
+            if state.session == session and other != identity:
+                self._forget(other)  # the same robot, reconnected on a new socket
+        self.clients[identity] = ClientState(name=name, session=session, last_seen=now)
         logger.info("client '%s' connected (%d of at most %d)", name, len(self.clients), self.config.max_clients)
         self._reply(identity, Message("welcome", message.seq, self.metadata))
 
@@ -172,6 +213,9 @@ class PolicyServer:
         except ValueError as error:
             self.stats.malformed += 1
             self._refuse(identity, message.seq, "malformed", str(error))
+            return
+        if any(request.identity == identity for request in self.pending):
+            self._refuse(identity, message.seq, "busy", "one request at a time: wait for the answer to the last one")
             return
         client.requests += 1
         self.pending.append(Request(identity, message.seq, tick, observation, now))
@@ -203,7 +247,7 @@ class PolicyServer:
     # ---- batching -----------------------------------------------------------------------
     def _drain(self, timeout_s: float) -> None:
         """Take in every message that is ready, waiting up to `timeout_s` for the first."""
-        if self.socket.poll(int(max(timeout_s, 0.0) * 1000)):
+        if self.socket.poll(math.ceil(max(timeout_s, 0.0) * 1000)):
             self._receive_one()
             while self.socket.poll(0):
                 self._receive_one()
@@ -234,7 +278,17 @@ class PolicyServer:
             images={name: np.concatenate([r.observation.images[name] for r in batch]) for name in self.spec.image_shapes},
             instruction=[r.observation.instruction[0] for r in batch],
         )
-        actions = np.asarray(self.infer(observation), dtype=np.float32)
+        expected = (len(batch), self.chunk_size, self.spec.action_dim)
+        try:
+            actions = np.asarray(self.infer(observation), dtype=np.float32)
+            if actions.shape != expected or not np.all(np.isfinite(actions)):
+                raise ValueError(f"the policy returned actions of shape {actions.shape} (expected {expected})"
+                                 f"{'' if np.all(np.isfinite(actions)) else ' with NaN or infinity'}")
+        except Exception as error:  # answered, so no robot waits for a reply that never comes
+            logger.exception("inference failed for a batch of %d", len(batch))
+            for request in batch:
+                self._refuse(request.identity, request.seq, "infer", f"inference failed: {error}")
+            return
         infer_ms = (time.monotonic() - start) * 1000
         self.stats.requests += len(batch)
         self.stats.batches += 1
@@ -252,7 +306,7 @@ class PolicyServer:
         for identity, client in list(self.clients.items()):
             if now - client.last_seen > self.config.client_timeout_s:
                 logger.warning("client '%s' silent for %.0f s: its slot is free", client.name, now - client.last_seen)
-                del self.clients[identity]
+                self._forget(identity)
 
     def serve_forever(self, should_stop: Callable[[], bool] = lambda: False) -> None:
         last_report, served_then = time.monotonic(), 0

@@ -23,10 +23,16 @@ from embodied.errors import ConfigError
 MODES = ("chunk", "ensemble")
 
 
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ConfigError(f"broker mode must be one of {MODES}, got '{mode}'")
+
+
 class ChunkBroker:
     def __init__(self, chunk_size: int, execute_steps: int, mode: str = "chunk", ensemble_decay: float = 0.01):
-        if mode not in MODES:
-            raise ConfigError(f"broker mode must be one of {MODES}, got '{mode}'")
+        check_mode(mode)
+        if not np.isfinite(ensemble_decay) or ensemble_decay < 0:
+            raise ConfigError(f"ensemble_decay must be a finite number >= 0, got {ensemble_decay}")
         if not 1 <= execute_steps <= chunk_size:
             raise ConfigError(f"execute_steps must be in [1, chunk size {chunk_size}], got {execute_steps}")
         self.chunk_size = chunk_size
@@ -42,8 +48,8 @@ class ChunkBroker:
 
     def add(self, actions: np.ndarray, start_tick: int, now_tick: int) -> None:
         """A chunk (C, A) for the observation taken at `start_tick`, arriving at `now_tick`."""
-        if self.chunks and start_tick <= self.chunks[-1][0]:
-            return  # an answer older than one already held
+        if start_tick > now_tick or (self.chunks and start_tick <= self.chunks[-1][0]):
+            return  # from the future (a previous episode's answer) or older than one already held
         self.chunks.append((start_tick, np.asarray(actions, dtype=np.float32)))
         self.skipped += min(max(now_tick - start_tick, 0), self.chunk_size)
         while self.chunks and self.chunks[0][0] + self.chunk_size <= now_tick:

@@ -2,7 +2,8 @@
 
 Keys (when stdin is a terminal): `e` or space latches the e-stop, `r` resets it, `q` quits.
 Signals: SIGUSR1 latches the e-stop (e.g. `kill -USR1 <pid>` from a hardware button
-script); Ctrl-C quits. Either way the robot is left holding the safe action."""
+script); Ctrl-C or SIGTERM (a service stop) ends the run cleanly: the safe action is sent and
+the summary written. A second Ctrl-C stops at once."""
 
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def run(overrides: list[str]) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, lambda *_: client.safety.estop("SIGUSR1")),
-                signal.SIGINT: signal.signal(signal.SIGINT, interrupt)}
+                signal.SIGINT: signal.signal(signal.SIGINT, interrupt),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: quit_requested.set())}
     try:
         with KeyboardMonitor(keys) as monitor:
             if monitor.active:

@@ -24,7 +24,7 @@ import numpy as np
 
 from embodied.errors import ConfigError
 from robots.base import Robot
-from robots.broker import ChunkBroker
+from robots.broker import ChunkBroker, check_mode
 from robots.policy_client import ActionReply, PolicyClient
 from robots.safety import SafetyConfig, SafetyLayer
 
@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class BrokerConfig:
     mode: str = "chunk"  # chunk | ensemble (temporal ensembling)
-    execute_steps: Optional[int] = None  # ask for the next chunk after this many; default: half a chunk
+    execute_steps: Optional[int] = None  # ask for the next chunk after this many; default: half a chunk (ensemble: 1)
     ensemble_decay: float = 0.01
 
 
@@ -72,11 +72,12 @@ class RobotClient:
         self.config = config
         self.output = output
         self.spec = robot.spec
-        self.control_hz = config.control_hz or self.spec.control_hz
-        if not self.control_hz or self.control_hz <= 0:
+        check_client_config(config)
+        self.control_hz = config.control_hz if config.control_hz is not None else self.spec.control_hz
+        if not self.control_hz:
             raise ConfigError("the robot reports no control rate; set control_hz")
         self.period = 1.0 / self.control_hz
-        self.max_steps = config.max_episode_steps or self.spec.max_episode_steps
+        self.max_steps = config.max_episode_steps if config.max_episode_steps is not None else self.spec.max_episode_steps
         if not self.max_steps:
             raise ConfigError("the robot has no episode limit; set max_episode_steps")
         self.safety = SafetyLayer(config.safety, self.spec)
@@ -89,33 +90,52 @@ class RobotClient:
         self.act_ms: list[float] = []  # command sent after the tick's scheduled time
         self.round_trip_ms: list[float] = []
         self.server_ms: list[float] = []
-        self.sources: dict[str, int] = {"policy": 0, "watchdog": 0, "estop": 0, "workspace": 0, "none": 0}
+        self.overrun_ticks = 0  # ticks dropped because the loop fell more than a tick behind
+        self.sources: dict[str, int] = {name: 0 for name in ("policy", "watchdog", "estop", "workspace",
+                                                              "non_finite", "none")}
 
     def _hold(self) -> np.ndarray | None:
         return self.robot.hold_action() if self.config.safety.safe_action == "hold" else None
 
     def run(self) -> dict[str, Any]:
-        """Connect, run the configured episodes (or until `should_quit`), and write the summary."""
+        """Connect, run the configured episodes (or until `should_quit`), and write the
+        summary, also when the run ends with an error."""
+        if (self.output / "steps.jsonl").exists():
+            raise ConfigError(f"{self.output} already holds a robot run; choose another output")
         self.output.mkdir(parents=True, exist_ok=True)
-        with self.robot:
-            self._hold()  # a robot that cannot hold fails here, not when the watchdog first fires
-            metadata = self.server_metadata = self.policy.connect(self.config.connect_timeout_s)
-            chunk_size = int(metadata["chunk_size"])
-            steps = self.config.broker.execute_steps or max(1, (chunk_size + 1) // 2)
-            self.broker = ChunkBroker(chunk_size, steps, self.config.broker.mode, self.config.broker.ensemble_decay)
-            logger.info("server ping %.2f ms; policy '%s' version %s, chunk %d, executing %d per query",
-                        self.policy.ping(), metadata.get("policy"), metadata.get("policy_version"), chunk_size, steps)
-            try:
-                with open(self.output / "steps.jsonl", "a") as log:
-                    for index in range(self.config.episodes):
-                        if self.should_quit():
-                            break
-                        self.episodes.append(self._episode(index, log))
-                        log.flush()
-            finally:
-                self._send_safe_once()
-                self.policy.close()
-        return self._write_summary()
+        error: BaseException | None = None
+        try:
+            with self.robot:
+                self._start()
+                try:
+                    with open(self.output / "steps.jsonl", "w") as log:
+                        for index in range(self.config.episodes):
+                            if self.should_quit():
+                                break
+                            self.episodes.append(self._episode(index, log))
+                            log.flush()
+                finally:
+                    self._send_safe_once()
+                    self.policy.close()
+        except BaseException as raised:
+            error = raised
+            raise
+        finally:
+            summary = self._write_summary(error)
+        return summary
+
+    def _start(self) -> None:
+        """Everything that can fail before the first action: hold, workspace, handshake."""
+        self._hold()  # a robot that cannot hold fails here, not when the watchdog first fires
+        if self.config.safety.workspace is not None and self.robot.end_effector_position() is None:
+            raise ConfigError(f"safety.workspace is set but robot '{self.robot.name}' reports no end-effector position")
+        metadata = self.server_metadata = self.policy.connect(self.config.connect_timeout_s)
+        chunk_size = int(metadata["chunk_size"])
+        ensemble = self.config.broker.mode == "ensemble"
+        steps = self.config.broker.execute_steps or (1 if ensemble else max(1, (chunk_size + 1) // 2))
+        self.broker = ChunkBroker(chunk_size, steps, self.config.broker.mode, self.config.broker.ensemble_decay)
+        logger.info("server ping %.2f ms; policy '%s' version %s, chunk %d, executing %d per query",
+                    self.policy.ping(), metadata.get("policy"), metadata.get("policy_version"), chunk_size, steps)
 
     def _send_safe_once(self) -> None:
         """On the way out (quit, Ctrl-C, error): leave the robot holding still."""
@@ -129,59 +149,75 @@ class RobotClient:
         assert self.broker is not None
         self.robot.reset_episode(self.config.seed + index)
         self.broker.clear()
-        previous: np.ndarray | None = None
+        self.policy.cancel()  # an answer to the last episode's observation must not act in this one
+        # The first action's change is limited relative to the robot at rest, where it can tell.
+        previous = self._hold() if self.config.safety.max_delta is not None else None
         episode_return, success, steps, tick = 0.0, False, 0, 0
         start = time.monotonic()
         self.safety.action_arrived(start)  # the watchdog's period starts with the episode
         while tick < self.max_steps and not self.should_quit():
             target = start + tick * self.period
-            delay = target - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            entry: dict[str, Any] = {"episode": index, "tick": tick, "jitter_ms": (time.monotonic() - target) * 1000}
+            entry: dict[str, Any] = {"episode": index, "tick": tick}
+            self._wait_until(target, tick, entry)
+            late = time.monotonic() - target
+            if late > self.period:  # a stall: skip the ticks that passed rather than catch up in a burst
+                missed = min(int(late // self.period), self.max_steps - tick)
+                self.overrun_ticks += missed
+                tick += missed
+                target += missed * self.period
+                entry.update(tick=tick, overrun_ticks=missed)
+                if tick >= self.max_steps:
+                    break
+            entry["jitter_ms"] = (time.monotonic() - target) * 1000
             self.jitter_ms.append(entry["jitter_ms"])
-            reply = self._exchange(tick, target, entry)
-            if reply is not None:
-                self._take(reply, tick, entry)
+            self._exchange(tick, target, entry)
             position = self.robot.end_effector_position()
             if position is not None:
                 entry["ee_position"] = np.round(position, 4).tolist()
-            now = time.monotonic()
-            command, source = self._decide(tick, now, previous, position)
-            entry["act_ms"] = (now - target) * 1000  # when this tick's command went out
-            self.act_ms.append(entry["act_ms"])
+            command, source = self._decide(tick, time.monotonic(), previous, position)
             self.sources[source] += 1
             entry["source"] = source
+            ended = False
             if command is not None:
                 previous = self.robot.send_action(command)
+                entry["act_ms"] = (time.monotonic() - target) * 1000  # when this tick's command went out
+                self.act_ms.append(entry["act_ms"])
                 outcome = self.robot.outcome()
                 episode_return += outcome.reward
                 success |= outcome.success
                 steps += 1
+                ended = outcome.terminated or outcome.truncated
             log.write(json.dumps(entry) + "\n")
             tick += 1
-            if command is not None and (outcome.terminated or outcome.truncated):
+            if ended:
                 break
         return {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
 
-    def _exchange(self, tick: int, target: float, entry: dict[str, Any]) -> ActionReply | None:
-        """Talk to the server for this tick; returns the answer that arrived, if any."""
+    def _wait_until(self, target: float, tick: int, entry: dict[str, Any]) -> None:
+        """Sleep until `target`, taking in an answer the moment it arrives (for honest round trips)."""
+        while (remaining := target - time.monotonic()) > 0:
+            reply = self.policy.poll(remaining)
+            if reply is not None:
+                self._take(reply, tick, entry)
+
+    def _exchange(self, tick: int, target: float, entry: dict[str, Any]) -> None:
+        """Talk to the server for this tick: ask when the broker wants a chunk, and wait at
+        most `latency_budget` of a tick for an answer this tick needs."""
         assert self.broker is not None
         self.policy.maintain()
         reply = self.policy.poll(0.0)
         if reply is not None:
             self._take(reply, tick, entry)
-            reply = None
         if self.broker.wants_query(tick) and self.policy.in_flight is None and not self.safety.estopped:
             entry["queried"] = self.policy.request(self.robot.get_observation(), tick, self.instruction)
         if self.broker.action(tick) is None and self.policy.in_flight is not None:
             reply = self.policy.poll(max(target + self.config.latency_budget * self.period - time.monotonic(), 0.0))
-        return reply
+            if reply is not None:
+                self._take(reply, tick, entry)
 
     def _take(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
         self.broker.add(reply.actions, reply.tick, tick)
-        self.safety.action_arrived(time.monotonic())
         self.round_trip_ms.append(reply.round_trip_ms)
         if "server_ms" in reply.timing:
             self.server_ms.append(reply.timing["server_ms"])
@@ -191,18 +227,20 @@ class RobotClient:
                 position: np.ndarray | None) -> tuple[np.ndarray | None, str]:
         assert self.broker is not None
         if self.safety.estopped:
+            self.broker.clear()  # after the reset, act on a fresh observation, not a pre-stop plan
             return self.safety.safe_action(self._hold(), "estop"), "estop"
         action = self.broker.action(tick)
         if action is not None:
+            self.safety.action_arrived(now)  # the watchdog counts from the last action it could use
             command, stop = self.safety.filter(action, previous, position)
-            if stop:
-                return self.safety.safe_action(self._hold(), "workspace"), "workspace"
+            if stop is not None:
+                return self.safety.safe_action(self._hold(), None), stop
             return command, "policy"
         if self.safety.watchdog_expired(now):
             return self.safety.safe_action(self._hold(), "watchdog"), "watchdog"
         return None, "none"  # late, but within the watchdog's period: the robot keeps its last command
 
-    def _write_summary(self) -> dict[str, Any]:
+    def _write_summary(self, error: BaseException | None) -> dict[str, Any]:
         successes = sum(e["success"] for e in self.episodes)
         summary = {
             "robot": self.robot.name,
@@ -217,14 +255,33 @@ class RobotClient:
             "round_trip_ms": percentiles(self.round_trip_ms),
             "server_ms": percentiles(self.server_ms),
             "skipped_actions": self.broker.skipped if self.broker else 0,
+            "overrun_ticks": self.overrun_ticks,
             "safety_interventions": dict(self.safety.counts),
             "connection": dict(self.policy.counts),
             "broker": asdict(self.config.broker),
+            "error": None if error is None else f"{type(error).__name__}: {error}",
         }
+        self.output.mkdir(parents=True, exist_ok=True)
         temporary = self.output / ".summary.json.tmp"
         temporary.write_text(json.dumps(summary, indent=2))
         os.replace(temporary, self.output / "summary.json")
         return summary
+
+
+def check_client_config(config: RobotClientConfig) -> None:
+    """Values the types alone do not catch; checked before anything connects."""
+    check_mode(config.broker.mode)
+    if config.broker.execute_steps is not None and config.broker.execute_steps < 1:
+        raise ConfigError(f"broker.execute_steps must be >= 1, got {config.broker.execute_steps}")
+    if not 0 <= config.latency_budget <= 1:
+        raise ConfigError(f"latency_budget is a fraction of a tick in [0, 1], got {config.latency_budget}")
+    for key in ("control_hz", "max_episode_steps"):
+        value = getattr(config, key)
+        if value is not None and value <= 0:
+            raise ConfigError(f"'{key}' must be > 0 (or null for the robot's own), got {value}")
+    for key in ("request_timeout_s", "connect_timeout_s"):
+        if getattr(config, key) <= 0:
+            raise ConfigError(f"'{key}' must be > 0, got {getattr(config, key)}")
 
 
 def build_robot(robot_cfg: Any) -> Robot:

@@ -6,6 +6,9 @@ lerobot describes a robot by flat feature dicts: `observation_features` maps a n
 to `float`. The state vector is the float readings in that order, the images are the cameras,
 the action vector is the action features in order. lerobot publishes no action bounds, so
 they come from our config; `hold` commands the current reading of each action's joint.
+Note that lerobot robots disable torque on disconnect by default
+(`disable_torque_on_disconnect` in lerobot's robot config): an arm left holding goes limp
+when the client exits unless that is turned off.
 `LeRobotCamera` puts a lerobot camera behind our Camera interface."""
 
 from __future__ import annotations
@@ -61,7 +64,6 @@ class LeRobotRobot(Robot):
             max_episode_steps=cfg.max_episode_steps,
             control_hz=cfg.control_hz,
         )
-        self._last_state: np.ndarray | None = None
 
     @property
     def spec(self) -> EnvSpec:
@@ -86,7 +88,6 @@ class LeRobotRobot(Robot):
         if missing:
             raise RobotError(f"{self.name} returned an observation without {', '.join(missing)}")
         state = np.asarray([raw[key] for key in self.state_keys], dtype=np.float32)
-        self._last_state = state
         images = {key: fit_image(np.asarray(raw[key], dtype=np.uint8), self._image_size) for key in self.image_keys}
         return RobotObservation(state=state, images=images, timestamp=time.monotonic())
 
@@ -97,13 +98,14 @@ class LeRobotRobot(Robot):
         return np.asarray([sent.get(key, v) for key, v in zip(self.action_keys, clipped)], dtype=np.float32)
 
     def hold_action(self) -> np.ndarray:
-        """Position-controlled joints hold by commanding their current reading."""
+        """Position-controlled joints hold by commanding where they are now (read afresh: a
+        reading from the last query could be a second old, and commanding it moves the arm)."""
         unread = [key for key in self.action_keys if key not in self.state_keys]
         if unread:
             raise RobotError(f"{self.name}: no reading for action features {', '.join(unread)} to hold at; "
-                             f"use safety.safe_action=zero")
-        state = self._last_state if self._last_state is not None else self.get_observation().state
-        return np.asarray([state[self.state_keys.index(key)] for key in self.action_keys], dtype=np.float32)
+                             f"the robot's observation must report each commanded joint")
+        raw = self.device.get_observation()
+        return np.asarray([raw[key] for key in self.action_keys], dtype=np.float32)
 
 
 class LeRobotCamera(Camera):

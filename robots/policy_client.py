@@ -3,13 +3,15 @@ replies, and reconnection that never blocks the control loop.
 
 A request that gets no answer within `request_timeout_s` means the server is gone: the socket
 is dropped (so queued stale requests are never delivered) and a new one says hello every
-`retry_s` until a server welcomes it. Meanwhile `poll` returns nothing and the control loop's
+`retry_s` until a server welcomes it; the session id in the hello lets the server replace
+the old registration, and a server that comes back with another policy is refused. Meanwhile `poll` returns nothing and the control loop's
 watchdog holds the robot safe. Numpy and pyzmq only: no torch on the robot."""
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,6 +27,10 @@ from embodied.types import EnvSpec
 from robots.base import RobotObservation
 
 logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0  # while nothing is asked, so the server keeps this robot's slot
+MAX_REPLY_BYTES = 64 << 20
+TIMING_KEYS = ("queue_ms", "infer_ms", "server_ms", "batch_size")
 
 
 class ServerError(EmbodiedError):
@@ -52,9 +58,13 @@ class PolicyClient:
         self.context = zmq.Context.instance()
         self.socket: zmq.Socket | None = None
         self.metadata: dict[str, Any] | None = None  # the server's welcome; None while not connected
+        self.first_metadata: dict[str, Any] | None = None  # what a reconnect must find again
+        self.session = uuid.uuid4().hex  # one per robot run: the server replaces our old slot on reconnect
         self.seq = 0
         self.in_flight: tuple[int, int, float] | None = None  # (seq, tick, sent at)
+        self._hello_seq = 0
         self._hello_sent = 0.0
+        self._last_sent = 0.0
         self.counts: collections.Counter[str] = collections.Counter(
             {"malformed_replies": 0, "server_errors": 0, "timeouts": 0, "reconnects": 0})
 
@@ -64,21 +74,26 @@ class PolicyClient:
 
     # ---- connection -----------------------------------------------------------------------
     def _open(self) -> None:
-        if self.socket is not None:
-            self.socket.close()
+        self.close()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_REPLY_BYTES)
         self.socket.setsockopt(zmq.IDENTITY, f"{self.name}-{uuid.uuid4().hex[:8]}".encode())
         connect(self.socket, self.endpoint, self.keys_dir)
         self.metadata = None
         self.in_flight = None
         self._say_hello()
 
-    def _say_hello(self) -> None:
+    def _send(self, kind: str, body: dict[str, Any]) -> int:
         assert self.socket is not None
         self.seq += 1
-        send(self.socket, Message("hello", self.seq, {"protocol": PROTOCOL_VERSION, "role": "robot",
-                                                      "name": self.name, "spec": plain(self.spec.to_dict())}))
+        send(self.socket, Message(kind, self.seq, body))
+        self._last_sent = time.monotonic()
+        return self.seq
+
+    def _say_hello(self) -> None:
+        self._hello_seq = self._send("hello", {"protocol": PROTOCOL_VERSION, "role": "robot", "name": self.name,
+                                               "session": self.session, "spec": plain(self.spec.to_dict())})
         self._hello_sent = time.monotonic()
 
     def connect(self, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -98,36 +113,41 @@ class PolicyClient:
         self._open()
 
     def maintain(self) -> None:
-        """Call every tick: detects a silent server and retries the handshake."""
+        """Call every tick: detects a silent server, retries the handshake, and keeps the
+        slot alive with a heartbeat while nothing is asked (an e-stop, a long reset)."""
         now = time.monotonic()
         if self.in_flight is not None and now - self.in_flight[2] > self.request_timeout_s:
             self.counts["timeouts"] += 1
             self._reconnect(f"no answer within {self.request_timeout_s:.1f} s")
         elif not self.connected and now - self._hello_sent > self.retry_s:
             self._open()
+        elif self.connected and self.in_flight is None and now - self._last_sent > HEARTBEAT_S:
+            self._send("heartbeat", {"time": time.time()})
+
+    def cancel(self) -> None:
+        """Give up on the request in flight (a new episode); its late answer is ignored."""
+        self.in_flight = None
 
     def close(self) -> None:
         if self.socket is not None:
             if self.connected:
                 try:
-                    send(self.socket, Message("close", self.seq + 1, {}))
+                    self._send("close", {})
                 except zmq.ZMQError:
                     pass
             self.socket.close()
             self.socket = None
         self.metadata = None
+        self.in_flight = None
 
     # ---- requests -------------------------------------------------------------------------
     def request(self, observation: RobotObservation, tick: int, instruction: str) -> bool:
         """Send an observation unless one is on its way or the server is not connected."""
         if not self.connected or self.in_flight is not None:
             return False
-        assert self.socket is not None
-        self.seq += 1
         body = {"tick": tick, "observation": {"state": np.asarray(observation.state, dtype=np.float32),
                                               "images": observation.images, "instruction": instruction}}
-        send(self.socket, Message("infer", self.seq, body))
-        self.in_flight = (self.seq, tick, time.monotonic())
+        self.in_flight = (self._send("infer", body), tick, time.monotonic())
         return True
 
     def poll(self, timeout_s: float) -> ActionReply | None:
@@ -136,9 +156,7 @@ class PolicyClient:
         if self.socket is None:
             return None
         deadline = time.monotonic() + timeout_s
-        while True:
-            if not self.socket.poll(max(int((deadline - time.monotonic()) * 1000), 0)):
-                return None
+        while self.socket is not None and self.socket.poll(max(math.ceil((deadline - time.monotonic()) * 1000), 0)):
             try:
                 _, message = receive(self.socket)
             except ProtocolError as error:
@@ -147,6 +165,9 @@ class PolicyClient:
             reply = self._handle(message)
             if reply is not None:
                 return reply
+            if time.monotonic() >= deadline:
+                break  # a flood of messages must not hold up the control loop
+        return None
 
     def _reject(self, why: str) -> None:
         self.counts["malformed_replies"] += 1
@@ -155,18 +176,19 @@ class PolicyClient:
 
     def _handle(self, message: Message) -> ActionReply | None:
         if message.kind == "welcome":
-            self._welcome(message.body)
+            if message.seq == self._hello_seq:
+                self._welcome(message.body)
         elif message.kind == "error":
             body = message.body if isinstance(message.body, dict) else {}
-            code, text = body.get("code"), body.get("message", message.body)
+            code, text = body.get("code"), str(body.get("message", message.body))[:500]
             if code in ("mismatch", "full", "version"):
                 raise ServerError(f"the policy server at {self.endpoint} refused this robot: {text}")
             self.counts["server_errors"] += 1
             logger.warning("policy server error (%s): %s", code, text)
             if code == "hello":
                 self._reconnect("the server does not know this client")
-            else:
-                self.in_flight = None
+            elif self.in_flight is not None and message.seq == self.in_flight[0]:
+                self.in_flight = None  # that request is answered, by an error: ask again
         elif message.kind == "action":
             return self._action(message)
         elif message.kind != "heartbeat":
@@ -177,9 +199,19 @@ class PolicyClient:
         if not isinstance(body, dict) or not isinstance(body.get("chunk_size"), int) or body["chunk_size"] < 1:
             self._reject(f"a welcome without a valid chunk_size: {body!r:.200}")
             return
-        if self.metadata is None:
+        if self.first_metadata is None:
+            self.first_metadata = body
             logger.info("connected to policy '%s' version %s at %s", body.get("policy"),
                         body.get("policy_version"), self.endpoint)
+        else:
+            changed = [key for key in ("policy", "chunk_size", "normalization_id", "spec")
+                       if body.get(key) != self.first_metadata.get(key)]
+            if changed:
+                raise ServerError(f"the policy server at {self.endpoint} came back with another policy "
+                                  f"({', '.join(changed)} changed); restart the robot client to use it")
+            if body.get("policy_version") != self.first_metadata.get("policy_version"):
+                logger.warning("the policy server came back with policy version %s (was %s)",
+                               body.get("policy_version"), self.first_metadata.get("policy_version"))
         self.metadata = body
 
     def _action(self, message: Message) -> ActionReply | None:
@@ -200,22 +232,23 @@ class PolicyClient:
             self._reject("actions contain NaN or infinity")
             return None
         timing = body.get("timing") if isinstance(body.get("timing"), dict) else {}
+        version = body.get("policy_version")
         self.in_flight = None
-        return ActionReply(actions=actions, tick=tick, policy_version=body.get("policy_version"),
+        return ActionReply(actions=actions, tick=tick, policy_version=version if isinstance(version, int) else None,
                            round_trip_ms=(time.monotonic() - sent) * 1000,
-                           timing={k: float(v) for k, v in timing.items() if isinstance(v, (int, float))})
+                           timing={key: float(timing[key]) for key in TIMING_KEYS
+                                   if isinstance(timing.get(key), (int, float)) and math.isfinite(timing[key])})
 
     def ping(self, timeout_s: float = 5.0) -> float:
         """Round trip of a heartbeat in milliseconds (a health check); raises if none comes."""
         assert self.socket is not None
-        self.seq += 1
         start = time.monotonic()
-        send(self.socket, Message("heartbeat", self.seq, {"time": time.time()}))
+        seq = self._send("heartbeat", {"time": time.time()})
         deadline = start + timeout_s
         while time.monotonic() < deadline:
             if self.socket.poll(50):
                 _, message = receive(self.socket)
-                if message.kind == "heartbeat" and message.seq == self.seq:
+                if message.kind == "heartbeat" and message.seq == seq:
                     return (time.monotonic() - start) * 1000
                 self._handle(message)
         raise ServerError(f"the policy server at {self.endpoint} did not answer a ping within {timeout_s:.0f} s")

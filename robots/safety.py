@@ -6,7 +6,8 @@ Every action the client sends passes through `SafetyLayer.filter`, in this order
   3. an end-effector workspace box, where the robot reports its position:
      `ee_delta` clips translation deltas so the next position stays inside the box;
      `stop` commands the safe action while the end effector is outside it.
-The watchdog commands the safe action when no valid policy action arrived within its period,
+A policy action with NaN or infinity is replaced by the safe action. The watchdog commands
+the safe action when no valid policy action was available within its period,
 and an e-stop (a key or a signal) latches the safe action until `reset_estop()`.
 Each intervention increments a counter and is logged (the first, then every 100th)."""
 
@@ -27,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 SAFE_ACTIONS = ("hold", "zero")
 WORKSPACE_MODES = ("ee_delta", "stop")
-INTERVENTIONS = ("bounds", "max_delta", "workspace", "watchdog", "estop")
+INTERVENTIONS = ("bounds", "max_delta", "workspace", "non_finite", "watchdog", "estop")
 
 
 @dataclass
@@ -47,7 +48,9 @@ class SafetyConfig:
     max_delta: Optional[list[float]] = None  # per dimension and control step; one value for all; null: off
     workspace: Optional[WorkspaceConfig] = None  # null: no box
     watchdog_s: float = 0.5  # no valid action for this long -> the safe action
-    safe_action: str = "hold"  # hold (the robot's hold_action) | zero (all zeros: zero velocity / delta)
+    # hold: the robot's hold_action (its current position, or zero for delta control);
+    # zero: all zeros, only where that means "stay" (velocity or delta control)
+    safe_action: str = "hold"
 
 
 def _vector(values: list[float] | None, size: int, key: str) -> np.ndarray | None:
@@ -75,12 +78,17 @@ class SafetyLayer:
         self.high = np.asarray(spec.action_high, dtype=np.float64) if self.high is None else self.high
         if np.any(self.low > self.high):
             raise ConfigError("safety.action_low must not exceed safety.action_high in any dimension")
+        if config.safe_action == "zero" and (np.any(self.low > 0) or np.any(self.high < 0)):
+            raise ConfigError("safety.safe_action=zero, but zero is outside the action bounds: it cannot be a "
+                              "stay-put command for this robot; use safe_action=hold")
         self.max_delta = _vector(config.max_delta, size, "max_delta")
         if self.max_delta is not None and np.any(self.max_delta <= 0):
             raise ConfigError("safety.max_delta must be > 0 in every dimension")
         self.workspace = config.workspace
         if self.workspace is not None:
             self._check_workspace(self.workspace, size)
+        if not config.enabled:
+            logger.warning("safety layer disabled: no bounds, delta limit or workspace box (NaN is still refused)")
         self.counts: collections.Counter[str] = collections.Counter({name: 0 for name in INTERVENTIONS})
         self.estopped = False
         self.estop_reason = ""
@@ -105,13 +113,17 @@ class SafetyLayer:
 
     # ---- policy actions --------------------------------------------------------------
     def filter(self, action: np.ndarray, previous: np.ndarray | None,
-               position: np.ndarray | None = None) -> tuple[np.ndarray, bool]:
-        """The action to send instead of `action`, and whether it is the safe action (the
-        workspace `stop` mode). `previous` is the last action sent; `position` the end
-        effector's, where known."""
+               position: np.ndarray | None = None) -> tuple[np.ndarray | None, str | None]:
+        """(the action to send instead of `action`, None) or (None, reason) when the safe
+        action must be sent instead: `non_finite` (NaN or infinity from the policy) or
+        `workspace` (the `stop` mode, outside the box). `previous` is the last action sent;
+        `position` the end effector's. The box is applied last: it wins over `max_delta`."""
         action = np.asarray(action, dtype=np.float64)
+        if not np.all(np.isfinite(action)):
+            self._count("non_finite", f"action {action.tolist()}")
+            return None, "non_finite"
         if not self.config.enabled:
-            return action.astype(np.float32), False
+            return action.astype(np.float32), None
         clipped = np.clip(action, self.low, self.high)
         if not np.array_equal(clipped, action):
             self._count("bounds", f"action {np.round(action, 3).tolist()} outside the bounds")
@@ -122,13 +134,13 @@ class SafetyLayer:
             clipped = limited
         if self.workspace is not None:
             if position is None:
-                raise RuntimeError("safety.workspace is set but the robot reports no end-effector position")
+                raise ConfigError("safety.workspace is set but the robot reports no end-effector position")
             if self.workspace.mode == "stop" and not self._inside(position):
                 self._count("workspace", f"end effector at {np.round(position, 3).tolist()} is outside the box")
-                return clipped.astype(np.float32), True
+                return None, "workspace"
             if self.workspace.mode == "ee_delta":
-                clipped = self._clip_to_box(clipped, np.asarray(position, dtype=np.float64))
-        return clipped.astype(np.float32), False
+                clipped = np.clip(self._clip_to_box(clipped, np.asarray(position, dtype=np.float64)), self.low, self.high)
+        return clipped.astype(np.float32), None
 
     def _inside(self, position: np.ndarray) -> bool:
         assert self.workspace is not None
@@ -156,8 +168,8 @@ class SafetyLayer:
         return now - self.last_valid_time > self.config.watchdog_s
 
     def safe_action(self, hold: np.ndarray | None, reason: str | None) -> np.ndarray:
-        """The safe action, counted under `reason` (watchdog or estop; workspace stops are
-        counted by `filter`; None: the client leaving, not an intervention)."""
+        """The safe action, counted under `reason` (watchdog or estop; `filter` counts its own
+        stops; None: the client leaving, not an intervention)."""
         if reason in ("watchdog", "estop"):
             self._count(reason, "commanding the safe action")
         if self.config.safe_action == "zero":

@@ -195,8 +195,9 @@ class ProcsRuntime:
         procs_state = saved.get("procs") or {}
         expected = {"protocol": PROTOCOL_VERSION, "run": str(session.run_dir.resolve()),
                     "policy": config.policy.name, "chunk_size": config.policy.chunk_size}
-        if "spec" in saved:
-            expected["spec"] = saved["spec"]
+        spec = saved.get("spec", procs_state.get("spec"))  # older checkpoints kept it under "procs"
+        if spec is not None:
+            expected["spec"] = spec
         supervisor = RolloutSupervisor(session.run_dir, cfg)
         previous = supervisor.previous() if saved_state else None
         endpoints = ({"trajectory": previous["trajectory"], "weights": previous["weights"]} if previous

@@ -11,11 +11,12 @@ from typing import Any
 
 import zmq
 
+from embodied.errors import ConfigError
 from embodied.transport.codec import DEFAULT_LIMITS, Limits
 from embodied.transport.protocol import Message, decode_message, encode_message
 
 
-class EndpointError(ValueError):
+class EndpointError(ConfigError):
     """An endpoint this build will not open."""
 
 

@@ -59,3 +59,15 @@ def test_bad_settings_are_refused():
         ChunkBroker(chunk_size=4, execute_steps=5)
     with pytest.raises(ConfigError, match="mode"):
         ChunkBroker(chunk_size=4, execute_steps=1, mode="smooth")
+
+
+def test_an_answer_from_the_future_is_ignored():
+    broker = ChunkBroker(chunk_size=4, execute_steps=2)
+    broker.add(chunk(0), start_tick=98, now_tick=0)  # the last episode's late answer, after a reset
+    assert broker.action(0) is None and broker.wants_query(0)
+
+
+def test_ensemble_decay_must_be_finite_and_not_negative():
+    for decay in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="ensemble_decay"):
+            ChunkBroker(chunk_size=4, execute_steps=1, mode="ensemble", ensemble_decay=decay)

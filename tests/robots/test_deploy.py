@@ -330,3 +330,130 @@ def test_with_curve_keys_only_an_authorized_robot_is_heard(tmp_path):
         assert len(server.clients) == 1
     finally:
         shutdown()
+
+
+def test_answers_that_always_come_too_late_do_not_keep_the_watchdog_quiet(tmp_path):
+    robot = pendulum_robot()
+
+    def slow(observation):  # 40 ms: every chunk of one action arrives after its 10 ms tick
+        time.sleep(0.04)
+        return np.zeros((observation.batch_size, 1, 1), np.float32)
+
+    server = PolicyServer(slow, robot.spec, {"policy": "slow", "chunk_size": 1},
+                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+    try:
+        config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=60, control_hz=100.0)
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert summary["action_sources"]["policy"] == 0 and summary["skipped_actions"] > 5
+    assert summary["action_sources"]["watchdog"] > 0
+
+
+class StallingRobot(SimRobot):
+    """A robot whose driver blocks once for 0.15 s, as a USB hiccup would."""
+
+    def send_action(self, action):
+        self.sent = getattr(self, "sent", 0) + 1
+        if self.sent == 5:
+            time.sleep(0.15)
+        return super().send_action(action)
+
+
+def test_after_a_stall_the_loop_skips_the_missed_ticks_instead_of_bursting(tmp_path):
+    robot = StallingRobot(SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"}))
+    server, shutdown = start_server(spec=robot.spec, chunk_size=4)
+    try:
+        config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=40, control_hz=100.0)
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
+    finally:
+        shutdown()
+    assert summary["overrun_ticks"] >= 10
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    after = next(i for i, line in enumerate(lines) if "overrun_ticks" in line)
+    assert all(line["jitter_ms"] < 10.0 for line in lines[after:])  # back on schedule at once
+    assert len(lines) == 40 - summary["overrun_ticks"]
+
+
+def test_a_hostile_hello_or_a_failing_policy_harms_only_its_sender():
+    def fragile(observation):
+        if "boom" in observation.instruction:
+            raise RuntimeError("tokenizer failed")
+        return echo(2, 2)(observation)
+
+    server = PolicyServer(fragile, SPEC, {"policy": "fragile", "chunk_size": 2},
+                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, batch_window_ms=0))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+    try:
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(server.endpoint)
+        send(raw, Message("hello", 1, {"spec": {"state_dim": np.array([4, 4])}}))
+        assert raw.poll(5000) and receive(raw)[1].kind == "error"
+        raw.close()
+        client = PolicyClient(server.endpoint, SPEC)
+        client.connect(timeout_s=5)
+        assert client.request(observation([1, 2, 3, 4]), 0, "boom")
+        deadline = time.monotonic() + 5
+        while client.counts["server_errors"] == 0 and time.monotonic() < deadline:
+            client.poll(0.05)
+        assert client.counts["server_errors"] == 1 and client.in_flight is None
+        assert ask(client, [1, 2, 3, 4], tick=1).actions[0].tolist() == [1.0, 2.0]
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def test_one_request_pending_per_client():
+    server = PolicyServer(echo(2, 2), SPEC, {"policy": "echo", "chunk_size": 2},
+                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
+    try:
+        raw = zmq.Context.instance().socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.connect(server.endpoint)
+        send(raw, Message("hello", 1, {"name": "greedy", "spec": json.loads(json.dumps(SPEC.to_dict()))}))
+        server.run_once(1.0)
+        assert receive(raw)[1].kind == "welcome"
+        for seq in (2, 3, 4):
+            send(raw, Message("infer", seq, {"tick": seq, "observation": {"state": np.zeros(4, np.float32)}}))
+        time.sleep(0.2)
+        assert server.run_once(1.0) == 1
+        replies = [receive(raw)[1] for _ in range(3)]
+        assert sorted((r.seq, r.kind, r.body.get("code")) for r in replies) == [
+            (2, "action", None), (3, "error", "busy"), (4, "error", "busy")]
+        raw.close()
+    finally:
+        server.close()
+
+
+def test_a_reconnecting_robot_takes_back_its_own_slot_but_refuses_another_policy():
+    endpoint = free_endpoint()
+    server, shutdown = start_server(endpoint=endpoint, max_clients=1)
+    client = PolicyClient(endpoint, SPEC, request_timeout_s=0.3, retry_s=0.1)
+    try:
+        client.connect(timeout_s=5)
+        client._reconnect("test")  # a new socket, as after a timeout
+        deadline = time.monotonic() + 5
+        while not client.connected and time.monotonic() < deadline:
+            client.poll(0.05)
+        assert client.connected and len(server.clients) == 1  # not refused as "full"
+    finally:
+        shutdown()
+    other, shutdown = start_server(endpoint=endpoint, chunk_size=3)
+    try:
+        assert client.request(observation([0, 0, 0, 0]), 0, "")
+        with pytest.raises(ServerError, match="chunk_size changed"):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                client.maintain()
+                client.poll(0.05)
+    finally:
+        shutdown()

@@ -114,7 +114,8 @@ def test_lerobot_robot_maps_features_to_state_images_and_actions():
         sent = robot.send_action(np.array([95.0, -150.0, 50.0]))
         assert arm.sent[-1] == {"shoulder.pos": 95.0, "elbow.pos": -100.0, "gripper.pos": 50.0}
         np.testing.assert_allclose(sent, [90.0, -100.0, 50.0])  # what the arm reports it did
-        np.testing.assert_allclose(robot.hold_action(), [10.0, -5.0, 30.0])
+        arm.joints["elbow.pos"] = 12.0  # the arm moved since the last observation
+        np.testing.assert_allclose(robot.hold_action(), [10.0, 12.0, 30.0])  # hold where it is now
     assert not arm.is_connected
 
 

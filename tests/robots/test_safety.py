@@ -13,7 +13,7 @@ SPEC = EnvSpec(state_dim=3, action_dim=4, action_low=(-1.0,) * 4, action_high=(1
 def test_actions_outside_the_bounds_are_clipped_and_counted():
     safety = SafetyLayer(SafetyConfig(action_low=[-0.5], action_high=[0.5]), SPEC)
     sent, stop = safety.filter(np.array([0.9, -2.0, 0.1, 0.0]), previous=None)
-    assert not stop
+    assert stop is None
     np.testing.assert_allclose(sent, [0.5, -0.5, 0.1, 0.0])
     assert safety.counts["bounds"] == 1
     safety.filter(np.array([0.1, 0.1, 0.1, 0.1]), previous=None)
@@ -33,7 +33,7 @@ def test_workspace_ee_delta_keeps_the_next_position_inside_the_box():
     safety = SafetyLayer(SafetyConfig(workspace=box), SPEC)
     position = np.array([0.45, 0.0, 0.2])
     sent, stop = safety.filter(np.array([1.0, 0.5, 0.0, 1.0]), None, position)
-    assert not stop
+    assert stop is None
     np.testing.assert_allclose(sent[:3], [0.5, 0.5, 0.0], atol=1e-6)  # x may move only 0.05 m = 0.5 units
     assert sent[3] == 1.0  # the gripper is not a position dimension
     assert safety.counts["workspace"] == 1
@@ -48,14 +48,14 @@ def test_workspace_stop_mode_asks_for_the_safe_action_outside_the_box():
     box = WorkspaceConfig(low=[0.0, -0.2, 0.0], high=[0.5, 0.2, 0.4], mode="stop")
     safety = SafetyLayer(SafetyConfig(workspace=box), SPEC)
     _, stop = safety.filter(np.zeros(4), None, np.array([0.1, 0.0, 0.1]))
-    assert not stop
-    _, stop = safety.filter(np.zeros(4), None, np.array([0.1, 0.0, 0.9]))
-    assert stop and safety.counts["workspace"] == 1
+    assert stop is None
+    sent, stop = safety.filter(np.zeros(4), None, np.array([0.1, 0.0, 0.9]))
+    assert sent is None and stop == "workspace" and safety.counts["workspace"] == 1
 
 
 def test_a_workspace_without_a_reported_position_is_an_error():
     safety = SafetyLayer(SafetyConfig(workspace=WorkspaceConfig(low=[0, 0, 0], high=[1, 1, 1])), SPEC)
-    with pytest.raises(RuntimeError, match="end-effector position"):
+    with pytest.raises(ConfigError, match="end-effector position"):
         safety.filter(np.zeros(4), None, None)
 
 
@@ -96,3 +96,23 @@ def test_disabled_safety_passes_actions_through_uncounted():
     safety = SafetyLayer(SafetyConfig(enabled=False), SPEC)
     sent, _ = safety.filter(np.array([5.0, 0, 0, 0]), None)
     assert sent[0] == 5.0 and sum(safety.counts.values()) == 0
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_nan_or_infinite_actions_are_replaced_by_the_safe_action(enabled):
+    safety = SafetyLayer(SafetyConfig(enabled=enabled), SPEC)
+    sent, stop = safety.filter(np.array([np.nan, 0, np.inf, 0]), previous=np.zeros(4))
+    assert sent is None and stop == "non_finite" and safety.counts["non_finite"] == 1
+
+
+def test_the_box_output_stays_within_the_bounds():
+    box = WorkspaceConfig(low=[0.0, -0.2, 0.0], high=[0.5, 0.2, 0.4], action_scale=0.1)
+    safety = SafetyLayer(SafetyConfig(workspace=box, action_low=[0.5, -1, -1, -1], action_high=[1, 1, 1, 1]), SPEC)
+    sent, _ = safety.filter(np.array([1.0, 0, 0, 0]), None, np.array([0.49, 0.0, 0.2]))
+    assert sent[0] == 0.5  # the box asked for 0.1, the bounds for at least 0.5: the bounds hold
+
+
+def test_zero_cannot_be_the_safe_action_when_it_is_out_of_bounds():
+    spec = EnvSpec(state_dim=1, action_dim=1, action_low=(0.2,), action_high=(1.0,))
+    with pytest.raises(ConfigError, match="zero is outside the action bounds"):
+        SafetyLayer(SafetyConfig(safe_action="zero"), spec)
