@@ -273,7 +273,7 @@ class PolicyServer:
 
     def _answer(self, batch: list[Request]) -> None:
         start = time.monotonic()
-        observation = Observation(
+        observation = batch[0].observation if len(batch) == 1 else Observation(
             state=np.concatenate([r.observation.state for r in batch]),
             images={name: np.concatenate([r.observation.images[name] for r in batch]) for name in self.spec.image_shapes},
             instruction=[r.observation.instruction[0] for r in batch],

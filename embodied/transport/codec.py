@@ -9,6 +9,7 @@ count and size bounded by `Limits`, and any malformed input raises `CodecError`.
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -90,7 +91,7 @@ def unpack(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Any:
                 or not all(isinstance(n, int) and n >= 0 for n in shape)):
             raise CodecError(f"malformed array shape {shape!r}")
         used.add(index)
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        expected = math.prod(shape) * dtype.itemsize
         if expected != sizes[index]:
             raise CodecError(f"array of shape {shape} and dtype {dtype} needs {expected} bytes, got {sizes[index]}")
         return np.frombuffer(frames[index], dtype=dtype).reshape(shape)
