@@ -447,7 +447,14 @@ def test_a_reconnecting_robot_takes_back_its_own_slot_but_refuses_another_policy
         assert client.connected and len(server.clients) == 1  # not refused as "full"
     finally:
         shutdown()
-    other, shutdown = start_server(endpoint=endpoint, chunk_size=3)
+    deadline = time.monotonic() + 10
+    while True:  # the closed socket's port is released by ZeroMQ's IO thread, shortly
+        try:
+            other, shutdown = start_server(endpoint=endpoint, chunk_size=3)
+            break
+        except zmq.ZMQError:
+            assert time.monotonic() < deadline, "the port was not released"
+            time.sleep(0.1)
     try:
         assert client.request(observation([0, 0, 0, 0]), 0, "")
         with pytest.raises(ServerError, match="chunk_size changed"):
