@@ -14,16 +14,33 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import zmq
 
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
-from embodied.transport.sockets import check_endpoint, receive, send
+from embodied.transport.sockets import bind, receive, send
 from sim.group import EnvWorkerError, unwrap_reply
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class WorkerPlacement:
+    """How env workers start when a runtime places them itself (`runtime=ray`): `launch(worker
+    id, serve arguments)` starts one and returns a handle shaped like `subprocess.Popen` (pid,
+    poll, returncode, wait, kill). The hub binds on `host`, which workers on other machines
+    must reach; off loopback that takes CURVE keys (`keys_dir`)."""
+
+    launch: Callable[[str, dict[str, Any]], Any]
+    host: str = "127.0.0.1"
+    keys_dir: Optional[str] = None
+
+
+# Set by the process that builds the env side under a placing runtime, before it builds it.
+PLACEMENT: Optional[WorkerPlacement] = None
 
 
 class EnvHub:
@@ -35,14 +52,22 @@ class EnvHub:
         self.stream = stream
         self.timeout_s = timeout_s
         self._tmp = None
+        self.placement = PLACEMENT
+        if endpoint is None and self.placement is not None:
+            endpoint = f"tcp://{self.placement.host}:*"
         if endpoint is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="embodied-env-")
             endpoint = f"ipc://{self._tmp.name}/hub"
-        self.endpoint = check_endpoint(endpoint)
+        keys_dir = self.placement.keys_dir if self.placement is not None else None
+        self.curve = None
+        if keys_dir is not None:
+            from embodied.transport.security import CurveServer
+
+            self.curve = CurveServer(zmq.Context.instance(), keys_dir)
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone worker raises
-        self.socket.bind(self.endpoint)
+        self.endpoint = bind(self.socket, endpoint, self.curve)
         self.inbox: dict[bytes, collections.deque[Message]] = collections.defaultdict(collections.deque)
         self.known: set[bytes] = set()  # identities of the workers this hub started
         self.last_heard: dict[bytes, float] = {}
@@ -52,13 +77,21 @@ class EnvHub:
     def start_worker(self, env_ids: list[int]) -> "SocketGroup":
         identity = f"env-worker-{self.count}".encode()
         self.count += 1
+        if self.placement is not None:
+            process = self.placement.launch(identity.decode(), {
+                "endpoint": self.endpoint, "env_config": self.env_config, "env_ids": env_ids,
+                "base_seed": self.base_seed, "stream": self.stream, "worker_id": identity.decode(),
+                "keys_dir": self.placement.keys_dir})
+            return self._adopt(identity, process)
         python = self.env_config.get("python") or sys.executable
         command = [python, "-m", "sim.worker", "--endpoint", self.endpoint, "--env", json.dumps(self.env_config),
                    "--env-ids", *map(str, env_ids), "--seed", str(self.base_seed), "--stream", str(self.stream),
                    "--worker-id", identity.decode()]
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        process = subprocess.Popen(command, env=environment)
+        return self._adopt(identity, subprocess.Popen(command, env=environment))
+
+    def _adopt(self, identity: bytes, process: Any) -> "SocketGroup":
         self.known.add(identity)
         group = SocketGroup(self, identity, process)
         try:
@@ -104,12 +137,14 @@ class EnvHub:
 
     def close(self) -> None:
         self.socket.close()
+        if self.curve is not None:
+            self.curve.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
 
 
 class SocketGroup:
-    def __init__(self, hub: EnvHub, identity: bytes, process: subprocess.Popen):
+    def __init__(self, hub: EnvHub, identity: bytes, process: Any):  # a Popen or a placement's handle
         self.hub = hub
         self.identity = identity
         self.process = process

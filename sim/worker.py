@@ -20,7 +20,7 @@ from typing import Any, Callable
 import zmq
 
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
-from embodied.transport.sockets import check_endpoint, receive, send
+from embodied.transport.sockets import connect, receive, send
 from sim.base import SingleEnv
 from sim.group import EnvGroup, run_command
 
@@ -47,13 +47,13 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
 
 
 def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int,
-          stream: int = 0, worker_id: str = "", heartbeat_s: float = 1.0) -> None:
+          stream: int = 0, worker_id: str = "", heartbeat_s: float = 1.0, keys_dir: str | None = None) -> None:
     parent = os.getppid()
     context = zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.IDENTITY, (worker_id or f"env-{os.getpid()}").encode())
-    socket.connect(check_endpoint(endpoint))
+    connect(socket, endpoint, keys_dir)  # a CURVE client where the hub is off loopback
     group = EnvGroup(make_env, env_ids, base_seed, stream)
     try:
         description = group.describe()
@@ -94,9 +94,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--stream", type=int, default=0)
     parser.add_argument("--worker-id", default="")
+    parser.add_argument("--keys-dir", default=None, help="CURVE keys, for a hub off loopback")
     args = parser.parse_args()
     serve(args.endpoint, single_env_factory(json.loads(args.env)), args.env_ids, args.seed, args.stream,
-          args.worker_id)
+          args.worker_id, keys_dir=args.keys_dir)
 
 
 if __name__ == "__main__":

@@ -64,16 +64,10 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
         })
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="the run's resolved config.yaml")
-    parser.add_argument("--trajectory-endpoint", required=True)
-    parser.add_argument("--weights-endpoint", required=True)
-    parser.add_argument("--name", default="rollout-0", help="this rollout's name towards the learner")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-
-    config = to_schema(TrainConfig, load_yaml(Path(args.config)))
+def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint: str, name: str) -> int:
+    """The rollout role until the learner finishes: in its own process (`runtime=procs`) or in
+    a Ray actor (`runtime=ray`). Returns the exit status."""
+    config = to_schema(TrainConfig, load_yaml(config_path))
     runtime = config.runtime
     start_process(config.seed, runtime.torch_threads)
     env = build_env(config.env, seed=config.seed)
@@ -81,9 +75,9 @@ def main() -> int:
         device = resolve_device(runtime.rollout_device)
         policy = build_policy(config.policy, env.spec, device)
         # `run` keeps a rollout left over from another run from feeding this run's learner.
-        hello = {"sender": args.name, "run": str(Path(args.config).resolve().parent), "policy": config.policy.name,
+        hello = {"sender": name, "run": str(config_path.resolve().parent), "policy": config.policy.name,
                  "chunk_size": config.policy.chunk_size, "spec": env.spec.to_dict()}
-        link = RolloutLink(args.trajectory_endpoint, args.weights_endpoint, hello, keys_dir=runtime.keys_dir,
+        link = RolloutLink(trajectory_endpoint, weights_endpoint, hello, keys_dir=runtime.keys_dir,
                            heartbeat_s=runtime.heartbeat_s, timeout_s=runtime.peer_timeout_s,
                            reconnect_timeout_s=runtime.reconnect_timeout_s)
         try:
@@ -98,6 +92,17 @@ def main() -> int:
     finally:
         env.close()
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="the run's resolved config.yaml")
+    parser.add_argument("--trajectory-endpoint", required=True)
+    parser.add_argument("--weights-endpoint", required=True)
+    parser.add_argument("--name", default="rollout-0", help="this rollout's name towards the learner")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    return serve_rollout(Path(args.config), args.trajectory_endpoint, args.weights_endpoint, args.name)
 
 
 if __name__ == "__main__":
