@@ -5,6 +5,7 @@ import embodied.algos.grpo  # noqa: F401
 import embodied.algos.ppo  # noqa: F401
 import embodied.runtime.local  # noqa: F401
 import embodied.runtime.procs  # noqa: F401
+import embodied.runtime.ray_runtime  # noqa: F401
 import policies.flow  # noqa: F401
 import policies.mlp  # noqa: F401
 import policies.token_vla  # noqa: F401

@@ -47,7 +47,7 @@ ensure_virtualenv() {
 
 ensure_venv() {
     ensure_virtualenv "$venv" "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
-        -c constraints.txt -e ".[train,robot,maniskill,mujoco,video,vla,dev]"
+        -c constraints.txt -e ".[train,robot,ray,maniskill,mujoco,video,vla,dev]"
 }
 
 vulkan_works() {

@@ -30,6 +30,7 @@ from embodied.errors import ConfigError
 from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import LearnerLink, LinkError
+from embodied.runtime.learner_ranks import LearnerRanks
 from embodied.runtime.wire import published_weights, tensors_to_wire, trajectory_from_wire
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
 from embodied.transport.protocol import PROTOCOL_VERSION
@@ -60,9 +61,14 @@ class ProcsRuntimeConfig:
     reconnect_timeout_s: float = 120.0  # a rollout without a learner this long exits
     startup_timeout_s: float = 600.0  # for the rollout to build its envs and connect
     max_rollout_restarts: int = 3  # in a row without a batch in between
+    # Data-parallel learner processes on this machine (gloo on CPU, nccl on GPUs), each
+    # training on its shard of every minibatch; 1: the learner alone.
+    learner_ranks: int = 1
 
 
 def check_config(cfg: ProcsRuntimeConfig) -> None:
+    if cfg.learner_ranks < 1:
+        raise ConfigError(f"runtime.learner_ranks must be >= 1, got {cfg.learner_ranks}")
     if cfg.max_policy_lag < 0:
         raise ConfigError(f"runtime.max_policy_lag must be >= 0, got {cfg.max_policy_lag}")
     for key in ("heartbeat_s", "peer_timeout_s", "reconnect_timeout_s", "startup_timeout_s"):
@@ -180,6 +186,8 @@ class RolloutSupervisor:
 
 
 class ProcsRuntime:
+    supervisor_class = RolloutSupervisor  # what starts and restarts the rollout
+
     def __init__(self, cfg: ProcsRuntimeConfig):
         check_config(cfg)
         self.cfg = cfg
@@ -198,7 +206,7 @@ class ProcsRuntime:
         spec = saved.get("spec", procs_state.get("spec"))  # older checkpoints kept it under "procs"
         if spec is not None:
             expected["spec"] = spec
-        supervisor = RolloutSupervisor(session.run_dir, cfg)
+        supervisor = self.supervisor_class(session.run_dir, cfg)
         previous = supervisor.previous() if saved_state else None
         endpoints = ({"trajectory": previous["trajectory"], "weights": previous["weights"]} if previous
                      else {"trajectory": cfg.trajectory_endpoint, "weights": cfg.weights_endpoint})
@@ -236,10 +244,14 @@ class ProcsRuntime:
         policy = build_policy(config.policy, spec, device)
         learner = Learner(policy, build_algo(config.algo, policy), device)
         session.restore(learner)
+        ranks = (LearnerRanks(session.run_dir / "config.yaml", cfg.learner_ranks, hello["spec"], session.run_dir / "logs")
+                 if cfg.learner_ranks > 1 else None)
         link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
         dropped = int(procs_state.get("stale_batches_dropped", 0))
         evaluation = PeriodicEvaluation(config)
         try:
+            if ranks is not None:
+                ranks.attach(learner)
             session.start_logging()
             while not session.finished:
                 delivery = link.next_trajectory(timeout_s=cfg.heartbeat_s)
@@ -258,6 +270,8 @@ class ProcsRuntime:
                     link.consumed(delivery, learner.policy_version, durable=config.checkpoint_every == 0)
                     continue
                 progress = session.env_steps / config.total_env_steps
+                if ranks is not None:
+                    ranks.before_update(batch, progress, off_policy=lag > 0)
                 metrics = learner.update(batch, progress, off_policy=lag > 0)
                 link.consumed(delivery, learner.policy_version, durable=config.checkpoint_every == 0)
                 link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
@@ -279,6 +293,8 @@ class ProcsRuntime:
                     link.checkpointed(state)
         finally:
             evaluation.close()
+            if ranks is not None:
+                ranks.stop()
 
     def _wait_hello(self, link: LearnerLink, supervisor: RolloutSupervisor) -> dict[str, Any]:
         deadline = time.monotonic() + self.cfg.startup_timeout_s

@@ -1,0 +1,208 @@
+"""`runtime=ray`: the roles of `runtime=procs`, placed by Ray on one machine or a cluster.
+
+    learner (the driver) --weights-->  rollout actor  <--ZeroMQ-->  env worker actors
+                         <--trajectories--
+
+Ray only places and supervises: each role runs the same code as under `runtime=procs` and
+the roles talk over the same ZeroMQ links, whose tcp endpoints reach the actors as arguments.
+Actors ask for the CPUs, GPUs and custom resources in `runtime.rollout` / `runtime.env_worker`
+(a custom resource such as `{sim_node: 1}` pins a role to the nodes that offer it). An env
+worker actor that dies is replaced by the rollout like a dead env worker process; a rollout
+actor that dies or goes silent is restarted by the learner; the learner (the driver) stops
+with its checkpoints in place, and `resume=<run dir>` continues the run on new actors."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from embodied.config import TrainConfig
+from embodied.errors import ConfigError
+from embodied.registry import RUNTIMES
+from embodied.runtime.procs import ProcsRuntime, ProcsRuntimeConfig, RolloutSupervisor, check_config
+from embodied.train import TrainSession
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass
+class RoleResources:
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict = field(default_factory=dict)  # custom Ray resources, e.g. {sim_node: 1}
+
+
+@dataclass
+class RayRuntimeConfig(ProcsRuntimeConfig):
+    name: str = "ray"
+    address: Optional[str] = None  # null: start a Ray instance on this machine; "auto" or "<head>:6379": join
+    num_cpus: Optional[int] = None  # a local instance's CPUs; default: what the roles ask for, at least the cores
+    host: str = "127.0.0.1"  # where the learner and env hubs bind; on a cluster this node's address (+ keys_dir)
+    rollout: RoleResources = field(default_factory=RoleResources)
+    env_worker: RoleResources = field(default_factory=RoleResources)
+
+
+class ActorProcess:
+    """A Ray actor running one role, shaped like `subprocess.Popen` for the code that
+    supervises processes: pid, poll(), returncode, wait(), kill()."""
+
+    def __init__(self, actor: Any, ref: Any, pid: int):
+        self.actor = actor
+        self.ref = ref
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        import ray
+
+        if self.returncode is None:
+            ready, _ = ray.wait([self.ref], timeout=0)
+            if ready:
+                try:
+                    self.returncode = int(ray.get(self.ref) or 0)
+                except Exception:  # the actor died or its role raised
+                    self.returncode = 1
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import ray
+
+        ready, _ = ray.wait([self.ref], timeout=timeout)
+        if not ready:
+            raise subprocess.TimeoutExpired(f"ray actor (pid {self.pid})", timeout or 0)
+        return self.poll()  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        import ray
+
+        ray.kill(self.actor, no_restart=True)
+
+
+def _role_options(resources: RoleResources) -> dict[str, Any]:
+    return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "resources": dict(resources.resources),
+            "max_restarts": 0}  # replacing a dead role is the supervisor's job, with fresh state
+
+
+class EnvWorkerRole:
+    """Ray actor body: one env worker (`sim.worker.serve`), numpy and the simulator only."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def serve(self, arguments: dict[str, Any]) -> int:
+        from sim.worker import serve, single_env_factory
+
+        serve(arguments["endpoint"], single_env_factory(arguments["env_config"]), arguments["env_ids"],
+              arguments["base_seed"], arguments["stream"], arguments["worker_id"], keys_dir=arguments["keys_dir"])
+        return 0
+
+
+class RolloutRole:
+    """Ray actor body: the rollout role, whose env workers become actors too."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def serve(self, config_path: str, endpoints: dict[str, str], name: str, env_worker: dict[str, Any],
+              host: str, keys_dir: Optional[str], log_path: str) -> int:
+        import ray
+
+        import sim.remote
+        from embodied.runtime.rollout_process import serve_rollout
+
+        if Path(log_path).parent.is_dir():  # same machine or a shared run directory
+            logging.basicConfig(filename=log_path, level=logging.INFO, force=True,
+                                format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+        # The env hub lives here: on a cluster it binds on this actor's node, wherever Ray put it.
+        hub_host = host if host in LOOPBACK_HOSTS else ray.util.get_node_ip_address()
+        sim.remote.PLACEMENT = sim.remote.WorkerPlacement(
+            launch=lambda worker_id, arguments: start_actor(EnvWorkerRole, RoleResources(**env_worker), arguments),
+            host=hub_host, keys_dir=keys_dir)
+        return serve_rollout(Path(config_path), endpoints["trajectory"], endpoints["weights"], name)
+
+
+def start_actor(role: type, resources: RoleResources, *arguments: Any) -> ActorProcess:
+    import ray
+
+    actor = ray.remote(role).options(**_role_options(resources)).remote()
+    pid = ray.get(actor.pid.remote())
+    return ActorProcess(actor, actor.serve.remote(*arguments), pid)
+
+
+class RaySupervisor(RolloutSupervisor):
+    """The rollout as a Ray actor, supervised like the rollout process of `runtime=procs`."""
+
+    def previous(self) -> dict[str, Any] | None:
+        return None  # actors end with their driver: a resumed run starts a new rollout
+
+    def start(self, endpoints: dict[str, str]) -> None:
+        cfg = self.cfg
+        assert isinstance(cfg, RayRuntimeConfig)
+        self.endpoints = endpoints
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = start_actor(RolloutRole, cfg.rollout, str(self.config_path), endpoints, "rollout-0",
+                                   dataclasses.asdict(cfg.env_worker), cfg.host, cfg.keys_dir, str(self.log_path))
+        self.pid = self.process.pid
+        self.started_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                logger.warning("the rollout actor did not stop within 10 s of being killed")
+
+
+class RayRuntime(ProcsRuntime):
+    supervisor_class = RaySupervisor
+
+    def __init__(self, cfg: RayRuntimeConfig):
+        check_config(cfg)
+        self.cfg = cfg
+
+    def train(self, config: TrainConfig) -> TrainSession:
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError("runtime=ray needs Ray: pip install 'embodied-rl[ray]'") from None
+        cfg = self.cfg
+        assert isinstance(cfg, RayRuntimeConfig)
+        if getattr(config.env, "python", None):
+            raise ConfigError("env.python (env workers under another interpreter) is not available under runtime=ray")
+        if getattr(config.env, "num_workers", 0) and getattr(config.env, "transport", "zmq") != "zmq":
+            # Ray places env workers as actors that reach the rollout over ZeroMQ.
+            config.env = dataclasses.replace(config.env, transport="zmq")
+        started_here = not ray.is_initialized()
+        if started_here:
+            if cfg.address is None:
+                wanted = cfg.rollout.num_cpus + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1)
+                num_cpus = cfg.num_cpus or max(int(wanted + 0.999), os.cpu_count() or 1)
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=cfg.address, log_to_driver=False)
+        try:
+            return super().train(config)
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+@RUNTIMES.register("ray", RayRuntimeConfig)
+def make_ray_runtime(cfg: RayRuntimeConfig) -> RayRuntime:
+    return RayRuntime(cfg)

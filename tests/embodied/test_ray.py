@@ -1,0 +1,60 @@
+"""`runtime=ray` end to end on a local Ray instance: the roles of `runtime=procs` as actors."""
+
+import subprocess
+import sys
+
+import psutil
+from safetensors.torch import load_file
+
+from embodied.checkpoint import resolve_checkpoint
+from tests.embodied.test_procs import updates_of, wait_for
+
+TINY = ["env.num_envs=4", "env.num_workers=2", "algo.rollout_steps=10", "algo.num_minibatches=2",
+        "algo.update_epochs=2", "eval_episodes=0", "runtime.device=cpu", "logger.progress_bar=false"]
+RAY = ["runtime=ray", "runtime.num_cpus=2", "runtime.rollout_device=cpu", "runtime.heartbeat_s=0.2",
+       "runtime.peer_timeout_s=10", "runtime.env_worker.num_cpus=0.5"]  # 2 CPUs: rollout 1, workers 0.5 each
+
+
+def train(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "embodied.cli", "train", *TINY, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def env_worker_actors() -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if "ray::EnvWorkerRole" in " ".join(p.info["cmdline"] or [])]
+
+
+def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
+    """Same seeds, same data, same updates: Ray changes where the roles run, nothing else."""
+    weights = {}
+    for runtime in ("local", "ray"):
+        run_dir = tmp_path / runtime
+        extra = RAY if runtime == "ray" else ["runtime=local"]
+        trainer = train(*extra, "total_env_steps=120", "checkpoint_every=0", f"run_dir={run_dir}")
+        out, err = trainer.communicate(timeout=600)
+        assert trainer.returncode == 0, err
+        weights[runtime] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
+        assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2, 3]
+    assert (tmp_path / "ray" / "logs" / "rollout.log").read_text().count("exiting") == 1
+    assert weights["local"].keys() == weights["ray"].keys()
+    for name in weights["local"]:
+        assert (weights["local"][name] == weights["ray"][name]).all(), name
+
+
+def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=5", f"run_dir={run_dir}")
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
+        actors = env_worker_actors()
+        assert len(actors) == 2, "expected two env worker actors"
+        actors[0].kill()
+        out, err = trainer.communicate(timeout=600)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    updates = updates_of(run_dir)
+    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
+    assert updates[-1]["train/env_worker_restarts"] == 1
+    assert not env_worker_actors()  # the actors ended with the run
