@@ -3,7 +3,7 @@ normalisation; approx_kl, clipfrac and explained_variance logged beside the loss
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Optional
 
 import torch
@@ -12,6 +12,7 @@ from torch import nn
 from embodied.advantages import explained_variance, gae
 from embodied.algos.reward_scaling import ReturnScaler
 from embodied.buffers import Trajectory
+from embodied.distributed import DataParallel
 from embodied.errors import ConfigError
 from embodied.registry import ALGOS
 from policies.base import Policy
@@ -148,6 +149,10 @@ class PPO:
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.return_scaler = ReturnScaler(cfg.gamma, cfg.reward_clip) if cfg.scale_reward else None
         self.iterations = 0
+        # Advantages are normalised over the whole minibatch before it is sharded, so each
+        # rank's loss needs no normalisation of its own.
+        self._loss_cfg = replace(cfg, normalize_advantages=False)
+        self.data_parallel: DataParallel | None = None  # set on every learner rank of a data-parallel run
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
         """One PPO iteration on a collected batch; `progress` in [0, 1) anneals the lr.
@@ -179,25 +184,37 @@ class PPO:
         averages = LossAverages()
         warming_up = self.iterations < cfg.critic_warmup_iterations
         value_parameters = {id(p) for p in self.policy.value_parameters()} if warming_up else set()
+        parallel = self.data_parallel
+        shard = parallel.shard(minibatch) if parallel else slice(None)
+        parameters = list(self.policy.parameters())
         for _ in range(cfg.update_epochs):
             order = torch.randperm(size)
+            if parallel:
+                parallel.broadcast(order)  # every rank walks the same minibatches
             for start in range(0, size - minibatch + 1, minibatch):
                 rows = order[start:start + minibatch]
+                advantages = flat_adv[rows]
+                if cfg.normalize_advantages:
+                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+                rows, advantages = rows[shard], advantages[shard]
                 chunk = batch.chunk(rows)
                 evaluated = self.policy.evaluate(batch.flat_observation(rows), chunk)
-                loss = ppo_loss(evaluated.log_prob, old_log_prob[rows], flat_adv[rows], evaluated.value,
-                                chunk.value, flat_ret[rows], evaluated.entropy, cfg,
+                loss = ppo_loss(evaluated.log_prob, old_log_prob[rows], advantages, evaluated.value,
+                                chunk.value, flat_ret[rows], evaluated.entropy, self._loss_cfg,
                                 None if behaviour_weight is None else behaviour_weight[rows])
                 self.optimizer.zero_grad()
                 (cfg.vf_coef * loss.value_loss if warming_up else loss.total).backward()
                 if warming_up:  # a shared backbone under the value head stays as it is too
-                    for parameter in self.policy.parameters():
+                    for parameter in parameters:
                         if id(parameter) not in value_parameters:
                             parameter.grad = None
-                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                if parallel:
+                    parallel.average_gradients(parameters)
+                grad_norm = nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm)
                 self.optimizer.step()
                 averages.add(loss, grad_norm)
-            if cfg.target_kl is not None and float(loss.approx_kl) > cfg.target_kl:
+            kl = float(loss.approx_kl)
+            if cfg.target_kl is not None and (parallel.mean(kl) if parallel else kl) > cfg.target_kl:
                 break
 
         metrics = averages.metrics()

@@ -1,0 +1,66 @@
+"""Data-parallel learning over torch.distributed (gloo on CPU, nccl on GPU).
+
+Every rank holds the same policy and the same batch. Each computes the loss on its own
+contiguous shard of every minibatch, and the gradients are averaged across ranks before the
+optimizer step: DDP's arithmetic. With equal shards the average of the shard means is the
+mean over the whole minibatch, so N ranks take the step one process would take on the whole
+minibatch. The average is taken explicitly (one flat all-reduce) because policies are driven
+through `evaluate()`, not `forward()`, and some of their parameters get no gradient in some
+steps (critic warm-up, frozen backbones), which DDP's forward hooks do not allow for."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from embodied.errors import ConfigError
+
+
+class DataParallel:
+    def __init__(self, rank: int, world_size: int, device: torch.device | str = "cpu"):
+        self.rank = rank
+        self.world_size = world_size
+        self.device = torch.device(device)  # where the collectives' own tensors live (nccl: the GPU)
+
+    @classmethod
+    def join(cls, rank: int, world_size: int, address: str, backend: str | None = None) -> "DataParallel":
+        """Join the process group at `address` (host:port, served by rank 0)."""
+        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size)
+        return cls(rank, world_size, "cuda" if backend == "nccl" else "cpu")
+
+    def shard(self, size: int) -> slice:
+        """This rank's part of a minibatch of `size` rows."""
+        if size % self.world_size:
+            raise ConfigError(f"a minibatch of {size} samples does not split evenly over {self.world_size} learner "
+                              f"ranks; choose algo.num_minibatches so that it does")
+        part = size // self.world_size
+        return slice(self.rank * part, (self.rank + 1) * part)
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `tensor` on every rank (e.g. the minibatch order), in place."""
+        dist.broadcast(tensor, src=0)
+        return tensor
+
+    def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Replace every gradient by its mean over the ranks; a missing gradient counts as zero
+        and stays missing where it is missing on every rank."""
+        present = torch.tensor([p.grad is not None for p in parameters], dtype=torch.int32, device=self.device)
+        dist.all_reduce(present)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters])
+        dist.all_reduce(flat)
+        flat /= self.world_size
+        offset = 0
+        for parameter, count in zip(parameters, present.tolist()):
+            size = parameter.numel()
+            parameter.grad = flat[offset:offset + size].view_as(parameter).clone() if count else None
+            offset += size
+
+    def mean(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor)
+        return float(tensor) / self.world_size
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
