@@ -50,6 +50,9 @@ class PPOConfig:
     dual_clip: Optional[float] = None
     value_loss: str = "mse"  # mse | huber (less sensitive to outlier returns, e.g. sparse success)
     huber_delta: float = 10.0
+    # Split each minibatch (each rank's shard of it) into this many equal parts whose
+    # gradients add up before the step: the same step with a fraction of the activation memory.
+    gradient_accumulation_steps: int = 1
 
 
 @dataclass
@@ -126,7 +129,7 @@ class LossAverages:
 
 
 def check_config(cfg: PPOConfig) -> None:
-    for key in ("rollout_steps", "num_minibatches", "update_epochs"):
+    for key in ("rollout_steps", "num_minibatches", "update_epochs", "gradient_accumulation_steps"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
     for key in ("gamma", "gae_lambda"):
@@ -197,13 +200,18 @@ class PPO:
                 if cfg.normalize_advantages:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
                 rows, advantages = rows[shard], advantages[shard]
-                chunk = batch.chunk(rows)
-                evaluated = self.policy.evaluate(batch.flat_observation(rows), chunk)
-                loss = ppo_loss(evaluated.log_prob, old_log_prob[rows], advantages, evaluated.value,
-                                chunk.value, flat_ret[rows], evaluated.entropy, self._loss_cfg,
-                                None if behaviour_weight is None else behaviour_weight[rows])
                 self.optimizer.zero_grad()
-                (cfg.vf_coef * loss.value_loss if warming_up else loss.total).backward()
+                losses = []
+                for part in self._accumulation_parts(len(rows)):
+                    part_rows = rows[part]
+                    chunk = batch.chunk(part_rows)
+                    evaluated = self.policy.evaluate(batch.flat_observation(part_rows), chunk)
+                    loss = ppo_loss(evaluated.log_prob, old_log_prob[part_rows], advantages[part], evaluated.value,
+                                    chunk.value, flat_ret[part_rows], evaluated.entropy, self._loss_cfg,
+                                    None if behaviour_weight is None else behaviour_weight[part_rows])
+                    objective = cfg.vf_coef * loss.value_loss if warming_up else loss.total
+                    (objective / cfg.gradient_accumulation_steps).backward()
+                    losses.append(loss)
                 if warming_up:  # a shared backbone under the value head stays as it is too
                     for parameter in parameters:
                         if id(parameter) not in value_parameters:
@@ -212,7 +220,8 @@ class PPO:
                     parallel.average_gradients(parameters)
                 grad_norm = nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm)
                 self.optimizer.step()
-                averages.add(loss, grad_norm)
+                for loss in losses:
+                    averages.add(loss, grad_norm)
             kl = float(loss.approx_kl)
             if cfg.target_kl is not None and (parallel.mean(kl) if parallel else kl) > cfg.target_kl:
                 break
@@ -226,6 +235,14 @@ class PPO:
         metrics["train/critic_warmup"] = float(warming_up)
         self.iterations += 1
         return metrics
+
+    def _accumulation_parts(self, size: int) -> list[slice]:
+        steps = self.cfg.gradient_accumulation_steps
+        if size % steps:
+            raise ConfigError(f"a minibatch (shard) of {size} samples does not split into "
+                              f"algo.gradient_accumulation_steps={steps} equal parts")
+        part = size // steps
+        return [slice(i * part, (i + 1) * part) for i in range(steps)]
 
     @torch.no_grad()
     def _log_prob(self, batch: Trajectory, minibatch: int) -> torch.Tensor:

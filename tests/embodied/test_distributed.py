@@ -98,3 +98,15 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path):
     assert (tmp_path / "ranks2" / "logs" / "learner-rank-1.log").is_file()
     for name, value in weights[1].items():
         torch.testing.assert_close(weights[2][name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_gradient_accumulation_takes_the_same_step_in_parts():
+    grads = {}
+    for steps in (1, 4):
+        torch.manual_seed(0)
+        policy = MLPGaussianPolicy(MLPPolicyConfig(chunk_size=2), SPEC)
+        batch = _batch(policy)
+        PPO(PPOConfig(**{**CONFIG, "gradient_accumulation_steps": steps}), policy).update(batch, progress=0.0)
+        grads[steps] = [p.grad for p in policy.parameters()]
+    for whole, parts in zip(grads[1], grads[4]):
+        torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-7)
