@@ -58,3 +58,21 @@ def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
     assert [u["train/iteration"] for u in updates] == list(range(1, 11))
     assert updates[-1]["train/env_worker_restarts"] == 1
     assert not env_worker_actors()  # the actors ended with the run
+
+
+def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=2", f"run_dir={run_dir}")
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
+        rollouts = [p for p in psutil.process_iter(["cmdline"])
+                    if "ray::RolloutRole" in " ".join(p.info["cmdline"] or [])]
+        assert len(rollouts) == 1, "expected one rollout actor"
+        rollouts[0].kill()
+        out, err = trainer.communicate(timeout=600)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    updates = updates_of(run_dir)
+    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
+    assert updates[-1]["train/rollout_restarts"] == 1
