@@ -10,10 +10,16 @@ steps (critic warm-up, frozen backbones), which DDP's forward hooks do not allow
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
 from embodied.errors import ConfigError
+
+# Ranks 1..N-1 wait inside a collective for rank 0's next batch, through evaluations and
+# rollout restarts; rank 0 kills them when it fails, so a long wait never outlives it.
+IDLE_TIMEOUT = timedelta(hours=24)
 
 
 class DataParallel:
@@ -23,11 +29,17 @@ class DataParallel:
         self.device = torch.device(device)  # where the collectives' own tensors live (nccl: the GPU)
 
     @classmethod
-    def join(cls, rank: int, world_size: int, address: str, backend: str | None = None) -> "DataParallel":
-        """Join the process group at `address` (host:port, served by rank 0)."""
-        backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        dist.init_process_group(backend, init_method=f"tcp://{address}", rank=rank, world_size=world_size)
-        return cls(rank, world_size, "cuda" if backend == "nccl" else "cpu")
+    def join(cls, rank: int, world_size: int, address: str, device: torch.device | str = "cpu") -> "DataParallel":
+        """Join the process group at `address` (host:port, served by rank 0): nccl for a CUDA
+        `device` (this rank's GPU), gloo otherwise. Ranks wait for each other's next batch
+        inside a collective, so the timeout is long; a rank that dies still fails the others
+        at once (the connection closes)."""
+        device = torch.device(device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{address}",
+                                rank=rank, world_size=world_size, timeout=IDLE_TIMEOUT)
+        return cls(rank, world_size, device)
 
     def shard(self, size: int) -> slice:
         """This rank's part of a minibatch of `size` rows."""
@@ -39,21 +51,27 @@ class DataParallel:
 
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's `tensor` on every rank (e.g. the minibatch order), in place."""
-        dist.broadcast(tensor, src=0)
+        if tensor.device == self.device:
+            dist.broadcast(tensor, src=0)
+            return tensor
+        moved = tensor.to(self.device)  # nccl moves only GPU tensors
+        dist.broadcast(moved, src=0)
+        tensor.copy_(moved.to(tensor.device))
         return tensor
 
     def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
         """Replace every gradient by its mean over the ranks; a missing gradient counts as zero
-        and stays missing where it is missing on every rank."""
-        present = torch.tensor([p.grad is not None for p in parameters], dtype=torch.int32, device=self.device)
+        and stays missing where it is missing on every rank. Frozen parameters are skipped."""
+        trainable = [p for p in parameters if p.requires_grad]
+        present = torch.tensor([p.grad is not None for p in trainable], dtype=torch.int32, device=self.device)
         dist.all_reduce(present)
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in parameters])
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in trainable])
         dist.all_reduce(flat)
         flat /= self.world_size
         offset = 0
-        for parameter, count in zip(parameters, present.tolist()):
+        for parameter, count in zip(trainable, present.tolist()):
             size = parameter.numel()
-            parameter.grad = flat[offset:offset + size].view_as(parameter).clone() if count else None
+            parameter.grad = flat[offset:offset + size].view_as(parameter) if count else None
             offset += size
 
     def mean(self, value: float) -> float:

@@ -222,7 +222,7 @@ class PPO:
                 self.optimizer.step()
                 for loss in losses:
                     averages.add(loss, grad_norm)
-            kl = float(loss.approx_kl)
+            kl = sum(float(part.approx_kl) for part in losses) / len(losses)  # the whole minibatch's
             if cfg.target_kl is not None and (parallel.mean(kl) if parallel else kl) > cfg.target_kl:
                 break
 

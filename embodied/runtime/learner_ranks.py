@@ -19,6 +19,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,12 @@ logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# Between the ranks of one run on one machine: a model's weights and optimizer moments are
+# thousands of arrays, more than the wire limits for outside peers allow.
+RANK_LIMITS = codec.Limits(max_frames=1 << 20, max_header_bytes=1 << 30, max_frame_bytes=1 << 40,
+                           max_total_bytes=1 << 40)
+
+
 def broadcast_message(parallel: DataParallel, message: Any = None) -> Any:
     """Rank 0's `message` on every rank."""
     length = torch.zeros(1, dtype=torch.int64)
@@ -45,7 +53,7 @@ def broadcast_message(parallel: DataParallel, message: Any = None) -> Any:
     buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if parallel.rank == 0
               else torch.empty(int(length[0]), dtype=torch.uint8))
     parallel.broadcast(buffer)
-    return message if parallel.rank == 0 else codec.decode(buffer.numpy().tobytes())
+    return message if parallel.rank == 0 else codec.decode(buffer.numpy().tobytes(), RANK_LIMITS)
 
 
 def state_to_wire(learner: Learner) -> dict[str, Any]:
@@ -60,24 +68,79 @@ def load_state_from_wire(learner: Learner, wire: dict[str, Any]) -> None:
     learner.load_state_dict(unflatten(json.loads(wire["skeleton"]), tensors_from_wire(wire["tensors"])))
 
 
+def check_learner_ranks(config: Any, ranks: int) -> None:
+    """What data-parallel training needs, checked before any process starts."""
+    if ranks == 1:
+        return
+    if config.algo.name != "ppo":
+        raise ConfigError(f"runtime.learner_ranks > 1 trains algo=ppo only, not '{config.algo.name}'")
+    samples = getattr(config.env, "num_envs", 1) * config.algo.rollout_steps
+    minibatch = samples // config.algo.num_minibatches
+    parts = ranks * config.algo.gradient_accumulation_steps
+    if minibatch % parts:
+        raise ConfigError(f"minibatches of {minibatch} samples do not split over runtime.learner_ranks={ranks} x "
+                          f"algo.gradient_accumulation_steps={config.algo.gradient_accumulation_steps}; "
+                          f"change algo.num_minibatches or env.num_envs")
+
+
+def rank_device(device: torch.device, rank: int, world: int) -> torch.device:
+    """Rank r's device: GPU r where the learner runs on CUDA, the CPU otherwise."""
+    if device.type != "cuda":
+        return torch.device("cpu")
+    if torch.cuda.device_count() < world:
+        raise ConfigError(f"runtime.learner_ranks={world} needs {world} GPUs; {torch.cuda.device_count()} visible")
+    return torch.device("cuda", rank)
+
+
 class LearnerRanks:
     """Rank 0's handle on the other learner ranks."""
 
-    def __init__(self, config_path: Path, world: int, spec: dict[str, Any], log_dir: Path):
+    def __init__(self, config_path: Path, world: int, spec: dict[str, Any], log_dir: Path, device: torch.device,
+                 join_timeout_s: float = 600.0):
+        self.device = rank_device(device, 0, world)
         with socket.socket() as probe:  # rank 0 serves the process group on a free loopback port
             probe.bind(("127.0.0.1", 0))
             address = f"127.0.0.1:{probe.getsockname()[1]}"
         log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
         environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.processes = []
+        self.processes: list[subprocess.Popen] = []
         for rank in range(1, world):
             with open(log_dir / f"learner-rank-{rank}.log", "ab") as log:
                 self.processes.append(subprocess.Popen(
                     [sys.executable, "-m", "embodied.runtime.learner_ranks", "--config", str(config_path),
                      "--rank", str(rank), "--world", str(world), "--address", address, "--spec", json.dumps(spec)],
                     stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True))
-        self.parallel = DataParallel.join(0, world, address)
+        try:
+            self.parallel = self._join(world, address, join_timeout_s)
+        except BaseException:
+            self._kill()
+            raise
         self.learner: Learner | None = None
+
+    def _join(self, world: int, address: str, timeout_s: float) -> DataParallel:
+        """Join while watching the other ranks: one that dies before joining is an error now,
+        not a wait for the process group's timeout."""
+        joined: list[DataParallel] = []
+        failure: list[BaseException] = []
+
+        def join() -> None:
+            try:
+                joined.append(DataParallel.join(0, world, address, self.device))
+            except BaseException as error:  # reported below
+                failure.append(error)
+
+        thread = threading.Thread(target=join, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + timeout_s
+        while thread.is_alive():
+            thread.join(0.2)
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the learner ranks did not join within {timeout_s:.0f} s; see {self.log_dir}")
+        if failure:
+            raise failure[0]
+        return joined[0]
 
     def attach(self, learner: Learner) -> None:
         """Make `learner` rank 0 and give every rank its state (fresh or restored)."""
@@ -96,21 +159,30 @@ class LearnerRanks:
     def _check_alive(self) -> None:
         dead = [p for p in self.processes if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"learner rank process {dead[0].pid} exited (code {dead[0].returncode}); "
-                               f"see logs/learner-rank-*.log. Resume with resume=<run dir>")
+            raise RuntimeError(f"learner rank process {dead[0].pid} exited (code {dead[0].returncode}); see "
+                               f"{self.log_dir}/learner-rank-*.log. Resume from the last checkpoint with "
+                               f"resume=<run dir>")
 
-    def stop(self) -> None:
+    def stop(self, clean: bool) -> None:
+        """After a clean finish the ranks are told to stop. After a failure they may be inside
+        a collective rank 0 will never reach: they are killed, and nothing here raises over
+        the failure."""
         try:
-            if all(p.poll() is None for p in self.processes):
+            if clean and all(p.poll() is None for p in self.processes):
                 broadcast_message(self.parallel, {"kind": "stop"})
-        finally:
-            self.parallel.leave()
-            for process in self.processes:
-                try:
+                for process in self.processes:
                     process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+        except Exception as error:
+            logger.warning("learner ranks did not stop cleanly: %s", error)
+        finally:
+            self._kill()
+            self.parallel.leave()
+
+    def _kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
 
 
 def follow(config_path: Path, rank: int, world: int, address: str, spec: dict[str, Any]) -> None:
@@ -122,13 +194,10 @@ def follow(config_path: Path, rank: int, world: int, address: str, spec: dict[st
 
     config = to_schema(TrainConfig, load_yaml(config_path))
     start_process(config.seed, config.runtime.torch_threads)
-    device = resolve_device(config.runtime.device)
-    if device.type == "cuda":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+    device = rank_device(resolve_device(config.runtime.device), rank, world)
     policy = build_policy(config.policy, EnvSpec.from_dict(spec), device)
     learner = Learner(policy, build_algo(config.algo, policy), device)
-    learner.algo.data_parallel = parallel = DataParallel.join(rank, world, address)
+    learner.algo.data_parallel = parallel = DataParallel.join(rank, world, address, device)
     try:
         while True:
             message = broadcast_message(parallel)

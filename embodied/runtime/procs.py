@@ -30,7 +30,7 @@ from embodied.errors import ConfigError
 from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import LearnerLink, LinkError
-from embodied.runtime.learner_ranks import LearnerRanks
+from embodied.runtime.learner_ranks import LearnerRanks, check_learner_ranks
 from embodied.runtime.wire import published_weights, tensors_to_wire, trajectory_from_wire
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
 from embodied.transport.protocol import PROTOCOL_VERSION
@@ -194,6 +194,7 @@ class ProcsRuntime:
 
     def train(self, config: TrainConfig) -> TrainSession:
         cfg = self.cfg
+        check_learner_ranks(config, cfg.learner_ranks)
         start_process(config.seed, cfg.torch_threads)
         device = resolve_device(cfg.device)
 
@@ -244,14 +245,16 @@ class ProcsRuntime:
         policy = build_policy(config.policy, spec, device)
         learner = Learner(policy, build_algo(config.algo, policy), device)
         session.restore(learner)
-        ranks = (LearnerRanks(session.run_dir / "config.yaml", cfg.learner_ranks, hello["spec"], session.run_dir / "logs")
-                 if cfg.learner_ranks > 1 else None)
-        link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
         dropped = int(procs_state.get("stale_batches_dropped", 0))
+        ranks: LearnerRanks | None = None
         evaluation = PeriodicEvaluation(config)
+        finished = False
         try:
-            if ranks is not None:
+            if cfg.learner_ranks > 1:
+                ranks = LearnerRanks(session.run_dir / "config.yaml", cfg.learner_ranks, hello["spec"],
+                                     session.run_dir / "logs", device)
                 ranks.attach(learner)
+            link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
             session.start_logging()
             while not session.finished:
                 delivery = link.next_trajectory(timeout_s=cfg.heartbeat_s)
@@ -291,10 +294,11 @@ class ProcsRuntime:
                     session.save(learner, None, {"spec": hello["spec"], "procs": {
                         "delivery": state, "stale_batches_dropped": dropped}})
                     link.checkpointed(state)
+            finished = True
         finally:
             evaluation.close()
             if ranks is not None:
-                ranks.stop()
+                ranks.stop(clean=finished)
 
     def _wait_hello(self, link: LearnerLink, supervisor: RolloutSupervisor) -> dict[str, Any]:
         deadline = time.monotonic() + self.cfg.startup_timeout_s

@@ -24,7 +24,7 @@ def policy_batch_and_ppo():
 def learner_rank(rank: int, world: int, address: str, results) -> None:
     torch.set_num_threads(1)
     policy, batch, ppo = policy_batch_and_ppo()
-    ppo.data_parallel = DataParallel.join(rank, world, address, backend="gloo")
+    ppo.data_parallel = DataParallel.join(rank, world, address, device="cpu")
     try:
         ppo.update(batch, progress=0.0)
         # as numpy: torch would share tensor memory with a process that is about to exit
@@ -110,3 +110,44 @@ def test_gradient_accumulation_takes_the_same_step_in_parts():
         grads[steps] = [p.grad for p in policy.parameters()]
     for whole, parts in zip(grads[1], grads[4]):
         torch.testing.assert_close(parts, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_a_learners_whole_state_travels_to_another_rank():
+    """What rank 0 sends the others on start and resume: weights, optimizer moments, counters,
+    normalisation statistics; here for a model with more arrays than outside peers may send."""
+    from embodied.runtime.learner import Learner
+    from embodied.runtime.learner_ranks import RANK_LIMITS, load_state_from_wire, state_to_wire
+    from embodied.transport import codec
+
+    def learner():
+        torch.manual_seed(0)
+        policy = MLPGaussianPolicy(MLPPolicyConfig(chunk_size=2, actor_hidden=[8] * 200), SPEC)
+        return Learner(policy, PPO(PPOConfig(**CONFIG), policy), torch.device("cpu"))
+
+    source, target = learner(), learner()
+    source.update(_batch(source.policy), progress=0.0)
+    message = codec.decode(codec.encode(state_to_wire(source)), RANK_LIMITS)
+    load_state_from_wire(target, message)
+    assert target.policy_version == source.policy_version == 1
+    for name, value in source.policy.state_dict().items():
+        assert torch.equal(target.policy.state_dict()[name], value), name
+    moments = source.algo.optimizer.state_dict()["state"]
+    assert len(moments) > 400
+    for index, state in moments.items():
+        assert torch.equal(target.algo.optimizer.state_dict()["state"][index]["exp_avg_sq"], state["exp_avg_sq"])
+
+
+def test_learner_ranks_are_checked_before_any_process_starts():
+    import pytest
+
+    from embodied.config import TrainConfig, compose, to_schema
+    from embodied.errors import ConfigError
+    from embodied.runtime.learner_ranks import check_learner_ranks
+
+    config = to_schema(TrainConfig, compose("train", ["runtime=procs", "algo=grpo", "policy=token_vla"]))
+    with pytest.raises(ConfigError, match="algo=ppo only"):
+        check_learner_ranks(config, 2)
+    config = to_schema(TrainConfig, compose("train", ["runtime=procs", "env.num_envs=3", "algo.rollout_steps=10",
+                                                      "algo.num_minibatches=2"]))
+    with pytest.raises(ConfigError, match="do not split over runtime.learner_ranks=2"):
+        check_learner_ranks(config, 2)  # minibatches of 15
