@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from embodied.errors import ConfigError
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
 from embodied.transport.sockets import bind, receive, send
 from sim.group import EnvWorkerError, unwrap_reply
@@ -78,6 +79,9 @@ class EnvHub:
         identity = f"env-worker-{self.count}".encode()
         self.count += 1
         if self.placement is not None:
+            if self.env_config.get("python"):
+                raise ConfigError(f"env workers under another interpreter ({self.env_config['python']}, e.g. "
+                                  f"LIBERO's virtualenv) cannot be placed as actors; use runtime=procs or local")
             process = self.placement.launch(identity.decode(), {
                 "endpoint": self.endpoint, "env_config": self.env_config, "env_ids": env_ids,
                 "base_seed": self.base_seed, "stream": self.stream, "worker_id": identity.decode(),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import subprocess
 import time
@@ -26,18 +27,10 @@ from embodied.config import TrainConfig
 from embodied.errors import ConfigError
 from embodied.registry import RUNTIMES
 from embodied.runtime.procs import ProcsRuntime, ProcsRuntimeConfig, RolloutSupervisor, check_config
+from embodied.runtime.ray_actors import LOOPBACK_HOSTS, EnvWorkerRole, RoleResources, start_actor
 from embodied.train import TrainSession
 
 logger = logging.getLogger(__name__)
-
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
-
-
-@dataclass
-class RoleResources:
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    resources: dict = field(default_factory=dict)  # custom Ray resources, e.g. {sim_node: 1}
 
 
 @dataclass
@@ -50,61 +43,6 @@ class RayRuntimeConfig(ProcsRuntimeConfig):
     env_worker: RoleResources = field(default_factory=RoleResources)
 
 
-class ActorProcess:
-    """A Ray actor running one role, shaped like `subprocess.Popen` for the code that
-    supervises processes: pid, poll(), returncode, wait(), kill()."""
-
-    def __init__(self, actor: Any, ref: Any, pid: int):
-        self.actor = actor
-        self.ref = ref
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        import ray
-
-        if self.returncode is None:
-            ready, _ = ray.wait([self.ref], timeout=0)
-            if ready:
-                try:
-                    self.returncode = int(ray.get(self.ref) or 0)
-                except Exception:  # the actor died or its role raised
-                    self.returncode = 1
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        import ray
-
-        ready, _ = ray.wait([self.ref], timeout=timeout)
-        if not ready:
-            raise subprocess.TimeoutExpired(f"ray actor (pid {self.pid})", timeout or 0)
-        return self.poll()  # type: ignore[return-value]
-
-    def kill(self) -> None:
-        import ray
-
-        ray.kill(self.actor, no_restart=True)
-
-
-def _role_options(resources: RoleResources) -> dict[str, Any]:
-    return {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus, "resources": dict(resources.resources),
-            "max_restarts": 0}  # replacing a dead role is the supervisor's job, with fresh state
-
-
-class EnvWorkerRole:
-    """Ray actor body: one env worker (`sim.worker.serve`), numpy and the simulator only."""
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def serve(self, arguments: dict[str, Any]) -> int:
-        from sim.worker import serve, single_env_factory
-
-        serve(arguments["endpoint"], single_env_factory(arguments["env_config"]), arguments["env_ids"],
-              arguments["base_seed"], arguments["stream"], arguments["worker_id"], keys_dir=arguments["keys_dir"])
-        return 0
-
-
 class RolloutRole:
     """Ray actor body: the rollout role, whose env workers become actors too."""
 
@@ -112,7 +50,7 @@ class RolloutRole:
         return os.getpid()
 
     def serve(self, config_path: str, endpoints: dict[str, str], name: str, env_worker: dict[str, Any],
-              host: str, keys_dir: Optional[str], log_path: str) -> int:
+              host: str, keys_dir: Optional[str], log_path: str, startup_timeout_s: float) -> int:
         import ray
 
         import sim.remote
@@ -124,17 +62,10 @@ class RolloutRole:
         # The env hub lives here: on a cluster it binds on this actor's node, wherever Ray put it.
         hub_host = host if host in LOOPBACK_HOSTS else ray.util.get_node_ip_address()
         sim.remote.PLACEMENT = sim.remote.WorkerPlacement(
-            launch=lambda worker_id, arguments: start_actor(EnvWorkerRole, RoleResources(**env_worker), arguments),
+            launch=lambda worker_id, arguments: start_actor(EnvWorkerRole, RoleResources(**env_worker),
+                                                            startup_timeout_s, arguments),
             host=hub_host, keys_dir=keys_dir)
         return serve_rollout(Path(config_path), endpoints["trajectory"], endpoints["weights"], name)
-
-
-def start_actor(role: type, resources: RoleResources, *arguments: Any) -> ActorProcess:
-    import ray
-
-    actor = ray.remote(role).options(**_role_options(resources)).remote()
-    pid = ray.get(actor.pid.remote())
-    return ActorProcess(actor, actor.serve.remote(*arguments), pid)
 
 
 class RaySupervisor(RolloutSupervisor):
@@ -148,13 +79,20 @@ class RaySupervisor(RolloutSupervisor):
         assert isinstance(cfg, RayRuntimeConfig)
         self.endpoints = endpoints
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.process = start_actor(RolloutRole, cfg.rollout, str(self.config_path), endpoints, "rollout-0",
-                                   dataclasses.asdict(cfg.env_worker), cfg.host, cfg.keys_dir, str(self.log_path))
+        # Actors run elsewhere (another directory, another node): every path goes absolute.
+        keys_dir = str(Path(cfg.keys_dir).expanduser().resolve()) if cfg.keys_dir else None
+        self.process = start_actor(RolloutRole, cfg.rollout, cfg.startup_timeout_s, str(self.config_path.resolve()),
+                                   endpoints, "rollout-0", dataclasses.asdict(cfg.env_worker), cfg.host, keys_dir,
+                                   str(self.log_path.resolve()), cfg.startup_timeout_s)
         self.pid = self.process.pid
         self.started_at = time.monotonic()
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        ended = getattr(self.process, "error", "")
+        return super().log_tail(lines) + (f"\nthe rollout actor ended with {ended}" if ended else "")
 
     def stop(self, timeout_s: float = 30.0) -> None:
         if self.process is None:
@@ -190,12 +128,18 @@ class RayRuntime(ProcsRuntime):
             config.env = dataclasses.replace(config.env, transport="zmq")
         started_here = not ray.is_initialized()
         if started_here:
-            if cfg.address is None:
+            if cfg.address is None:  # "local": never join a cluster that happens to run here
                 wanted = cfg.rollout.num_cpus + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1)
-                num_cpus = cfg.num_cpus or max(int(wanted + 0.999), os.cpu_count() or 1)
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+                num_cpus = cfg.num_cpus or max(math.ceil(wanted), os.cpu_count() or 1)
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             else:
                 ray.init(address=cfg.address, log_to_driver=False)
+                nodes = [node for node in ray.nodes() if node.get("Alive")]
+                if cfg.host in LOOPBACK_HOSTS and len(nodes) > 1:
+                    ray.shutdown()
+                    raise ConfigError(f"the Ray cluster has {len(nodes)} nodes, but runtime.host={cfg.host} is "
+                                      f"reachable only from this one: set runtime.host to this node's address "
+                                      f"(and runtime.keys_dir)")
         try:
             return super().train(config)
         finally:
