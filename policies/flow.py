@@ -78,7 +78,11 @@ def sde_step(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: flo
 
 
 class FlowPolicy(Policy):
-    def __init__(self, cfg: FlowPolicyConfig, spec: EnvSpec):
+    accepts_images = False  # this one conditions on the state alone; the VLA adds encoders
+
+    def __init__(self, cfg: FlowPolicyConfig, spec: EnvSpec, context_dim: int | None = None):
+        """`context_dim`: the size of what the flow and the critic are conditioned on (`_state`);
+        the normalised state vector unless a subclass builds a richer context."""
         super().__init__()
         if cfg.sampler not in SAMPLERS:
             raise ConfigError(f"policy.sampler must be one of {SAMPLERS}, got '{cfg.sampler}'")
@@ -94,16 +98,18 @@ class FlowPolicy(Policy):
             raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
         if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
             raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
-        if spec.image_shapes:
-            raise ConfigError(f"policy '{cfg.name}' reads only the state vector; use state observations")
+        if spec.image_shapes and not self.accepts_images:
+            raise ConfigError(f"policy '{cfg.name}' reads only the state vector; use state observations "
+                              f"or policy=flow_vla")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.dim = cfg.horizon * spec.action_dim
         self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
         self.normalizer = RunningNormalizer(spec.state_dim)
-        inputs = spec.state_dim + self.dim + cfg.time_features
+        context_dim = context_dim or spec.state_dim
+        inputs = context_dim + self.dim + cfg.time_features
         self.velocity = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
         self.noise_head = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
-        self.critic = mlp([spec.state_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
+        self.critic = mlp([context_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
         self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
         self.register_buffer("frequencies", torch.exp(torch.linspace(0, math.log(100.0), cfg.time_features // 2)))
@@ -148,7 +154,10 @@ class FlowPolicy(Policy):
     # ---- the policy contract ----------------------------------------------------------------
     def act(self, observation: Observation, deterministic: bool = False,
             generator: torch.Generator | None = None) -> ActionChunk:
-        state = self._state(observation)
+        return self._act_on(self._state(observation), deterministic, generator)
+
+    def _act_on(self, state: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> ActionChunk:
+        """Sample a chunk conditioned on `state` (the context the flow reads)."""
         batch, device = state.shape[0], state.device
         x = torch.randn(batch, self.dim, generator=generator, device=device)
         chain = [x]
@@ -162,8 +171,8 @@ class FlowPolicy(Policy):
             chain.append(x)
         record = {"chain": torch.stack(chain, 1), "sde_step": sde_step_index}
         log_prob = self._chain_log_prob(state, record["chain"], sde_step_index)
-        return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self.critic(state).squeeze(-1),
-                           record=record)
+        return ActionChunk(actions=self._actions(x), log_prob=log_prob,
+                           value=self.critic(self._value_input(state)).squeeze(-1), record=record)
 
     def _reduction(self) -> float:
         """What a chunk's summed log-density (and entropy) is divided by."""
@@ -194,11 +203,13 @@ class FlowPolicy(Policy):
         return total
 
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
-        state = self._state(observation)
+        return self._evaluate_on(self._state(observation), chunk)
+
+    def _evaluate_on(self, state: torch.Tensor, chunk: ActionChunk) -> PolicyEval:
         chain = chunk.record["chain"].to(state.device)
         log_prob = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
         entropy = self._entropy(state, chain) / self._reduction()
-        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self.critic(state).squeeze(-1))
+        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self.critic(self._value_input(state)).squeeze(-1))
 
     def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
         """Entropy of the chunk's stochastic transitions (Gaussian: sum of 0.5 + log(sqrt(2 pi) std))."""
@@ -220,7 +231,10 @@ class FlowPolicy(Policy):
         return self.times[step] - self.times[step + 1]
 
     def value(self, observation: Observation) -> torch.Tensor:
-        return self.critic(self._state(observation)).squeeze(-1)
+        return self.critic(self._value_input(self._state(observation))).squeeze(-1)
+
+    def _value_input(self, state: torch.Tensor) -> torch.Tensor:
+        return state
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """Flow matching: regress v = x1 - x0 at a random t on x_t = (1 - t) x0 + t x1. Demos
