@@ -20,9 +20,26 @@ def train(*args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def env_worker_actors() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"])
-            if "ray::EnvWorkerRole" in " ".join(p.info["cmdline"] or [])]
+def actors(role: str) -> list[psutil.Process]:
+    """The processes of live Ray actors of `role` (Ray titles them ray::<class>)."""
+    return [p for p in psutil.process_iter(["cmdline"]) if f"ray::{role}" in " ".join(p.info["cmdline"] or [])]
+
+
+def train_killing_one(role: str, expected: int, run_dir) -> list[dict]:
+    """Train, kill one `role` actor after two updates, and return the run's updates."""
+    trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=2", f"run_dir={run_dir}")
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
+        running = actors(role)
+        assert len(running) == expected, f"expected {expected} {role} actors"
+        running[0].kill()
+        out, err = trainer.communicate(timeout=600)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    updates = updates_of(run_dir)
+    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
+    return updates
 
 
 def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
@@ -43,36 +60,11 @@ def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
 
 
 def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
-    run_dir = tmp_path / "run"
-    trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=5", f"run_dir={run_dir}")
-    try:
-        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
-        actors = env_worker_actors()
-        assert len(actors) == 2, "expected two env worker actors"
-        actors[0].kill()
-        out, err = trainer.communicate(timeout=600)
-    finally:
-        trainer.kill()
-    assert trainer.returncode == 0, err
-    updates = updates_of(run_dir)
-    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
+    updates = train_killing_one("EnvWorkerRole", 2, tmp_path / "run")
     assert updates[-1]["train/env_worker_restarts"] == 1
-    assert not env_worker_actors()  # the actors ended with the run
+    assert not actors("EnvWorkerRole")  # the actors ended with the run
 
 
 def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
-    run_dir = tmp_path / "run"
-    trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=2", f"run_dir={run_dir}")
-    try:
-        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
-        rollouts = [p for p in psutil.process_iter(["cmdline"])
-                    if "ray::RolloutRole" in " ".join(p.info["cmdline"] or [])]
-        assert len(rollouts) == 1, "expected one rollout actor"
-        rollouts[0].kill()
-        out, err = trainer.communicate(timeout=600)
-    finally:
-        trainer.kill()
-    assert trainer.returncode == 0, err
-    updates = updates_of(run_dir)
-    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
+    updates = train_killing_one("RolloutRole", 1, tmp_path / "run")
     assert updates[-1]["train/rollout_restarts"] == 1
