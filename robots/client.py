@@ -106,8 +106,8 @@ class RobotClient:
         error: BaseException | None = None
         try:
             with self.robot:
-                self._start()
                 try:
+                    self._start()
                     with open(self.output / "steps.jsonl", "w") as log:
                         for index in range(self.config.episodes):
                             if self.should_quit():

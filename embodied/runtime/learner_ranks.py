@@ -116,7 +116,6 @@ class LearnerRanks:
         except BaseException:
             self._kill()
             raise
-        self.learner: Learner | None = None
 
     def _join(self, world: int, address: str, timeout_s: float) -> DataParallel:
         """Join while watching the other ranks: one that dies before joining is an error now,
@@ -148,7 +147,6 @@ class LearnerRanks:
             raise ConfigError(f"runtime.learner_ranks > 1 needs an algorithm that trains data-parallel (ppo), "
                               f"not '{type(learner.algo).__name__}'")
         learner.algo.data_parallel = self.parallel
-        self.learner = learner
         broadcast_message(self.parallel, {"kind": "state", "state": state_to_wire(learner)})
 
     def before_update(self, batch: Any, progress: float, off_policy: bool) -> None:

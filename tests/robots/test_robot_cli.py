@@ -2,7 +2,6 @@
 checkpoint, drive the simulated robot with a client whose process cannot import torch."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
