@@ -1,6 +1,7 @@
 """`embodied robot robot=<name> server=<endpoint> [key=value ...]`: run a robot client.
 
-Keys (when stdin is a terminal): `e` or space latches the e-stop, `r` resets it, `q` quits.
+Keys (when stdin is a terminal): `e` or space latches the e-stop, `r` resets it, `q` quits;
+with `teleop.name=keyboard` also the operator's keys (`robots/teleop.py`).
 Signals: SIGUSR1 latches the e-stop (e.g. `kill -USR1 <pid>` from a hardware button
 script); Ctrl-C or SIGTERM (a service stop) ends the run cleanly: the safe action is sent and
 the summary written. A second Ctrl-C stops at once."""
@@ -22,6 +23,7 @@ from embodied.errors import ConfigError
 from embodied.registry import ROBOTS
 from robots.client import RobotClient, RobotClientConfig, build_robot
 from robots.policy_client import PolicyClient
+from robots.teleop import KeyboardTeleop, build_teleop
 
 
 def load_client_config(overrides: list[str]) -> RobotClientConfig:
@@ -91,10 +93,12 @@ def run(overrides: list[str]) -> int:
     output = Path(config.output) if config.output else Path("runs") / f"robot-{time.strftime('%Y%m%d-%H%M%S')}"
     robot = build_robot(config.robot)
     policy = PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s)
-    client = RobotClient(robot, policy, config, output)
+    teleop = build_teleop(config.teleop, robot.spec.action_dim) if config.teleop is not None else None
+    client = RobotClient(robot, policy, config, output, teleop)
     quit_requested = threading.Event()
     client.should_quit = quit_requested.is_set
-    keys = {"e": lambda: client.safety.estop("key"), " ": lambda: client.safety.estop("key"),
+    keys = {**(teleop.keys if teleop is not None else {}),
+            "e": lambda: client.safety.estop("key"), " ": lambda: client.safety.estop("key"),
             "r": client.safety.reset_estop, "q": quit_requested.set}
     def interrupt(*_: Any) -> None:  # the first Ctrl-C ends the run cleanly, a second one at once
         quit_requested.set()
@@ -106,7 +110,9 @@ def run(overrides: list[str]) -> int:
     try:
         with KeyboardMonitor(keys) as monitor:
             if monitor.active:
-                print("keys: e/space e-stop, r reset e-stop, q quit", flush=True)
+                print("keys: e/space e-stop, r reset e-stop, q quit"
+                      + ("; i intervene, w/s a/d z/x move, c gripper, y success, n failure, b re-record"
+                         if isinstance(teleop, KeyboardTeleop) else ""), flush=True)
             summary = client.run()
     finally:
         for number, handler in previous.items():

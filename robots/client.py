@@ -27,6 +27,7 @@ from robots.base import Robot
 from robots.broker import ChunkBroker, check_mode
 from robots.policy_client import ActionReply, PolicyClient
 from robots.safety import SafetyConfig, SafetyLayer
+from robots.teleop import Teleop
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,16 @@ class BrokerConfig:
     mode: str = "chunk"  # chunk | ensemble (temporal ensembling)
     execute_steps: Optional[int] = None  # ask for the next chunk after this many; default: half a chunk (ensemble: 1)
     ensemble_decay: float = 0.01
+
+
+@dataclass
+class TeleopConfig:
+    name: str = "keyboard"  # keyboard | oracle
+    step: float = 0.5  # keyboard: action units per key press
+    expert: Optional[str] = None  # oracle: a run or checkpoint whose policy plays the expert (simulation)
+    threshold: float = 0.5  # oracle: take over when the policy is farther than this from the expert
+    patience: int = 3  # oracle: ... for this many ticks in a row
+    release: int = 10  # oracle: hand back after this many ticks of agreement
 
 
 @dataclass
@@ -55,6 +66,7 @@ class RobotClientConfig:
     output: Optional[str] = None  # steps.jsonl and summary.json; default runs/robot-<time>
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
+    teleop: Optional[TeleopConfig] = None  # null: no operator
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -66,9 +78,11 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 class RobotClient:
-    def __init__(self, robot: Robot, policy: PolicyClient, config: RobotClientConfig, output: Path):
+    def __init__(self, robot: Robot, policy: PolicyClient, config: RobotClientConfig, output: Path,
+                 teleop: Teleop | None = None):
         self.robot = robot
         self.policy = policy
+        self.teleop = teleop
         self.config = config
         self.output = output
         self.spec = robot.spec
@@ -91,8 +105,9 @@ class RobotClient:
         self.round_trip_ms: list[float] = []
         self.server_ms: list[float] = []
         self.overrun_ticks = 0  # ticks dropped because the loop fell more than a tick behind
-        self.sources: dict[str, int] = {name: 0 for name in ("policy", "watchdog", "estop", "workspace",
+        self.sources: dict[str, int] = {name: 0 for name in ("policy", "teleop", "watchdog", "estop", "workspace",
                                                               "non_finite", "none")}
+        self.feedback: dict[str, Any] = {}  # what the robot did since the last request, sent with the next
 
     def _hold(self) -> np.ndarray | None:
         return self.robot.hold_action() if self.config.safety.safe_action == "hold" else None
@@ -109,11 +124,12 @@ class RobotClient:
                 try:
                     self._start()
                     with open(self.output / "steps.jsonl", "w") as log:
-                        for index in range(self.config.episodes):
-                            if self.should_quit():
-                                break
-                            self.episodes.append(self._episode(index, log))
+                        index = 0
+                        while index < self.config.episodes and not self.should_quit():
+                            episode = self._episode(index, log)
+                            self.episodes.append(episode)
                             log.flush()
+                            index += 0 if episode.get("rerecorded") else 1  # the same episode again
                 finally:
                     self._send_safe_once()
                     self.policy.close()
@@ -150,6 +166,9 @@ class RobotClient:
         self.robot.reset_episode(self.config.seed + index)
         self.broker.clear()
         self.policy.cancel()  # an answer to the last episode's observation must not act in this one
+        if self.teleop is not None:
+            self.teleop.reset()
+        label: str | None = None  # the operator's success / failure / rerecord
         # The first action's change is limited relative to the robot at rest, where it can tell.
         previous = self._hold() if self.config.safety.max_delta is not None else None
         episode_return, success, steps, tick = 0.0, False, 0, 0
@@ -175,23 +194,52 @@ class RobotClient:
             if position is not None:
                 entry["ee_position"] = np.round(position, 4).tolist()
             command, source = self._decide(tick, time.monotonic(), previous, position)
+            if self.teleop is not None and source not in ("estop", "non_finite"):
+                command, source, label = self._teleoperate(command, source, previous, position, entry, label)
             self.sources[source] += 1
             entry["source"] = source
-            ended = False
+            ended = label is not None
             if command is not None:
                 previous = self.robot.send_action(command)
+                entry["executed_action"] = np.round(previous, 5).tolist()
+                self.feedback["executed_action"] = previous
+                self.feedback["intervened_ticks"] = self.feedback.get("intervened_ticks", 0) + (source == "teleop")
                 entry["act_ms"] = (time.monotonic() - target) * 1000  # when this tick's command went out
                 self.act_ms.append(entry["act_ms"])
                 outcome = self.robot.outcome()
                 episode_return += outcome.reward
+                self.feedback["reward"] = self.feedback.get("reward", 0.0) + outcome.reward
                 success |= outcome.success
                 steps += 1
-                ended = outcome.terminated or outcome.truncated
+                ended = ended or outcome.terminated or outcome.truncated
             log.write(json.dumps(entry) + "\n")
             tick += 1
             if ended:
                 break
-        return {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
+        if label in ("success", "failure"):
+            success = label == "success"  # the operator's word over the robot's own check
+        result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
+        return {**result, "rerecorded": True} if label == "rerecord" else result
+
+    def _teleoperate(self, command: np.ndarray | None, source: str, previous: np.ndarray | None,
+                     position: np.ndarray | None, entry: dict[str, Any], label: str | None
+                     ) -> tuple[np.ndarray | None, str, str | None]:
+        """The operator's action in place of the policy's while intervening, through the same
+        safety layer; both are logged with the flag."""
+        assert self.teleop is not None
+        order = self.teleop.poll(self.robot, command if source == "policy" else None)
+        for event in order.events:
+            label = label or event
+        entry["intervened"] = order.intervening
+        if source == "policy":
+            entry["policy_action"] = np.round(command, 5).tolist()
+        if not order.intervening or order.action is None:
+            return command, source, label
+        operated, stop = self.safety.filter(order.action, previous, position)
+        if stop is not None:
+            return self.safety.safe_action(self._hold(), None), stop, label
+        self.safety.action_arrived(time.monotonic())  # the operator's actions count as valid ones
+        return operated, "teleop", label
 
     def _wait_until(self, target: float, tick: int, entry: dict[str, Any]) -> None:
         """Sleep until `target`, taking in an answer the moment it arrives (for honest round trips)."""
@@ -209,7 +257,9 @@ class RobotClient:
         if reply is not None:
             self._take(reply, tick, entry)
         if self.broker.wants_query(tick) and self.policy.in_flight is None and not self.safety.estopped:
-            entry["queried"] = self.policy.request(self.robot.get_observation(), tick, self.instruction)
+            entry["queried"] = self.policy.request(self.robot.get_observation(), tick, self.instruction, self.feedback)
+            if entry["queried"]:
+                self.feedback = {}
         if self.broker.action(tick) is None and self.policy.in_flight is not None:
             reply = self.policy.poll(max(target + self.config.latency_budget * self.period - time.monotonic(), 0.0))
             if reply is not None:
@@ -241,14 +291,15 @@ class RobotClient:
         return None, "none"  # late, but within the watchdog's period: the robot keeps its last command
 
     def _write_summary(self, error: BaseException | None) -> dict[str, Any]:
-        successes = sum(e["success"] for e in self.episodes)
+        kept = [e for e in self.episodes if not e.get("rerecorded")]
+        successes = sum(e["success"] for e in kept)
         summary = {
             "robot": self.robot.name,
             "server": self.policy.endpoint,
             **{key: self.server_metadata.get(key) for key in ("policy", "policy_version", "normalization_id")},
             "control_hz": self.control_hz,
             "episodes": self.episodes,
-            "success_rate": successes / len(self.episodes) if self.episodes else 0.0,
+            "success_rate": successes / len(kept) if kept else 0.0,
             "action_sources": self.sources,
             "jitter_ms": percentiles(self.jitter_ms),
             "act_ms": percentiles(self.act_ms),
@@ -257,6 +308,8 @@ class RobotClient:
             "skipped_actions": self.broker.skipped if self.broker else 0,
             "overrun_ticks": self.overrun_ticks,
             "safety_interventions": dict(self.safety.counts),
+            "teleop_ticks": self.sources["teleop"],
+            "rerecorded_episodes": sum(bool(e.get("rerecorded")) for e in self.episodes),
             "connection": dict(self.policy.counts),
             "broker": asdict(self.config.broker),
             "error": None if error is None else f"{type(error).__name__}: {error}",

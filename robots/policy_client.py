@@ -141,12 +141,17 @@ class PolicyClient:
         self.in_flight = None
 
     # ---- requests -------------------------------------------------------------------------
-    def request(self, observation: RobotObservation, tick: int, instruction: str) -> bool:
-        """Send an observation unless one is on its way or the server is not connected."""
+    def request(self, observation: RobotObservation, tick: int, instruction: str,
+                feedback: dict[str, Any] | None = None) -> bool:
+        """Send an observation unless one is on its way or the server is not connected.
+        `feedback`: what the robot did since the last request (reward, executed action,
+        intervened ticks), for a learner on the other side."""
         if not self.connected or self.in_flight is not None:
             return False
         body = {"tick": tick, "observation": {"state": np.asarray(observation.state, dtype=np.float32),
                                               "images": observation.images, "instruction": instruction}}
+        if feedback:
+            body["feedback"] = feedback
         self.in_flight = (self._send("infer", body), tick, time.monotonic())
         return True
 

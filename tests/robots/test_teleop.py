@@ -1,0 +1,63 @@
+"""Teleoperation: the oracle and keyboard devices, and interventions in the robot client."""
+
+import json
+import threading
+
+import numpy as np
+
+from embodied.serve import PolicyServer, ServeConfig
+from robots.client import RobotClient, RobotClientConfig
+from robots.policy_client import PolicyClient
+from robots.safety import SafetyConfig
+from robots.sim_robot import SimRobot, SimRobotConfig
+from robots.teleop import KeyboardTeleop, OracleTeleop
+
+
+def test_the_oracle_takes_over_after_patience_and_hands_back_after_agreement():
+    oracle = OracleTeleop(lambda robot: np.array([1.0]), threshold=0.5, patience=2, release=3)
+    far, near = np.array([-1.0]), np.array([0.9])
+    assert not oracle.poll(None, far).intervening  # one tick of drift is within patience
+    command = oracle.poll(None, far)
+    assert command.intervening and command.action.tolist() == [1.0]
+    assert [oracle.poll(None, near).intervening for _ in range(3)] == [True, True, False]
+    assert not oracle.poll(None, None).intervening  # no policy action: one tick of patience
+
+
+def test_keyboard_keys_toggle_intervention_move_and_label():
+    keyboard = KeyboardTeleop(action_dim=4, step=0.5)
+    keyboard.keys["w"]()
+    assert keyboard.poll(None, None).action is None  # not intervening yet
+    for key in "iwwdcy":
+        keyboard.keys[key]()
+    command = keyboard.poll(None, None)
+    assert command.intervening and command.events == ["success"]
+    np.testing.assert_allclose(command.action, [1.0, -0.5, 0.0, -1.0])  # two w, one d, gripper flipped
+    np.testing.assert_allclose(keyboard.poll(None, None).action, [0.0, 0.0, 0.0, -1.0])  # presses are used once
+
+
+def test_interventions_replace_the_policy_action_and_are_logged_with_both_actions(tmp_path):
+    robot = SimRobot(SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"}))
+
+    def zeros(observation):
+        return np.zeros((observation.batch_size, 1, 1), np.float32)
+
+    server = PolicyServer(zeros, robot.spec, {"policy": "zeros", "chunk_size": 1},
+                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+    oracle = OracleTeleop(lambda robot: np.array([1.5]), threshold=0.5, patience=3, release=5)
+    config = RobotClientConfig(server=server.endpoint, episodes=1, max_episode_steps=40, control_hz=100.0,
+                               output=str(tmp_path), safety=SafetyConfig(safe_action="zero"))
+    try:
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path, teleop=oracle).run()
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    operated = [line for line in lines if line["source"] == "teleop"]
+    assert summary["teleop_ticks"] == len(operated) > 30  # the oracle drove after its patience ran out
+    assert all(line["intervened"] and line["executed_action"] == [1.5] and line["policy_action"] == [0.0]
+               for line in operated)
+    assert lines[0]["source"] == "policy" and not lines[0]["intervened"]
