@@ -124,3 +124,19 @@ def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, ser
     assert "policy" in sources[:first_stop] and "policy" not in sources[first_stop:]  # latched across episodes
     assert summary["safety_interventions"]["estop"] == sources.count("estop") > 10
     assert "E-STOP (SIGUSR1)" in out
+
+
+def test_a_trained_run_serves_as_the_oracles_expert(trained):
+    import numpy as np
+
+    from robots.client import TeleopConfig
+    from robots.sim_robot import SimRobot, SimRobotConfig
+    from robots.teleop import OracleTeleop, build_teleop
+
+    oracle = build_teleop(TeleopConfig(name="oracle", expert=str(trained), threshold=0.05, patience=1), 1)
+    assert isinstance(oracle, OracleTeleop)
+    with SimRobot(SimRobotConfig(env_from=str(trained))) as robot:
+        expert_action = oracle.expert(robot)
+        assert expert_action.shape == (1,) and np.isfinite(expert_action).all()
+        assert not oracle.poll(robot, expert_action).intervening  # the expert agrees with itself
+        assert oracle.poll(robot, expert_action + 1.0).intervening
