@@ -5,6 +5,8 @@ safety layer) in place of the policy's, and both are logged with the interventio
 - `KeyboardTeleop`: terminal keys (headless, over ssh): `i` toggles intervention; `w`/`s`,
   `a`/`d`, `z`/`x` move along the first three action dimensions; `c` flips the last one (a
   gripper); `y` success, `n` failure, `b` re-record the episode.
+- `GamepadTeleop`: a gamepad through pygame; intervention while a button is held, or
+  toggled by it (`teleop.intervention`).
 - `OracleTeleop`: a scripted operator for simulation that takes over when the policy's
   action drifts from a privileged expert's, and hands back once they agree again.
 
@@ -119,6 +121,90 @@ class KeyboardTeleop(Teleop):
             return TeleopCommand(self._intervening, action if self._intervening else None, events)
 
 
+class HeldOrToggled:
+    """Intervention from a button: `hold` intervenes while it is down, `toggle` flips on
+    each press (operators of the anchors disagree on which is safer; it is a setting here)."""
+
+    def __init__(self, mode: str):
+        if mode not in ("hold", "toggle"):
+            raise ConfigError(f"teleop.intervention must be 'hold' or 'toggle', got '{mode}'")
+        self.mode = mode
+        self.active = False
+        self._was_down = False
+
+    def update(self, down: bool) -> bool:
+        if self.mode == "hold":
+            self.active = down
+        elif down and not self._was_down:
+            self.active = not self.active
+        self._was_down = down
+        return self.active
+
+
+class GamepadTeleop(Teleop):
+    """A gamepad through pygame (`joystick`: a `pygame.joystick.Joystick`, or anything with
+    its get_axis/get_button). Sticks drive the first three action dimensions (left x/y,
+    right y), scaled by `scale`, with a dead zone; the right shoulder button intervenes,
+    A/B label success/failure, X re-records, the left shoulder toggles the gripper."""
+
+    AXES = (0, 1, 4)  # left stick x, left stick y, right stick y (SDL's usual layout)
+    INTERVENE, GRIPPER, SUCCESS, FAILURE, RERECORD = 5, 4, 0, 1, 2
+
+    def __init__(self, joystick: object, action_dim: int, intervention: str = "hold", scale: float = 1.0,
+                 dead_zone: float = 0.1):
+        self.joystick = joystick
+        self.action_dim = action_dim
+        self.scale = scale
+        self.dead_zone = dead_zone
+        self.intervention = HeldOrToggled(intervention)
+        self.gripper = HeldOrToggled("toggle")
+        self._pressed: set[int] = set()
+
+    def _press(self, button: int) -> bool:
+        """True once per press of `button`."""
+        down = bool(self.joystick.get_button(button))  # type: ignore[attr-defined]
+        fresh = down and button not in self._pressed
+        self._pressed = (self._pressed | {button}) if down else (self._pressed - {button})
+        return fresh
+
+    def poll(self, robot: Robot, policy_action: np.ndarray | None) -> TeleopCommand:
+        stick = np.array([self.joystick.get_axis(axis) for axis in self.AXES], dtype=np.float32)  # type: ignore[attr-defined]
+        stick[np.abs(stick) < self.dead_zone] = 0.0
+        stick[1:] *= -1  # stick up is negative in SDL; up means + here
+        action = np.zeros(self.action_dim, dtype=np.float32)
+        moves = min(3, self.action_dim)
+        action[:moves] = self.scale * stick[:moves]
+        if self.action_dim > 3:
+            action[-1] = -1.0 if self.gripper.update(bool(self.joystick.get_button(self.GRIPPER))) else 1.0  # type: ignore[attr-defined]
+        events = [name for name, button in (("success", self.SUCCESS), ("failure", self.FAILURE),
+                                            ("rerecord", self.RERECORD)) if self._press(button)]
+        intervening = self.intervention.update(bool(self.joystick.get_button(self.INTERVENE)))  # type: ignore[attr-defined]
+        return TeleopCommand(intervening, action if intervening else None, events)
+
+
+def open_gamepad(index: int = 0) -> object:
+    try:
+        import pygame
+    except ImportError:
+        raise ConfigError("teleop.name=gamepad needs pygame: pip install pygame") from None
+    pygame.init()
+    pygame.joystick.init()
+    if pygame.joystick.get_count() <= index:
+        raise ConfigError(f"no gamepad {index} found ({pygame.joystick.get_count()} connected)")
+    joystick = pygame.joystick.Joystick(index)
+    joystick.init()
+
+    class Pumped:  # pygame updates joystick state only while its event queue is pumped
+        def get_axis(self, axis: int) -> float:
+            pygame.event.pump()
+            return joystick.get_axis(axis)
+
+        def get_button(self, button: int) -> int:
+            return joystick.get_button(button)
+
+    return Pumped()
+
+
 def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     """A trained policy as the oracle's expert, acting on the robot's observation: for
     simulation, where a state-based expert may coach an image-based policy. Loads torch."""
@@ -140,9 +226,11 @@ def build_teleop(config: object, action_dim: int) -> Teleop:
     name = getattr(config, "name")
     if name == "keyboard":
         return KeyboardTeleop(action_dim, config.step)  # type: ignore[attr-defined]
+    if name == "gamepad":
+        return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step)  # type: ignore[attr-defined]
     if name == "oracle":
         if not config.expert:  # type: ignore[attr-defined]
             raise ConfigError("teleop.name=oracle needs teleop.expert=<run or checkpoint directory>")
         return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
                             config.patience, config.release)  # type: ignore[attr-defined]
-    raise ConfigError(f"teleop.name must be keyboard or oracle, got '{name}'")
+    raise ConfigError(f"teleop.name must be keyboard, gamepad or oracle, got '{name}'")

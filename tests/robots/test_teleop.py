@@ -61,3 +61,48 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
     assert all(line["intervened"] and line["executed_action"] == [1.5] and line["policy_action"] == [0.0]
                for line in operated)
     assert lines[0]["source"] == "policy" and not lines[0]["intervened"]
+
+
+class StandInGamepad:
+    """Hardware stand-in with pygame's joystick API."""
+
+    def __init__(self):
+        self.axes = [0.0] * 6
+        self.buttons = [0] * 8
+
+    def get_axis(self, axis):
+        return self.axes[axis]
+
+    def get_button(self, button):
+        return self.buttons[button]
+
+
+def test_gamepad_hold_intervenes_only_while_held_and_maps_the_sticks():
+    from robots.teleop import GamepadTeleop
+
+    pad = StandInGamepad()
+    gamepad = GamepadTeleop(pad, action_dim=4, intervention="hold", scale=0.5)
+    pad.axes[0], pad.axes[1], pad.axes[4] = 1.0, -1.0, 0.05  # right, up, inside the dead zone
+    assert gamepad.poll(None, None).action is None
+    pad.buttons[GamepadTeleop.INTERVENE] = 1
+    command = gamepad.poll(None, None)
+    assert command.intervening
+    np.testing.assert_allclose(command.action, [0.5, 0.5, 0.0, 1.0])
+    pad.buttons[GamepadTeleop.INTERVENE] = 0
+    assert not gamepad.poll(None, None).intervening
+
+
+def test_gamepad_toggle_flips_on_each_press_and_events_fire_once_per_press():
+    from robots.teleop import GamepadTeleop
+
+    pad = StandInGamepad()
+    gamepad = GamepadTeleop(pad, action_dim=2, intervention="toggle")
+    pad.buttons[GamepadTeleop.INTERVENE] = 1
+    pad.buttons[GamepadTeleop.SUCCESS] = 1
+    first, held = gamepad.poll(None, None), gamepad.poll(None, None)
+    assert first.intervening and held.intervening
+    assert first.events == ["success"] and held.events == []
+    pad.buttons[GamepadTeleop.INTERVENE] = 0
+    assert gamepad.poll(None, None).intervening  # released: still on
+    pad.buttons[GamepadTeleop.INTERVENE] = 1
+    assert not gamepad.poll(None, None).intervening  # pressed again: off
