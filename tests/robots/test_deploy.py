@@ -38,9 +38,10 @@ def echo(chunk_size: int, action_dim: int):
     return infer
 
 
-def start_server(spec=SPEC, chunk_size=2, **config):
-    server = PolicyServer(echo(chunk_size, spec.action_dim), spec, {"policy": "echo", "policy_version": 3,
-                                                                     "chunk_size": chunk_size},
+def start_server(spec=SPEC, chunk_size=2, infer=None, policy="echo", **config):
+    """A policy server in a thread (default policy: `echo`); returns it and its shutdown."""
+    server = PolicyServer(infer or echo(chunk_size, spec.action_dim), spec,
+                          {"policy": policy, "policy_version": 3, "chunk_size": chunk_size},
                           ServeConfig(endpoint=config.pop("endpoint", "tcp://127.0.0.1:*"), stats_every_s=0, **config))
     stop = threading.Event()
     thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
@@ -296,20 +297,14 @@ def test_the_workspace_box_keeps_a_maniskill_arm_inside(tmp_path):
         actions[..., 0] = 1.0
         return actions
 
-    server = PolicyServer(push_forward, robot.spec, {"policy": "forward", "chunk_size": 1},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
-    thread.start()
+    server, shutdown = start_server(robot.spec, 1, push_forward, "forward")
     box = WorkspaceConfig(low=[-1.0, -1.0, 0.0], high=[float(reach), 1.0, 1.0], action_scale=0.1)
     try:
         config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=40,
                                safety=SafetyConfig(workspace=box))
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
     finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+        shutdown()
     assert summary["safety_interventions"]["workspace"] > 0
     final = json.loads((tmp_path / "steps.jsonl").read_text().splitlines()[-1])["ee_position"]
     assert start[0] + 0.03 < final[0] <= reach + 0.005  # it moved toward the wall and stopped there
@@ -339,18 +334,12 @@ def test_answers_that_always_come_too_late_do_not_keep_the_watchdog_quiet(tmp_pa
         time.sleep(0.04)
         return np.zeros((observation.batch_size, 1, 1), np.float32)
 
-    server = PolicyServer(slow, robot.spec, {"policy": "slow", "chunk_size": 1},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
-    thread.start()
+    server, shutdown = start_server(robot.spec, 1, slow, "slow")
     try:
         config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=60, control_hz=100.0)
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
     finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+        shutdown()
     assert summary["action_sources"]["policy"] == 0 and summary["skipped_actions"] > 5
     assert summary["action_sources"]["watchdog"] > 0
 
@@ -386,11 +375,7 @@ def test_a_hostile_hello_or_a_failing_policy_harms_only_its_sender():
             raise RuntimeError("tokenizer failed")
         return echo(2, 2)(observation)
 
-    server = PolicyServer(fragile, SPEC, {"policy": "fragile", "chunk_size": 2},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, batch_window_ms=0))
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
-    thread.start()
+    server, shutdown = start_server(SPEC, 2, fragile, "fragile", batch_window_ms=0)
     try:
         raw = zmq.Context.instance().socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
@@ -407,9 +392,7 @@ def test_a_hostile_hello_or_a_failing_policy_harms_only_its_sender():
         assert client.counts["server_errors"] == 1 and client.in_flight is None
         assert ask(client, [1, 2, 3, 4], tick=1).actions[0].tolist() == [1.0, 2.0]
     finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+        shutdown()
 
 
 def test_one_request_pending_per_client():

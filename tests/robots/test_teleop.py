@@ -1,16 +1,15 @@
 """Teleoperation: the oracle and keyboard devices, and interventions in the robot client."""
 
 import json
-import threading
 
 import numpy as np
 
-from embodied.serve import PolicyServer, ServeConfig
 from robots.client import RobotClient, RobotClientConfig
 from robots.policy_client import PolicyClient
 from robots.safety import SafetyConfig
 from robots.sim_robot import SimRobot, SimRobotConfig
 from robots.teleop import KeyboardTeleop, OracleTeleop
+from tests.robots.test_deploy import start_server
 
 
 def test_the_oracle_takes_over_after_patience_and_hands_back_after_agreement():
@@ -41,20 +40,14 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
     def zeros(observation):
         return np.zeros((observation.batch_size, 1, 1), np.float32)
 
-    server = PolicyServer(zeros, robot.spec, {"policy": "zeros", "chunk_size": 1},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
-    thread.start()
+    server, shutdown = start_server(robot.spec, 1, zeros, "zeros")
     oracle = OracleTeleop(lambda robot: np.array([1.5]), threshold=0.5, patience=3, release=5)
     config = RobotClientConfig(server=server.endpoint, episodes=1, max_episode_steps=40, control_hz=100.0,
                                output=str(tmp_path), safety=SafetyConfig(safe_action="zero"))
     try:
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path, teleop=oracle).run()
     finally:
-        stop.set()
-        thread.join(5)
-        server.close()
+        shutdown()
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     operated = [line for line in lines if line["source"] == "teleop"]
     assert summary["teleop_ticks"] == len(operated) > 30  # the oracle drove after its patience ran out
