@@ -159,9 +159,13 @@ class LearnerLink:
 
     def close(self, tell_rollouts: bool = True) -> None:
         """Stop serving; `tell_rollouts` asks connected rollouts to finish and exit."""
-        if tell_rollouts and self._thread.is_alive():
-            self._requests.put(("close", None))
-            self._close_sent.wait(timeout=2.0)
+        if tell_rollouts:
+            if self._thread.is_alive():
+                self._requests.put(("close", None))
+                self._close_sent.wait(timeout=2.0)
+            if not self._close_sent.is_set():
+                logger.warning("could not tell the rollouts to finish (%s)",
+                               self._error or "the learner link did not answer within 2 s")
         self._stop.set()
         self._thread.join(timeout=5.0)
         if self._thread.is_alive():  # sockets are not thread-safe: leave them to process exit

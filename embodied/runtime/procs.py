@@ -31,6 +31,7 @@ from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import LearnerLink, LinkError
 from embodied.runtime.learner_ranks import LearnerRanks, check_learner_ranks
+from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL
 from embodied.runtime.wire import published_weights, tensors_to_wire, trajectory_from_wire
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
 from embodied.transport.protocol import PROTOCOL_VERSION
@@ -141,6 +142,22 @@ class RolloutSupervisor:
             return self.process.poll() is None
         return self.pid is not None and _process_alive(self.pid)
 
+    def dump_stacks(self) -> bool:
+        """Ask the rollout to write its threads' stacks to its log (it registers SIGUSR2)."""
+        try:
+            os.kill(self.pid, STACK_DUMP_SIGNAL)
+        except (ProcessLookupError, TypeError):
+            return False
+        time.sleep(1.0)  # faulthandler writes from a signal handler; give it a moment
+        return True
+
+    def report_stuck(self, timeout_s: float) -> None:
+        """Before a rollout that will not exit is killed: say so, with where it is stuck."""
+        dumped = self.dump_stacks()
+        logger.warning("the rollout (pid %s) did not exit within %.0f s; killing it. %sIts log (%s) ends:\n%s",
+                       self.pid, timeout_s, "Its stacks are in its log. " if dumped else "", self.log_path,
+                       self.log_tail(60 if dumped else 20))
+
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.is_file():
             return ""
@@ -177,6 +194,7 @@ class RolloutSupervisor:
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         if self.alive():
+            self.report_stuck(timeout_s)
             try:  # the rollout leads its own process group, its env workers included
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -22,10 +22,11 @@ class RoleResources:
 
 
 class ActorProcess:
-    def __init__(self, actor: Any, ref: Any, pid: int):
+    def __init__(self, actor: Any, ref: Any, pid: int, node_id: str):
         self.actor = actor
         self.ref = ref
         self.pid = pid
+        self.node_id = node_id  # the Ray node it runs on: its pid means something only there
         self.returncode: int | None = None
         self.error = ""  # why the actor ended, when it failed
 
@@ -55,12 +56,24 @@ class ActorProcess:
 
         ray.kill(self.actor, no_restart=True)
 
+    def on_this_node(self) -> bool:
+        import ray
 
-class EnvWorkerRole:
+        return self.node_id == ray.get_runtime_context().get_node_id()
+
+
+class Role:
+    """What every role's actor answers before it serves."""
+
+    def locate(self) -> tuple[int, str]:
+        """This actor's pid and Ray node."""
+        import ray
+
+        return os.getpid(), ray.get_runtime_context().get_node_id()
+
+
+class EnvWorkerRole(Role):
     """One env worker (`sim.worker.serve`) as a Ray actor."""
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def serve(self, arguments: dict[str, Any]) -> int:
         from sim.worker import serve, single_env_factory
@@ -78,9 +91,9 @@ def start_actor(role: type, resources: RoleResources, timeout_s: float, *argumen
     actor = ray.remote(role).options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus,
                                      resources=dict(resources.resources), max_restarts=0).remote()
     try:
-        pid = ray.get(actor.pid.remote(), timeout=timeout_s)
+        pid, node_id = ray.get(actor.locate.remote(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         ray.kill(actor)
         raise RuntimeError(f"Ray could not start a {role.__name__} actor within {timeout_s:.0f} s asking for "
                            f"{resources}: does any node offer these resources?") from None
-    return ActorProcess(actor, actor.serve.remote(*arguments), pid)
+    return ActorProcess(actor, actor.serve.remote(*arguments), pid, node_id)

@@ -27,7 +27,7 @@ from embodied.config import TrainConfig
 from embodied.errors import ConfigError
 from embodied.registry import RUNTIMES
 from embodied.runtime.procs import ProcsRuntime, ProcsRuntimeConfig, RolloutSupervisor, check_config
-from embodied.runtime.ray_actors import LOOPBACK_HOSTS, EnvWorkerRole, RoleResources, start_actor
+from embodied.runtime.ray_actors import LOOPBACK_HOSTS, EnvWorkerRole, Role, RoleResources, start_actor
 from embodied.train import TrainSession
 
 logger = logging.getLogger(__name__)
@@ -43,11 +43,8 @@ class RayRuntimeConfig(ProcsRuntimeConfig):
     env_worker: RoleResources = field(default_factory=RoleResources)
 
 
-class RolloutRole:
+class RolloutRole(Role):
     """Ray actor body: the rollout role, whose env workers become actors too."""
-
-    def pid(self) -> int:
-        return os.getpid()
 
     def serve(self, config_path: str, endpoints: dict[str, str], name: str, env_worker: dict[str, Any],
               host: str, keys_dir: Optional[str], log_path: str, startup_timeout_s: float) -> int:
@@ -90,6 +87,10 @@ class RaySupervisor(RolloutSupervisor):
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def dump_stacks(self) -> bool:
+        # Only where the pid is this machine's: on another node it names another process.
+        return self.process is not None and self.process.on_this_node() and super().dump_stacks()
+
     def log_tail(self, lines: int = 20) -> str:
         ended = getattr(self.process, "error", "")
         return super().log_tail(lines) + (f"\nthe rollout actor ended with {ended}" if ended else "")
@@ -100,6 +101,7 @@ class RaySupervisor(RolloutSupervisor):
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            self.report_stuck(timeout_s)
             self.process.kill()
             try:
                 self.process.wait(timeout=10)

@@ -12,7 +12,9 @@ answers within `runtime.reconnect_timeout_s`."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -25,6 +27,15 @@ from embodied.runtime.wire import load_published_weights, tensors_from_wire, tra
 from embodied.train import start_process
 
 logger = logging.getLogger("embodied.rollout")
+
+# The learner sends this before it kills a rollout that will not exit, to learn where it hangs.
+STACK_DUMP_SIGNAL = signal.SIGUSR2
+
+
+def dump_stacks_on_signal() -> None:
+    """Write every thread's stack to the rollout's log on STACK_DUMP_SIGNAL."""
+    files = [h.stream for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    faulthandler.register(STACK_DUMP_SIGNAL, file=files[0] if files else sys.stderr, all_threads=True)
 
 
 def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int, group_size: int = 0,
@@ -67,6 +78,7 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
 def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint: str, name: str) -> int:
     """The rollout role until the learner finishes: in its own process (`runtime=procs`) or in
     a Ray actor (`runtime=ray`). Returns the exit status."""
+    dump_stacks_on_signal()
     config = to_schema(TrainConfig, load_yaml(config_path))
     runtime = config.runtime
     start_process(config.seed, runtime.torch_threads)

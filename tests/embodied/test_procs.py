@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+from embodied.runtime.procs import ProcsRuntimeConfig, RolloutSupervisor
 
 PROCS = ["runtime=procs", "runtime.device=cpu", "runtime.rollout_device=cpu", "runtime.heartbeat_s=0.2",
          "runtime.peer_timeout_s=5", "logger.progress_bar=false"]
@@ -158,3 +159,27 @@ def test_synchronous_procs_reproduces_local_bit_for_bit(tmp_path):
     assert weights["local"].keys() == weights["procs"].keys()
     for name in weights["local"]:
         assert (weights["local"][name] == weights["procs"][name]).all(), name
+
+
+def test_a_rollout_that_will_not_exit_is_killed_with_its_stacks_in_its_log(tmp_path, caplog):
+    """A hang at the end of a run is diagnosable: the learner has the rollout dump where
+    every thread is before it kills it, and says so."""
+    supervisor = RolloutSupervisor(tmp_path, ProcsRuntimeConfig())
+    supervisor.log_path.parent.mkdir(parents=True)
+    hanging = ("import logging, sys, time\n"
+               f"logging.basicConfig(filename={str(supervisor.log_path)!r}, level=logging.INFO)\n"
+               "from embodied.runtime.rollout_process import dump_stacks_on_signal\n"
+               "dump_stacks_on_signal()\n"
+               "logging.info('ready')\n"
+               "def stuck_collecting():\n    time.sleep(600)\n"
+               "stuck_collecting()\n")
+    supervisor.process = subprocess.Popen([sys.executable, "-c", hanging], start_new_session=True)
+    supervisor.pid = supervisor.process.pid
+    deadline = time.monotonic() + 60
+    while "ready" not in supervisor.log_tail() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with caplog.at_level("WARNING", logger="embodied.runtime.procs"):
+        supervisor.stop(timeout_s=0.5)
+    assert supervisor.process.returncode == -9
+    assert "stuck_collecting" in supervisor.log_path.read_text()
+    assert "did not exit within 0 s; killing it" in caplog.text and "stuck_collecting" in caplog.text
