@@ -1,7 +1,7 @@
 """`embodied robot robot=<name> server=<endpoint> [key=value ...]`: run a robot client.
 
 Keys (when stdin is a terminal): `e` or space latches the e-stop, `r` resets it, `q` quits;
-with `teleop.name=keyboard` also the operator's keys (`robots/teleop.py`).
+with `teleop=keyboard` also the operator's keys (`robots/teleop.py`).
 Signals: SIGUSR1 latches the e-stop (e.g. `kill -USR1 <pid>` from a hardware button
 script); Ctrl-C or SIGTERM (a service stop) ends the run cleanly: the safe action is sent and
 the summary written. A second Ctrl-C stops at once."""

@@ -23,10 +23,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from embodied.errors import ConfigError
-from robots.base import Robot
+from robots.base import Robot, RobotObservation
 from robots.broker import ChunkBroker, check_mode
 from robots.policy_client import ActionReply, PolicyClient
 from robots.safety import SafetyConfig, SafetyLayer
+from robots.recording import DatasetRecorder, RecordingConfig
 from robots.teleop import Teleop
 
 logger = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class RobotClientConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     teleop: Optional[TeleopConfig] = None  # null: no operator
+    record: RecordingConfig = field(default_factory=RecordingConfig)  # root null: no dataset
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -84,6 +86,7 @@ class RobotClient:
         self.robot = robot
         self.policy = policy
         self.teleop = teleop
+        self.recorder: DatasetRecorder | None = None
         self.config = config
         self.output = output
         self.spec = robot.spec
@@ -97,6 +100,8 @@ class RobotClient:
             raise ConfigError("the robot has no episode limit; set max_episode_steps")
         self.safety = SafetyLayer(config.safety, self.spec)
         self.instruction = config.instruction if config.instruction is not None else robot.instruction
+        if config.record.root is not None:
+            self.recorder = DatasetRecorder(config.record, self.spec, self.control_hz, self.instruction)
         self.broker: ChunkBroker | None = None
         self.server_metadata: dict[str, Any] = {}
         self.should_quit: Callable[[], bool] = lambda: False
@@ -123,6 +128,8 @@ class RobotClient:
         try:
             with self.robot:
                 try:
+                    if self.recorder is not None:
+                        self.recorder.open()
                     self._start()
                     with open(self.output / "steps.jsonl", "w") as log:
                         index = 0
@@ -134,6 +141,8 @@ class RobotClient:
                 finally:
                     self._send_safe_once()
                     self.policy.close()
+                    if self.recorder is not None:
+                        self.recorder.close()
         except BaseException as raised:
             error = raised
             raise
@@ -190,11 +199,14 @@ class RobotClient:
                     break
             entry["jitter_ms"] = (time.monotonic() - target) * 1000
             self.jitter_ms.append(entry["jitter_ms"])
-            self._exchange(tick, target, entry)
+            # Recording needs this tick's observation; otherwise it is read only for a query.
+            observation = self.robot.get_observation() if self.recorder is not None else None
+            self._exchange(tick, target, entry, observation)
             position = self.robot.end_effector_position()
             if position is not None:
                 entry["ee_position"] = np.round(position, 4).tolist()
             command, source = self._decide(tick, time.monotonic(), previous, position)
+            policy_action = command if source == "policy" else None
             if self.teleop is not None and source not in ("estop", "non_finite"):
                 command, source, label = self._teleoperate(command, source, previous, position, entry, label)
             self.sources[source] += 1
@@ -208,6 +220,9 @@ class RobotClient:
                 entry["act_ms"] = (time.monotonic() - target) * 1000  # when this tick's command went out
                 self.act_ms.append(entry["act_ms"])
                 outcome = self.robot.outcome()
+                if self.recorder is not None and observation is not None:
+                    self.recorder.add(observation.state, observation.images, previous, policy_action,
+                                      source == "teleop", outcome.reward)
                 episode_return += outcome.reward
                 self.feedback["reward"] = self.feedback.get("reward", 0.0) + outcome.reward
                 success |= outcome.success
@@ -220,6 +235,10 @@ class RobotClient:
         if label in ("success", "failure"):
             success = label == "success"  # the operator's word over the robot's own check
         result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
+        if self.recorder is not None and not self.should_quit():  # a quit mid-episode: recording.partial decides
+            saved = self.recorder.end_episode(success, keep=label != "rerecord")
+            if saved is not None:
+                result["dataset_episode"] = saved
         return {**result, "rerecorded": True} if label == "rerecord" else result
 
     def _teleoperate(self, command: np.ndarray | None, source: str, previous: np.ndarray | None,
@@ -249,16 +268,19 @@ class RobotClient:
             if reply is not None:
                 self._take(reply, tick, entry)
 
-    def _exchange(self, tick: int, target: float, entry: dict[str, Any]) -> None:
-        """Talk to the server for this tick: ask when the broker wants a chunk, and wait at
-        most `latency_budget` of a tick for an answer this tick needs."""
+    def _exchange(self, tick: int, target: float, entry: dict[str, Any],
+                  observation: RobotObservation | None = None) -> None:
+        """Talk to the server for this tick: ask when the broker wants a chunk (with
+        `observation`, or a fresh one), and wait at most `latency_budget` of a tick for an
+        answer this tick needs."""
         assert self.broker is not None
         self.policy.maintain()
         reply = self.policy.poll(0.0)
         if reply is not None:
             self._take(reply, tick, entry)
         if self.broker.wants_query(tick) and self.policy.in_flight is None and not self.safety.estopped:
-            entry["queried"] = self.policy.request(self.robot.get_observation(), tick, self.instruction, self.feedback)
+            observation = observation if observation is not None else self.robot.get_observation()
+            entry["queried"] = self.policy.request(observation, tick, self.instruction, self.feedback)
             if entry["queried"]:
                 self.feedback = {}
         if self.broker.action(tick) is None and self.policy.in_flight is not None:
@@ -312,6 +334,8 @@ class RobotClient:
             "teleop_ticks": self.sources["teleop"],
             "rerecorded_episodes": sum(bool(e.get("rerecorded")) for e in self.episodes),
             "connection": dict(self.policy.counts),
+            "dataset": None if self.recorder is None else {"root": str(self.recorder.root),
+                                                           "episodes_saved": self.recorder.saved},
             "broker": asdict(self.config.broker),
             "error": None if error is None else f"{type(error).__name__}: {error}",
         }

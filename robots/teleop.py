@@ -186,7 +186,7 @@ def open_gamepad(index: int = 0) -> object:
     try:
         import pygame
     except ImportError:
-        raise ConfigError("teleop.name=gamepad needs pygame: pip install pygame") from None
+        raise ConfigError("teleop=gamepad needs pygame: pip install pygame") from None
     pygame.init()
     pygame.joystick.init()
     if pygame.joystick.get_count() <= index:
@@ -230,7 +230,7 @@ def build_teleop(config: object, action_dim: int) -> Teleop:
         return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step)  # type: ignore[attr-defined]
     if name == "oracle":
         if not config.expert:  # type: ignore[attr-defined]
-            raise ConfigError("teleop.name=oracle needs teleop.expert=<run or checkpoint directory>")
+            raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
         return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
                             config.patience, config.release)  # type: ignore[attr-defined]
-    raise ConfigError(f"teleop.name must be keyboard, gamepad or oracle, got '{name}'")
+    raise ConfigError(f"teleop must be keyboard, gamepad or oracle (configs/teleop/), got '{name}'")

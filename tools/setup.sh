@@ -47,7 +47,13 @@ ensure_virtualenv() {
 
 ensure_venv() {
     ensure_virtualenv "$venv" "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
-        -c constraints.txt -e ".[train,robot,ray,maniskill,mujoco,video,vla,dev]"
+        -c constraints.txt -e ".[train,robot,ray,maniskill,mujoco,video,vla,record,dev]"
+    # LeRobotDataset's package declares huggingface-hub<0.36, which transformers 5 rules out;
+    # its real dependencies come with the `record` extra above.
+    if ! "$venv/bin/python" -c "import ledataset" 2>/dev/null; then
+        log "installing lerobot-dataset (without its huggingface-hub pin)"
+        "$venv/bin/pip" install -q --no-deps lerobot-dataset==0.4.4
+    fi
 }
 
 vulkan_works() {

@@ -39,7 +39,8 @@ def robot_command(*args):
 
 def test_the_robot_side_imports_without_torch():
     modules = ["robots.client", "robots.cli", "robots.policy_client", "robots.safety", "robots.broker",
-               "robots.cameras", "robots.sim_robot", "robots.lerobot_robot", "robots.components", "sim.worker",
+               "robots.cameras", "robots.sim_robot", "robots.lerobot_robot", "robots.components", "robots.recording",
+               "robots.teleop", "sim.worker",
                "sim.gymnasium_env", "embodied.cli", "embodied.transport.security"]
     script = NO_TORCH + f"""
 import importlib
@@ -140,3 +141,13 @@ def test_a_trained_run_serves_as_the_oracles_expert(trained):
         assert expert_action.shape == (1,) and np.isfinite(expert_action).all()
         assert not oracle.poll(robot, expert_action).intervening  # the expert agrees with itself
         assert oracle.poll(robot, expert_action + 1.0).intervening
+
+
+def test_operator_and_recording_are_chosen_from_the_command_line():
+    from robots.cli import load_client_config
+
+    config = load_client_config(["teleop=gamepad", "teleop.intervention=toggle", "record.root=/data/pick"])
+    assert (config.teleop.name, config.teleop.intervention) == ("gamepad", "toggle")
+    assert config.record.root == "/data/pick" and config.record.partial == "discard"
+    plain = load_client_config([])
+    assert plain.teleop is None and plain.record.root is None

@@ -1,0 +1,176 @@
+"""The process that writes a robot's episodes into a LeRobotDataset v3, fed by
+`robots.recording.DatasetRecorder` over a pipe.
+
+    python -m robots.dataset_writer     # reads requests on stdin, answers on stdout
+
+It runs apart from the control loop for two reasons: image encoding and parquet writes never
+delay a tick, and the robot client stays free of torch (the dataset library imports it).
+
+Durability: every saved episode is finalized at once, so a crash of the client or of this
+writer loses at most the episode in progress. When the client goes away without closing
+(a crash, SIGKILL), the writer finishes on its own: the partial episode is kept or
+discarded as configured, and the dataset is finalized."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from robots.recording import (
+    WriterRequest,
+    array_from_wire,
+    dataset_features,
+    read_message,
+    write_message,
+)
+
+logger = logging.getLogger("robots.dataset_writer")
+
+
+def import_lerobot_dataset() -> type:
+    """LeRobotDataset, importable with a CPU torch: the registry's torchvision is a CUDA
+    build whose import fails until its two operator schemas exist."""
+    import torch
+
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError as error:
+        if "torchvision::nms" not in str(error):
+            raise
+        library = torch.library.Library("torchvision", "DEF")
+        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        library.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+        import_lerobot_dataset.library = library  # the schemas live as long as the library object
+        import torchvision  # noqa: F401
+    try:
+        from ledataset.datasets.lerobot_dataset import LeRobotDataset
+    except ImportError:
+        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # lerobot itself, where installed
+    return LeRobotDataset
+
+
+class EpisodeWriter:
+    """One dataset, one episode at a time."""
+
+    def __init__(self, request: dict[str, Any]):
+        self.dataset_class = import_lerobot_dataset()
+        self.repo_id = str(request["repo_id"])
+        self.root = Path(request["root"])
+        self.partial = str(request["partial"])  # keep | discard: the episode in progress at a crash
+        self.features = dataset_features(request["spec"], bool(request["use_videos"]))
+        if (self.root / "meta" / "info.json").is_file():
+            self.dataset = self.dataset_class(self.repo_id, root=self.root)
+            self._check_features()
+        else:
+            self.dataset = self.dataset_class.create(self.repo_id, fps=int(request["fps"]), root=self.root,
+                                                     features=self.features, use_videos=bool(request["use_videos"]))
+        self.frames = 0  # in the episode in progress
+
+    def _check_features(self) -> None:
+        have = {key: (value["dtype"], tuple(value["shape"])) for key, value in self.dataset.features.items()}
+        for key, value in self.features.items():
+            if have.get(key) != (value["dtype"], tuple(value["shape"])):
+                raise ValueError(f"the dataset at {self.root} has {key}={have.get(key)}, this robot records "
+                                 f"{(value['dtype'], tuple(value['shape']))}: record into another dataset")
+
+    @property
+    def episodes(self) -> int:
+        return int(self.dataset.meta.total_episodes)
+
+    def add(self, frame: dict[str, Any]) -> None:
+        values = {key: array_from_wire(value) if isinstance(value, dict) else value for key, value in frame.items()}
+        self.dataset.add_frame(values)
+        self.frames += 1
+
+    def save(self) -> int:
+        """The episode in progress becomes durable: saved and finalized, then reopened for more."""
+        if self.frames == 0:
+            raise ValueError("no frames to save in this episode")
+        index = self.episodes
+        self.dataset.save_episode()
+        self.dataset.finalize()
+        self.dataset = self.dataset_class(self.repo_id, root=self.root)
+        self.frames = 0
+        return index
+
+    def discard(self) -> None:
+        if self.frames:
+            self.dataset.clear_episode_buffer()
+        self.frames = 0
+
+    def finish(self, cleanly: bool) -> None:
+        if self.frames and (cleanly or self.partial == "discard"):
+            logger.info("discarding the unfinished episode (%d frames)", self.frames)
+            self.discard()
+        elif self.frames:
+            logger.info("keeping the unfinished episode (%d frames)", self.frames)
+            self.save()
+        self.dataset.finalize()
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> int:
+    writer: EpisodeWriter | None = None
+    failed: str | None = None  # a frame that could not be written fails the next save
+    while True:
+        message = read_message(requests)
+        if message is None:  # the client went away without closing
+            if writer is not None:
+                logger.warning("the robot client left without closing the dataset; finishing it")
+                writer.finish(cleanly=False)
+            return 1
+        kind = message.get("kind")
+        try:
+            if kind == WriterRequest.FRAME:
+                if writer is None:
+                    raise ValueError("a frame before the dataset was opened")
+                if failed is None:
+                    writer.add(message["frame"])
+                continue
+            if failed is not None:
+                error, failed = failed, None
+                if writer is not None:
+                    writer.discard()
+                raise ValueError(error)
+            if kind == WriterRequest.OPEN:
+                writer = EpisodeWriter(message)
+                write_message(replies, {"ok": True, "episodes": writer.episodes})
+            elif writer is None:
+                raise ValueError(f"'{kind}' before the dataset was opened")
+            elif kind == WriterRequest.SAVE:
+                write_message(replies, {"ok": True, "episode_index": writer.save()})
+            elif kind == WriterRequest.DISCARD:
+                writer.discard()
+                write_message(replies, {"ok": True})
+            elif kind == WriterRequest.CLOSE:
+                writer.finish(cleanly=True)
+                write_message(replies, {"ok": True, "episodes": writer.episodes})
+                return 0
+            else:
+                raise ValueError(f"unknown request '{kind}'")
+        except Exception as error:  # answered to the client, which raises it as a RecordingError
+            text = f"{type(error).__name__}: {error}"
+            if kind == WriterRequest.FRAME:
+                failed = failed or f"a frame could not be written: {text}"
+                continue
+            logger.error("%s", text)
+            write_message(replies, {"ok": False, "error": text})
+            if writer is None:
+                return 2
+
+
+def main() -> int:
+    # Ctrl-C is the client's to handle: it closes the dataset, or its exit closes the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    # Replies get their own descriptor; anything a library prints goes to stderr instead.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return serve(sys.stdin.buffer, replies)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Recording episodes as LeRobotDatasets with the real library, from the robot client."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import psutil
+import pytest
+
+from embodied.types import EnvSpec
+from robots.client import RobotClient, RobotClientConfig
+from robots.dataset_writer import import_lerobot_dataset
+from robots.policy_client import PolicyClient
+from robots.recording import DatasetRecorder, RecordingConfig, RecordingError
+from robots.safety import SafetyConfig
+from robots.sim_robot import SimRobot, SimRobotConfig
+from robots.teleop import OracleTeleop
+from tests.robots.test_deploy import start_server
+
+CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
+                      image_shapes={"front": (24, 32, 3)}, control_hz=10.0)
+
+
+@pytest.fixture(autouse=True)
+def dataset_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the library caches reads under HF_HOME
+
+
+def load(root):
+    return import_lerobot_dataset()("local/robot", root=root)
+
+
+def column(dataset, key):
+    """One feature over all frames, one row per frame (the library returns shape-(1,) features as scalars)."""
+    values = np.stack([np.asarray(dataset[i][key]) for i in range(dataset.num_frames)])
+    return values.reshape(len(values), -1) if values.ndim < 2 else values
+
+
+def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
+    """The oracle operator takes over a simulated robot; the dataset holds exactly what the
+    robot executed, what the policy wanted and which ticks were the operator's."""
+    robot = SimRobot(SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"}))
+
+    def zeros(observation):
+        return np.zeros((observation.batch_size, 1, 1), np.float32)
+
+    server, shutdown = start_server(robot.spec, 1, zeros, "zeros")
+    oracle = OracleTeleop(lambda robot: np.array([1.5]), threshold=0.5, patience=3, release=5)
+    root = tmp_path / "dataset"
+    config = RobotClientConfig(server=server.endpoint, episodes=2, max_episode_steps=12, control_hz=100.0,
+                               instruction="swing up", safety=SafetyConfig(safe_action="zero"),
+                               record=RecordingConfig(root=str(root)))
+    try:
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "run",
+                              teleop=oracle).run()
+    finally:
+        shutdown()
+    steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    executed = [s for s in steps if "executed_action" in s]
+    dataset = load(root)
+    assert summary["dataset"]["episodes_saved"] == [0, 1] and dataset.num_episodes == 2
+    assert dataset.num_frames == len(executed) == 24
+    np.testing.assert_allclose(column(dataset, "action"), [s["executed_action"] for s in executed], atol=1e-5)
+    flags = column(dataset, "intervention").reshape(-1)
+    assert flags.tolist() == [s["source"] == "teleop" for s in executed] and 0 < flags.sum() < 24
+    policy = column(dataset, "policy_action").reshape(-1)
+    assert np.all(policy == 0.0)  # the policy always answered; its zeros are kept under the operator's actions
+    done = column(dataset, "next.done").reshape(-1)
+    assert np.flatnonzero(done).tolist() == [11, 23]
+    assert dataset[0]["task"] == "swing up"
+    rewards = column(dataset, "next.reward").reshape(-1)
+    assert (rewards <= 0).all() and (rewards < 0).any()  # Pendulum's cost, as the robot reported it
+
+
+def test_images_are_kept_exactly_a_rerecorded_episode_is_dropped_and_a_dataset_grows(tmp_path):
+    root = tmp_path / "dataset"
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(7, 24, 32, 3), dtype=np.uint8)
+
+    def record(episodes):
+        recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+        already = recorder.open()
+        try:
+            for frames, keep, success in episodes:
+                for t in frames:
+                    recorder.add(np.full(3, t, np.float32), {"front": images[t]}, np.array([t / 10, -t / 10]),
+                                 None if t % 2 else np.zeros(2), intervention=t % 2 == 1, reward=float(t))
+                recorder.end_episode(success, keep=keep)
+        finally:
+            recorder.close()
+        return already
+
+    assert record([(range(0, 3), True, True), (range(3, 5), False, False)]) == 0  # the second is re-recorded
+    assert record([(range(5, 7), True, False)]) == 1  # appended to the same dataset
+    dataset = load(root)
+    assert dataset.num_episodes == 2 and dataset.num_frames == 5
+    kept = [0, 1, 2, 5, 6]
+    got = column(dataset, "observation.images.front")  # channels first, scaled to [0, 1]
+    np.testing.assert_array_equal(np.round(got.transpose(0, 2, 3, 1) * 255).astype(np.uint8), images[kept])
+    np.testing.assert_array_equal(column(dataset, "observation.state")[:, 0], kept)
+    assert column(dataset, "intervention").reshape(-1).tolist() == [t % 2 == 1 for t in kept]
+    policy = column(dataset, "policy_action")
+    assert np.isnan(policy[1]).all() and (policy[0] == 0).all()  # NaN: no policy action that tick
+    assert column(dataset, "next.success").reshape(-1).tolist() == [False, False, True, False, False]
+
+
+KILLED_CLIENT = """
+import os, signal, sys
+import numpy as np
+from tests.robots.test_recording import CAMERA_SPEC
+from robots.recording import DatasetRecorder, RecordingConfig
+recorder = DatasetRecorder(RecordingConfig(root=sys.argv[1], partial=sys.argv[2]), CAMERA_SPEC, 10.0, "stack")
+recorder.open()
+frame = lambda t: (np.zeros(3), {"front": np.full((24, 32, 3), t, np.uint8)}, np.zeros(2), None, False, 0.0)
+for t in range(4):
+    recorder.add(*frame(t))
+recorder.end_episode(True)
+for t in range(3):
+    recorder.add(*frame(t))
+recorder._flush(done=False, success=False)  # the writer has the partial episode's frames
+print(recorder.process.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # a crash: nothing of ours runs after this
+"""
+
+
+@pytest.mark.parametrize("partial, frames", [("keep", 7), ("discard", 4)])
+def test_a_killed_client_leaves_a_dataset_that_loads(tmp_path, partial, frames):
+    root = tmp_path / "dataset"
+    client = subprocess.run([sys.executable, "-c", KILLED_CLIENT, str(root), partial], capture_output=True, text=True,
+                            timeout=300)
+    assert client.returncode == -9, client.stderr
+    writer = psutil.Process(int(client.stdout.split()[-1]))
+    writer.wait(timeout=120)  # the writer finishes the dataset on its own once the pipe closes
+    dataset = load(root)
+    assert dataset.num_frames == frames
+    assert dataset.num_episodes == (2 if partial == "keep" else 1)
+
+
+def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
+    root = tmp_path / "dataset"
+    recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+    recorder.open()
+    recorder.add(np.zeros(3), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0)
+    recorder.end_episode(True)
+    recorder.close()
+    other = EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
+                    image_shapes={"front": (24, 32, 3)}, control_hz=10.0)
+    with pytest.raises(RecordingError, match="observation.state"):
+        DatasetRecorder(RecordingConfig(root=str(root)), other, 10.0, "stack").open()
+    with pytest.raises(RecordingError, match="state \\(4,\\)"):
+        DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "").add(
+            np.zeros(4), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0)
+    with pytest.raises(RecordingError, match="whole number of frames per second"):
+        DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 7.5, "")
+    assert load(root).num_episodes == 1  # the refusals left the dataset as it was
