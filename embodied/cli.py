@@ -22,11 +22,16 @@ VERBS = ("train", "eval", "serve", "robot", "keys")
 
 
 def train(overrides: list[str]) -> int:
+    import logging
+
     from embodied.config import EvalConfig, TrainConfig, compose, to_schema
     from embodied.evaluate import evaluate_checkpoint
     from embodied.registry import RUNTIMES
     from embodied.train import resume_config
 
+    # The framework's own progress messages (connections, offline pretraining); libraries' warnings only.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("embodied").setLevel(logging.INFO)
     resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
     config = resume_config(resume, overrides) if resume else to_schema(TrainConfig, compose("train", overrides))
     runtime = RUNTIMES.get(config.runtime.name).factory(config.runtime)

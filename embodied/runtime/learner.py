@@ -27,6 +27,11 @@ class Learner:
         self.policy_version += 1
         return metrics
 
+    def before_training(self) -> dict[str, float]:
+        """What the algorithm does once before the first env step (e.g. offline pretraining)."""
+        prepare = getattr(self.algo, "before_training", None)
+        return prepare() if prepare is not None else {}
+
     def get_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
 

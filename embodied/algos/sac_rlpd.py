@@ -1,0 +1,287 @@
+"""SAC with RLPD's recipe, offline-to-online: WSRL and Cal-QL are settings of the same learner.
+
+- RLPD (Ball et al. 2023): an ensemble of LayerNorm critics, the target's min over a random
+  subset of them, several critic updates per collected transition (`utd_ratio`), and each
+  batch drawn half from online replay, half from demonstrations plus the operator's
+  interventions (`offline_fraction`).
+- Cal-QL (Nakamoto et al. 2023): `offline_pretrain_steps` on the offline data first, with a
+  conservative term (`calql_alpha`) that pushes Q down on sampled actions and up on the
+  data's, where a policy action's Q-value counts no lower than the Monte-Carlo return of
+  its episode (the calibration).
+- WSRL (Zhou et al. 2024): after pretraining, `warmup_steps` env steps collected by the frozen
+  pretrained policy seed the online buffer, and with `retain_offline: false` the offline
+  data is dropped from then on.
+- `critic_loss: hl_gauss` trains the critics as classifiers over a value support.
+
+It fits the learner contract: each rollout batch is added to replay and followed by
+`utd_ratio` critic steps per new transition and one actor step per new transition. The
+policy (`policies/squashed_gaussian.py`) is the actor; critics, temperature, buffers and
+counters are this algorithm's state and travel in checkpoints."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from embodied.algos.critics import CriticEnsemble, HLGauss
+from embodied.buffers import Trajectory
+from embodied.errors import ConfigError
+from embodied.registry import ALGOS
+from embodied.replay import ReplayBuffer, Transitions, concat, from_dataset, from_trajectory
+from policies.base import Policy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SACConfig:
+    name: str = "sac_rlpd"
+    rollout_steps: int = 1  # env steps per batch handed to the learner
+    gamma: float = 0.99
+    tau: float = 0.005  # Polyak rate of the target critics
+    batch_size: int = 256
+    utd_ratio: int = 4  # critic updates per collected transition
+    num_critics: int = 10
+    critic_subset: int = 2  # the target takes the min over this many randomly chosen critics
+    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    critic_layer_norm: bool = True
+    actor_lr: float = 3e-4
+    critic_lr: float = 3e-4
+    temperature_lr: float = 3e-4
+    init_temperature: float = 1.0
+    target_entropy: Optional[float] = None  # default: -action_dim / 2
+    backup_entropy: bool = True  # the target subtracts alpha * log pi(a'|s')
+    replay_capacity: int = 200_000
+    demos: Optional[str] = None  # a LeRobotDataset of demonstrations/corrections (robots/recording.py)
+    offline_fraction: float = 0.5  # of each batch from demos + interventions, while there are any
+    retain_offline: bool = True  # WSRL: false drops the offline data once online learning starts
+    warmup_steps: int = 0  # WSRL: env steps collected by the frozen policy before online updates
+    offline_pretrain_steps: int = 0  # gradient steps on the offline data before any env step
+    critic_loss: str = "mse"  # mse | hl_gauss
+    hl_gauss_bins: int = 101
+    hl_gauss_low: float = -100.0
+    hl_gauss_high: float = 100.0
+    hl_gauss_sigma_ratio: float = 0.75  # sigma as a multiple of the bin width
+    calql_alpha: float = 0.0  # > 0: the Cal-QL conservative term on offline batches
+    calql_actions: int = 4  # sampled actions per state (each: policy and uniform) in that term
+    seed: int = 0
+
+
+def check_sac_config(cfg: SACConfig) -> None:
+    if cfg.critic_loss not in ("mse", "hl_gauss"):
+        raise ConfigError(f"algo.critic_loss must be mse or hl_gauss, got '{cfg.critic_loss}'")
+    if not 1 <= cfg.critic_subset <= cfg.num_critics:
+        raise ConfigError(f"algo.critic_subset must be in [1, num_critics={cfg.num_critics}], got {cfg.critic_subset}")
+    if not 0 <= cfg.offline_fraction < 1:
+        raise ConfigError(f"algo.offline_fraction must be in [0, 1), got {cfg.offline_fraction}")
+    for key in ("utd_ratio", "batch_size", "rollout_steps", "calql_actions"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
+    for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
+    if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.demos:
+        raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.demos=<LeRobotDataset folder>")
+
+
+def polyak(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
+    with torch.no_grad():
+        for t, s in zip(target.parameters(), source.parameters()):
+            t.lerp_(s, tau)
+
+
+class SACRLPD:
+    def __init__(self, cfg: SACConfig, policy: Policy):
+        check_sac_config(cfg)
+        for method in ("sample", "log_prob", "to_squashed"):
+            if not hasattr(policy, method):
+                raise ConfigError(f"algo '{cfg.name}' needs a policy with a squashed action distribution "
+                                  f"(policy=squashed_gaussian), not '{type(policy).__name__}'")
+        self.cfg = cfg
+        self.policy = policy
+        spec = policy.spec
+        device = policy.device
+        self.hl_gauss = (HLGauss(cfg.hl_gauss_low, cfg.hl_gauss_high, cfg.hl_gauss_bins, cfg.hl_gauss_sigma_ratio).to(device)
+                         if cfg.critic_loss == "hl_gauss" else None)
+        bins = cfg.hl_gauss_bins if self.hl_gauss is not None else 1
+        torch.manual_seed(cfg.seed)
+        self.critics = CriticEnsemble(cfg.num_critics, spec.state_dim, spec.action_dim, cfg.critic_hidden,
+                                      cfg.critic_layer_norm, bins).to(device)
+        self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self.log_temperature = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
+        self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -spec.action_dim / 2
+        self.actor_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
+        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.critic_lr)
+        self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.temperature_lr)
+        self.online = ReplayBuffer(cfg.replay_capacity, spec.state_dim, spec.action_dim, seed=cfg.seed)
+        self.offline = ReplayBuffer(cfg.replay_capacity, spec.state_dim, spec.action_dim, seed=cfg.seed + 1)
+        self.demo_transitions = 0
+        if cfg.demos:
+            demos = from_dataset(cfg.demos, policy.to_squashed, cfg.gamma, spec.state_dim, spec.action_dim)
+            self.offline.add(demos)
+            self.demo_transitions = len(demos)
+            logger.info("offline data: %d transitions from %s", len(demos), cfg.demos)
+        self.generator = torch.Generator().manual_seed(cfg.seed + 2)  # the target's critic subsets
+        self.env_steps = 0
+        self.critic_steps = 0
+        self.pretrained = False
+        self.offline_dropped = False
+
+    @property
+    def temperature(self) -> torch.Tensor:
+        return self.log_temperature.exp()
+
+    # ---- the learner contract ----------------------------------------------------------------
+    def before_training(self) -> dict[str, float]:
+        """Offline pretraining, once per run (a resumed run has done it already)."""
+        if self.pretrained or not self.cfg.offline_pretrain_steps:
+            self.pretrained = True
+            return {}
+        logger.info("pretraining on %d offline transitions for %d steps", len(self.offline),
+                    self.cfg.offline_pretrain_steps)
+        metrics: dict[str, float] = {}
+        for _ in range(self.cfg.offline_pretrain_steps):
+            batch = self.offline.sample(self.cfg.batch_size).to(self.policy.device)
+            metrics = self.critic_step(batch, offline_rows=len(batch))
+            metrics.update(self.actor_step(batch.state))
+        self.pretrained = True
+        return {f"pretrain/{k.split('/')[-1]}": v for k, v in metrics.items()}
+
+    def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
+        new = from_trajectory(batch, self.policy.to_squashed)
+        self.online.add(new)
+        if self.cfg.retain_offline and bool(new.intervened.any()):  # HIL-SERL: corrections are demos too
+            self.offline.add(Transitions(**{k: v[new.intervened] for k, v in vars(new).items()}))
+        self.env_steps += len(new)
+        metrics: dict[str, float] = {"replay/online": len(self.online), "replay/offline": len(self.offline),
+                                     "replay/intervened": float(new.intervened.float().mean())}
+        if self.env_steps <= self.cfg.warmup_steps:
+            return {**metrics, "train/warming_up": 1.0}
+        if not self.cfg.retain_offline and not self.offline_dropped:
+            self.offline = ReplayBuffer(1, self.policy.spec.state_dim, self.policy.spec.action_dim)
+            self.offline_dropped = True
+            logger.info("online learning starts: offline data dropped (retain_offline=false)")
+        for i in range(self.cfg.utd_ratio * len(new)):
+            sample, offline_rows = self.sample()
+            metrics.update(self.critic_step(sample, offline_rows))
+            if (i + 1) % self.cfg.utd_ratio == 0:
+                metrics.update(self.actor_step(sample.state))
+        return metrics
+
+    # ---- the objective -----------------------------------------------------------------------
+    def sample(self) -> tuple[Transitions, int]:
+        """A batch: `offline_fraction` of it from demos + interventions where there are any."""
+        size = self.cfg.batch_size
+        offline_rows = int(round(size * self.cfg.offline_fraction)) if len(self.offline) else 0
+        parts = [self.offline.sample(offline_rows)] if offline_rows else []
+        parts.append(self.online.sample(size - offline_rows))
+        return concat(parts).to(self.policy.device), offline_rows
+
+    def q_values(self, critics: CriticEnsemble, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        out = critics(state, action)  # (N, B, bins)
+        return self.hl_gauss.value(out) if self.hl_gauss is not None else out.squeeze(-1)
+
+    def td_target(self, batch: Transitions) -> torch.Tensor:
+        with torch.no_grad():
+            next_action, next_log_prob = self.policy.sample(batch.next_state)
+            next_q = self.q_values(self.target_critics, batch.next_state, next_action)  # (N, B)
+            subset = torch.randperm(self.cfg.num_critics, generator=self.generator)[:self.cfg.critic_subset]
+            next_v = next_q[subset.to(next_q.device)].min(dim=0).values
+            if self.cfg.backup_entropy:
+                next_v = next_v - self.temperature * next_log_prob
+            return batch.reward + self.cfg.gamma * batch.discount * next_v
+
+    def critic_step(self, batch: Transitions, offline_rows: int) -> dict[str, float]:
+        target = self.td_target(batch)
+        out = self.critics(batch.state, batch.action)  # (N, B, bins)
+        if self.hl_gauss is not None:
+            td_loss = self.hl_gauss.loss(out, target.expand(out.shape[:2])).mean(1).sum()
+            q_data = self.hl_gauss.value(out)
+        else:
+            q_data = out.squeeze(-1)
+            td_loss = (q_data - target).pow(2).mean(1).sum()  # summed over critics: each learns at full rate
+        loss = td_loss
+        metrics: dict[str, float] = {}
+        if self.cfg.calql_alpha > 0 and offline_rows:
+            conservative = self.calql_penalty(batch, q_data, offline_rows)
+            loss = loss + self.cfg.calql_alpha * conservative
+            metrics["train/calql_penalty"] = conservative.item()
+        self.critic_optimizer.zero_grad()
+        loss.backward()
+        self.critic_optimizer.step()
+        polyak(self.target_critics, self.critics, self.cfg.tau)
+        self.critic_steps += 1
+        return {**metrics, "train/critic_loss": td_loss.item() / self.cfg.num_critics,
+                "train/q_mean": q_data.mean().item(), "train/target_mean": target.mean().item()}
+
+    def calql_penalty(self, batch: Transitions, q_data: torch.Tensor, offline_rows: int) -> torch.Tensor:
+        """CQL's logsumexp over sampled actions minus Q on the data's actions, on the offline
+        rows; policy actions' Q-values floored at the Monte-Carlo return (Cal-QL)."""
+        state, mc_return = batch.state[:offline_rows], batch.mc_return[:offline_rows]
+        k, rows, action_dim = self.cfg.calql_actions, offline_rows, batch.action.shape[-1]
+        repeated = state.repeat_interleave(k, dim=0)  # (rows * k, S)
+        with torch.no_grad():
+            policy_action, policy_log_prob = self.policy.sample(repeated)
+        uniform = torch.rand(rows * k, action_dim, device=state.device) * 2 - 1
+        q_policy = self.q_values(self.critics, repeated, policy_action).view(-1, rows, k)
+        q_uniform = self.q_values(self.critics, repeated, uniform).view(-1, rows, k)
+        q_policy = torch.maximum(q_policy, mc_return.view(1, rows, 1))  # the calibration
+        # importance weights: log-densities of the proposals (uniform on [-1, 1]^A: -A log 2)
+        scores = torch.cat([q_uniform + action_dim * math.log(2),
+                            q_policy - policy_log_prob.view(1, rows, k)], dim=-1)
+        return (torch.logsumexp(scores, dim=-1) - q_data[:, :offline_rows]).mean(1).sum()
+
+    def actor_step(self, state: torch.Tensor) -> dict[str, float]:
+        action, log_prob = self.policy.sample(state)
+        q = self.q_values(self.critics, state, action).mean(0)  # RLPD: the ensemble's mean for the actor
+        actor_loss = (self.temperature.detach() * log_prob - q).mean()
+        self.actor_optimizer.zero_grad()
+        actor_loss.backward()
+        self.actor_optimizer.step()
+        temperature_loss = (self.temperature * (-log_prob.detach() - self.target_entropy)).mean()
+        self.temperature_optimizer.zero_grad()
+        temperature_loss.backward()
+        self.temperature_optimizer.step()
+        return {"train/actor_loss": actor_loss.item(), "train/entropy": -log_prob.mean().item(),
+                "train/temperature": self.temperature.item()}
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "critics": self.critics.state_dict(), "target_critics": self.target_critics.state_dict(),
+            "log_temperature": self.log_temperature.detach().clone(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "temperature_optimizer": self.temperature_optimizer.state_dict(),
+            "online": self.online.state_dict(), "offline": self.offline.state_dict(),
+            "generator": self.generator.get_state(),
+            "env_steps": self.env_steps, "critic_steps": self.critic_steps,
+            "pretrained": self.pretrained, "offline_dropped": self.offline_dropped,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critics.load_state_dict(state["critics"])
+        self.target_critics.load_state_dict(state["target_critics"])
+        with torch.no_grad():
+            self.log_temperature.copy_(state["log_temperature"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.temperature_optimizer.load_state_dict(state["temperature_optimizer"])
+        self.online.load_state_dict(state["online"])
+        self.offline_dropped = bool(state["offline_dropped"])
+        if self.offline_dropped:
+            self.offline = ReplayBuffer(1, self.policy.spec.state_dim, self.policy.spec.action_dim)
+        self.offline.load_state_dict(state["offline"])
+        self.generator.set_state(state["generator"])
+        self.env_steps, self.critic_steps = int(state["env_steps"]), int(state["critic_steps"])
+        self.pretrained = bool(state["pretrained"])
+
+
+@ALGOS.register("sac_rlpd", SACConfig)
+def make_sac_rlpd(cfg: SACConfig, policy: Policy) -> SACRLPD:
+    return SACRLPD(cfg, policy)

@@ -1,0 +1,134 @@
+"""Tanh-squashed Gaussian actor over the state vector: the actor of SAC/RLPD.
+
+Its action lives in [-1, 1]^A (`squashed`) and is mapped affinely onto the env's bounds. The
+log-probability is the squashed action's density (change of variables through tanh, in
+the stable form log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))); the constant of the
+affine map to the env's bounds is left out, so the entropy target is defined in [-1, 1]^A.
+The critics live with the algorithm (`embodied/algos/sac_rlpd.py`): only this actor is
+published to rollouts and served."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from embodied.errors import ConfigError
+from embodied.registry import POLICIES
+from embodied.types import ActionChunk, EnvSpec, Observation
+from policies.base import Policy, PolicyEval
+from policies.mlp import ACTIVATIONS
+
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+EDGE = 1 - 1e-6  # stored actions at the bounds are pulled in by this much before atanh
+
+
+@dataclass
+class SquashedGaussianConfig:
+    name: str = "squashed_gaussian"
+    chunk_size: int = 1
+    hidden: list[int] = field(default_factory=lambda: [256, 256])
+    activation: str = "relu"
+    layer_norm: bool = True
+    log_std_min: float = -5.0
+    log_std_max: float = 2.0
+
+
+def layer_norm_mlp(sizes: list[int], activation: type[nn.Module], layer_norm: bool) -> nn.Sequential:
+    """Linear layers, each hidden one followed by LayerNorm (RLPD's fix for critic blow-up)
+    and the activation."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            if layer_norm:
+                layers.append(nn.LayerNorm(sizes[i + 1]))
+            layers.append(activation())
+    return nn.Sequential(*layers)
+
+
+def squash_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """log density of tanh(u) for u ~ N(mean, exp(log_std)^2), summed over action dimensions."""
+    gaussian = -0.5 * ((u - mean) * torch.exp(-log_std)).pow(2) - log_std - HALF_LOG_2PI
+    jacobian = 2 * (math.log(2) - u - F.softplus(-2 * u))
+    return (gaussian - jacobian).sum(-1)
+
+
+class SquashedGaussianPolicy(Policy):
+    def __init__(self, cfg: SquashedGaussianConfig, spec: EnvSpec):
+        super().__init__()
+        if spec.image_shapes:
+            raise ConfigError(f"policy '{cfg.name}' reads only the state vector, but the env sends images "
+                              f"{sorted(spec.image_shapes)}: use state observations")
+        if cfg.chunk_size != 1:
+            raise ConfigError(f"policy '{cfg.name}' acts one step at a time: policy.chunk_size must be 1, "
+                              f"got {cfg.chunk_size}")
+        if cfg.activation not in ACTIVATIONS:
+            raise ConfigError(f"policy.activation must be one of {sorted(ACTIVATIONS)}, got '{cfg.activation}'")
+        if not cfg.log_std_min < cfg.log_std_max:
+            raise ConfigError(f"policy.log_std_min ({cfg.log_std_min}) must be below log_std_max ({cfg.log_std_max})")
+        self.spec = spec
+        self.chunk_size = 1
+        self.cfg = cfg
+        self.net = layer_norm_mlp([spec.state_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation],
+                                  cfg.layer_norm)
+        low = torch.tensor(spec.action_low, dtype=torch.float32)
+        high = torch.tensor(spec.action_high, dtype=torch.float32)
+        if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+            raise ConfigError(f"policy '{cfg.name}' needs finite action bounds; the env has {spec.action_low} "
+                              f"to {spec.action_high}")
+        self.register_buffer("action_center", (high + low) / 2)
+        self.register_buffer("action_scale", (high - low) / 2)
+
+    # ---- the squashed space the critics see ---------------------------------------------------
+    def distribution(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, log_std = self.net(state.to(self.action_scale.device, torch.float32)).chunk(2, dim=-1)
+        log_std = self.cfg.log_std_min + 0.5 * (self.cfg.log_std_max - self.cfg.log_std_min) * (torch.tanh(log_std) + 1)
+        return mean, log_std
+
+    def sample(self, state: torch.Tensor, deterministic: bool = False,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised squashed action in [-1, 1]^A and its log-probability."""
+        mean, log_std = self.distribution(state)
+        if deterministic:
+            u = mean
+        else:
+            u = mean + torch.exp(log_std) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype,
+                                                        device=mean.device)
+        return torch.tanh(u), squash_log_prob(u, mean, log_std)
+
+    def log_prob(self, state: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self.distribution(state)
+        return squash_log_prob(torch.atanh(squashed.clamp(-EDGE, EDGE)), mean, log_std)
+
+    def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
+        return self.action_center + self.action_scale * squashed
+
+    def to_squashed(self, action: torch.Tensor) -> torch.Tensor:
+        return ((action.to(self.action_scale.device) - self.action_center) / self.action_scale).clamp(-1, 1)
+
+    # ---- the Policy contract ------------------------------------------------------------------
+    def act(self, observation: Observation, deterministic: bool = False,
+            generator: torch.Generator | None = None) -> ActionChunk:
+        squashed, log_prob = self.sample(observation.state, deterministic, generator)
+        return ActionChunk(actions=self.to_env(squashed).unsqueeze(1), log_prob=log_prob,
+                           value=torch.zeros_like(log_prob))
+
+    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+        log_prob = self.log_prob(observation.state, self.to_squashed(chunk.actions[:, 0]))
+        return PolicyEval(log_prob=log_prob, entropy=-log_prob, value=torch.zeros_like(log_prob))
+
+    def value(self, observation: Observation) -> torch.Tensor:
+        """No state value here: SAC's targets come from the critics and the stored next state."""
+        return torch.zeros(observation.state.shape[0], device=self.action_scale.device)
+
+    def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        return -self.log_prob(observation.state, self.to_squashed(actions.reshape(actions.shape[0], -1))).mean()
+
+
+@POLICIES.register("squashed_gaussian", SquashedGaussianConfig)
+def make_squashed_gaussian(cfg: SquashedGaussianConfig, spec: EnvSpec) -> Policy:
+    return SquashedGaussianPolicy(cfg, spec)
