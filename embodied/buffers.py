@@ -27,6 +27,9 @@ class Trajectory:
     intervened: torch.Tensor  # (T, B) bool: a human or safety layer replaced the action
     policy_version: torch.Tensor  # (T, B)
     last_value: torch.Tensor  # (B,) value of the observation after the last step
+    # (T, B, S) the state each step led to (the episode's final one where it ended), for the
+    # bootstrapped targets of off-policy critics
+    next_state: torch.Tensor
     record: dict[str, torch.Tensor] = field(default_factory=dict)  # sampling records (T, B, ...)
 
     @property
@@ -99,7 +102,7 @@ class TrajectoryBuilder:
         self.instruction: list[str] = []
 
     def add(self, observation: Observation, chunk: ActionChunk, result: StepResult,
-            bootstrap_value: torch.Tensor) -> None:
+            bootstrap_value: torch.Tensor, intervened: np.ndarray | None = None) -> None:
         self.instruction = list(observation.instruction)
         self.steps.append({
             "state": torch.as_tensor(observation.state),
@@ -116,7 +119,11 @@ class TrajectoryBuilder:
             "success": torch.as_tensor(result.success),
             "executed_action": torch.as_tensor(result.executed_action),
             "executed_steps": torch.as_tensor(result.executed_steps),
-            "intervened": torch.zeros(len(result.reward), dtype=torch.bool),
+            "intervened": (torch.zeros(len(result.reward), dtype=torch.bool) if intervened is None
+                           else torch.as_tensor(intervened, dtype=torch.bool)),
+            "next_state": torch.where(torch.as_tensor(result.done).unsqueeze(-1),
+                                      torch.as_tensor(result.final_observation.state),
+                                      torch.as_tensor(result.observation.state)),
         })
 
     def build(self, last_value: torch.Tensor) -> Trajectory:

@@ -29,6 +29,14 @@ class LoggerConfig:
 
 
 @dataclass
+class InterventionConfig:
+    expert: Optional[str] = None  # a run or checkpoint whose policy plays the operator; None: no operator
+    threshold: float = 0.5  # take over when the policy is farther than this from the expert (action units)...
+    patience: int = 3  # ... for this many steps in a row
+    release: int = 10  # hand back after this many steps of agreement
+
+
+@dataclass
 class TrainConfig:
     env: Any = None
     policy: Any = None
@@ -47,6 +55,7 @@ class TrainConfig:
     eval_every: int = 0  # iterations between evaluations during training; 0: none
     periodic_eval_episodes: int = 16
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    intervention: InterventionConfig = field(default_factory=InterventionConfig)  # a scripted operator
 
 
 @dataclass

@@ -47,33 +47,53 @@ class Teleop(ABC):
         """A new episode begins."""
 
 
-class OracleTeleop(Teleop):
-    """Intervenes after `patience` ticks in a row where the policy's action is farther than
-    `threshold` (Euclidean, in action units) from `expert(robot)`, and hands back after
-    `release` ticks of agreement (measured on what the policy would have done)."""
+class OracleRule:
+    """When a scripted operator takes over, for `envs` envs at once: after `patience` ticks in
+    a row where the policy's action is farther than `threshold` (Euclidean, in action units)
+    from the expert's, and it hands back after `release` ticks of agreement (measured on what
+    the policy would have done). Shared by the robot client's oracle and simulated training."""
 
-    def __init__(self, expert: Callable[[Robot], np.ndarray], threshold: float, patience: int = 1, release: int = 5):
+    def __init__(self, threshold: float, patience: int = 1, release: int = 5, envs: int = 1):
         if threshold <= 0 or patience < 1 or release < 1:
             raise ConfigError("the oracle needs threshold > 0, patience >= 1 and release >= 1")
-        self.expert = expert
         self.threshold = threshold
         self.patience = patience
         self.release = release
-        self.reset()
+        self.intervening = np.zeros(envs, dtype=bool)
+        self.streak = np.zeros(envs, dtype=np.int64)  # ticks in a row of disagreement (handed back) or agreement
+
+    def reset(self, rows: np.ndarray | slice = slice(None)) -> None:
+        self.intervening[rows] = False
+        self.streak[rows] = 0
+
+    def step(self, policy_actions: np.ndarray | None, expert_actions: np.ndarray) -> np.ndarray:
+        """Which envs the operator drives this tick; actions are (envs, A), None: no policy action."""
+        if policy_actions is None:
+            drifted = np.ones(len(self.intervening), dtype=bool)
+        else:
+            drifted = np.linalg.norm(policy_actions - expert_actions, axis=-1) > self.threshold
+        self.streak = np.where(drifted != self.intervening, self.streak + 1, 0)
+        take_over = ~self.intervening & (self.streak >= self.patience)
+        hand_back = self.intervening & (self.streak >= self.release)
+        self.intervening = (self.intervening | take_over) & ~hand_back
+        self.streak[take_over | hand_back] = 0
+        return self.intervening.copy()
+
+
+class OracleTeleop(Teleop):
+    """The oracle rule for one robot, with `expert(robot)` as the operator's action."""
+
+    def __init__(self, expert: Callable[[Robot], np.ndarray], threshold: float, patience: int = 1, release: int = 5):
+        self.expert = expert
+        self.rule = OracleRule(threshold, patience, release)
 
     def reset(self) -> None:
-        self.intervening = False
-        self.streak = 0  # ticks in a row of disagreement (handed back) or agreement (intervening)
+        self.rule.reset()
 
     def poll(self, robot: Robot, policy_action: np.ndarray | None) -> TeleopCommand:
         expert = np.asarray(self.expert(robot), dtype=np.float32)
-        drifted = policy_action is None or float(np.linalg.norm(policy_action - expert)) > self.threshold
-        self.streak = self.streak + 1 if drifted != self.intervening else 0
-        if not self.intervening and self.streak >= self.patience:
-            self.intervening, self.streak = True, 0
-        elif self.intervening and self.streak >= self.release:
-            self.intervening, self.streak = False, 0
-        return TeleopCommand(self.intervening, expert if self.intervening else None)
+        intervening = bool(self.rule.step(None if policy_action is None else policy_action[None], expert[None])[0])
+        return TeleopCommand(intervening, expert if intervening else None)
 
 
 class KeyboardTeleop(Teleop):

@@ -5,15 +5,19 @@ Deterministic on CPU for a given seed; a resumed run reproduces the uninterrupte
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
+from embodied.intervention import build_operator
 from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,8 +44,12 @@ class LocalRuntime:
         try:
             policy = build_policy(config.policy, env.spec, device)
             learner = Learner(policy, build_algo(config.algo, policy), device)
-            rollout = Rollout(env, policy, device, pipeline=self.cfg.pipeline, seed=config.seed)
+            rollout = Rollout(env, policy, device, pipeline=self.cfg.pipeline, seed=config.seed,
+                              operator=build_operator(config, env.num_envs))
             session.restore(learner, rollout)
+            pretrained = learner.before_training()
+            if pretrained:
+                logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in pretrained.items()))
 
             session.start_logging()
             group_size = getattr(config.algo, "group_size", 0)  # GRPO-style algorithms: grouped starts

@@ -263,6 +263,9 @@ class ProcsRuntime:
         policy = build_policy(config.policy, spec, device)
         learner = Learner(policy, build_algo(config.algo, policy), device)
         session.restore(learner)
+        pretrained = learner.before_training()
+        if pretrained:
+            logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in pretrained.items()))
         dropped = int(procs_state.get("stale_batches_dropped", 0))
         ranks: LearnerRanks | None = None
         evaluation = PeriodicEvaluation(config)

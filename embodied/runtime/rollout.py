@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from embodied.buffers import Trajectory, TrajectoryBuilder, concat_envs
+from embodied.intervention import SimOperator
 from embodied.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from policies.base import Policy
 from sim.base import BatchedEnv, episode_seed
@@ -25,8 +26,9 @@ GROUP_STREAM = 2  # episode seeds of grouped starts (0: training episodes, 1: ev
 
 class Rollout:
     def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3,
-                 pipeline: bool = False, seed: int = 0):
+                 pipeline: bool = False, seed: int = 0, operator: SimOperator | None = None):
         self.env = env
+        self.operator = operator  # a scripted operator that may take over envs (embodied/intervention.py)
         # Pipelining needs an env whose worker groups step independently (VectorizedEnv with workers).
         self.pipeline = pipeline and getattr(env, "num_stages", 1) > 1
         self.policy = policy
@@ -99,8 +101,13 @@ class Rollout:
         env_steps = 0
         for _ in range(num_steps):
             chunk = self._act(self.observation)
-            result = self.env.step(chunk.actions.numpy())
-            builder.add(self.observation, chunk, result, self._bootstrap(result))
+            actions, intervened = chunk.actions.numpy(), None
+            if self.operator is not None:
+                actions, intervened = self.operator.apply(self.observation, actions)
+            result = self.env.step(actions)
+            if self.operator is not None:
+                self.operator.episodes_ended(result.done)
+            builder.add(self.observation, chunk, result, self._bootstrap(result), intervened)
             self.observation = result.observation
             env_steps += int(result.executed_steps.sum())
             episodes.extend(result.episodes)

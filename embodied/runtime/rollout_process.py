@@ -21,6 +21,7 @@ from pathlib import Path
 from embodied.build import build_env, build_policy, resolve_device
 from embodied.config import TrainConfig, load_yaml, to_schema
 from embodied.errors import EmbodiedError
+from embodied.intervention import build_operator
 from embodied.runtime.rollout import Rollout
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
@@ -93,7 +94,8 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
                            heartbeat_s=runtime.heartbeat_s, timeout_s=runtime.peer_timeout_s,
                            reconnect_timeout_s=runtime.reconnect_timeout_s)
         try:
-            rollout = Rollout(env, policy, device, pipeline=runtime.pipeline, seed=config.seed)
+            rollout = Rollout(env, policy, device, pipeline=runtime.pipeline, seed=config.seed,
+                              operator=build_operator(config, env.num_envs))
             run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag,
                 getattr(config.algo, "group_size", 0), config.seed)
         finally:

@@ -1,0 +1,54 @@
+"""A scripted operator for training in simulation: a trained expert policy that takes over
+an env when the learning policy drifts from it (the robot client's oracle rule, batched),
+so interventions reach the learner as they would from a person at a real robot.
+
+The executed action is the expert's where it intervenes and the flag travels with the
+transition; off-policy learners use both (RLPD treats intervened steps as demonstrations).
+On-policy ratios are meaningless for actions the policy did not take, so PPO and GRPO refuse
+an operator."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from embodied.config import InterventionConfig
+from embodied.errors import ConfigError
+from embodied.types import Observation
+from robots.teleop import OracleRule
+
+OFF_POLICY_ALGOS = ("sac_rlpd",)
+
+
+class SimOperator:
+    def __init__(self, cfg: InterventionConfig, num_envs: int, chunk_size: int):
+        from embodied.serve import ServeConfig, load_checkpoint_policy
+
+        self.infer, _, _ = load_checkpoint_policy(ServeConfig(checkpoint=cfg.expert, device="cpu"))
+        self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs)
+        self.chunk_size = chunk_size
+
+    def apply(self, observation: Observation, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The actions to execute (B, C, A) and which envs the operator drove (B,)."""
+        expert = np.asarray(self.infer(observation), dtype=np.float32)
+        if expert.shape[1] < self.chunk_size or expert.shape[2] != actions.shape[2]:
+            raise ConfigError(f"the expert acts in chunks of {expert.shape[1:]}, the policy in {actions.shape[1:]}")
+        expert = expert[:, :self.chunk_size]
+        intervened = self.rule.step(actions[:, 0], expert[:, 0])
+        return np.where(intervened[:, None, None], expert, actions), intervened
+
+    def episodes_ended(self, done: np.ndarray) -> None:
+        self.rule.reset(np.asarray(done, dtype=bool))
+
+
+def build_operator(config: Any, num_envs: int) -> SimOperator | None:
+    cfg: InterventionConfig = config.intervention
+    if not cfg.expert:
+        return None
+    if config.algo.name not in OFF_POLICY_ALGOS:
+        raise ConfigError(f"intervention.expert needs an off-policy algorithm ({', '.join(OFF_POLICY_ALGOS)}): "
+                          f"algo '{config.algo.name}' would learn from actions its policy did not take")
+    if getattr(config.runtime, "pipeline", False):
+        raise ConfigError("intervention.expert does not work with runtime.pipeline=true")
+    return SimOperator(cfg, num_envs, config.policy.chunk_size)

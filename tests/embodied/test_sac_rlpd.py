@@ -1,0 +1,350 @@
+"""SAC/RLPD, Cal-QL, WSRL and HL-Gauss: the math against float64 references, the sampling
+and warm-up rules, offline data from recorded LeRobotDatasets, and resume."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import norm
+
+from embodied.algos.critics import HLGauss
+from embodied.algos.sac_rlpd import SACConfig, SACRLPD
+from embodied.checkpoint import load_checkpoint, save_checkpoint
+from embodied.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
+from embodied.runtime.rollout import Rollout
+from embodied.types import EnvSpec, Observation
+from policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
+from robots.recording import DatasetRecorder, RecordingConfig
+from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+
+SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0), control_hz=10.0)
+SMALL = dict(batch_size=32, num_critics=4, critic_subset=2, critic_hidden=[32, 32], utd_ratio=2)
+
+
+def small_policy(spec=SPEC):
+    torch.manual_seed(0)
+    return SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[32, 32]), spec)
+
+
+def transitions(count, reward=0.0, intervened=False, mc_return=-math.inf, seed=0, action_dim=2):
+    g = torch.Generator().manual_seed(seed)
+    return Transitions(state=torch.randn(count, 3, generator=g),
+                       action=torch.rand(count, action_dim, generator=g) * 2 - 1,
+                       reward=torch.full((count,), reward), next_state=torch.randn(count, 3, generator=g),
+                       discount=torch.ones(count), intervened=torch.full((count,), intervened),
+                       mc_return=torch.full((count,), mc_return))
+
+
+def constant_critics(critics, values):
+    """Each member outputs its constant, whatever the input."""
+    last = critics.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.copy_(torch.tensor(values, dtype=torch.float32).view(-1, 1, 1))
+
+
+def test_squashed_log_prob_is_the_change_of_variables_through_tanh():
+    u = torch.linspace(-6, 6, 25, dtype=torch.float64).view(-1, 1)
+    mean, log_std = torch.tensor([[0.3]], dtype=torch.float64), torch.tensor([[-0.7]], dtype=torch.float64)
+    reference = torch.distributions.TransformedDistribution(
+        torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()])
+    expected = reference.log_prob(torch.tanh(u).clamp(-1 + 1e-15, 1 - 1e-15)).sum(-1)
+    interior = u.abs().view(-1) < 4  # float64 tanh saturates beyond; the stable form does not
+    torch.testing.assert_close(squash_log_prob(u, mean, log_std)[interior], expected[interior], rtol=1e-9, atol=1e-9)
+    assert torch.isfinite(squash_log_prob(u, mean, log_std)).all()
+
+
+def test_actions_map_onto_the_env_bounds_and_back():
+    policy = small_policy()
+    squashed = torch.tensor([[-1.0, 1.0], [0.0, 0.5]])
+    env = policy.to_env(squashed)
+    torch.testing.assert_close(env, torch.tensor([[-2.0, 1.0], [0.0, 0.5]]))
+    torch.testing.assert_close(policy.to_squashed(env), squashed)
+
+
+def test_hl_gauss_targets_are_the_normal_mass_on_each_bin():
+    hl = HLGauss(-10.0, 10.0, bins=21, sigma_ratio=0.75)
+    targets = torch.tensor([-3.3, 0.0, 9.9])
+    edges = np.linspace(-10, 10, 22)
+    sigma = 0.75 * 20 / 21
+    for target, probs in zip(targets.tolist(), hl.target_probs(targets)):
+        cdf = norm.cdf(edges, loc=target, scale=sigma)
+        expected = np.diff(cdf) / (cdf[-1] - cdf[0])
+        np.testing.assert_allclose(probs.numpy(), expected, atol=1e-6)
+    logits = torch.log(hl.target_probs(targets) + 1e-12)  # a critic that predicts the target distribution
+    torch.testing.assert_close(hl.value(logits)[:2], targets[:2], atol=1e-3, rtol=0)  # inside the support
+    assert hl.loss(logits, targets).min() >= 0
+    worse = hl.loss(logits.roll(3, dims=-1), targets)
+    assert (worse > hl.loss(logits, targets)).all()  # cross-entropy is lowest at the target
+
+
+def test_the_td_target_takes_the_min_over_a_random_subset_of_target_critics():
+    policy = small_policy()
+    algo = SACRLPD(SACConfig(**{**SMALL, "critic_subset": 2}, backup_entropy=False, gamma=0.9), policy)
+    values = [5.0, 4.0, -1.0, 7.0]
+    constant_critics(algo.target_critics, values)
+    batch = transitions(6, reward=1.0)
+    batch.discount[0] = 0.0  # terminated: no bootstrap
+    state = algo.generator.get_state()
+    target = algo.td_target(batch)
+    algo.generator.set_state(state)
+    subset = torch.randperm(4, generator=algo.generator)[:2]
+    expected = 1.0 + 0.9 * min(values[i] for i in subset.tolist())
+    torch.testing.assert_close(target[1:], torch.full((5,), expected))
+    assert target[0] == 1.0
+    assert expected != 1.0 + 0.9 * min(values)  # this subset misses the global min: a plain min would fail
+    assert len({float(algo.td_target(batch)[1]) for _ in range(20)}) > 1  # a new subset each time
+
+
+def test_the_td_target_subtracts_the_entropy_bonus_of_the_next_action():
+    policy = small_policy()
+    algo = SACRLPD(SACConfig(**{**SMALL, "critic_subset": 4}, init_temperature=0.5, gamma=0.9), policy)
+    constant_critics(algo.target_critics, [2.0, 2.0, 2.0, 2.0])
+    batch = transitions(5)
+    torch.manual_seed(3)
+    target = algo.td_target(batch)
+    torch.manual_seed(3)
+    _, next_log_prob = policy.sample(batch.next_state)
+    torch.testing.assert_close(target, 0.9 * (2.0 - 0.5 * next_log_prob.detach()))
+
+
+def test_calql_floors_policy_action_values_at_the_monte_carlo_return():
+    policy = small_policy()
+    algo = SACRLPD(SACConfig(**SMALL, calql_actions=3), policy)
+    constant_critics(algo.critics, [1.0] * 4)
+    for mc_return, floor in ((4.0, 4.0), (-math.inf, 1.0)):
+        batch = transitions(5, mc_return=mc_return)
+        q_data = algo.q_values(algo.critics, batch.state, batch.action)
+        torch.manual_seed(7)
+        penalty = algo.calql_penalty(batch, q_data, offline_rows=5)
+        torch.manual_seed(7)
+        _, log_prob = policy.sample(batch.state.repeat_interleave(3, dim=0))
+        scores = torch.cat([torch.full((5, 3), 1.0 + 2 * math.log(2), dtype=torch.float64),
+                            floor - log_prob.detach().double().view(5, 3)], dim=-1)
+        expected = 4 * (torch.logsumexp(scores, dim=-1) - 1.0).mean()  # summed over the 4 critics
+        torch.testing.assert_close(penalty.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_batches_are_half_offline_and_interventions_join_the_offline_data():
+    algo = SACRLPD(SACConfig(**SMALL), small_policy())
+    algo.offline.add(transitions(10, reward=1.0))
+    algo.online.add(transitions(50, reward=0.0))
+    batch, offline_rows = algo.sample()
+    assert offline_rows == 16 and batch.reward[:16].eq(1).all() and batch.reward[16:].eq(0).all()
+    algo.offline = ReplayBuffer(10, 3, 2)
+    batch, offline_rows = algo.sample()  # nothing offline: all online
+    assert offline_rows == 0 and len(batch) == 32
+
+
+def collect(policy, steps, seed=0):
+    env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), seed, 0)
+    rollout = Rollout(env, policy, torch.device("cpu"), seed=seed)
+    rollout.start()
+    batches = [rollout.collect(1)[0] for _ in range(steps)]
+    env.close()
+    return batches
+
+
+def test_an_update_adds_the_batch_and_takes_utd_critic_steps_per_transition():
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    policy = small_policy(spec)
+    algo = SACRLPD(SACConfig(**SMALL), policy)
+    batches = collect(policy, 3)
+    for batch in batches:
+        batch.intervened[:] = True  # as if an operator drove these steps
+        metrics = algo.update(batch, 0.0)
+    assert len(algo.online) == 3 and len(algo.offline) == 3 and algo.critic_steps == 6
+    assert metrics["replay/intervened"] == 1.0 and math.isfinite(metrics["train/critic_loss"])
+    first = batches[1]
+    torch.testing.assert_close(algo.online.data.next_state[0], first.observation.state[0, 0].float())
+
+
+def record_demos(root, episodes):
+    recorder = DatasetRecorder(RecordingConfig(root=str(root)), SPEC, 10.0, "reach")
+    recorder.open()
+    for rewards, success in episodes:
+        for t, reward in enumerate(rewards):
+            recorder.add(np.full(3, t, np.float32), {}, np.array([2.0, -1.0]) * (t % 2), None, t == 0, reward)
+        recorder.end_episode(success)
+    recorder.close()
+
+
+def test_recorded_episodes_become_transitions_with_monte_carlo_returns(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    record_demos(tmp_path / "demos", [([0.0, 0.0, 1.0], True), ([0.5, 0.5], False)])
+    policy = small_policy()
+    data = from_dataset(tmp_path / "demos", policy.to_squashed, 0.9, 3, 2)
+    # the successful episode: 3 transitions, the last terminal; the cut-off one loses its last frame
+    assert len(data) == 4
+    assert data.discount.tolist() == [1.0, 1.0, 0.0, 1.0]
+    torch.testing.assert_close(data.mc_return, torch.tensor([0.81, 0.9, 1.0, 0.5 + 0.9 * 0.5]))
+    torch.testing.assert_close(data.next_state[:, 0], torch.tensor([1.0, 2.0, 2.0, 1.0]))
+    torch.testing.assert_close(data.action[1], torch.tensor([1.0, -1.0]))  # squashed from the env's bounds
+    assert data.intervened.tolist() == [True, False, False, True]
+    np.testing.assert_allclose(discounted_returns(np.array([1.0, 1.0]), 0.5), [1.5, 1.0])
+
+
+def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "demos")), spec, 20.0, "")
+    recorder.open()
+    for t in range(12):
+        recorder.add(np.array([1.0, 0.0, t / 10], np.float32), {}, np.array([0.5]), None, False, -1.0)
+    recorder.end_episode(True)
+    recorder.close()
+    policy = small_policy(spec)
+    algo = SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos"), offline_pretrain_steps=5, calql_alpha=1.0,
+                             warmup_steps=2, retain_offline=False), policy)
+    before = {k: v.clone() for k, v in policy.state_dict().items()}
+    metrics = algo.before_training()
+    assert "pretrain/calql_penalty" in metrics and algo.critic_steps == 5
+    pretrained = {k: v.clone() for k, v in policy.state_dict().items()}
+    assert any(not torch.equal(before[k], pretrained[k]) for k in before)
+    assert algo.before_training() == {}  # once per run
+    batches = collect(policy, 3)
+    for batch in batches[:2]:
+        assert algo.update(batch, 0.0)["train/warming_up"] == 1.0
+    assert all(torch.equal(pretrained[k], v) for k, v in policy.state_dict().items())  # frozen while warming up
+    assert len(algo.offline) == 12
+    algo.update(batches[2], 0.0)
+    assert len(algo.offline) == 0 and algo.critic_steps == 5 + 2  # online from now on, offline data gone
+
+
+def test_resume_restores_critics_optimizers_buffers_and_counters(tmp_path):
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    batches = collect(small_policy(spec), 5, seed=1)
+    config = SACConfig(**SMALL, critic_loss="hl_gauss", hl_gauss_bins=11, hl_gauss_low=-20, hl_gauss_high=5)
+    first = SACRLPD(config, policy := small_policy(spec))
+    first.offline.add(transitions(4, mc_return=1.0, action_dim=1))
+    for batch in batches[:3]:
+        first.update(batch, 0.0)
+    path = save_checkpoint(tmp_path, "iter_000003", policy.state_dict(), {"algo": first.state_dict()}, "")
+    weights, state = load_checkpoint(path)
+    resumed = SACRLPD(config, resumed_policy := small_policy(spec))
+    resumed_policy.load_state_dict(weights)
+    resumed.load_state_dict(state["algo"])
+    for batch in batches[3:]:
+        torch.manual_seed(11)
+        a = first.update(batch, 0.0)
+        torch.manual_seed(11)
+        b = resumed.update(batch, 0.0)
+        assert a == b
+    for one, two in ((first.critics, resumed.critics), (first.target_critics, resumed.target_critics),
+                     (policy, resumed_policy)):
+        for (name, x), y in zip(one.state_dict().items(), two.state_dict().values()):
+            assert torch.equal(x, y), name
+    assert (first.env_steps, first.critic_steps, len(first.online), len(first.offline)) == \
+        (resumed.env_steps, resumed.critic_steps, len(resumed.online), len(resumed.offline)) == (5, 10, 5, 4)
+
+
+def test_a_policy_without_a_squashed_distribution_is_refused():
+    from embodied.errors import ConfigError
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+    with pytest.raises(ConfigError, match="squashed_gaussian"):
+        SACRLPD(SACConfig(**SMALL), MLPGaussianPolicy(MLPPolicyConfig(), SPEC))
+    with pytest.raises(ConfigError, match="algo.demos"):
+        SACRLPD(SACConfig(**SMALL, calql_alpha=1.0), small_policy())
+
+
+def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_resumes(tmp_path, monkeypatch):
+    """Demos recorded by the robot client -> Cal-QL pretraining -> online RLPD with the rollout
+    in its own process -> resume continues with the saved buffers, not a new pretraining."""
+    import json
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "demos")), spec, 20.0, "")
+    recorder.open()
+    for t in range(10):
+        recorder.add(np.array([1.0, 0.0, t / 10], np.float32), {}, np.array([0.5]), None, False, -1.0)
+    recorder.end_episode(True)
+    recorder.close()
+    common = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian",
+              "policy.hidden=[32,32]", "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2",
+              "algo.batch_size=16", "algo.utd_ratio=1", f"algo.demos={tmp_path / 'demos'}",
+              "algo.offline_pretrain_steps=3", "algo.calql_alpha=1.0", "eval_episodes=0", "checkpoint_every=4",
+              "logger.progress_bar=false", "runtime=procs", "runtime.device=cpu", "runtime.rollout_device=cpu"]
+    run_dir = tmp_path / "run"
+
+    def train(*args):
+        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *common, *args], capture_output=True,
+                                text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    first = train("total_env_steps=8", f"run_dir={run_dir}")
+    assert "pretraining on 10 offline transitions for 3 steps" in first
+    resumed = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", "total_env_steps=12"],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    resumed = resumed.stderr
+    assert "pretraining on" not in resumed  # the checkpoint says it is done
+    updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+               if "train/iteration" in line]
+    assert [u["replay/online"] for u in updates] == list(range(1, 13))  # the buffer came back whole
+    assert all(u["replay/offline"] == 10 for u in updates)
+
+
+TINY_SAC = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian", "policy.hidden=[32,32]",
+            "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2", "algo.batch_size=16",
+            "algo.utd_ratio=1", "eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu"]
+
+
+def train_run(run_dir, *args):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *TINY_SAC, f"run_dir={run_dir}", *args],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offline_data(tmp_path):
+    """The expert (a trained run) drives envs where the policy drifts; the rollout executes its
+    action and flags the step; RLPD then holds those steps as demonstrations too."""
+    import json
+
+    from embodied.config import InterventionConfig
+    from embodied.intervention import SimOperator
+    from embodied.serve import ServeConfig, load_checkpoint_policy
+
+    train_run(tmp_path / "expert", "total_env_steps=2")
+    operator = SimOperator(InterventionConfig(expert=str(tmp_path / "expert"), threshold=1e-3, patience=2,
+                                              release=100), num_envs=1, chunk_size=1)
+    env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
+    torch.manual_seed(5)
+    rollout = Rollout(env, SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[8]), env.spec), torch.device("cpu"),
+                      operator=operator)
+    rollout.start()
+    batch, _, _ = rollout.collect(6)
+    env.close()
+    flags = batch.intervened[:, 0].tolist()
+    assert flags == [False, True, True, True, True, True]  # patience 2: the second drifting step takes over
+    expert, _, _ = load_checkpoint_policy(ServeConfig(checkpoint=str(tmp_path / "expert"), device="cpu"))
+    for t in range(1, 6):
+        state = batch.observation.state[t].numpy()
+        wanted = np.clip(expert(Observation(state=state))[0, 0], -2, 2)
+        np.testing.assert_allclose(batch.executed_action[t, 0, 0].numpy(), wanted, atol=1e-5)
+    assert not np.allclose(batch.executed_action[0, 0, 0].numpy(), batch.actions[1, 0, 0].numpy())
+
+    run = tmp_path / "run"
+    train_run(run, "total_env_steps=6", f"intervention.expert={tmp_path / 'expert'}", "intervention.threshold=1e-3",
+              "intervention.patience=1")
+    updates = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line]
+    assert sum(u["replay/intervened"] for u in updates) >= 5 and updates[-1]["replay/offline"] >= 5
+
+
+def test_on_policy_algorithms_refuse_a_scripted_operator(tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "env=mujoco_invertedpendulum",
+                             "env.task=Pendulum-v1", "algo=ppo", f"intervention.expert={tmp_path}",
+                             f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "off-policy algorithm" in result.stderr
