@@ -38,8 +38,9 @@ class SimOperator:
         intervened = self.rule.step(actions[:, 0], expert[:, 0])
         return np.where(intervened[:, None, None], expert, actions), intervened
 
-    def episodes_ended(self, done: np.ndarray) -> None:
-        self.rule.reset(np.asarray(done, dtype=bool))
+    def episodes_ended(self, done: np.ndarray | None = None) -> None:
+        """Forget who was driving the envs that start anew (None: all of them)."""
+        self.rule.reset(slice(None) if done is None else np.asarray(done, dtype=bool))
 
 
 def build_operator(config: Any, num_envs: int) -> SimOperator | None:

@@ -125,28 +125,37 @@ def from_dataset(root: str | Path, to_squashed: Callable[[torch.Tensor], torch.T
     """Transitions from a LeRobotDataset recorded by the robot client (`robots/recording.py`):
     demonstrations and corrections. An episode's last frame is terminal when it succeeded;
     otherwise it has no next state and is left out."""
-    from robots.dataset_writer import import_lerobot_dataset
+    import pyarrow.parquet as pq
 
     root = Path(root).expanduser()
     if not (root / "meta" / "info.json").is_file():
         raise ConfigError(f"no LeRobotDataset at {root} (meta/info.json is missing)")
-    dataset = import_lerobot_dataset()("local/robot", root=root)
-    table = dataset.hf_dataset.data  # the Arrow table: plain columns, no per-row formatting
-    needed = ("observation.state", "action", "next.reward", "next.done", "next.success", "episode_index")
-    missing = [key for key in needed if key not in table.column_names]
+    # The frames themselves, read straight from the dataset's parquet files (LeRobotDataset v3
+    # keeps them under data/): the learner needs neither the dataset library nor torchvision.
+    files = sorted((root / "data").rglob("*.parquet"))
+    if not files:
+        raise ConfigError(f"the dataset at {root} holds no episodes")
+    needed = ["observation.state", "action", "next.reward", "next.success", "episode_index", "index"]
+    columns = pq.read_schema(files[0]).names
+    missing = [key for key in needed if key not in columns]
     if missing:
         raise ConfigError(f"the dataset at {root} lacks {missing}; record it with the robot client's record.root")
-    column = lambda key: np.asarray(table.column(key).to_pylist())  # noqa: E731
-    state = column("observation.state").astype(np.float32).reshape(len(table), -1)
-    action = column("action").astype(np.float32).reshape(len(table), -1)
+    wanted = needed + (["intervention"] if "intervention" in columns else [])
+    tables = [pq.read_table(f, columns=wanted).to_pydict() for f in files]
+    table = {key: [value for t in tables for value in t[key]] for key in wanted}
+    order = np.argsort(np.asarray(table["index"]), kind="stable")  # global frame order
+    column = lambda key: np.asarray(table[key])[order]  # noqa: E731
+    length = len(order)
+    state = column("observation.state").astype(np.float32).reshape(length, -1)
+    action = column("action").astype(np.float32).reshape(length, -1)
     if state.shape[1] != state_dim or action.shape[1] != action_dim:
         raise ConfigError(f"the dataset at {root} has states of {state.shape[1]} and actions of {action.shape[1]}; "
                           f"the env has {state_dim} and {action_dim}")
     reward = column("next.reward").astype(np.float32).reshape(-1)
     success = column("next.success").reshape(-1).astype(bool)
     episode = column("episode_index").reshape(-1)
-    intervened = (column("intervention").reshape(-1).astype(bool) if "intervention" in table.column_names
-                  else np.zeros(len(table), bool))
+    intervened = (column("intervention").reshape(-1).astype(bool) if "intervention" in table
+                  else np.zeros(length, bool))
     keep, next_state, discount, mc_return = [], [], [], []
     for index in np.unique(episode):
         rows = np.flatnonzero(episode == index)

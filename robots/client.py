@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from robots.base import Robot, RobotObservation
 from robots.broker import ChunkBroker, check_mode
 from robots.policy_client import ActionReply, PolicyClient
 from robots.safety import SafetyConfig, SafetyLayer
-from robots.recording import DatasetRecorder, RecordingConfig
+from robots.recording import DatasetRecorder, RecordingConfig, RecordingError
 from robots.teleop import Teleop
 
 logger = logging.getLogger(__name__)
@@ -141,14 +142,24 @@ class RobotClient:
                 finally:
                     self._send_safe_once()
                     self.policy.close()
-                    if self.recorder is not None:
-                        self.recorder.close()
+                    self._close_recorder(failing=sys.exc_info()[1] is not None)
         except BaseException as raised:
             error = raised
             raise
         finally:
             summary = self._write_summary(error)
         return summary
+
+    def _close_recorder(self, failing: bool) -> None:
+        """Finalize the dataset; when the run is failing already, its error is the one to see."""
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.close()
+        except RecordingError as error:
+            if not failing:
+                raise
+            logger.error("the dataset could not be closed cleanly: %s", error)
 
     def _start(self) -> None:
         """Everything that can fail before the first action: hold, workspace, handshake."""
@@ -181,7 +192,7 @@ class RobotClient:
         label: str | None = None  # the operator's success / failure / rerecord
         # The first action's change is limited relative to the robot at rest, where it can tell.
         previous = self._hold() if self.config.safety.max_delta is not None else None
-        episode_return, success, steps, tick = 0.0, False, 0, 0
+        episode_return, success, steps, tick, ended = 0.0, False, 0, 0, False
         start = time.monotonic()
         self.safety.action_arrived(start)  # the watchdog's period starts with the episode
         while tick < self.max_steps and not self.should_quit():
@@ -235,7 +246,8 @@ class RobotClient:
         if label in ("success", "failure"):
             success = label == "success"  # the operator's word over the robot's own check
         result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
-        if self.recorder is not None and not self.should_quit():  # a quit mid-episode: recording.partial decides
+        if self.recorder is not None and (ended or tick >= self.max_steps):  # a quit mid-episode: record.partial
+            self.robot.send_action(self.safety.safe_action(self._hold(), None))  # held still while it saves
             saved = self.recorder.end_episode(success, keep=label != "rerecord")
             if saved is not None:
                 result["dataset_episode"] = saved
@@ -335,7 +347,8 @@ class RobotClient:
             "rerecorded_episodes": sum(bool(e.get("rerecorded")) for e in self.episodes),
             "connection": dict(self.policy.counts),
             "dataset": None if self.recorder is None else {"root": str(self.recorder.root),
-                                                           "episodes_saved": self.recorder.saved},
+                                                           "episodes_saved": self.recorder.saved,
+                                                           "frames_that_waited": self.recorder.waits},
             "broker": asdict(self.config.broker),
             "error": None if error is None else f"{type(error).__name__}: {error}",
         }

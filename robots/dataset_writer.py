@@ -6,13 +6,15 @@
 It runs apart from the control loop for two reasons: image encoding and parquet writes never
 delay a tick, and the robot client stays free of torch (the dataset library imports it).
 
-Durability: every saved episode is finalized at once, so a crash of the client or of this
-writer loses at most the episode in progress. When the client goes away without closing
-(a crash, SIGKILL), the writer finishes on its own: the partial episode is kept or
-discarded as configured, and the dataset is finalized."""
+Durability: every saved episode is finalized at once (and the dataset reopened for the next),
+so a crash loses at most the episode in progress. The writer ignores SIGINT, SIGTERM and
+SIGHUP: when the client goes away, with or without closing (a crash, SIGKILL, Ctrl-C), it sees
+the end of its input and finishes on its own, keeping or discarding the partial episode as
+configured."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -30,12 +32,17 @@ from robots.recording import (
 
 logger = logging.getLogger("robots.dataset_writer")
 
+IMAGE_WRITER_THREADS = 4  # PNG encoding off the request loop
+
 
 def import_lerobot_dataset() -> type:
     """LeRobotDataset, importable with a CPU torch: the registry's torchvision is a CUDA
     build whose import fails until its two operator schemas exist."""
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(f"the dataset library needs torch, which {sys.executable} lacks: tools/setup.sh makes "
+                          f".venv-dataset, or set record.python") from None
     try:
         import torchvision  # noqa: F401
     except RuntimeError as error:
@@ -49,7 +56,12 @@ def import_lerobot_dataset() -> type:
     try:
         from ledataset.datasets.lerobot_dataset import LeRobotDataset
     except ImportError:
-        from lerobot.datasets.lerobot_dataset import LeRobotDataset  # lerobot itself, where installed
+        try:
+            from lerobot.datasets.lerobot_dataset import LeRobotDataset  # lerobot itself, where installed
+        except ImportError:
+            raise ImportError(f"no LeRobotDataset library for {sys.executable}: tools/setup.sh makes .venv-dataset "
+                              f"(pip install -r tools/dataset-requirements.txt), or set record.python to an "
+                              f"interpreter that has lerobot-dataset or lerobot") from None
     return LeRobotDataset
 
 
@@ -62,15 +74,26 @@ class EpisodeWriter:
         self.root = Path(request["root"])
         self.partial = str(request["partial"])  # keep | discard: the episode in progress at a crash
         self.features = dataset_features(request["spec"], bool(request["use_videos"]))
-        if (self.root / "meta" / "info.json").is_file():
-            self.dataset = self.dataset_class(self.repo_id, root=self.root)
-            self._check_features()
+        self.fps = int(request["fps"])
+        if saved_episodes(self.root):
+            self.dataset = self._reopen()
+            self._check_matches()
         else:
-            self.dataset = self.dataset_class.create(self.repo_id, fps=int(request["fps"]), root=self.root,
-                                                     features=self.features, use_videos=bool(request["use_videos"]))
+            clear_stub(self.root)
+            self.dataset = self.dataset_class.create(self.repo_id, fps=self.fps, root=self.root, features=self.features,
+                                                     use_videos=bool(request["use_videos"]),
+                                                     image_writer_threads=IMAGE_WRITER_THREADS)
         self.frames = 0  # in the episode in progress
 
-    def _check_features(self) -> None:
+    def _reopen(self) -> Any:
+        dataset = self.dataset_class(self.repo_id, root=self.root)
+        dataset.start_image_writer(num_threads=IMAGE_WRITER_THREADS)
+        return dataset
+
+    def _check_matches(self) -> None:
+        if int(self.dataset.fps) != self.fps:
+            raise ValueError(f"the dataset at {self.root} runs at {self.dataset.fps} fps, this robot at {self.fps}: "
+                             f"record into another dataset")
         have = {key: (value["dtype"], tuple(value["shape"])) for key, value in self.dataset.features.items()}
         for key, value in self.features.items():
             if have.get(key) != (value["dtype"], tuple(value["shape"])):
@@ -93,7 +116,7 @@ class EpisodeWriter:
         index = self.episodes
         self.dataset.save_episode()
         self.dataset.finalize()
-        self.dataset = self.dataset_class(self.repo_id, root=self.root)
+        self.dataset = self._reopen()  # a finalized dataset object takes no more episodes
         self.frames = 0
         return index
 
@@ -110,6 +133,24 @@ class EpisodeWriter:
             logger.info("keeping the unfinished episode (%d frames)", self.frames)
             self.save()
         self.dataset.finalize()
+
+
+def saved_episodes(root: Path) -> int:
+    info = root / "meta" / "info.json"
+    return int(json.loads(info.read_text()).get("total_episodes", 0)) if info.is_file() else 0
+
+
+def clear_stub(root: Path) -> None:
+    """Make way for a new dataset: a folder that is missing, empty, or the metadata of a
+    dataset created but never given an episode. Anything else is refused, not overwritten."""
+    if not root.exists():
+        return
+    files = [p for p in root.rglob("*") if p.is_file()]
+    if any(p.relative_to(root).parts[0] != "meta" for p in files):
+        raise ValueError(f"{root} exists and holds files but no LeRobotDataset episodes: record into another folder")
+    for path in sorted(root.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    root.rmdir()
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> int:
@@ -130,6 +171,11 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> int:
                 if failed is None:
                     writer.add(message["frame"])
                 continue
+            if kind == WriterRequest.DISCARD and writer is not None:  # also what a failed frame needs
+                failed = None
+                writer.discard()
+                write_message(replies, {"ok": True})
+                continue
             if failed is not None:
                 error, failed = failed, None
                 if writer is not None:
@@ -142,9 +188,6 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> int:
                 raise ValueError(f"'{kind}' before the dataset was opened")
             elif kind == WriterRequest.SAVE:
                 write_message(replies, {"ok": True, "episode_index": writer.save()})
-            elif kind == WriterRequest.DISCARD:
-                writer.discard()
-                write_message(replies, {"ok": True})
             elif kind == WriterRequest.CLOSE:
                 writer.finish(cleanly=True)
                 write_message(replies, {"ok": True, "episodes": writer.episodes})
@@ -154,6 +197,8 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> int:
         except Exception as error:  # answered to the client, which raises it as a RecordingError
             text = f"{type(error).__name__}: {error}"
             if kind == WriterRequest.FRAME:
+                if failed is None:
+                    logger.error("a frame could not be written; the episode will be refused: %s", text)
                 failed = failed or f"a frame could not be written: {text}"
                 continue
             logger.error("%s", text)
@@ -163,8 +208,10 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> int:
 
 
 def main() -> int:
-    # Ctrl-C is the client's to handle: it closes the dataset, or its exit closes the pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Stopping is the client's to decide: it closes the dataset, or its exit closes the pipe.
+    # A signal meant for the whole process group must not cut a save in half.
+    for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     # Replies get their own descriptor; anything a library prints goes to stderr instead.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")

@@ -14,15 +14,20 @@ over a pipe: length-prefixed msgpack, arrays as raw bytes. Each frame holds
     task                       the instruction
 
 An episode is saved (and finalized, so it survives any later crash) when it ends, discarded
-when the operator asks to record it again."""
+when the operator asks to record it again. Frames leave through a sender thread with a
+bounded queue, so a tick waits for the writer only when it has fallen `queue_frames` behind;
+requests (save, discard, close) wait for the writer's answer at most `timeout_s`."""
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
+import select
 import struct
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -50,8 +55,9 @@ class RecordingConfig:
     repo_id: str = "local/robot"  # the dataset's name in its metadata
     use_videos: bool = False  # camera frames as video (smaller) or as images (exact)
     partial: str = "discard"  # the episode in progress when a run dies: keep | discard
-    python: Optional[str] = None  # the interpreter that has the dataset library; default: this one
-    finish_timeout_s: float = 120.0  # for the writer to finalize the dataset at the end
+    python: Optional[str] = None  # an interpreter with the dataset library; default: writer_python()
+    timeout_s: float = 120.0  # for the writer to answer (open, save an episode, finalize)
+    queue_frames: int = 256  # frames waiting for the writer before the control loop has to wait
 
 
 class WriterRequest(str, Enum):
@@ -115,6 +121,19 @@ def dataset_features(spec: dict[str, Any], use_videos: bool) -> dict[str, dict[s
 
 
 # ---- the client's side ------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PYTHON = ROOT / ".venv-dataset" / "bin" / "python"  # made by tools/setup.sh
+
+
+def writer_python(config: RecordingConfig) -> str:
+    """The writer's interpreter: `record.python`, else the dataset virtualenv tools/setup.sh
+    makes, else this one (where the dataset library is installed beside the client)."""
+    if config.python:
+        if not Path(config.python).is_file():
+            raise RecordingError(f"record.python={config.python} does not exist")
+        return config.python
+    return str(DEFAULT_PYTHON) if DEFAULT_PYTHON.is_file() else sys.executable
+
 class DatasetRecorder:
     """Writes episodes through a writer process. Frames of the episode in progress are held
     here until it ends: the label that ends an episode (success, failure) belongs on its
@@ -136,17 +155,30 @@ class DatasetRecorder:
         self.frames = 0
         self.saved: list[int] = []  # episode indices written by this recorder
         self.process: subprocess.Popen | None = None
+        self.opened = False
+        # A request interrupted mid-way (Ctrl-C) leaves an answer unread: no more requests
+        # then; closing the pipe lets the writer finish on its own.
+        self.broken = False
+        self.waits = 0  # frames that found the queue full (the writer fell behind)
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=config.queue_frames)
+        self._sender: threading.Thread | None = None
+        self._send_error: BaseException | None = None
 
     def open(self) -> int:
         """Start the writer and open (or create) the dataset; returns its episode count."""
-        command = [self.config.python or sys.executable, "-m", "robots.dataset_writer"]
-        source = str(Path(__file__).resolve().parent.parent)  # this package, also for another interpreter
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
+        command = [writer_python(self.config), "-m", "robots.dataset_writer"]
+        source = str(ROOT)  # this package, also for another interpreter
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
+                       "HF_HUB_OFFLINE": "1"}  # a local dataset: never ask a hub
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment,
                                         start_new_session=True)  # Ctrl-C is the client's to handle
+        self._sender = threading.Thread(target=self._send_loop, args=(self.process.stdin,), name="dataset-sender",
+                                        daemon=True)
+        self._sender.start()
         reply = self._ask({"kind": WriterRequest.OPEN.value, "root": str(self.root), "repo_id": self.config.repo_id,
                            "fps": self.fps, "spec": self.spec.to_dict(), "use_videos": self.config.use_videos,
                            "partial": self.config.partial})
+        self.opened = True
         logger.info("recording into %s (%d episodes there already)", self.root, reply["episodes"])
         return int(reply["episodes"])
 
@@ -198,14 +230,15 @@ class DatasetRecorder:
         if self.process is None:
             return
         try:
-            if self.pending is not None or self.frames:
-                if self.config.partial == "keep":
+            unfinished = self.pending is not None or self.frames > 0
+            if self.opened and not self.broken:
+                if unfinished and self.config.partial == "keep":
                     self.end_episode(success=False)
-                else:
-                    logger.info("discarding the unfinished episode (recording.partial=discard)")
-                    self.pending, self.frames = None, 0
-            if self.process.poll() is None:
+                elif unfinished:
+                    logger.info("discarding the unfinished episode (record.partial=discard)")
                 self._ask({"kind": WriterRequest.CLOSE.value})
+            elif unfinished and self.config.partial == "keep":
+                self._flush(done=True, success=False)  # the writer keeps it when the pipe closes
         finally:
             self._stop_writer()
 
@@ -218,37 +251,76 @@ class DatasetRecorder:
         self._send({"kind": WriterRequest.FRAME.value, "frame": frame})
         self.frames += 1
 
+    # ---- the pipe ----------------------------------------------------------------------------
+    def _send_loop(self, pipe: BinaryIO) -> None:
+        """The only writer of the pipe: messages go whole, whatever interrupts the main thread."""
+        while True:
+            message = self._queue.get()
+            try:
+                if message is None:
+                    return
+                if self._send_error is None:
+                    write_message(pipe, message)
+            except OSError as error:
+                self._send_error = error
+            finally:
+                self._queue.task_done()
+
     def _send(self, message: dict[str, Any]) -> None:
-        assert self.process is not None and self.process.stdin is not None
+        if self._send_error is not None or self.process is None:
+            raise RecordingError(f"the dataset writer is gone (status {self.process and self.process.poll()}); "
+                                 f"see its messages above")
         try:
-            write_message(self.process.stdin, message)
-        except (BrokenPipeError, OSError):
-            raise RecordingError(f"the dataset writer exited (status {self.process.poll()}); "
-                                 f"see its messages above") from None
+            self._queue.put_nowait(message)
+        except queue.Full:
+            self.waits += 1
+            if self.waits == 1:
+                logger.warning("recording falls behind: the control loop waits for the dataset writer")
+            self._queue.put(message)
 
     def _ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        self._send(message)
+        kind = message["kind"]
+        try:
+            self._send(message)
+            self._queue.join()  # sent whole
+            if self._send_error is not None:
+                raise RecordingError(f"the dataset writer exited (status {self.process.poll()}) before '{kind}'; "
+                                     f"see its messages above")
+            reply = self._read_reply(kind)
+        except BaseException:
+            self.broken = True
+            raise
+        if not reply.get("ok"):
+            raise RecordingError(f"the dataset writer refused '{kind}': {reply.get('error')}")
+        return reply
+
+    def _read_reply(self, kind: str) -> dict[str, Any]:
         assert self.process is not None and self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], self.config.timeout_s)
+        if not ready:
+            raise RecordingError(f"the dataset writer did not answer '{kind}' within {self.config.timeout_s:.0f} s "
+                                 f"(record.timeout_s)")
         reply = read_message(self.process.stdout)
         if reply is None:
-            raise RecordingError(f"the dataset writer exited (status {self.process.wait()}) during "
-                                 f"'{message['kind']}'; see its messages above")
-        if not reply.get("ok"):
-            raise RecordingError(f"the dataset writer refused '{message['kind']}': {reply.get('error')}")
+            raise RecordingError(f"the dataset writer exited (status {self.process.wait()}) during '{kind}'; "
+                                 f"see its messages above")
         return reply
 
     def _stop_writer(self) -> None:
         process, self.process = self.process, None
         if process is None:
             return
+        if self._sender is not None:
+            self._queue.put(None)
+            self._sender.join(timeout=self.config.timeout_s)
         if process.stdin is not None:
             try:
                 process.stdin.close()  # a writer still waiting finishes the dataset on its own
             except OSError:
                 pass
         try:
-            process.wait(timeout=self.config.finish_timeout_s)
+            process.wait(timeout=self.config.timeout_s)
         except subprocess.TimeoutExpired:
-            logger.error("the dataset writer did not finish within %.0f s; stopping it", self.config.finish_timeout_s)
+            logger.error("the dataset writer did not finish within %.0f s; stopping it", self.config.timeout_s)
             process.kill()
             process.wait()

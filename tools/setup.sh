@@ -47,13 +47,7 @@ ensure_virtualenv() {
 
 ensure_venv() {
     ensure_virtualenv "$venv" "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
-        -c constraints.txt -e ".[train,robot,ray,maniskill,mujoco,video,vla,record,dev]"
-    # LeRobotDataset's package declares huggingface-hub<0.36, which transformers 5 rules out;
-    # its real dependencies come with the `record` extra above.
-    if ! "$venv/bin/python" -c "import ledataset" 2>/dev/null; then
-        log "installing lerobot-dataset (without its huggingface-hub pin)"
-        "$venv/bin/pip" install -q --no-deps lerobot-dataset==0.4.4
-    fi
+        -c constraints.txt -e ".[train,robot,ray,maniskill,mujoco,video,vla,dev]"
 }
 
 vulkan_works() {
@@ -102,6 +96,15 @@ ensure_libero_venv() {
         -r tools/libero-requirements.txt
 }
 
+dataset_venv="${EMBODIED_DATASET_VENV:-$root/.venv-dataset}"
+
+# LeRobotDataset gets a virtualenv of its own (its pins clash with transformers 5); the robot
+# client's dataset writer runs under that interpreter (robots/recording.py).
+ensure_dataset_venv() {
+    ensure_virtualenv "$dataset_venv" "the LeRobotDataset writer's packages" tools/dataset-requirements.txt -- \
+        -r tools/dataset-requirements.txt
+}
+
 egl_works() {
     MUJOCO_GL=egl PYOPENGL_PLATFORM=egl "$libero_venv/bin/python" - <<'PY' >/dev/null 2>&1
 import mujoco
@@ -133,6 +136,7 @@ ensure_venv
 ensure_vulkan
 ensure_libero_venv
 ensure_egl
+ensure_dataset_venv
 export PATH="$venv/bin:$PATH"
 
 case "$job" in

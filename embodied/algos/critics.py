@@ -71,6 +71,8 @@ class HLGauss(nn.Module):
         self.sigma = sigma_ratio * (high - low) / bins
 
     def target_probs(self, target: torch.Tensor) -> torch.Tensor:
+        # A target outside the support would put no mass inside it (and give no gradient).
+        target = target.clamp(float(self.edges[0]), float(self.edges[-1]))
         cdf = torch.special.erf((self.edges - target.unsqueeze(-1)) / (math.sqrt(2) * self.sigma))
         mass = cdf[..., 1:] - cdf[..., :-1]
         return mass / (cdf[..., -1:] - cdf[..., :1]).clamp_min(1e-12)  # the part inside the support

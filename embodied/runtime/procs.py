@@ -146,7 +146,7 @@ class RolloutSupervisor:
         """Ask the rollout to write its threads' stacks to its log (it registers SIGUSR2)."""
         try:
             os.kill(self.pid, STACK_DUMP_SIGNAL)
-        except (ProcessLookupError, TypeError):
+        except (ProcessLookupError, PermissionError, TypeError):  # gone, or the pid now someone else's
             return False
         time.sleep(1.0)  # faulthandler writes from a signal handler; give it a moment
         return True

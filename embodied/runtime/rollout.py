@@ -78,6 +78,8 @@ class Rollout:
                 if failures:
                     self.observation = self.env.recover()
                     self.env_restarts += 1
+                    if self.operator is not None:
+                        self.operator.episodes_ended()  # recovered envs start new episodes
                 return self._collect_pipelined(num_steps) if self.pipeline else self._collect(num_steps)
             except EnvWorkerError as error:
                 failures += 1

@@ -348,3 +348,13 @@ def test_on_policy_algorithms_refuse_a_scripted_operator(tmp_path):
                              "env.task=Pendulum-v1", "algo=ppo", f"intervention.expert={tmp_path}",
                              f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "off-policy algorithm" in result.stderr
+
+
+def test_hl_gauss_still_learns_from_targets_outside_its_support():
+    hl = HLGauss(-10.0, 10.0, bins=21)
+    logits = torch.zeros(2, 21, requires_grad=True)
+    loss = hl.loss(logits, torch.tensor([150.0, -130.0])).sum()
+    loss.backward()
+    assert loss > 0 and logits.grad.abs().sum() > 0
+    probs = hl.target_probs(torch.tensor([150.0]))
+    assert probs[0, -1] == probs.max()  # all the mass at the nearest edge

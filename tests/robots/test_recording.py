@@ -1,8 +1,11 @@
 """Recording episodes as LeRobotDatasets with the real library, from the robot client."""
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -10,9 +13,8 @@ import pytest
 
 from embodied.types import EnvSpec
 from robots.client import RobotClient, RobotClientConfig
-from robots.dataset_writer import import_lerobot_dataset
 from robots.policy_client import PolicyClient
-from robots.recording import DatasetRecorder, RecordingConfig, RecordingError
+from robots.recording import ROOT, DatasetRecorder, RecordingConfig, RecordingError, writer_python
 from robots.safety import SafetyConfig
 from robots.sim_robot import SimRobot, SimRobotConfig
 from robots.teleop import OracleTeleop
@@ -22,18 +24,48 @@ CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action
                       image_shapes={"front": (24, 32, 3)}, control_hz=10.0)
 
 
+READ = """
+import sys
+import numpy as np
+from robots.dataset_writer import import_lerobot_dataset
+dataset = import_lerobot_dataset()("local/robot", root=sys.argv[1])
+frames = [dataset[i] for i in range(dataset.num_frames)]
+out = {"num_episodes": np.array(dataset.num_episodes), "num_frames": np.array(dataset.num_frames)}
+for key in (frames[0] if frames else {}):
+    out[key] = np.array([f[key] for f in frames]) if key == "task" else np.stack([np.asarray(f[key]) for f in frames])
+np.savez(sys.argv[2], **out)
+"""
+
+
 @pytest.fixture(autouse=True)
 def dataset_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the library caches reads under HF_HOME
 
 
+class Reloaded:
+    """A dataset as the real library reads it back, under the writer's interpreter."""
+
+    def __init__(self, root):
+        out = Path(tempfile.mkdtemp()) / "frames.npz"
+        python = writer_python(RecordingConfig(root=str(root)))
+        result = subprocess.run([python, "-c", READ, str(root), str(out)], capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+        assert result.returncode == 0, result.stderr
+        self.arrays = dict(np.load(out))
+        self.num_episodes = int(self.arrays["num_episodes"])
+        self.num_frames = int(self.arrays["num_frames"])
+
+    def __getitem__(self, index):
+        return {key: value[index] for key, value in self.arrays.items() if value.ndim and len(value) == self.num_frames}
+
+
 def load(root):
-    return import_lerobot_dataset()("local/robot", root=root)
+    return Reloaded(root)
 
 
 def column(dataset, key):
     """One feature over all frames, one row per frame (the library returns shape-(1,) features as scalars)."""
-    values = np.stack([np.asarray(dataset[i][key]) for i in range(dataset.num_frames)])
+    values = dataset.arrays[key]
     return values.reshape(len(values), -1) if values.ndim < 2 else values
 
 
@@ -118,7 +150,8 @@ for t in range(4):
 recorder.end_episode(True)
 for t in range(3):
     recorder.add(*frame(t))
-recorder._flush(done=False, success=False)  # the writer has the partial episode's frames
+recorder._flush(done=False, success=False)
+recorder._queue.join()  # the writer has the partial episode's frames (a crash loses what is still queued)
 print(recorder.process.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # a crash: nothing of ours runs after this
 """
@@ -154,3 +187,51 @@ def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
     with pytest.raises(RecordingError, match="whole number of frames per second"):
         DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 7.5, "")
     assert load(root).num_episodes == 1  # the refusals left the dataset as it was
+
+
+def frame(t=0):
+    return np.zeros(3), {"front": np.full((24, 32, 3), t, np.uint8)}, np.zeros(2), None, False, 0.0
+
+
+def test_a_dataset_left_without_episodes_can_be_recorded_into_again_and_other_folders_are_refused(tmp_path):
+    root = tmp_path / "dataset"
+    empty = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+    empty.open()
+    empty.add(*frame())
+    empty.close()  # Ctrl-C in the first episode: discarded, the dataset holds no episode yet
+    recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+    assert recorder.open() == 0
+    recorder.add(*frame())
+    recorder.end_episode(True)
+    recorder.close()
+    assert load(root).num_episodes == 1
+    with pytest.raises(RecordingError, match="10 fps, this robot at 20"):
+        DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 20.0, "stack").open()
+    other = tmp_path / "photos"
+    other.mkdir()
+    (other / "cat.png").write_bytes(b"not a dataset")
+    with pytest.raises(RecordingError, match="holds files but no LeRobotDataset"):
+        DatasetRecorder(RecordingConfig(root=str(other)), CAMERA_SPEC, 10.0, "stack").open()
+    assert (other / "cat.png").read_bytes() == b"not a dataset"
+
+
+def test_an_interrupted_save_leaves_a_dataset_that_loads_and_close_does_not_hang(tmp_path):
+    root = tmp_path / "dataset"
+    recorder = DatasetRecorder(RecordingConfig(root=str(root), partial="keep"), CAMERA_SPEC, 10.0, "stack")
+    recorder.open()
+    for t in range(3):
+        recorder.add(*frame(t))
+    answer = recorder._read_reply
+
+    def interrupted(kind):
+        raise KeyboardInterrupt  # Ctrl-C while the writer saves
+
+    recorder._read_reply = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        recorder.end_episode(True)
+    recorder._read_reply = answer
+    assert recorder.broken
+    recorder.add(*frame(3))  # a frame of the next episode, unfinished when the run stops
+    recorder.close()  # no more requests: the writer finishes on its own when the pipe closes
+    dataset = load(root)
+    assert dataset.num_episodes == 2 and dataset.num_frames == 4  # the saved one, and the partial one kept
