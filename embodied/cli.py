@@ -6,9 +6,11 @@
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
     embodied serve checkpoint=runs/train-20260101-120000        a policy server for robots
     embodied robot robot=sim robot.env_from=runs/train-20260101-120000 episodes=5
+    embodied teleop robot=sim teleop=keyboard       an operator drives the robot, no policy
+    embodied collect robot=sim teleop=keyboard record.root=data/demos episodes=20   ... and records
     embodied keys keys/                             CURVE keypairs for non-loopback endpoints
 
-`robot` needs no torch: a robot PC installs only the client (see the README).
+`robot`, `teleop` and `collect` need no torch: a robot PC installs only the client (see the README).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Sequence
 
 from embodied.errors import EmbodiedError
 
-VERBS = ("train", "eval", "serve", "robot", "keys")
+VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys")
 
 
 def train(overrides: list[str]) -> int:
@@ -71,10 +73,10 @@ def serve(overrides: list[str]) -> int:
     return 0
 
 
-def robot(overrides: list[str]) -> int:
+def robot(overrides: list[str], mode: str = "robot") -> int:
     from robots.cli import run
 
-    return run(overrides)
+    return run(overrides, mode)
 
 
 def keys(arguments: list[str]) -> int:
@@ -99,7 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {unknown_name_message('command', verb, list(VERBS))}", file=sys.stderr)
         return 2
     try:
-        return {"train": train, "eval": evaluate, "serve": serve, "robot": robot, "keys": keys}[verb](overrides)
+        if verb in ("robot", "teleop", "collect"):
+            return robot(overrides, verb)
+        return {"train": train, "eval": evaluate, "serve": serve, "keys": keys}[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -33,7 +33,8 @@ class InterventionConfig:
     expert: Optional[str] = None  # a run or checkpoint whose policy plays the operator; None: no operator
     threshold: float = 0.5  # take over when the policy is farther than this from the expert (action units)...
     patience: int = 3  # ... for this many steps in a row
-    release: int = 10  # hand back after this many steps of agreement
+    release: int = 10  # hand back after this many steps of agreement...
+    max_takeover: int = 0  # ... or after driving this many steps (0: no limit)
 
 
 @dataclass

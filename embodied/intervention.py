@@ -26,7 +26,7 @@ class SimOperator:
         from embodied.serve import ServeConfig, load_checkpoint_policy
 
         self.infer, _, _ = load_checkpoint_policy(ServeConfig(checkpoint=cfg.expert, device="cpu"))
-        self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs)
+        self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs, max_takeover=cfg.max_takeover)
         self.chunk_size = chunk_size
 
     def apply(self, observation: Observation, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,7 @@ from embodied.config import _validate, compose
 from embodied.errors import ConfigError
 from embodied.registry import ROBOTS
 from robots.client import RobotClient, RobotClientConfig, build_robot
-from robots.policy_client import PolicyClient
+from robots.policy_client import NoPolicy, PolicyClient
 from robots.teleop import KeyboardTeleop, build_teleop
 
 
@@ -87,13 +87,22 @@ class KeyboardMonitor:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
 
 
-def run(overrides: list[str]) -> int:
+MODES = ("robot", "teleop", "collect")  # a policy drives | an operator drives | ... and every episode is recorded
+
+
+def run(overrides: list[str], mode: str = "robot") -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = load_client_config(overrides)
-    output = Path(config.output) if config.output else Path("runs") / f"robot-{time.strftime('%Y%m%d-%H%M%S')}"
+    operated = mode in ("teleop", "collect")
+    if operated and config.teleop is None:
+        raise ConfigError(f"embodied {mode} needs an operator: teleop=keyboard | gamepad | oracle")
+    if mode == "collect" and not config.record.root:
+        raise ConfigError("embodied collect needs record.root=<dataset folder>")
+    output = Path(config.output) if config.output else Path("runs") / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     robot = build_robot(config.robot)
-    policy = PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s)
-    teleop = build_teleop(config.teleop, robot.spec.action_dim) if config.teleop is not None else None
+    policy = (NoPolicy() if operated else
+              PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s))
+    teleop = build_teleop(config.teleop, robot.spec.action_dim, driving=operated) if config.teleop is not None else None
     client = RobotClient(robot, policy, config, output, teleop)
     quit_requested = threading.Event()
     client.should_quit = quit_requested.is_set

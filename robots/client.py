@@ -50,6 +50,7 @@ class TeleopConfig:
     threshold: float = 0.5  # oracle: take over when the policy is farther than this from the expert
     patience: int = 3  # oracle: ... for this many ticks in a row
     release: int = 10  # oracle: hand back after this many ticks of agreement
+    max_takeover: int = 0  # oracle: ... or after driving this many ticks (0: no limit)
 
 
 @dataclass

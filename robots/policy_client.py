@@ -46,6 +46,42 @@ class ActionReply:
     timing: dict[str, float]
 
 
+class NoPolicy:
+    """The policy side when an operator alone drives (`embodied teleop`, `embodied collect`):
+    no server and no actions, so every command is the operator's, through the same safety
+    layer, and the watchdog holds the robot whenever the operator lets go."""
+
+    endpoint = "none"
+    in_flight = None
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def connect(self, timeout_s: float = 0.0) -> dict[str, Any]:
+        return {"policy": "operator", "policy_version": None, "chunk_size": 1, "normalization_id": None}
+
+    def ping(self, timeout_s: float = 0.0) -> float:
+        return 0.0
+
+    def maintain(self) -> None:
+        pass
+
+    def cancel(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def request(self, observation: RobotObservation, tick: int, instruction: str,
+                feedback: dict[str, Any] | None = None) -> bool:
+        return False
+
+    def poll(self, timeout_s: float) -> None:
+        if timeout_s > 0:  # the control loop sleeps until its next tick through here
+            time.sleep(timeout_s)
+        return None
+
+
 class PolicyClient:
     def __init__(self, endpoint: str, spec: EnvSpec, name: str = "robot", keys_dir: str | None = None,
                  request_timeout_s: float = 2.0, retry_s: float = 1.0):

@@ -51,20 +51,25 @@ class OracleRule:
     """When a scripted operator takes over, for `envs` envs at once: after `patience` ticks in
     a row where the policy's action is farther than `threshold` (Euclidean, in action units)
     from the expert's, and it hands back after `release` ticks of agreement (measured on what
-    the policy would have done). Shared by the robot client's oracle and simulated training."""
+    the policy would have done) or, with `max_takeover` > 0, after that many ticks of driving,
+    as a person who corrects and lets go. Shared by the robot client's oracle and simulated
+    training."""
 
-    def __init__(self, threshold: float, patience: int = 1, release: int = 5, envs: int = 1):
-        if threshold <= 0 or patience < 1 or release < 1:
-            raise ConfigError("the oracle needs threshold > 0, patience >= 1 and release >= 1")
+    def __init__(self, threshold: float, patience: int = 1, release: int = 5, envs: int = 1, max_takeover: int = 0):
+        if threshold <= 0 or patience < 1 or release < 1 or max_takeover < 0:
+            raise ConfigError("the oracle needs threshold > 0, patience >= 1, release >= 1 and max_takeover >= 0")
         self.threshold = threshold
         self.patience = patience
         self.release = release
+        self.max_takeover = max_takeover
         self.intervening = np.zeros(envs, dtype=bool)
         self.streak = np.zeros(envs, dtype=np.int64)  # ticks in a row of disagreement (handed back) or agreement
+        self.driven = np.zeros(envs, dtype=np.int64)  # ticks of this takeover so far
 
     def reset(self, rows: np.ndarray | slice = slice(None)) -> None:
         self.intervening[rows] = False
         self.streak[rows] = 0
+        self.driven[rows] = 0
 
     def step(self, policy_actions: np.ndarray | None, expert_actions: np.ndarray) -> np.ndarray:
         """Which envs the operator drives this tick; actions are (envs, A), None: no policy action."""
@@ -74,18 +79,21 @@ class OracleRule:
             drifted = np.linalg.norm(policy_actions - expert_actions, axis=-1) > self.threshold
         self.streak = np.where(drifted != self.intervening, self.streak + 1, 0)
         take_over = ~self.intervening & (self.streak >= self.patience)
-        hand_back = self.intervening & (self.streak >= self.release)
+        enough = (self.driven >= self.max_takeover) if self.max_takeover else np.zeros_like(self.intervening)
+        hand_back = self.intervening & ((self.streak >= self.release) | enough)
         self.intervening = (self.intervening | take_over) & ~hand_back
         self.streak[take_over | hand_back] = 0
+        self.driven = np.where(self.intervening, self.driven + 1, 0)
         return self.intervening.copy()
 
 
 class OracleTeleop(Teleop):
     """The oracle rule for one robot, with `expert(robot)` as the operator's action."""
 
-    def __init__(self, expert: Callable[[Robot], np.ndarray], threshold: float, patience: int = 1, release: int = 5):
+    def __init__(self, expert: Callable[[Robot], np.ndarray], threshold: float, patience: int = 1, release: int = 5,
+                 max_takeover: int = 0):
         self.expert = expert
-        self.rule = OracleRule(threshold, patience, release)
+        self.rule = OracleRule(threshold, patience, release, max_takeover=max_takeover)
 
     def reset(self) -> None:
         self.rule.reset()
@@ -99,11 +107,11 @@ class OracleTeleop(Teleop):
 class KeyboardTeleop(Teleop):
     MOVES = {"w": (0, 1.0), "s": (0, -1.0), "a": (1, 1.0), "d": (1, -1.0), "z": (2, 1.0), "x": (2, -1.0)}
 
-    def __init__(self, action_dim: int, step: float = 0.5):
+    def __init__(self, action_dim: int, step: float = 0.5, driving: bool = False):
         self.action_dim = action_dim
         self.step = step
         self._lock = threading.Lock()
-        self._intervening = False
+        self._intervening = driving  # in charge from the start (no policy to take over from)
         self._delta = np.zeros(action_dim, dtype=np.float32)
         self._gripper = 1.0
         self._events: list[str] = []
@@ -171,12 +179,13 @@ class GamepadTeleop(Teleop):
     INTERVENE, GRIPPER, SUCCESS, FAILURE, RERECORD = 5, 4, 0, 1, 2
 
     def __init__(self, joystick: object, action_dim: int, intervention: str = "hold", scale: float = 1.0,
-                 dead_zone: float = 0.1):
+                 dead_zone: float = 0.1, driving: bool = False):
         self.joystick = joystick
         self.action_dim = action_dim
         self.scale = scale
         self.dead_zone = dead_zone
         self.intervention = HeldOrToggled(intervention)
+        self.intervention.active = driving and intervention == "toggle"  # hold: the button is a dead man's switch
         self.gripper = HeldOrToggled("toggle")
         self._pressed: set[int] = set()
 
@@ -242,15 +251,17 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     return expert
 
 
-def build_teleop(config: object, action_dim: int) -> Teleop:
+def build_teleop(config: object, action_dim: int, driving: bool = False) -> Teleop:
+    """`driving`: no policy runs, the operator is in charge from the start."""
     name = getattr(config, "name")
     if name == "keyboard":
-        return KeyboardTeleop(action_dim, config.step)  # type: ignore[attr-defined]
+        return KeyboardTeleop(action_dim, config.step, driving)  # type: ignore[attr-defined]
     if name == "gamepad":
-        return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step)  # type: ignore[attr-defined]
+        return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
+                             driving=driving)
     if name == "oracle":
         if not config.expert:  # type: ignore[attr-defined]
             raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
         return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
-                            config.patience, config.release)  # type: ignore[attr-defined]
+                            config.patience, config.release, config.max_takeover)  # type: ignore[attr-defined]
     raise ConfigError(f"teleop must be keyboard, gamepad or oracle (configs/teleop/), got '{name}'")

@@ -185,15 +185,21 @@ def test_recorded_episodes_become_transitions_with_monte_carlo_returns(tmp_path,
     np.testing.assert_allclose(discounted_returns(np.array([1.0, 1.0]), 0.5), [1.5, 1.0])
 
 
-def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+def record_pendulum_demo(root, frames):
+    """One successful Pendulum episode of `frames` steps, recorded as the robot client does."""
     spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
-    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "demos")), spec, 20.0, "")
+    recorder = DatasetRecorder(RecordingConfig(root=str(root)), spec, 20.0, "")
     recorder.open()
-    for t in range(12):
+    for t in range(frames):
         recorder.add(np.array([1.0, 0.0, t / 10], np.float32), {}, np.array([0.5]), None, False, -1.0)
     recorder.end_episode(True)
     recorder.close()
+    return spec
+
+
+def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = record_pendulum_demo(tmp_path / "demos", 12)
     policy = small_policy(spec)
     algo = SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos"), offline_pretrain_steps=5, calql_alpha=1.0,
                              warmup_steps=2, retain_offline=False), policy)
@@ -257,13 +263,7 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
     import sys
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
-    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "demos")), spec, 20.0, "")
-    recorder.open()
-    for t in range(10):
-        recorder.add(np.array([1.0, 0.0, t / 10], np.float32), {}, np.array([0.5]), None, False, -1.0)
-    recorder.end_episode(True)
-    recorder.close()
+    record_pendulum_demo(tmp_path / "demos", 10)
     common = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian",
               "policy.hidden=[32,32]", "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2",
               "algo.batch_size=16", "algo.utd_ratio=1", f"algo.demos={tmp_path / 'demos'}",

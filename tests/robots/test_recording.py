@@ -235,3 +235,25 @@ def test_an_interrupted_save_leaves_a_dataset_that_loads_and_close_does_not_hang
     recorder.close()  # no more requests: the writer finishes on its own when the pipe closes
     dataset = load(root)
     assert dataset.num_episodes == 2 and dataset.num_frames == 4  # the saved one, and the partial one kept
+
+
+def test_embodied_collect_records_what_an_operator_drives_without_a_policy(tmp_path):
+    """`embodied collect`: no policy server; the operator (here the oracle, playing a trained
+    run) drives the simulated robot from the first tick and every episode is recorded."""
+    from tests.embodied.test_sac_rlpd import train_run
+
+    train_run(tmp_path / "expert", "total_env_steps=2")
+    root = tmp_path / "demos"
+    command = [sys.executable, "-m", "embodied.cli", "collect", "robot=sim", f"robot.env_from={tmp_path / 'expert'}",
+               "teleop=oracle", f"teleop.expert={tmp_path / 'expert'}", "teleop.patience=1", f"record.root={root}",
+               "episodes=2", "max_episode_steps=8", "control_hz=100", f"output={tmp_path / 'run'}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["server"] == "none" and summary["action_sources"]["teleop"] == 16
+    dataset = load(root)
+    assert dataset.num_episodes == 2 and dataset.num_frames == 16
+    assert column(dataset, "intervention").all() and np.isnan(column(dataset, "policy_action")).all()
+    missing = subprocess.run(command[:4] + ["teleop=keyboard"], capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL)
+    assert missing.returncode == 2 and "needs record.root" in missing.stderr

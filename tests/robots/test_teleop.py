@@ -99,3 +99,15 @@ def test_gamepad_toggle_flips_on_each_press_and_events_fire_once_per_press():
     assert gamepad.poll(None, None).intervening  # released: still on
     pad.buttons[GamepadTeleop.INTERVENE] = 1
     assert not gamepad.poll(None, None).intervening  # pressed again: off
+
+
+def test_an_oracle_with_a_takeover_limit_corrects_and_lets_go_per_env():
+    from robots.teleop import OracleRule
+
+    rule = OracleRule(threshold=0.5, patience=2, release=100, envs=2, max_takeover=3)
+    policy, expert = np.array([[1.0], [0.0]]), np.zeros((2, 1))  # env 0 always drifts, env 1 agrees
+    driven = [rule.step(policy, expert).tolist() for _ in range(9)]
+    assert [d[0] for d in driven] == [False, True, True, True, False, False, True, True, True]  # patience again
+    assert not any(d[1] for d in driven)
+    rule.reset(np.array([True, False]))
+    assert not rule.step(policy, expert)[0]  # a new episode starts with the policy in charge
