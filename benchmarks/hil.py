@@ -132,12 +132,18 @@ def report() -> None:
                     f"{run.get('wall_time_s', 0) / 60:.0f} min |")
 
     def ratio(slow: str, fast: str) -> str:
+        """How many times fewer env steps `fast` needed to reach the goal than `slow`."""
         a, b = summary["runs"].get(slow), summary["runs"].get(fast)
-        if not a or not b or not b["env_steps_to_goal"]:
+        if not a or not b:
             return "n/a"
-        if not a["env_steps_to_goal"]:
-            return f"> {a['env_steps'] / b['env_steps_to_goal']:.1f}x (the slower arm did not reach the goal)"
-        return f"{a['env_steps_to_goal'] / b['env_steps_to_goal']:.1f}x"
+        reached_a, reached_b = a["env_steps_to_goal"], b["env_steps_to_goal"]
+        if reached_a and reached_b:
+            return f"{reached_a / reached_b:.1f}x"
+        if reached_b:
+            return f"> {a['env_steps'] / reached_b:.1f}x ({slow} did not reach the goal)"
+        if reached_a:
+            return f"< {reached_a / b['env_steps']:.1f}x ({fast} did not reach the goal; {slow} did at {reached_a:,})"
+        return "neither reached the goal"
 
     summary["oracle_speedup"] = ratio("hil-rlpd", "hil-rlpd-oracle")
     summary["corrections_speedup"] = ratio("hil-rlpd", "hil-rlpd-corrections")
