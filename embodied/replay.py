@@ -140,7 +140,7 @@ def from_dataset(root: str | Path, to_squashed: Callable[[torch.Tensor], torch.T
     missing = [key for key in needed if key not in columns]
     if missing:
         raise ConfigError(f"the dataset at {root} lacks {missing}; record it with the robot client's record.root")
-    wanted = needed + (["intervention"] if "intervention" in columns else [])
+    wanted = needed + [key for key in ("intervention", "safety_override") if key in columns]
     tables = [pq.read_table(f, columns=wanted).to_pydict() for f in files]
     table = {key: [value for t in tables for value in t[key]] for key in wanted}
     order = np.argsort(np.asarray(table["index"]), kind="stable")  # global frame order
@@ -156,14 +156,17 @@ def from_dataset(root: str | Path, to_squashed: Callable[[torch.Tensor], torch.T
     episode = column("episode_index").reshape(-1)
     intervened = (column("intervention").reshape(-1).astype(bool) if "intervention" in table
                   else np.zeros(length, bool))
+    # The safety layer's holds are no one's demonstration: they stay out of the transitions.
+    overridden = (column("safety_override").reshape(-1).astype(bool) if "safety_override" in table
+                  else np.zeros(length, bool))
     keep, next_state, discount, mc_return = [], [], [], []
     for index in np.unique(episode):
         rows = np.flatnonzero(episode == index)
         returns = discounted_returns(reward[rows], gamma)
         for position, row in enumerate(rows):
             last = position == len(rows) - 1
-            if last and not success[row]:
-                continue  # cut off, not ended: nothing to bootstrap from
+            if (last and not success[row]) or overridden[row]:
+                continue  # cut off, not ended (nothing to bootstrap from), or a safety hold
             keep.append(row)
             next_state.append(state[row] if last else state[rows[position + 1]])
             discount.append(0.0 if last else 1.0)

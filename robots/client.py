@@ -33,6 +33,8 @@ from robots.teleop import Teleop
 
 logger = logging.getLogger(__name__)
 
+SAFETY_SOURCES = ("watchdog", "estop", "workspace", "non_finite")  # the safety layer's own actions
+
 
 @dataclass
 class BrokerConfig:
@@ -234,7 +236,7 @@ class RobotClient:
                 outcome = self.robot.outcome()
                 if self.recorder is not None and observation is not None:
                     self.recorder.add(observation.state, observation.images, previous, policy_action,
-                                      source == "teleop", outcome.reward)
+                                      source == "teleop", outcome.reward, source in SAFETY_SOURCES)
                 episode_return += outcome.reward
                 self.feedback["reward"] = self.feedback.get("reward", 0.0) + outcome.reward
                 success |= outcome.success

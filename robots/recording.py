@@ -8,6 +8,7 @@ over a pipe: length-prefixed msgpack, arrays as raw bytes. Each frame holds
     action                     float32 (A,)  the action the robot executed (after safety)
     policy_action              float32 (A,)  the policy's action that tick; NaN where it had none
     intervention               bool (1,)     the operator's action replaced the policy's
+    safety_override            bool (1,)     the safety layer's own action (watchdog, e-stop, workspace stop)
     next.reward                float32 (1,)  the robot's reward for the step
     next.success               bool (1,)     the episode succeeded (the operator's label wins)
     next.done                  bool (1,)     the episode's last frame
@@ -110,6 +111,7 @@ def dataset_features(spec: dict[str, Any], use_videos: bool) -> dict[str, dict[s
         "action": {"dtype": "float32", "shape": (action_dim,), "names": None},
         "policy_action": {"dtype": "float32", "shape": (action_dim,), "names": None},
         "intervention": {"dtype": "bool", "shape": (1,), "names": None},
+        "safety_override": {"dtype": "bool", "shape": (1,), "names": None},
         "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
         "next.success": {"dtype": "bool", "shape": (1,), "names": None},
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
@@ -183,7 +185,8 @@ class DatasetRecorder:
         return int(reply["episodes"])
 
     def add(self, state: np.ndarray, images: dict[str, np.ndarray], action: np.ndarray,
-            policy_action: np.ndarray | None, intervention: bool, reward: float) -> None:
+            policy_action: np.ndarray | None, intervention: bool, reward: float,
+            safety_override: bool = False) -> None:
         """One executed step. Shapes are checked here, where the error is clearest."""
         state = np.asarray(state, np.float32).reshape(-1)
         action = np.asarray(action, np.float32).reshape(-1)
@@ -199,6 +202,7 @@ class DatasetRecorder:
             "policy_action": array_to_wire(np.full(self.spec.action_dim, np.nan, np.float32) if policy_action is None
                                            else np.asarray(policy_action, np.float32).reshape(-1)),
             "intervention": array_to_wire(np.array([intervention])),
+            "safety_override": array_to_wire(np.array([safety_override])),
             "next.reward": array_to_wire(np.array([reward], np.float32)),
             "task": self.instruction,
         }

@@ -100,6 +100,7 @@ def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
     assert np.all(policy == 0.0)  # the policy always answered; its zeros are kept under the operator's actions
     done = column(dataset, "next.done").reshape(-1)
     assert np.flatnonzero(done).tolist() == [11, 23]
+    assert not column(dataset, "safety_override").any()  # policy and operator actions only
     assert dataset[0]["task"] == "swing up"
     rewards = column(dataset, "next.reward").reshape(-1)
     assert (rewards <= 0).all() and (rewards < 0).any()  # Pendulum's cost, as the robot reported it
