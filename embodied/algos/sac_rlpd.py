@@ -163,8 +163,7 @@ class SACRLPD:
         if self.env_steps <= self.cfg.warmup_steps:
             return {**metrics, "train/warming_up": 1.0}
         if not self.cfg.retain_offline and not self.offline_dropped:
-            self.offline = ReplayBuffer(1, self.policy.spec.state_dim, self.policy.spec.action_dim)
-            self.offline_dropped = True
+            self.offline, self.offline_dropped = self._no_offline_data(), True
             logger.info("online learning starts: offline data dropped (retain_offline=false)")
         for i in range(self.cfg.utd_ratio * len(new)):
             sample, offline_rows = self.sample()
@@ -172,6 +171,10 @@ class SACRLPD:
             if (i + 1) % self.cfg.utd_ratio == 0:
                 metrics.update(self.actor_step(sample.state))
         return metrics
+
+    def _no_offline_data(self) -> ReplayBuffer:
+        """WSRL after its warm-up: an empty offline buffer, so every batch is online."""
+        return ReplayBuffer(1, self.policy.spec.state_dim, self.policy.spec.action_dim)
 
     # ---- the objective -----------------------------------------------------------------------
     def sample(self) -> tuple[Transitions, int]:
@@ -275,7 +278,7 @@ class SACRLPD:
         self.online.load_state_dict(state["online"])
         self.offline_dropped = bool(state["offline_dropped"])
         if self.offline_dropped:
-            self.offline = ReplayBuffer(1, self.policy.spec.state_dim, self.policy.spec.action_dim)
+            self.offline = self._no_offline_data()
         self.offline.load_state_dict(state["offline"])
         self.generator.set_state(state["generator"])
         self.env_steps, self.critic_steps = int(state["env_steps"]), int(state["critic_steps"])

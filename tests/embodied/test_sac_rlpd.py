@@ -1,7 +1,10 @@
 """SAC/RLPD, Cal-QL, WSRL and HL-Gauss: the math against float64 references, the sampling
 and warm-up rules, offline data from recorded LeRobotDatasets, and resume."""
 
+import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -255,29 +258,27 @@ def test_a_policy_without_a_squashed_distribution_is_refused():
         SACRLPD(SACConfig(**SMALL, calql_alpha=1.0), small_policy())
 
 
+TINY_SAC = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian", "policy.hidden=[32,32]",
+            "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2", "algo.batch_size=16",
+            "algo.utd_ratio=1", "eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu"]
+
+
+def train_run(run_dir, *args):
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *TINY_SAC, f"run_dir={run_dir}", *args],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_resumes(tmp_path, monkeypatch):
     """Demos recorded by the robot client -> Cal-QL pretraining -> online RLPD with the rollout
     in its own process -> resume continues with the saved buffers, not a new pretraining."""
-    import json
-    import subprocess
-    import sys
-
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     record_pendulum_demo(tmp_path / "demos", 10)
-    common = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian",
-              "policy.hidden=[32,32]", "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2",
-              "algo.batch_size=16", "algo.utd_ratio=1", f"algo.demos={tmp_path / 'demos'}",
-              "algo.offline_pretrain_steps=3", "algo.calql_alpha=1.0", "eval_episodes=0", "checkpoint_every=4",
-              "logger.progress_bar=false", "runtime=procs", "runtime.device=cpu", "runtime.rollout_device=cpu"]
     run_dir = tmp_path / "run"
-
-    def train(*args):
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *common, *args], capture_output=True,
-                                text=True, timeout=600)
-        assert result.returncode == 0, result.stderr
-        return result.stderr
-
-    first = train("total_env_steps=8", f"run_dir={run_dir}")
+    first = train_run(run_dir, f"algo.demos={tmp_path / 'demos'}", "algo.offline_pretrain_steps=3",
+                      "algo.calql_alpha=1.0", "checkpoint_every=4", "runtime=procs", "runtime.device=cpu",
+                      "runtime.rollout_device=cpu", "total_env_steps=8").stderr
     assert "pretraining on 10 offline transitions for 3 steps" in first
     resumed = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", "total_env_steps=12"],
                              capture_output=True, text=True, timeout=600)
@@ -290,26 +291,9 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
     assert all(u["replay/offline"] == 10 for u in updates)
 
 
-TINY_SAC = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian", "policy.hidden=[32,32]",
-            "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2", "algo.batch_size=16",
-            "algo.utd_ratio=1", "eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu"]
-
-
-def train_run(run_dir, *args):
-    import subprocess
-    import sys
-
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *TINY_SAC, f"run_dir={run_dir}", *args],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return result
-
-
 def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offline_data(tmp_path):
     """The expert (a trained run) drives envs where the policy drifts; the rollout executes its
     action and flags the step; RLPD then holds those steps as demonstrations too."""
-    import json
-
     from embodied.config import InterventionConfig
     from embodied.intervention import SimOperator
     from embodied.serve import ServeConfig, load_checkpoint_policy
@@ -341,9 +325,6 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
 
 
 def test_on_policy_algorithms_refuse_a_scripted_operator(tmp_path):
-    import subprocess
-    import sys
-
     result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "env=mujoco_invertedpendulum",
                              "env.task=Pendulum-v1", "algo=ppo", f"intervention.expert={tmp_path}",
                              f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
