@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from embodied.buffers import Trajectory
+from embodied.datasets import read_frames
 from embodied.errors import ConfigError
 
 
@@ -125,39 +126,21 @@ def from_dataset(root: str | Path, to_squashed: Callable[[torch.Tensor], torch.T
     """Transitions from a LeRobotDataset recorded by the robot client (`robots/recording.py`):
     demonstrations and corrections. An episode's last frame is terminal when it succeeded;
     otherwise it has no next state and is left out."""
-    import pyarrow.parquet as pq
-
-    root = Path(root).expanduser()
-    if not (root / "meta" / "info.json").is_file():
-        raise ConfigError(f"no LeRobotDataset at {root} (meta/info.json is missing)")
-    # The frames themselves, read straight from the dataset's parquet files (LeRobotDataset v3
-    # keeps them under data/): the learner needs neither the dataset library nor torchvision.
-    files = sorted((root / "data").rglob("*.parquet"))
-    if not files:
-        raise ConfigError(f"the dataset at {root} holds no episodes")
-    needed = ["observation.state", "action", "next.reward", "next.success", "episode_index", "index"]
-    columns = pq.read_schema(files[0]).names
-    missing = [key for key in needed if key not in columns]
-    if missing:
-        raise ConfigError(f"the dataset at {root} lacks {missing}; record it with the robot client's record.root")
-    wanted = needed + [key for key in ("intervention", "safety_override") if key in columns]
-    tables = [pq.read_table(f, columns=wanted).to_pydict() for f in files]
-    table = {key: [value for t in tables for value in t[key]] for key in wanted}
-    order = np.argsort(np.asarray(table["index"]), kind="stable")  # global frame order
-    column = lambda key: np.asarray(table[key])[order]  # noqa: E731
-    length = len(order)
-    state = column("observation.state").astype(np.float32).reshape(length, -1)
-    action = column("action").astype(np.float32).reshape(length, -1)
+    frames = read_frames(root, ["observation.state", "action", "next.reward", "next.success", "episode_index"],
+                         optional=("intervention", "safety_override"))
+    length = len(frames["action"])
+    state = frames["observation.state"].astype(np.float32).reshape(length, -1)
+    action = frames["action"].astype(np.float32).reshape(length, -1)
     if state.shape[1] != state_dim or action.shape[1] != action_dim:
         raise ConfigError(f"the dataset at {root} has states of {state.shape[1]} and actions of {action.shape[1]}; "
                           f"the env has {state_dim} and {action_dim}")
-    reward = column("next.reward").astype(np.float32).reshape(-1)
-    success = column("next.success").reshape(-1).astype(bool)
-    episode = column("episode_index").reshape(-1)
-    intervened = (column("intervention").reshape(-1).astype(bool) if "intervention" in table
+    reward = frames["next.reward"].astype(np.float32).reshape(-1)
+    success = frames["next.success"].reshape(-1).astype(bool)
+    episode = frames["episode_index"].reshape(-1)
+    intervened = (frames["intervention"].reshape(-1).astype(bool) if "intervention" in frames
                   else np.zeros(length, bool))
     # The safety layer's holds are no one's demonstration: they stay out of the transitions.
-    overridden = (column("safety_override").reshape(-1).astype(bool) if "safety_override" in table
+    overridden = (frames["safety_override"].reshape(-1).astype(bool) if "safety_override" in frames
                   else np.zeros(length, bool))
     keep, next_state, discount, mc_return = [], [], [], []
     for index in np.unique(episode):

@@ -207,12 +207,28 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> int:
                 return 2
 
 
+def quiet_library() -> None:
+    """What the dataset library prints on every saved episode and nobody acts on: its
+    per-episode progress bars, the bool-to-uint8 note of its statistics and the
+    video-decoder fallback (we write; decoding is not ours)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message="Converting input from bool", category=RuntimeWarning)
+    logging.getLogger().addFilter(lambda record: "torchcodec" not in record.getMessage())
+    try:
+        from datasets.utils.logging import disable_progress_bar
+    except ImportError:
+        return
+    disable_progress_bar()
+
+
 def main() -> int:
     # Stopping is the client's to decide: it closes the dataset, or its exit closes the pipe.
     # A signal meant for the whole process group must not cut a save in half.
     for stop in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    quiet_library()
     # Replies get their own descriptor; anything a library prints goes to stderr instead.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

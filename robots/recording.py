@@ -201,8 +201,8 @@ class DatasetRecorder:
             "action": array_to_wire(action),
             "policy_action": array_to_wire(np.full(self.spec.action_dim, np.nan, np.float32) if policy_action is None
                                            else np.asarray(policy_action, np.float32).reshape(-1)),
-            "intervention": array_to_wire(np.array([intervention])),
-            "safety_override": array_to_wire(np.array([safety_override])),
+            "intervention": array_to_wire(np.array([bool(intervention)])),
+            "safety_override": array_to_wire(np.array([bool(safety_override)])),
             "next.reward": array_to_wire(np.array([reward], np.float32)),
             "task": self.instruction,
         }
