@@ -1,0 +1,116 @@
+"""Demonstrations from a scripted expert (`sim.experts`) in a ManiSkill env, written as a
+LeRobotDataset v3 through the robot client's recorder (`robots.recording`): every frame is
+the operator's (intervention set, no policy action), as in `embodied collect`.
+
+The dataset grows to `episodes` successful episodes. `meta/demos.json` keeps the next
+episode's seed, so running the command again continues where it stopped and never
+repeats an initial state."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from tqdm import tqdm
+
+from embodied.errors import ConfigError
+
+SIDECAR = Path("meta") / "demos.json"
+
+
+@dataclass
+class DemosConfig:
+    env: Any = None
+    root: Optional[str] = None
+    episodes: int = 50
+    max_attempts: Optional[int] = None
+    action_noise: float = 0.0
+    keep_failures: bool = False
+    seed: int = 0
+    repo_id: str = "local/demos"
+    use_videos: bool = False
+    python: Optional[str] = None
+    progress_bar: bool = True
+
+
+@dataclass
+class DemosResult:
+    episodes: int  # in the dataset now
+    added: int
+    attempts: int
+    successes: int
+
+
+def generate_demos(config: DemosConfig) -> DemosResult:
+    from robots.recording import DatasetRecorder, RecordingConfig
+    from sim.experts import make_expert
+    from sim.worker import single_env_factory
+
+    if not config.root:
+        raise ConfigError("demos need root=<dataset folder>")
+    if config.episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
+    if config.env.name != "maniskill":
+        raise ConfigError(f"the scripted experts drive ManiSkill envs, not env '{config.env.name}'")
+    expert = make_expert(config.env.task, config.env.control_mode, config.action_noise, config.seed)
+    env = single_env_factory(asdict(config.env))(0)
+    sidecar = Path(config.root).expanduser() / SIDECAR
+    recorder = DatasetRecorder(RecordingConfig(root=config.root, repo_id=config.repo_id, use_videos=config.use_videos,
+                                               partial="discard", python=config.python),
+                               env.spec, fps=env.spec.control_hz, instruction=env.instruction)
+    try:
+        have = recorder.open()
+        seed = json.loads(sidecar.read_text())["next_seed"] if sidecar.is_file() else config.seed + have
+        max_attempts = config.max_attempts or 2 * config.episodes
+        start, attempts, successes = have, 0, 0
+        bar = tqdm(total=config.episodes, initial=have, unit="episode", desc="demos",
+                   disable=not config.progress_bar, dynamic_ncols=True)
+        while have < config.episodes and attempts < max_attempts:
+            success = run_episode(env, expert, recorder, seed)
+            attempts, seed = attempts + 1, seed + 1
+            successes += success
+            keep = success or config.keep_failures
+            recorder.end_episode(success, keep=keep)
+            if keep:
+                have += 1
+                bar.update(1)
+                _write_atomically(sidecar, json.dumps({"next_seed": seed, "task": config.env.task,
+                                                       "control_mode": config.env.control_mode,
+                                                       "action_noise": config.action_noise}))
+            bar.set_postfix(success=f"{successes}/{attempts}")
+        bar.close()
+    finally:
+        try:
+            recorder.close()
+        finally:
+            env.close()
+    if have < config.episodes:
+        raise ConfigError(f"the expert succeeded in {successes} of {attempts} attempts; the dataset holds {have} "
+                          f"of {config.episodes} episodes (raise max_attempts, lower action_noise or keep_failures=true)")
+    return DemosResult(episodes=have, added=have - start, attempts=attempts, successes=successes)
+
+
+def run_episode(env: Any, expert: Any, recorder: Any, seed: int) -> bool:
+    """One episode to the env's time limit, every frame recorded; True if it succeeded at any
+    step (the env's success convention)."""
+    observation = env.reset(seed)
+    expert.reset()
+    success = False
+    for _ in range(env.spec.max_episode_steps or 1000):
+        action = expert.act(env.env.unwrapped)
+        step = env.step(action)
+        recorder.add(observation.state, observation.images, action, None, intervention=True, reward=step.reward)
+        success |= step.success
+        observation = step.observation
+        if step.terminated or step.truncated:
+            break
+    return success
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    staging = path.with_suffix(".tmp")
+    staging.write_text(text)
+    os.replace(staging, path)
