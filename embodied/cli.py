@@ -3,7 +3,10 @@
     embodied train                                  the default run (configs/train.yaml)
     embodied train env=maniskill_pickcube algo.lr=1e-4 experiment=pushcube
     embodied train resume=runs/train-20260101-120000
+    embodied train init=runs/sft-20260101-120000 algo=ppo ...   RL from an SFT run's weights
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
+    embodied demos env=maniskill_pickcube episodes=50 root=data/pickcube   scripted-expert demos
+    embodied sft dataset=data/pickcube env=maniskill_pickcube env.control_mode=pd_ee_delta_pos policy=flow
     embodied serve checkpoint=runs/train-20260101-120000        a policy server for robots
     embodied robot robot=sim robot.env_from=runs/train-20260101-120000 episodes=5
     embodied teleop robot=sim teleop=keyboard       an operator drives the robot, no policy
@@ -20,7 +23,7 @@ from typing import Sequence
 
 from embodied.errors import EmbodiedError
 
-VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys")
+VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft")
 
 
 def train(overrides: list[str]) -> int:
@@ -45,6 +48,42 @@ def train(overrides: list[str]) -> int:
     if config.eval_episodes > 0:
         output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=config.eval_episodes,
                                                 video_episodes=config.eval_video_episodes,
+                                                progress_bar=config.logger.progress_bar))
+        print(f"eval report:    {output / 'report.md'}")
+        print((output / "report.md").read_text())
+    return 0
+
+
+def demos(overrides: list[str]) -> int:
+    import logging
+
+    from embodied.config import compose, to_schema
+    from embodied.demos import DemosConfig, generate_demos
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = to_schema(DemosConfig, compose("demos", overrides))
+    result = generate_demos(config)
+    print(f"dataset:  {config.root} ({result.episodes} episodes, {result.added} added; "
+          f"expert success {result.successes}/{result.attempts})")
+    return 0
+
+
+def sft(overrides: list[str]) -> int:
+    import logging
+
+    from embodied.config import EvalConfig
+    from embodied.evaluate import evaluate_checkpoint
+    from embodied.sft import run_sft, sft_config
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("embodied").setLevel(logging.INFO)
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), None)
+    config = sft_config(overrides, resume)
+    run_dir = run_sft(config)
+    print(f"\nrun directory:  {run_dir}")
+    print(f"next:           embodied train init={run_dir} env=... policy=... (the same env and policy)")
+    if config.eval_episodes > 0:
+        output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=config.eval_episodes,
                                                 progress_bar=config.logger.progress_bar))
         print(f"eval report:    {output / 'report.md'}")
         print((output / "report.md").read_text())
@@ -103,12 +142,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if verb in ("robot", "teleop", "collect"):
             return robot(overrides, verb)
-        return {"train": train, "eval": evaluate, "serve": serve, "keys": keys}[verb](overrides)
+        return {"train": train, "eval": evaluate, "serve": serve, "keys": keys, "demos": demos,
+                "sft": sft}[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        hint = "; resume from the last checkpoint with resume=<run dir>" if verb == "train" else ""
+        hint = "; resume from the last checkpoint with resume=<run dir>" if verb in ("train", "sft") else ""
         print(f"\ninterrupted{hint}", file=sys.stderr)
         return 130
 

@@ -49,6 +49,7 @@ class TrainConfig:
     runs_root: str = "runs"
     run_dir: Optional[str] = None  # default: <runs_root>/<run_name>-<timestamp>
     resume: Optional[str] = None  # a run directory to continue from its latest checkpoint
+    init: Optional[str] = None  # a run or checkpoint whose policy weights a new run starts from (e.g. an SFT run)
     checkpoint_every: int = 10  # iterations
     keep_checkpoints: int = 3
     eval_episodes: int = 50  # evaluated after training; 0 to skip
@@ -57,6 +58,33 @@ class TrainConfig:
     periodic_eval_episodes: int = 16
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     intervention: InterventionConfig = field(default_factory=InterventionConfig)  # a scripted operator
+
+
+@dataclass
+class SFTConfig:
+    """`embodied sft`: supervised fine-tuning (behaviour cloning) on a LeRobotDataset."""
+
+    env: Any = None  # the env the policy is for: its spec must match the dataset's
+    policy: Any = None
+    dataset: Optional[str] = None  # a LeRobotDataset folder (demos, `embodied collect`, tools/demos.py)
+    frames: str = "all"  # all | interventions (HG-DAgger: only the operator's corrections)
+    steps: int = 2000  # gradient steps
+    batch_size: int = 256
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    val_fraction: float = 0.1  # episodes held out for the validation loss (at least one when there are two)
+    seed: int = 1
+    device: str = "auto"
+    run_name: str = "sft"
+    runs_root: str = "runs"
+    run_dir: Optional[str] = None
+    resume: Optional[str] = None  # an SFT run directory to continue
+    checkpoint_every: int = 500  # steps; the last step is always saved
+    keep_checkpoints: int = 3
+    log_every: int = 50  # steps between logged losses (the validation loss too)
+    eval_episodes: int = 20  # evaluated in the env after training; 0 to skip
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
 @dataclass
@@ -78,7 +106,8 @@ class EvalConfig:
 
 def check_values(config: Any) -> None:
     """Range checks the types alone do not catch."""
-    positive = {"TrainConfig": ("total_env_steps",), "EvalConfig": ("episodes", "trials")}.get(type(config).__name__, ())
+    positive = {"TrainConfig": ("total_env_steps",), "EvalConfig": ("episodes", "trials"),
+                "SFTConfig": ("steps", "batch_size", "log_every")}.get(type(config).__name__, ())
     for key in positive:
         if getattr(config, key) < 1:
             raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
@@ -142,6 +171,13 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
 
 def to_yaml(config: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def checkpoint_config(checkpoint: Path) -> Any:
+    """The config a checkpoint was written with: a training run's or an SFT run's. Both name
+    the env and the policy, which is what loading the policy needs."""
+    saved = load_yaml(checkpoint / "config.yaml")
+    return to_schema(SFTConfig if "dataset" in saved else TrainConfig, saved)
 
 
 def load_yaml(path: Path) -> DictConfig:

@@ -146,12 +146,12 @@ def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic
 def evaluate_suite(config: Any) -> Path:
     from embodied.build import build_env
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
-    from embodied.config import TrainConfig, load_yaml, to_schema
+    from embodied.config import checkpoint_config
 
     if not config.checkpoint:
         raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
     checkpoint = resolve_checkpoint(config.checkpoint)
-    trained = to_schema(TrainConfig, load_yaml(checkpoint / "config.yaml"))
+    trained = checkpoint_config(checkpoint)
     suites = [s.strip() for s in config.suite.split(",") if s.strip()]
     tasks = suite_tasks(suites, config.env, trained.env, config.task_ids)
     output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / "+".join(suites)

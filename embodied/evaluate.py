@@ -154,7 +154,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     `config.env`), write report.json / report.md (and videos) and return the output dir."""
     from embodied.build import build_env
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
-    from embodied.config import TrainConfig, load_yaml, to_schema
+    from embodied.config import checkpoint_config
     from embodied.errors import ConfigError
 
     if config.suite:
@@ -164,7 +164,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     if not config.checkpoint:
         raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
     checkpoint = resolve_checkpoint(config.checkpoint)
-    trained = to_schema(TrainConfig, load_yaml(checkpoint / "config.yaml"))
+    trained = checkpoint_config(checkpoint)
     env_cfg = config.env or trained.env
     weights, state = load_checkpoint(checkpoint)
     label = getattr(env_cfg, "task", None) or getattr(env_cfg, "suite", env_cfg.name)

@@ -22,8 +22,19 @@ def new_run_dir(runs_root: str, run_name: str) -> Path:
     return path
 
 
+def drop_metrics_after(run_dir: Path, step_key: str, step: int) -> None:
+    """A resumed run rewrites what came after its checkpoint; keep the log consistent."""
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)[step_key] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
 class MetricLogger:
-    def __init__(self, run_dir: Path, cfg: LoggerConfig, config: dict[str, Any]):
+    """`step_key`: what the x-axis counts, as it is named in metrics.jsonl."""
+
+    def __init__(self, run_dir: Path, cfg: LoggerConfig, config: dict[str, Any], step_key: str = "env_steps"):
+        self.step_key = step_key
         self.jsonl = open(run_dir / "metrics.jsonl", "a")
         self.tensorboard = None
         self.wandb = None
@@ -37,15 +48,15 @@ class MetricLogger:
             self.wandb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=config,
                                     name=run_dir.name, resume="allow", id=run_dir.name)
 
-    def log(self, metrics: dict[str, float], env_steps: int) -> None:
+    def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-        self.jsonl.write(json.dumps({"env_steps": env_steps, **clean}) + "\n")
+        self.jsonl.write(json.dumps({self.step_key: step, **clean}) + "\n")
         self.jsonl.flush()
         if self.tensorboard is not None:
             for key, value in clean.items():
-                self.tensorboard.add_scalar(key, value, env_steps)
+                self.tensorboard.add_scalar(key, value, step)
         if self.wandb is not None:
-            self.wandb.log(clean, step=env_steps)
+            self.wandb.log(clean, step=step)
 
     def close(self) -> None:
         self.jsonl.close()

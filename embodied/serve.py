@@ -336,12 +336,12 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
 
     from embodied.build import build_env, build_policy, resolve_device
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint
-    from embodied.config import TrainConfig, load_yaml, to_schema
+    from embodied.config import checkpoint_config
 
     if not config.checkpoint:
         raise ConfigError("serve needs checkpoint=<run dir or checkpoint dir>")
     checkpoint = resolve_checkpoint(config.checkpoint)
-    trained = to_schema(TrainConfig, load_yaml(checkpoint / "config.yaml"))
+    trained = checkpoint_config(checkpoint)
     weights, state = load_checkpoint(checkpoint)
     if "spec" in state:
         spec = EnvSpec.from_dict(state["spec"])

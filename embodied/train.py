@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
+import logging
 import random
 import time
 from pathlib import Path
@@ -19,12 +19,14 @@ from tqdm import tqdm
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
 from embodied.config import GROUPS, TrainConfig, load_yaml, to_schema, to_yaml
 from embodied.errors import ConfigError
-from embodied.runs import MetricLogger, new_run_dir
+from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
 from embodied.types import EpisodeStats
 from policies.base import Policy
 from sim.base import BatchedEnv
+
+logger = logging.getLogger(__name__)
 
 EPISODE_WINDOW = 100  # episodes behind the success rate and return shown while training
 
@@ -128,6 +130,8 @@ class TrainSession:
         self._logger: MetricLogger | None = None
         self._bar: Any = None
         self._last_time = time.perf_counter()
+        self._started = self._last_time
+        self._elapsed_before = 0.0  # wall time of the run before it was resumed
         self._last_eval: float | None = None
         self._last_steps = 0
 
@@ -141,6 +145,8 @@ class TrainSession:
         `rollout` (it lives in another process) only the learner side is restored."""
         saved_state = self.saved_state()
         if saved_state is None:
+            if self.config.init:
+                self._load_init(learner)
             if rollout is not None:
                 rollout.start()
             return
@@ -148,9 +154,10 @@ class TrainSession:
         self.checkpoint_path = self.checkpoint
         self.iteration = int(saved["iteration"])
         self.env_steps = int(saved["env_steps"])
+        self._elapsed_before = float(saved.get("elapsed_s", 0.0))
         self._last_steps = self.env_steps
         self.episodes.extend(EpisodeStats(**e) for e in saved["episodes"])
-        self._drop_metrics_after(self.env_steps)
+        drop_metrics_after(self.run_dir, "env_steps", self.env_steps)
         learner.load_weights(weights)
         learner.load_state_dict(saved["learner"])
         if rollout is not None:
@@ -159,6 +166,21 @@ class TrainSession:
             if "sampling_rng" in saved:
                 rollout.generator.set_state(saved["sampling_rng"])
         set_rng_state(saved["rng"])  # last: replaying the env may draw random numbers
+
+    def _load_init(self, learner: Learner) -> None:
+        """A new run's starting weights (`init`): the policy of another run, e.g. an SFT run.
+        The weights come with their input statistics, which stay fixed from then on;
+        optimizer state and counters start fresh."""
+        assert self.config.init is not None
+        checkpoint = resolve_checkpoint(self.config.init)
+        weights, _ = load_checkpoint(checkpoint)
+        try:
+            learner.load_weights(weights)
+        except RuntimeError as error:
+            raise ConfigError(f"init={self.config.init}: its weights do not fit policy '{self.config.policy.name}' "
+                              f"on this env: {error}") from None
+        learner.normalization_frozen = True
+        logger.info("policy weights from %s (input statistics fixed)", checkpoint)
 
     def save(self, learner: Learner, env_state: dict[str, Any] | None, extra: dict[str, Any] | None = None) -> Path:
         """A checkpoint of the learner, the env side's resume state where this process holds
@@ -169,6 +191,7 @@ class TrainSession:
             "rng": get_rng_state(),
             "iteration": self.iteration,
             "env_steps": self.env_steps,
+            "elapsed_s": self.elapsed_s,
             "episodes": [vars(e) for e in self.episodes],
             **(extra or {}),
         }
@@ -180,13 +203,6 @@ class TrainSession:
     def should_checkpoint(self, finished: bool) -> bool:
         every = self.config.checkpoint_every
         return finished or (every > 0 and self.iteration % every == 0)
-
-    def _drop_metrics_after(self, env_steps: int) -> None:
-        """A resumed run rewrites what came after its checkpoint; keep the log consistent."""
-        path = self.run_dir / "metrics.jsonl"
-        if path.is_file():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["env_steps"] <= env_steps]
-            path.write_text("".join(line + "\n" for line in kept))
 
     # ---- logging -----------------------------------------------------------------------
     def start_logging(self) -> None:
@@ -202,6 +218,7 @@ class TrainSession:
         metrics = dict(metrics)
         metrics["train/env_steps_per_s"] = (self.env_steps - self._last_steps) / max(now - self._last_time, 1e-9)
         metrics["train/iteration"] = self.iteration
+        metrics["train/elapsed_s"] = self.elapsed_s
         self._last_time, self._last_steps = now, self.env_steps
         if self.episodes:
             metrics["rollout/success_rate"] = float(np.mean([e.success for e in self.episodes]))
@@ -229,6 +246,11 @@ class TrainSession:
             self._bar.close()
         if self._logger is not None:
             self._logger.close()
+
+    @property
+    def elapsed_s(self) -> float:
+        """Wall time the run has trained, over all its resumptions."""
+        return self._elapsed_before + time.perf_counter() - self._started
 
     @property
     def finished(self) -> bool:

@@ -16,6 +16,9 @@ class Learner:
         self.algo = algo
         self.device = device
         self.policy_version = 0
+        # Weights trained elsewhere (SFT, `init`) expect the input statistics they were trained
+        # with: moving them would change the function those weights compute.
+        self.normalization_frozen = False
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
         """`off_policy`: the batch was sampled by an older policy_version than the current one."""
@@ -23,7 +26,8 @@ class Learner:
         metrics = self.algo.update(batch, progress, off_policy=off_policy)
         # Input statistics move after the update, so rollout and update of one batch saw
         # the same normalisation and the first PPO ratio is exactly 1.
-        self.policy.update_normalization(batch.flat_observation(slice(None)))
+        if not self.normalization_frozen:
+            self.policy.update_normalization(batch.flat_observation(slice(None)))
         self.policy_version += 1
         return metrics
 
@@ -39,8 +43,10 @@ class Learner:
         self.policy.load_state_dict(weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"algo": self.algo.state_dict(), "policy_version": self.policy_version}
+        return {"algo": self.algo.state_dict(), "policy_version": self.policy_version,
+                "normalization_frozen": self.normalization_frozen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.algo.load_state_dict(state["algo"])
         self.policy_version = int(state["policy_version"])
+        self.normalization_frozen = bool(state.get("normalization_frozen", False))

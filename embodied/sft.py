@@ -1,0 +1,241 @@
+"""Supervised fine-tuning on demonstrations: `embodied sft dataset=<LeRobotDataset> ...`.
+
+Each sample is a frame's observation (state, camera images, instruction) and the actions of
+the following frames of its segment, as many as the policy predicts at once (its horizon,
+else its chunk size); a segment's last action is repeated past its end. A segment is a run
+of selected frames within one episode:
+
+    frames=all             every frame the operator or the policy executed
+    frames=interventions   only the operator's corrections (HG-DAgger / RaC-style SFT)
+
+Frames where the safety layer's own hold was executed are never demonstrations. The loss is
+the policy's `bc_loss` (flow matching, token cross-entropy, Gaussian likelihood). Whole
+episodes are held out for a validation loss.
+
+The run directory has the layout of a training run (config.yaml, metrics.jsonl,
+tensorboard, checkpoints/), so `embodied eval`, `embodied serve` and `embodied train
+init=<run>` take it as they take any run, and `resume=<run>` continues it exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from embodied.build import build_env, build_policy, resolve_device
+from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
+from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
+from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, read_frames
+from embodied.errors import ConfigError
+from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
+from embodied.train import get_rng_state, set_rng_state, start_process
+from embodied.types import EnvSpec, Observation
+from policies.base import Policy
+
+logger = logging.getLogger(__name__)
+
+FRAME_SELECTIONS = ("all", "interventions")
+
+
+class Demonstrations:
+    """The selected frames of a dataset as (observation, action chunk) samples."""
+
+    def __init__(self, root: str | Path, spec: EnvSpec, horizon: int, frames: str = "all"):
+        if frames not in FRAME_SELECTIONS:
+            raise ConfigError(f"frames must be one of {FRAME_SELECTIONS}, got '{frames}'")
+        info = dataset_info(root)
+        self.cameras = cameras(info)
+        check_dataset_fits(info, spec, root)
+        data = read_frames(root, ["observation.state", "action", "episode_index", "task",
+                                  *(IMAGE_PREFIX + c for c in self.cameras)],
+                           optional=("intervention", "safety_override"))
+        length = len(data["action"])
+        self.state = data["observation.state"].astype(np.float32).reshape(length, -1)
+        self.action = data["action"].astype(np.float32).reshape(length, -1)
+        self.images = {c: data[IMAGE_PREFIX + c] for c in self.cameras}
+        self.instruction = data["task"]
+        self.episode = data["episode_index"].astype(np.int64).reshape(-1)
+        flag = lambda key: data[key].reshape(-1).astype(bool) if key in data else np.zeros(length, bool)  # noqa: E731
+        selected = ~flag("safety_override")
+        if frames == "interventions":
+            if "intervention" not in data:
+                raise ConfigError(f"the dataset at {root} has no intervention flags; use frames=all")
+            selected &= flag("intervention")
+        self.rows = np.flatnonzero(selected)
+        if len(self.rows) == 0:
+            raise ConfigError(f"the dataset at {root} has no frames to learn from with frames={frames}")
+        # chunk[i, k]: the row whose action is the k-th of sample i's chunk
+        same_segment = np.zeros(length, bool)  # row r and r + 1 are one segment
+        same_segment[:-1] = selected[:-1] & selected[1:] & (self.episode[:-1] == self.episode[1:])
+        chunk = [self.rows]
+        for _ in range(1, horizon):
+            previous = chunk[-1]
+            chunk.append(np.where(same_segment[previous], previous + 1, previous))
+        self.chunk = np.stack(chunk, 1)
+
+    @property
+    def episodes(self) -> np.ndarray:
+        return np.unique(self.episode[self.rows])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def split(self, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample indices for training and validation, by whole episodes."""
+        episodes = self.episodes
+        held = int(round(val_fraction * len(episodes)))
+        if val_fraction > 0 and len(episodes) >= 2:
+            held = min(max(held, 1), len(episodes) - 1)
+        else:
+            held = 0
+        val_episodes = np.random.default_rng(seed).permutation(episodes)[:held]
+        in_val = np.isin(self.episode[self.rows], val_episodes)
+        return np.flatnonzero(~in_val), np.flatnonzero(in_val)
+
+    def batch(self, samples: np.ndarray, device: torch.device) -> tuple[Observation, torch.Tensor]:
+        rows = self.rows[samples]
+        observation = Observation(
+            state=torch.from_numpy(self.state[rows]).to(device),
+            images={c: torch.from_numpy(self.images[c][rows]).to(device) for c in self.cameras},
+            instruction=[str(t) for t in self.instruction[rows]],
+        )
+        return observation, torch.from_numpy(self.action[self.chunk[samples]]).to(device)
+
+
+def check_dataset_fits(info: dict[str, Any], spec: EnvSpec, root: str | Path) -> None:
+    """The dataset's state, action and cameras against the env's: every difference named."""
+    features = info["features"]
+    problems = []
+    for key, expected in (("observation.state", spec.state_dim), ("action", spec.action_dim)):
+        shape = list(features.get(key, {}).get("shape", []))
+        if shape != [expected]:
+            problems.append(f"{key} has shape {shape}, the env {[expected]}")
+    recorded = {c: list(features[IMAGE_PREFIX + c]["shape"]) for c in cameras(info)}
+    expected_images = {c: list(s) for c, s in spec.image_shapes.items()}
+    if recorded != expected_images:
+        problems.append(f"cameras {recorded}, the env {expected_images}")
+    if problems:
+        raise ConfigError(f"the dataset at {root} does not fit the env: " + "; ".join(problems))
+
+
+def env_spec_of(env_cfg: Any, seed: int) -> EnvSpec:
+    """The spec of the env a policy is for, from one env (in this process where it can live)."""
+    replace = {"num_envs": 1, "num_workers": getattr(env_cfg, "MIN_WORKERS", 0)}
+    names = {f.name for f in dataclasses.fields(env_cfg)}
+    env = build_env(dataclasses.replace(env_cfg, **{k: v for k, v in replace.items() if k in names}), seed=seed, stream=1)
+    try:
+        return env.spec
+    finally:
+        env.close()
+
+
+def policy_horizon(policy: Policy) -> int:
+    """How many consecutive actions `bc_loss` learns from: the predicted horizon where the
+    policy has one (flow), else its chunk size."""
+    return int(getattr(policy.cfg, "horizon", policy.chunk_size))
+
+
+def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
+    from embodied.config import compose
+
+    if not resume:
+        return to_schema(SFTConfig, compose("sft", overrides))
+    run_dir = run_dir_of(resolve_checkpoint(resume))
+    saved = load_yaml(run_dir / "config.yaml")
+    changed = [o for o in overrides if not o.startswith("resume=")]
+    fixed = [o for o in changed if o.split("=", 1)[0].lstrip("+").split(".")[0] in ("env", "policy", "dataset", "frames")]
+    if fixed:
+        raise ConfigError(f"cannot change {fixed} when resuming {run_dir}: start a new run instead")
+    merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
+    merged.resume, merged.run_dir = str(run_dir), str(run_dir)
+    return to_schema(SFTConfig, merged)
+
+
+def run_sft(config: SFTConfig) -> Path:
+    """Train, checkpoint and return the run directory."""
+    if not config.dataset:
+        raise ConfigError("sft needs dataset=<LeRobotDataset folder>")
+    start_process(config.seed, None)
+    device = resolve_device(config.device)
+    spec = env_spec_of(config.env, config.seed)
+    policy = build_policy(config.policy, spec, device)
+    demos = Demonstrations(config.dataset, spec, policy_horizon(policy), config.frames)
+    train_samples, val_samples = demos.split(config.val_fraction, config.seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    generator = np.random.default_rng(config.seed)
+
+    run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root, config.run_name)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.run_dir = str(run_dir)
+    config_yaml = to_yaml(config)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    step = 0
+    if config.resume:
+        weights, saved = load_checkpoint(resolve_checkpoint(run_dir))
+        policy.load_state_dict(weights)
+        optimizer.load_state_dict(saved["sft"]["optimizer"])
+        generator.bit_generator.state = saved["sft"]["sampler"]
+        step = int(saved["sft"]["step"])
+        set_rng_state(saved["rng"])
+        drop_metrics_after(run_dir, "sft_step", step)
+    else:  # input statistics from the demonstrations, once: the policy meets these states first
+        policy.update_normalization(Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device)))
+    logger.info("SFT on %d frames of %d episodes (%d held out), %s", len(train_samples), len(demos.episodes),
+                len(val_samples), config.frames)
+
+    def save() -> None:
+        state = {"sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
+                 "rng": get_rng_state(), "iteration": step, "env_steps": 0, "learner": {"policy_version": 0},
+                 "spec": spec.to_dict(), "episodes": []}
+        save_checkpoint(run_dir / "checkpoints", f"iter_{step:06d}", {k: v.detach().cpu() for k, v in
+                        policy.state_dict().items()}, state, config_yaml, keep=config.keep_checkpoints)
+
+    metrics_log = MetricLogger(run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)),
+                               step_key="sft_step")
+    bar = tqdm(total=config.steps, initial=step, unit="step", desc="sft", disable=not config.logger.progress_bar,
+               dynamic_ncols=True)
+    try:
+        policy.train()
+        while step < config.steps:
+            samples = train_samples[generator.integers(0, len(train_samples), config.batch_size)]
+            loss = policy.bc_loss(*demos.batch(samples, device))
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
+            optimizer.step()
+            step += 1
+            bar.update(1)
+            if step % config.log_every == 0 or step == config.steps:
+                metrics = {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm)}
+                if len(val_samples):
+                    metrics["sft/val_loss"] = validation_loss(policy, demos, val_samples, config.batch_size, device)
+                metrics_log.log(metrics, step)
+                bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}",
+                                **({"val": f"{metrics['sft/val_loss']:.4f}"} if "sft/val_loss" in metrics else {}))
+            if step == config.steps or (config.checkpoint_every > 0 and step % config.checkpoint_every == 0):
+                save()
+    finally:
+        bar.close()
+        metrics_log.close()
+    return run_dir
+
+
+@torch.no_grad()
+def validation_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, batch_size: int,
+                    device: torch.device) -> float:
+    """The mean loss over the held-out samples. It draws from torch's generator (flow
+    matching samples t and noise), so a fork keeps training's stream untouched."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)
+        policy.eval()
+        losses = [float(policy.bc_loss(*demos.batch(part, device))) * len(part)
+                  for part in np.array_split(samples, max(1, -(-len(samples) // batch_size)))]
+        policy.train()
+    return sum(losses) / len(samples)
+

@@ -1,0 +1,193 @@
+"""Demonstrations from scripted experts and SFT on them: real ManiSkill, datasets written by
+the real LeRobotDataset library (in the writer's virtualenv), the real CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.build import build_policy
+from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+from embodied.cli import main
+from embodied.config import SFTConfig, TrainConfig, compose, to_schema
+from embodied.datasets import read_frames
+from embodied.demos import DemosConfig, generate_demos
+from embodied.errors import ConfigError
+from embodied.runtime.learner import Learner
+from embodied.sft import Demonstrations, run_sft, sft_config
+from embodied.train import TrainSession
+from embodied.types import EnvSpec
+from robots.recording import DatasetRecorder, RecordingConfig
+from sim.experts import make_expert
+from sim.maniskill import ManiSkillConfig, ManiSkillEnv
+
+EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
+
+
+def demos_config(root, *overrides):
+    return to_schema(DemosConfig, compose("demos", [f"root={root}", "progress_bar=false", *overrides]))
+
+
+def sft_run(tmp_path, dataset, *overrides, name="sft"):
+    config = to_schema(SFTConfig, compose("sft", [
+        f"dataset={dataset}", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", f"runs_root={tmp_path}",
+        f"run_dir={tmp_path / name}", "logger.progress_bar=false", "logger.tensorboard=false",
+        "policy.hidden=[64,64]", "policy.critic_hidden=[32]", "batch_size=32", "log_every=10", *overrides]))
+    return run_sft(config)
+
+
+@pytest.fixture(scope="module")
+def pickcube_demos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos") / "pickcube"
+    generate_demos(demos_config(root, "episodes=3"))
+    return root
+
+
+@pytest.mark.parametrize("task", ["PickCube-v1", "PushCube-v1", "StackCube-v1"])
+def test_scripted_experts_solve_their_tasks(task):
+    env = ManiSkillEnv(ManiSkillConfig(task=task, control_mode="pd_ee_delta_pos"))
+    expert = make_expert(task, "pd_ee_delta_pos")
+    try:
+        for seed in range(2):
+            env.reset(seed)
+            expert.reset()
+            success = False
+            for _ in range(env.spec.max_episode_steps):
+                success |= env.step(expert.act(env.env.unwrapped)).success
+            assert success, f"{task} seed {seed}"
+    finally:
+        env.close()
+
+
+def test_experts_refuse_tasks_and_controls_they_do_not_know():
+    with pytest.raises(ConfigError, match="no scripted expert for 'PegInsertionSide-v1'"):
+        make_expert("PegInsertionSide-v1", "pd_ee_delta_pos")
+    with pytest.raises(ConfigError, match="pd_ee_delta_pos, not 'pd_joint_delta_pos'"):
+        make_expert("PickCube-v1", "pd_joint_delta_pos")
+
+
+def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_new_seeds(pickcube_demos, tmp_path):
+    frames = read_frames(pickcube_demos, ["observation.state", "action", "policy_action", "intervention",
+                                          "episode_index", "next.success", "task"])
+    assert sorted(set(frames["episode_index"].tolist())) == [0, 1, 2]
+    assert frames["intervention"].all() and np.isnan(frames["policy_action"].astype(np.float32)).all()
+    assert set(frames["task"]) == {"pick up the cube and move it to the goal position"}
+    assert frames["next.success"].reshape(-1).any()
+    assert json.loads((pickcube_demos / "meta" / "demos.json").read_text())["next_seed"] == 3
+
+    copy = tmp_path / "grown"
+    generate_demos(demos_config(copy, "episodes=2"))
+    result = generate_demos(demos_config(copy, "episodes=4"))
+    assert (result.episodes, result.added) == (4, 2)
+    grown = read_frames(copy, ["observation.state", "episode_index"])
+    starts = np.stack([grown["observation.state"][grown["episode_index"] == e][0] for e in range(4)])
+    original = read_frames(pickcube_demos, ["observation.state", "episode_index"])
+    assert np.array_equal(starts[:2], np.stack([original["observation.state"][original["episode_index"] == e][0]
+                                                for e in range(2)]))  # seeds 0, 1 (then 2, 3) ...
+    assert json.loads((copy / "meta" / "demos.json").read_text())["next_seed"] == 4
+    assert len({row.tobytes() for row in starts}) == 4  # ... and 3: no initial state twice
+
+
+def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
+    root = tmp_path / "rgb"
+    generate_demos(demos_config(root, "episodes=1", "env.obs_mode=rgb", "env.image_size=32", "max_attempts=1",
+                                "keep_failures=true"))
+    frames = read_frames(root, ["observation.images.base_camera", "episode_index"])
+    env = ManiSkillEnv(ManiSkillConfig(task="PickCube-v1", control_mode="pd_ee_delta_pos", obs_mode="rgb",
+                                       image_size=32))
+    try:
+        first = env.reset(0).images["base_camera"]
+    finally:
+        env.close()
+    assert frames["observation.images.base_camera"].shape[1:] == (32, 32, 3)
+    assert np.array_equal(frames["observation.images.base_camera"][0], first)
+
+
+def test_sft_lowers_the_loss_and_its_run_is_evaluated_like_any_run(pickcube_demos, tmp_path):
+    run_dir = sft_run(tmp_path, pickcube_demos, "steps=100", "lr=1e-3", "batch_size=64", "log_every=20")
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["sft_step"] for m in logged] == [20, 40, 60, 80, 100]
+    assert logged[-1]["sft/loss"] < 0.8 * logged[0]["sft/loss"]
+    assert all(np.isfinite(m["sft/val_loss"]) for m in logged)  # one of the three episodes is held out
+    assert main(["eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false"]) == 0
+    report = json.loads((run_dir / "eval" / "PickCube-v1" / "report.json").read_text())
+    assert report["overall"]["episodes"] == 2
+
+
+def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(pickcube_demos, tmp_path):
+    whole = sft_run(tmp_path, pickcube_demos, "steps=30", "checkpoint_every=0", name="whole")
+    sft_run(tmp_path, pickcube_demos, "steps=20", "checkpoint_every=0", name="cut")
+    resumed = run_sft(sft_config(["steps=30"], resume=str(tmp_path / "cut")))
+    expected, _ = load_checkpoint(resolve_checkpoint(whole))
+    weights, state = load_checkpoint(resolve_checkpoint(resumed))
+    assert state["sft"]["step"] == 30
+    assert all(torch.equal(expected[k], weights[k]) for k in expected)
+    steps = [json.loads(line)["sft_step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [10, 20, 30]
+    with pytest.raises(ConfigError, match="cannot change"):
+        sft_config(["dataset=elsewhere"], resume=str(resumed))
+
+
+def test_a_new_training_run_starts_from_the_sft_weights_with_init(pickcube_demos, tmp_path):
+    run_dir = sft_run(tmp_path, pickcube_demos, "steps=10")
+    sft_weights, _ = load_checkpoint(resolve_checkpoint(run_dir))
+    overrides = ["env=maniskill_pickcube", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", "policy=flow",
+                 "policy.hidden=[64,64]", "policy.critic_hidden=[32]", f"runs_root={tmp_path}", f"init={run_dir}"]
+    config = to_schema(TrainConfig, compose("train", overrides))
+    spec = EnvSpec.from_dict(load_checkpoint(resolve_checkpoint(run_dir))[1]["spec"])
+    policy = build_policy(config.policy, spec, torch.device("cpu"))
+    TrainSession(config).restore(Learner(policy, None, torch.device("cpu")))
+    assert all(torch.equal(sft_weights[k], v) for k, v in policy.state_dict().items())
+
+    other = to_schema(TrainConfig, compose("train", [*overrides[:4], "policy=mlp_gaussian", f"runs_root={tmp_path}",
+                                                     f"init={run_dir}"]))
+    mlp = build_policy(other.policy, spec, torch.device("cpu"))
+    with pytest.raises(ConfigError, match=f"init={run_dir}: its weights do not fit policy 'mlp_gaussian'"):
+        TrainSession(other).restore(Learner(mlp, None, torch.device("cpu")))
+
+
+SPEC = EnvSpec(state_dim=2, action_dim=1, action_low=(-1.0,), action_high=(1.0,), control_hz=10.0)
+
+
+def record(root, episodes):
+    """Episodes of (intervention, safety_override) flags; frame i has state [i, 0] and action i/100."""
+    recorder = DatasetRecorder(RecordingConfig(root=str(root)), SPEC, fps=10, instruction="reach")
+    recorder.open()
+    index = 0
+    for flags in episodes:
+        for intervention, override in flags:
+            recorder.add(np.array([index, 0.0]), {}, np.array([index / 100]), None, intervention, 0.0, override)
+            index += 1
+        recorder.end_episode(success=True)
+    recorder.close()
+
+
+def test_interventions_only_keeps_the_corrections_and_chunks_end_with_their_segment(tmp_path):
+    # frames 0-4: policy, 2 corrections, policy, correction; frames 5-7: correction, safety hold, correction
+    record(tmp_path / "d", [[(0, 0), (1, 0), (1, 0), (0, 0), (1, 0)], [(1, 0), (1, 1), (1, 0)]])
+    corrections = Demonstrations(tmp_path / "d", SPEC, horizon=3, frames="interventions")
+    assert corrections.rows.tolist() == [1, 2, 4, 5, 7]
+    assert corrections.chunk.tolist() == [[1, 2, 2], [2, 2, 2], [4, 4, 4], [5, 5, 5], [7, 7, 7]]
+    everything = Demonstrations(tmp_path / "d", SPEC, horizon=3)
+    assert everything.rows.tolist() == [0, 1, 2, 3, 4, 5, 7]  # never the safety layer's hold
+    assert everything.chunk[0].tolist() == [0, 1, 2] and everything.chunk[4].tolist() == [4, 4, 4]
+    observation, actions = everything.batch(np.array([0, 4]), torch.device("cpu"))
+    assert observation.state[:, 0].tolist() == [0.0, 4.0] and observation.instruction == ["reach", "reach"]
+    assert torch.allclose(actions[:, :, 0], torch.tensor([[0.0, 0.01, 0.02], [0.04, 0.04, 0.04]]))
+    train, val = everything.split(0.5, seed=0)
+    assert len(train) and len(val) and not set(everything.episode[everything.rows[train]]) & set(
+        everything.episode[everything.rows[val]])
+
+
+def test_a_dataset_that_does_not_fit_the_env_is_refused_naming_each_difference(tmp_path):
+    record(tmp_path / "d", [[(1, 0)]])
+    camera_spec = EnvSpec(state_dim=3, action_dim=1, action_low=(-1.0,), action_high=(1.0,),
+                          image_shapes={"front": (8, 8, 3)}, control_hz=10.0)
+    with pytest.raises(ConfigError, match=r"observation.state has shape \[2\], the env \[3\]; cameras \{\}, "
+                                          r"the env \{'front': \[8, 8, 3\]\}"):
+        Demonstrations(tmp_path / "d", camera_spec, horizon=1)
+    with pytest.raises(ConfigError, match="no LeRobotDataset"):
+        Demonstrations(tmp_path / "missing", SPEC, horizon=1)
+    with pytest.raises(ConfigError, match="frames must be one of"):
+        Demonstrations(tmp_path / "d", SPEC, horizon=1, frames="corrections")
