@@ -53,6 +53,18 @@ class Trajectory:
         )
         return Trajectory(**moved)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Plain tensors, lists and dicts (what checkpoints hold), on the CPU."""
+        cpu = self.to("cpu")
+        state = {f.name: getattr(cpu, f.name) for f in fields(cpu)}
+        state["observation"] = {"state": cpu.observation.state, "images": cpu.observation.images,
+                                "instruction": list(cpu.observation.instruction)}
+        return state
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> "Trajectory":
+        return cls(**{**state, "observation": Observation(**state["observation"])})
+
     def chunk(self, index: Any) -> ActionChunk:
         """The stored action chunks of flat (T*B) rows `index`, for `Policy.evaluate`."""
         return ActionChunk(

@@ -127,6 +127,10 @@ class GRPOConfig:
     max_grad_norm: float = 1.0
     outcome: str = "success"  # what a group compares: success (0/1) or return
     success_band: list[float] = field(default_factory=lambda: [0.1, 0.9])  # dynamic sampling; [0, 1] keeps all
+    # Resample until full: collect batches until this many informative groups are kept, then
+    # train on all of them (0: train on each batch's own informative groups) ...
+    groups_per_batch: int = 0
+    max_batches_per_update: int = 8  # ... but train on what there is after this many batches
 
 
 def check_config(cfg: GRPOConfig) -> None:
@@ -139,6 +143,18 @@ def check_config(cfg: GRPOConfig) -> None:
         raise ConfigError(f"algo.outcome must be 'success' or 'return', got '{cfg.outcome}'")
     if len(cfg.success_band) != 2:
         raise ConfigError(f"algo.success_band must be [low, high], got {cfg.success_band}")
+    if cfg.groups_per_batch < 0 or cfg.max_batches_per_update < 1:
+        raise ConfigError("algo.groups_per_batch must be >= 0 and algo.max_batches_per_update >= 1")
+
+
+@dataclass
+class Kept:
+    """The informative groups of one collected batch, waiting for an update."""
+
+    batch: Trajectory
+    rows: torch.Tensor  # flat (step, env) rows of the kept groups' first episodes
+    advantages: torch.Tensor  # (B,) per env
+    groups: int
 
 
 class GRPO:
@@ -150,6 +166,8 @@ class GRPO:
         self.optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
                                           eps=cfg.adam_eps)
         self.sampling = DynamicSampling(groups_per_batch=1 << 30, low=cfg.success_band[0], high=cfg.success_band[1])
+        self.kept: list[Kept] = []
+        self.batches_collected = 0  # since the last update
 
     def _outcomes(self, batch: Trajectory) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per env: its first episode's steps (T, B), whether that episode ended, its success and return."""
@@ -186,37 +204,68 @@ class GRPO:
             kept = self.sampling.offer(Group(task, int(success[members].sum()), size))
             informative[members] = kept
         self.sampling.take_batch()
-        use = first_episode & informative[None]
-        rows = torch.nonzero(use.reshape(-1)).squeeze(-1)
+        rows = torch.nonzero((first_episode & informative[None]).reshape(-1)).squeeze(-1)
+        if rows.numel():
+            self.kept.append(Kept(batch, rows, advantages, int(informative.sum()) // size))
+        self.batches_collected += 1
+        kept_groups = sum(k.groups for k in self.kept)
         metrics = {"grpo/success_rate": float(success.float().mean()),
-                   "grpo/informative_groups": float(informative.sum() // size), **self.sampling.metrics()}
-        if rows.numel() == 0:
-            return {**metrics, "train/lr": cfg.lr}  # every group all-success or all-failure: nothing to learn
+                   "grpo/informative_groups": float(informative.sum() // size),
+                   "grpo/kept_groups": float(kept_groups), **self.sampling.metrics(), "train/lr": cfg.lr}
+        if kept_groups < cfg.groups_per_batch and self.batches_collected < cfg.max_batches_per_update:
+            return {**metrics, "grpo/resampling": 1.0}  # collect another batch before stepping
+        kept, self.kept = self.kept, []
+        metrics["grpo/batches_per_update"] = float(self.batches_collected)
+        self.batches_collected = 0
+        if not kept:
+            return metrics  # every group all-success or all-failure: nothing to learn
+        return {**metrics, **self._train(kept)}
+
+    def _train(self, kept: list[Kept]) -> dict[str, float]:
+        """Epochs of minibatches drawn across every kept batch."""
+        cfg = self.cfg
+        sources = torch.cat([torch.full_like(k.rows, i) for i, k in enumerate(kept)])
+        rows = torch.cat([k.rows for k in kept])
         minibatch = max(rows.numel() // cfg.num_minibatches, 1)
         averages = LossAverages()
         for _ in range(cfg.update_epochs):
-            order = rows[torch.randperm(rows.numel())]
+            order = torch.randperm(rows.numel())
             for start in range(0, order.numel(), minibatch):
                 picked = order[start:start + minibatch]
-                chunk = batch.chunk(picked)
-                evaluated = self.policy.evaluate(batch.flat_observation(picked), chunk)
-                new = evaluated.token_log_prob if evaluated.token_log_prob is not None else evaluated.log_prob[:, None]
-                old = chunk.record.get("token_log_prob", chunk.log_prob[:, None])
-                env_of_row = picked % batch.num_envs  # flat rows are (step, env) in time-major order
-                loss = grpo_loss(new, old.to(new.device), advantages[env_of_row].to(new.device),
-                                 torch.ones_like(new), cfg.clip_low, cfg.clip_high)
+                new, old, advantages = [], [], []
+                for i, k in enumerate(kept):
+                    mine = rows[picked[sources[picked] == i]]
+                    if mine.numel() == 0:
+                        continue
+                    chunk = k.batch.chunk(mine)
+                    evaluated = self.policy.evaluate(k.batch.flat_observation(mine), chunk)
+                    new.append(evaluated.token_log_prob if evaluated.token_log_prob is not None
+                               else evaluated.log_prob[:, None])
+                    old.append(chunk.record.get("token_log_prob", chunk.log_prob[:, None]).to(new[-1].device))
+                    env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
+                    advantages.append(k.advantages[env_of_row].to(new[-1].device))
+                new_log_prob = torch.cat(new)
+                loss = grpo_loss(new_log_prob, torch.cat(old), torch.cat(advantages), torch.ones_like(new_log_prob),
+                                 cfg.clip_low, cfg.clip_high)
                 self.optimizer.zero_grad()
                 loss.total.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                 self.optimizer.step()
                 averages.add(loss, grad_norm)
-        return {**metrics, **averages.metrics(), "train/lr": cfg.lr}
+        return averages.metrics()
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict()}
+        """With the groups kept for the next update: a resumed run trains on the same data."""
+        return {"optimizer": self.optimizer.state_dict(), "batches_collected": self.batches_collected,
+                "kept": [{"batch": k.batch.state_dict(), "rows": k.rows.cpu(), "advantages": k.advantages.cpu(),
+                          "groups": k.groups} for k in self.kept]}
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        self.batches_collected = int(state.get("batches_collected", 0))
+        device = self.policy.device
+        self.kept = [Kept(Trajectory.from_state_dict(k["batch"]).to(device), k["rows"].to(device),
+                          k["advantages"].to(device), int(k["groups"])) for k in state.get("kept", [])]
 
 
 @ALGOS.register("grpo", GRPOConfig)

@@ -96,7 +96,7 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
 
 
 
-def _episodes(instructions, steps=3, ends_at=2):
+def _episodes(instructions, steps=3, ends_at=2, success=None):
     """A batch of one short episode per env, ending at step `ends_at` (None: never)."""
     from embodied.buffers import TrajectoryBuilder
     from embodied.types import ActionChunk, Observation, StepResult
@@ -107,7 +107,8 @@ def _episodes(instructions, steps=3, ends_at=2):
         observation = Observation(state=np.zeros((envs, 3), np.float32), instruction=list(instructions))
         done = np.full(envs, ends_at is not None and t == ends_at)
         result = StepResult(observation=observation, reward=np.ones(envs, np.float32), terminated=np.zeros(envs, bool),
-                            truncated=done, success=np.arange(envs) % 2 == 0, executed_steps=np.ones(envs, np.int64),
+                            truncated=done, success=(np.arange(envs) % 2 == 0) if success is None
+                            else np.asarray(success, bool), executed_steps=np.ones(envs, np.int64),
                             executed_action=np.zeros((envs, 1, 2), np.float32), final_observation=observation)
         chunk = ActionChunk(torch.zeros(envs, 1, 2), torch.zeros(envs), torch.zeros(envs))
         builder.add(observation, chunk, result, torch.zeros(envs))
@@ -129,3 +130,47 @@ def test_grpo_refuses_groups_that_mix_tasks_or_episodes_that_did_not_end():
         grpo.update(_episodes(["push"] * 4, ends_at=None), 0.0)
     metrics = grpo.update(_episodes(["push", "push", "lift", "lift"]), 0.0)
     assert metrics["grpo/informative_groups"] == 2.0 and "loss/policy_loss" in metrics
+
+
+def test_resampling_collects_batches_until_enough_informative_groups_and_survives_a_checkpoint():
+    import json
+
+    from embodied.algos.grpo import GRPO, GRPOConfig
+    from embodied.checkpoint import flatten, unflatten
+    from embodied.types import EnvSpec
+    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+
+    def make():
+        torch.manual_seed(0)
+        policy = MLPGaussianPolicy(MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0),
+                                                              action_high=(1.0, 1.0)))
+        return policy, GRPO(GRPOConfig(group_size=2, num_minibatches=2, groups_per_batch=2,
+                                       max_batches_per_update=3), policy)
+
+    policy, grpo = make()
+    before = [p.detach().clone() for p in policy.parameters()]
+    solved_or_not = grpo.update(_episodes(["push"] * 4, success=[1, 1, 0, 0]), 0.0)  # no informative group
+    assert solved_or_not["grpo/resampling"] == 1.0 and solved_or_not["grpo/kept_groups"] == 0.0
+    one = grpo.update(_episodes(["push"] * 4, success=[1, 0, 1, 1]), 0.0)
+    assert one["grpo/resampling"] == 1.0 and one["grpo/kept_groups"] == 1.0 and "loss/policy_loss" not in one
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))  # no step while resampling
+
+    tensors = {}  # through a checkpoint's own encoding: JSON around safetensors-able tensors
+    skeleton = json.dumps(flatten(grpo.state_dict(), tensors))
+    saved = unflatten(json.loads(skeleton), tensors)
+    restored_policy, restored = make()
+    restored.load_state_dict(saved)
+    last = _episodes(["push"] * 4, success=[0, 1, 0, 0])
+    torch.manual_seed(1)
+    full = grpo.update(last, 0.0)
+    torch.manual_seed(1)
+    restored.update(last, 0.0)
+    assert full["grpo/kept_groups"] == 2.0 and full["grpo/batches_per_update"] == 3.0 and "loss/policy_loss" in full
+    assert all(torch.equal(a, b) for a, b in zip(policy.parameters(), restored_policy.parameters()))
+    assert not all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+    for _ in range(2):  # never informative: after max_batches_per_update it gives up on this update
+        assert grpo.update(_episodes(["push"] * 4, success=[1, 1, 1, 1]), 0.0)["grpo/resampling"] == 1.0
+    gave_up = grpo.update(_episodes(["push"] * 4, success=[0, 0, 0, 0]), 0.0)
+    assert gave_up["grpo/batches_per_update"] == 3.0 and "grpo/resampling" not in gave_up
+    assert "loss/policy_loss" not in gave_up

@@ -191,3 +191,9 @@ def test_a_dataset_that_does_not_fit_the_env_is_refused_naming_each_difference(t
         Demonstrations(tmp_path / "missing", SPEC, horizon=1)
     with pytest.raises(ConfigError, match="frames must be one of"):
         Demonstrations(tmp_path / "d", SPEC, horizon=1, frames="corrections")
+
+
+def test_a_token_vla_learns_the_demos_by_token_cross_entropy(pickcube_demos, tmp_path):
+    run_dir = sft_run(tmp_path, pickcube_demos, "policy=token_vla", "steps=30", "lr=1e-3", "val_fraction=0")
+    losses = [json.loads(line)["sft/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and losses[-1] < 0.85 * losses[0]
