@@ -7,6 +7,7 @@
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
     embodied demos env=maniskill_pickcube episodes=50 root=data/pickcube   scripted-expert demos
     embodied sft dataset=data/pickcube env=maniskill_pickcube env.control_mode=pd_ee_delta_pos policy=flow
+    embodied reward dataset=data/pickcube-rgb       a success classifier on images (reward.classifier=<run>)
     embodied serve checkpoint=runs/train-20260101-120000        a policy server for robots
     embodied robot robot=sim robot.env_from=runs/train-20260101-120000 episodes=5
     embodied teleop robot=sim teleop=keyboard       an operator drives the robot, no policy
@@ -23,7 +24,7 @@ from typing import Sequence
 
 from embodied.errors import EmbodiedError
 
-VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft")
+VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft", "reward")
 
 
 def train(overrides: list[str]) -> int:
@@ -90,6 +91,18 @@ def sft(overrides: list[str]) -> int:
     return 0
 
 
+def reward(overrides: list[str]) -> int:
+    from embodied.config import compose, to_schema
+    from embodied.reward_classifier import RewardClassifierConfig, train_reward_classifier
+
+    run_dir, metrics = train_reward_classifier(to_schema(RewardClassifierConfig, compose("reward", overrides)))
+    print(f"run directory:  {run_dir}")
+    print("held out:       " + (", ".join(f"{k.removeprefix('val_')} {v:.3f}" for k, v in metrics.items()
+                                         if k.startswith("val_")) or "nothing (val_fraction=0)"))
+    print(f"use it:         embodied train ... reward.classifier={run_dir}")
+    return 0
+
+
 def evaluate(overrides: list[str]) -> int:
     from embodied.config import EvalConfig, compose, to_schema
     from embodied.evaluate import evaluate_checkpoint
@@ -143,7 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if verb in ("robot", "teleop", "collect"):
             return robot(overrides, verb)
         return {"train": train, "eval": evaluate, "serve": serve, "keys": keys, "demos": demos,
-                "sft": sft}[verb](overrides)
+                "sft": sft, "reward": reward}[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

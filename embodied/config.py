@@ -38,6 +38,12 @@ class InterventionConfig:
 
 
 @dataclass
+class RewardConfig:
+    classifier: Optional[str] = None  # a reward classifier run (`embodied reward`); None: the env's own reward
+    threshold: float = 0.5  # success probability above which a step is rewarded
+
+
+@dataclass
 class TrainConfig:
     env: Any = None
     policy: Any = None
@@ -58,6 +64,7 @@ class TrainConfig:
     periodic_eval_episodes: int = 16
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     intervention: InterventionConfig = field(default_factory=InterventionConfig)  # a scripted operator
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
 
 @dataclass

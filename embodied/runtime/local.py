@@ -13,6 +13,7 @@ from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.intervention import build_operator
 from embodied.registry import RUNTIMES
+from embodied.reward_classifier import with_reward
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
@@ -40,7 +41,7 @@ class LocalRuntime:
 
         session = TrainSession(config)
         evaluation = PeriodicEvaluation(config)
-        env = build_env(config.env, seed=config.seed)
+        env = with_reward(build_env(config.env, seed=config.seed), config.reward)
         try:
             policy = build_policy(config.policy, env.spec, device)
             learner = Learner(policy, build_algo(config.algo, policy), device)

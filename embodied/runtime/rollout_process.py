@@ -22,6 +22,7 @@ from embodied.build import build_env, build_policy, resolve_device
 from embodied.config import TrainConfig, load_yaml, to_schema
 from embodied.errors import EmbodiedError
 from embodied.intervention import build_operator
+from embodied.reward_classifier import with_reward
 from embodied.runtime.rollout import Rollout
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
@@ -83,7 +84,7 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
     config = to_schema(TrainConfig, load_yaml(config_path))
     runtime = config.runtime
     start_process(config.seed, runtime.torch_threads)
-    env = build_env(config.env, seed=config.seed)
+    env = with_reward(build_env(config.env, seed=config.seed), config.reward)
     try:
         device = resolve_device(runtime.rollout_device)
         policy = build_policy(config.policy, env.spec, device)
