@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS, RUNS, first_reaching, load  # noqa: E402
 from ppo import train as train_run  # noqa: E402
 
@@ -154,9 +155,7 @@ def report() -> None:
     ax.set_title("PushCube-v1 (state, CPU): RLPD / WSRL")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "hil.png", dpi=110)
-    (RESULTS / "hil.json").write_text(json.dumps(summary, indent=2))
+    save_with_summary(fig, RESULTS, "hil", summary)
     lines = [
         "# Human-in-the-loop benchmark: PushCube-v1",
         "",

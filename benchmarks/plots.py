@@ -1,8 +1,11 @@
-"""The one chart the speed benchmarks share: a bar per configuration."""
+"""What the benchmarks share around their charts: a bar per configuration, and writing a
+figure beside its JSON summary."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 
 def bar_chart(path: Path, values: dict[str, float], ylabel: str, title: str, xlabel: str = "") -> None:
@@ -21,3 +24,13 @@ def bar_chart(path: Path, values: dict[str, float], ylabel: str, title: str, xla
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def save_with_summary(fig: Any, results: Path, name: str, summary: dict[str, Any]) -> None:
+    """<results>/<name>.png and <results>/<name>.json."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(results / f"{name}.png", dpi=110)
+    plt.close(fig)
+    (results / f"{name}.json").write_text(json.dumps(summary, indent=2))
