@@ -45,9 +45,9 @@ class BrokerConfig:
 
 @dataclass
 class TeleopConfig:
-    name: str = "keyboard"  # keyboard | gamepad | oracle
-    step: float = 0.5  # keyboard: action units per key press; gamepad: per full stick deflection
-    intervention: str = "hold"  # gamepad: hold (intervene while the button is down) | toggle
+    name: str = "keyboard"  # keyboard | gamepad | spacemouse | oracle
+    step: float = 0.5  # keyboard: action units per key press; gamepad, spacemouse: per full deflection
+    intervention: str = "hold"  # gamepad: hold | toggle; spacemouse: motion | hold | toggle
     expert: Optional[str] = None  # oracle: a run or checkpoint whose policy plays the expert (simulation)
     threshold: float = 0.5  # oracle: take over when the policy is farther than this from the expert
     patience: int = 3  # oracle: ... for this many ticks in a row

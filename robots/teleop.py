@@ -7,6 +7,9 @@ safety layer) in place of the policy's, and both are logged with the interventio
   gripper); `y` success, `n` failure, `b` re-record the episode.
 - `GamepadTeleop`: a gamepad through pygame; intervention while a button is held, or
   toggled by it (`teleop.intervention`).
+- `SpaceMouseTeleop`: a 3Dconnexion SpaceMouse through pyspacemouse; translation and
+  rotation drive the action, intervention while the knob is moved (or a button, held or
+  toggled), the left button toggles the gripper, terminal keys label the episode.
 - `OracleTeleop`: a scripted operator for simulation that takes over when the policy's
   action drifts from a privileged expert's, and hands back once they agree again.
 
@@ -211,6 +214,79 @@ class GamepadTeleop(Teleop):
         return TeleopCommand(intervening, action if intervening else None, events)
 
 
+class SpaceMouseTeleop(Teleop):
+    """A SpaceMouse (`device`: what `pyspacemouse.open()` returns, or anything with its
+    `read()` -> state with x, y, z, roll, pitch, yaw in [-1, 1] and `buttons`).
+
+    Translation drives the first three action dimensions; rotation the next three where the
+    action has room for them besides the gripper (7-d: position, rotation, gripper); both
+    scaled by `scale`, with a dead zone. `intervention`: `motion` (HIL-SERL's: intervening
+    while the knob is off centre, and `linger` ticks after, so a pause does not hand back
+    mid-correction), `hold` or `toggle` on the right button. The left button toggles the
+    gripper (the last dimension); `y` / `n` / `b` in the terminal label the episode."""
+
+    GRIPPER, INTERVENE = 0, 1  # left and right button
+
+    def __init__(self, device: object, action_dim: int, intervention: str = "motion", scale: float = 1.0,
+                 dead_zone: float = 0.05, linger: int = 5, driving: bool = False):
+        if intervention not in ("motion", "hold", "toggle"):
+            raise ConfigError(f"teleop.intervention must be motion, hold or toggle for a SpaceMouse, got '{intervention}'")
+        self.device = device
+        self.action_dim = action_dim
+        self.scale = scale
+        self.dead_zone = dead_zone
+        self.linger = linger
+        self.mode = intervention
+        self.button = HeldOrToggled("toggle" if intervention == "toggle" else "hold")
+        self.button.active = driving and intervention == "toggle"  # hold: the button is a dead man's switch
+        self.driving = driving
+        self.gripper = HeldOrToggled("toggle")
+        self._still = linger + 1  # ticks since the knob last moved
+        self._lock = threading.Lock()
+        self._events: list[str] = []
+        self.keys = {"y": lambda: self._event("success"), "n": lambda: self._event("failure"),
+                     "b": lambda: self._event("rerecord")}
+
+    def _event(self, name: str) -> None:
+        with self._lock:
+            self._events.append(name)
+
+    def reset(self) -> None:
+        self._still = self.linger + 1
+
+    def poll(self, robot: Robot, policy_action: np.ndarray | None) -> TeleopCommand:
+        state = self.device.read()  # type: ignore[attr-defined]
+        motion = np.array([state.x, state.y, state.z, state.roll, state.pitch, state.yaw], dtype=np.float32)
+        motion[np.abs(motion) < self.dead_zone] = 0.0
+        buttons = list(state.buttons) + [0, 0]
+        action = np.zeros(self.action_dim, dtype=np.float32)
+        gripper = self.action_dim > 3
+        moves = min(6 if self.action_dim >= 7 else 3, self.action_dim - int(gripper))
+        action[:moves] = self.scale * motion[:moves]
+        if gripper:
+            action[-1] = -1.0 if self.gripper.update(bool(buttons[self.GRIPPER])) else 1.0
+        if self.mode == "motion":
+            self._still = 0 if motion.any() else self._still + 1
+            intervening = self.driving or self._still <= self.linger
+        else:
+            intervening = self.button.update(bool(buttons[self.INTERVENE]))
+        with self._lock:
+            events, self._events = self._events, []
+        return TeleopCommand(intervening, action if intervening else None, events)
+
+
+def open_spacemouse() -> object:
+    try:
+        import pyspacemouse
+    except ImportError:
+        raise ConfigError("teleop=spacemouse needs pyspacemouse and the hidapi library: "
+                          "pip install 'embodied-rl[teleop]'") from None
+    try:
+        return pyspacemouse.open(nonblocking=True)
+    except (RuntimeError, ValueError, OSError) as error:
+        raise ConfigError(f"no SpaceMouse could be opened: {error}") from None
+
+
 def open_gamepad(index: int = 0) -> object:
     try:
         import pygame
@@ -259,9 +335,12 @@ def build_teleop(config: object, action_dim: int, driving: bool = False) -> Tele
     if name == "gamepad":
         return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
                              driving=driving)
+    if name == "spacemouse":
+        return SpaceMouseTeleop(open_spacemouse(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
+                                driving=driving)
     if name == "oracle":
         if not config.expert:  # type: ignore[attr-defined]
             raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
         return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
                             config.patience, config.release, config.max_takeover)  # type: ignore[attr-defined]
-    raise ConfigError(f"teleop must be keyboard, gamepad or oracle (configs/teleop/), got '{name}'")
+    raise ConfigError(f"teleop must be keyboard, gamepad, spacemouse or oracle (configs/teleop/), got '{name}'")

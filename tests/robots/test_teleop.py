@@ -1,9 +1,12 @@
 """Teleoperation: the oracle and keyboard devices, and interventions in the robot client."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from embodied.errors import ConfigError
 from robots.client import RobotClient, RobotClientConfig
 from robots.policy_client import PolicyClient
 from robots.safety import SafetyConfig
@@ -111,3 +114,56 @@ def test_an_oracle_with_a_takeover_limit_corrects_and_lets_go_per_env():
     assert not any(d[1] for d in driven)
     rule.reset(np.array([True, False]))
     assert not rule.step(policy, expert)[0]  # a new episode starts with the policy in charge
+
+
+class StandInSpaceMouse:
+    """Hardware stand-in with pyspacemouse's device API: read() -> state."""
+
+    def __init__(self):
+        self.state = SimpleNamespace(x=0.0, y=0.0, z=0.0, roll=0.0, pitch=0.0, yaw=0.0, buttons=[0, 0])
+
+    def read(self):
+        return SimpleNamespace(**vars(self.state))
+
+
+def test_spacemouse_intervenes_while_moved_and_lingers_then_hands_back():
+    from robots.teleop import SpaceMouseTeleop
+
+    mouse = StandInSpaceMouse()
+    teleop = SpaceMouseTeleop(mouse, action_dim=7, intervention="motion", scale=0.5, linger=2)
+    assert not teleop.poll(None, None).intervening
+    mouse.state.x, mouse.state.yaw, mouse.state.z = 1.0, -0.4, 0.01  # z inside the dead zone
+    command = teleop.poll(None, None)
+    assert command.intervening
+    np.testing.assert_allclose(command.action, [0.5, 0.0, 0.0, 0.0, 0.0, -0.2, 1.0])
+    mouse.state.x = mouse.state.yaw = 0.0
+    mouse.state.buttons = [1, 0]  # left: gripper closes
+    lingering = [teleop.poll(None, None) for _ in range(3)]
+    assert [c.intervening for c in lingering] == [True, True, False]
+    assert lingering[0].action.tolist() == [0.0] * 6 + [-1.0]
+    teleop.keys["y"]()
+    assert teleop.poll(None, None).events == ["success"]
+
+
+def test_spacemouse_with_a_button_toggles_and_a_4d_action_moves_only_position():
+    from robots.teleop import SpaceMouseTeleop
+
+    mouse = StandInSpaceMouse()
+    teleop = SpaceMouseTeleop(mouse, action_dim=4, intervention="toggle")
+    mouse.state.roll, mouse.state.y = 1.0, 0.5
+    assert not teleop.poll(None, None).intervening  # moving alone does not intervene in this mode
+    mouse.state.buttons = [0, 1]
+    command = teleop.poll(None, None)
+    assert command.intervening and command.action.tolist() == [0.0, 0.5, 0.0, 1.0]
+    mouse.state.buttons = [0, 0]
+    assert teleop.poll(None, None).intervening  # released: still on
+    with pytest.raises(ConfigError, match="motion, hold or toggle"):
+        SpaceMouseTeleop(mouse, action_dim=4, intervention="sometimes")
+
+
+def test_a_spacemouse_that_cannot_be_opened_is_a_clear_error():
+    from robots.client import TeleopConfig
+    from robots.teleop import build_teleop
+
+    with pytest.raises(ConfigError, match="(?i)spacemouse"):
+        build_teleop(TeleopConfig(name="spacemouse", intervention="motion"), action_dim=7)
