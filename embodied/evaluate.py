@@ -169,6 +169,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     weights, state = load_checkpoint(checkpoint)
     label = getattr(env_cfg, "task", None) or getattr(env_cfg, "suite", env_cfg.name)
     env = build_env(env_cfg, seed=config.seed, stream=1)
+    instructions = dict(zip(env.tasks, env.instructions))
     try:
         policy = load_policy(trained.policy, weights, env, f"env '{label}'")
         results, videos = run_episodes(env, policy, config.episodes, config.deterministic,
@@ -183,6 +184,7 @@ def evaluate_checkpoint(config: Any) -> Path:
         "env_steps": state.get("env_steps"),
         "deterministic": config.deterministic,
         "seed": config.seed,
+        "instructions": instructions,
     })
     if videos:
         write_videos(output / "videos", videos)
