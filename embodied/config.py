@@ -75,6 +75,7 @@ class SFTConfig:
     policy: Any = None
     dataset: Optional[str] = None  # a LeRobotDataset folder (demos, `embodied collect`, tools/demos.py)
     frames: str = "all"  # all | interventions (HG-DAgger: only the operator's corrections)
+    init: Optional[str] = None  # a run or checkpoint whose policy weights (and input statistics) to start from
     steps: int = 2000  # gradient steps
     batch_size: int = 256
     lr: float = 3e-4

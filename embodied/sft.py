@@ -6,7 +6,9 @@ else its chunk size); a segment's last action is repeated past its end. A segmen
 of selected frames within one episode:
 
     frames=all             every frame the operator or the policy executed
-    frames=interventions   only the operator's corrections (HG-DAgger / RaC-style SFT)
+    frames=interventions   only the operator's corrections (HG-DAgger / RaC-style SFT; with
+                           `init=<the deployed run>` a round starts from the policy that was
+                           corrected, keeping its input statistics)
 
 Frames where the safety layer's own hold was executed are never demonstrations. The loss is
 the policy's `bc_loss` (flow matching, token cross-entropy, Gaussian likelihood). Whole
@@ -138,7 +140,7 @@ def env_spec_of(env_cfg: Any, seed: int) -> EnvSpec:
 def policy_horizon(policy: Policy) -> int:
     """How many consecutive actions `bc_loss` learns from: the predicted horizon where the
     policy has one (flow), else its chunk size."""
-    return int(getattr(policy.cfg, "horizon", policy.chunk_size))
+    return int(getattr(getattr(policy, "cfg", None), "horizon", None) or policy.chunk_size)
 
 
 def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
@@ -149,7 +151,8 @@ def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
     run_dir = run_dir_of(resolve_checkpoint(resume))
     saved = load_yaml(run_dir / "config.yaml")
     changed = [o for o in overrides if not o.startswith("resume=")]
-    fixed = [o for o in changed if o.split("=", 1)[0].lstrip("+").split(".")[0] in ("env", "policy", "dataset", "frames")]
+    fixed = [o for o in changed if o.split("=", 1)[0].lstrip("+").split(".")[0] in ("env", "policy", "dataset", "frames",
+                                                                                    "init")]
     if fixed:
         raise ConfigError(f"cannot change {fixed} when resuming {run_dir}: start a new run instead")
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
@@ -184,6 +187,13 @@ def run_sft(config: SFTConfig) -> Path:
         step = int(saved["sft"]["step"])
         set_rng_state(saved["rng"])
         drop_metrics_after(run_dir, "sft_step", step)
+    elif config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
+        weights, _ = load_checkpoint(resolve_checkpoint(config.init))
+        try:
+            policy.load_state_dict(weights)
+        except RuntimeError as error:
+            raise ConfigError(f"init={config.init}: its weights do not fit policy '{config.policy.name}' on this env: "
+                              f"{error}") from None
     else:  # input statistics from the demonstrations, once: the policy meets these states first
         policy.update_normalization(Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device)))
     logger.info("SFT on %d frames of %d episodes (%d held out), %s", len(train_samples), len(demos.episodes),

@@ -29,11 +29,14 @@ def demos_config(root, *overrides):
     return to_schema(DemosConfig, compose("demos", [f"root={root}", "progress_bar=false", *overrides]))
 
 
-def sft_run(tmp_path, dataset, *overrides, name="sft"):
+SMALL_FLOW = ("policy.hidden=[64,64]", "policy.critic_hidden=[32]")
+
+
+def sft_run(tmp_path, dataset, *overrides, name="sft", policy=SMALL_FLOW):
     config = to_schema(SFTConfig, compose("sft", [
         f"dataset={dataset}", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", f"runs_root={tmp_path}",
         f"run_dir={tmp_path / name}", "logger.progress_bar=false", "logger.tensorboard=false",
-        "policy.hidden=[64,64]", "policy.critic_hidden=[32]", "batch_size=32", "log_every=10", *overrides]))
+        *policy, "batch_size=32", "log_every=10", *overrides]))
     return run_sft(config)
 
 
@@ -193,7 +196,19 @@ def test_a_dataset_that_does_not_fit_the_env_is_refused_naming_each_difference(t
         Demonstrations(tmp_path / "d", SPEC, horizon=1, frames="corrections")
 
 
-def test_a_token_vla_learns_the_demos_by_token_cross_entropy(pickcube_demos, tmp_path):
-    run_dir = sft_run(tmp_path, pickcube_demos, "policy=token_vla", "steps=30", "lr=1e-3", "val_fraction=0")
+@pytest.mark.parametrize("policy", ["token_vla", "mlp_gaussian"])
+def test_token_and_gaussian_policies_learn_the_demos_by_their_own_loss(pickcube_demos, tmp_path, policy):
+    run_dir = sft_run(tmp_path, pickcube_demos, "steps=30", "lr=1e-3", "val_fraction=0", policy=(f"policy={policy}",))
     losses = [json.loads(line)["sft/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and losses[-1] < 0.85 * losses[0]
+
+
+def test_an_hg_dagger_round_starts_from_the_corrected_policy_and_keeps_its_statistics(pickcube_demos, tmp_path):
+    deployed = sft_run(tmp_path, pickcube_demos, "steps=10", name="deployed")
+    again = sft_run(tmp_path, pickcube_demos, "steps=1", "lr=0", f"init={deployed}", "frames=interventions",
+                    name="round")
+    start, _ = load_checkpoint(resolve_checkpoint(deployed))
+    after, _ = load_checkpoint(resolve_checkpoint(again))
+    assert all(torch.equal(start[k], after[k]) for k in start)  # lr 0: the weights and statistics it began with
+    with pytest.raises(ConfigError, match=f"init={deployed}: its weights do not fit policy 'mlp_gaussian'"):
+        sft_run(tmp_path, pickcube_demos, "steps=1", f"init={deployed}", name="wrong", policy=("policy=mlp_gaussian",))
