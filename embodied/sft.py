@@ -198,6 +198,7 @@ def run_sft(config: SFTConfig) -> Path:
         policy.update_normalization(Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device)))
     logger.info("SFT on %d frames of %d episodes (%d held out), %s", len(train_samples), len(demos.episodes),
                 len(val_samples), config.frames)
+    features = frozen_features(policy, demos, config.batch_size, device)
 
     def save() -> None:
         state = {"sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
@@ -214,7 +215,7 @@ def run_sft(config: SFTConfig) -> Path:
         policy.train()
         while step < config.steps:
             samples = train_samples[generator.integers(0, len(train_samples), config.batch_size)]
-            loss = policy.bc_loss(*demos.batch(samples, device))
+            loss = bc_loss(policy, demos, samples, features, device)
             optimizer.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
@@ -224,7 +225,8 @@ def run_sft(config: SFTConfig) -> Path:
             if step % config.log_every == 0 or step == config.steps:
                 metrics = {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm)}
                 if len(val_samples):
-                    metrics["sft/val_loss"] = validation_loss(policy, demos, val_samples, config.batch_size, device)
+                    metrics["sft/val_loss"] = validation_loss(policy, demos, val_samples, features, config.batch_size,
+                                                              device)
                 metrics_log.log(metrics, step)
                 bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}",
                                 **({"val": f"{metrics['sft/val_loss']:.4f}"} if "sft/val_loss" in metrics else {}))
@@ -237,14 +239,35 @@ def run_sft(config: SFTConfig) -> Path:
 
 
 @torch.no_grad()
-def validation_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, batch_size: int,
-                    device: torch.device) -> float:
+def frozen_features(policy: Policy, demos: Demonstrations, batch_size: int, device: torch.device
+                    ) -> torch.Tensor | None:
+    """Every sample's frozen-encoder features, computed once (images through a pretrained
+    encoder cost far more than the trainable part); None for policies without any."""
+    everything = np.arange(len(demos))
+    first = policy.frozen_features(demos.batch(everything[:1], device)[0])
+    if first is None:
+        return None
+    parts = np.array_split(everything, max(1, -(-len(everything) // batch_size)))
+    return torch.cat([policy.frozen_features(demos.batch(part, device)[0]) for part in parts])
+
+
+def bc_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, features: torch.Tensor | None,
+            device: torch.device) -> torch.Tensor:
+    observation, actions = demos.batch(samples, device)
+    if features is None:
+        return policy.bc_loss(observation, actions)
+    return policy.bc_loss(observation, actions, features=features[torch.as_tensor(samples)])
+
+
+@torch.no_grad()
+def validation_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, features: torch.Tensor | None,
+                    batch_size: int, device: torch.device) -> float:
     """The mean loss over the held-out samples. It draws from torch's generator (flow
     matching samples t and noise), so a fork keeps training's stream untouched."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
         policy.eval()
-        losses = [float(policy.bc_loss(*demos.batch(part, device))) * len(part)
+        losses = [float(bc_loss(policy, demos, part, features, device)) * len(part)
                   for part in np.array_split(samples, max(1, -(-len(samples) // batch_size)))]
         policy.train()
     return sum(losses) / len(samples)

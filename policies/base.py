@@ -48,6 +48,12 @@ class Policy(nn.Module, ABC):
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """Supervised loss for demonstrated actions (B, C, A)."""
 
+    def frozen_features(self, observation: Observation) -> torch.Tensor | None:
+        """What frozen encoders make of `observation` (B, F), for a caller that computes it
+        once per sample and passes it to `bc_loss(..., features=)`; None for policies
+        without frozen encoders."""
+        return None
+
     def value_parameters(self) -> list[nn.Parameter]:
         """The parameters of the value function alone (critic warm-up trains only these)."""
         return list(self.critic.parameters())

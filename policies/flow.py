@@ -237,9 +237,11 @@ class FlowPolicy(Policy):
         return state
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        return self._flow_matching_loss(self._state(observation), actions)
+
+    def _flow_matching_loss(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Flow matching: regress v = x1 - x0 at a random t on x_t = (1 - t) x0 + t x1. Demos
         shorter than the horizon repeat their last action."""
-        state = self._state(observation)
         actions = actions.to(state.device)
         if actions.shape[1] < self.cfg.horizon:
             pad = actions[:, -1:].expand(-1, self.cfg.horizon - actions.shape[1], -1)

@@ -87,6 +87,16 @@ class FlowVLA(FlowPolicy):
             return super().evaluate(observation, chunk)
         return self._evaluate_on(self._context(observation, features), chunk)
 
+    def frozen_features(self, observation: Observation) -> torch.Tensor:
+        return self._features(observation)
+
+    def bc_loss(self, observation: Observation, actions: torch.Tensor,
+                features: torch.Tensor | None = None) -> torch.Tensor:
+        """`features`: the frozen encoders' outputs for `observation`, where the caller keeps
+        them (SFT computes them once per frame instead of once per step)."""
+        features = self._features(observation) if features is None else features
+        return self._flow_matching_loss(self._context(observation, features), actions)
+
     def _value_input(self, state: torch.Tensor) -> torch.Tensor:
         return state.detach() if self.cfg.detach_value_input else state
 

@@ -106,6 +106,12 @@ def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
     assert frames["observation.images.base_camera"].shape[1:] == (32, 32, 3)
     assert np.array_equal(frames["observation.images.base_camera"][0], first)
 
+    # The built-in VLA learns from them, its frozen encoders run once per frame.
+    run_dir = sft_run(tmp_path, root, "env.obs_mode=rgb", "env.image_size=32", "steps=4", "log_every=2",
+                      policy=("policy=flow_vla", "policy.hidden=[32]", "policy.critic_hidden=[16]"))
+    losses = [json.loads(line)["sft/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 2 and all(np.isfinite(losses))
+
 
 def test_sft_lowers_the_loss_and_its_run_is_evaluated_like_any_run(pickcube_demos, tmp_path):
     run_dir = sft_run(tmp_path, pickcube_demos, "steps=100", "lr=1e-3", "batch_size=64", "log_every=20")

@@ -96,3 +96,13 @@ def test_one_ppo_iteration_on_maniskill_cameras_and_a_checkpoint_round_trip(tmp_
     finally:
         env.close()
     assert torch.equal(first, second) and np.isfinite(first.detach().numpy()).all()
+
+
+def test_sft_with_features_computed_once_equals_sft_that_encodes_every_step(vla_and_observation):
+    policy, observation = vla_and_observation
+    actions = torch.zeros(observation.batch_size, 1, policy.spec.action_dim)
+    torch.manual_seed(3)
+    encoded = policy.bc_loss(observation, actions)
+    torch.manual_seed(3)
+    cached = policy.bc_loss(observation, actions, features=policy.frozen_features(observation))
+    assert torch.equal(encoded, cached)
