@@ -56,6 +56,9 @@ class TrainConfig:
     run_dir: Optional[str] = None  # default: <runs_root>/<run_name>-<timestamp>
     resume: Optional[str] = None  # a run directory to continue from its latest checkpoint
     init: Optional[str] = None  # a run or checkpoint whose policy weights a new run starts from (e.g. an SFT run)
+    # On resume, the episodes in progress at the checkpoint: replay them exactly (a simulator
+    # whose physics does not depend on its history) or start new ones.
+    env_resume: str = "replay"
     checkpoint_every: int = 10  # iterations
     keep_checkpoints: int = 3
     eval_episodes: int = 50  # evaluated after training; 0 to skip
@@ -119,6 +122,8 @@ def check_values(config: Any) -> None:
     for key in positive:
         if getattr(config, key) < 1:
             raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
+    if getattr(config, "env_resume", "replay") not in ("replay", "fresh"):
+        raise ConfigError(f"'env_resume' must be 'replay' or 'fresh', got '{config.env_resume}'")
     for key in ("seed", "eval_episodes", "eval_video_episodes", "video_episodes", "checkpoint_every", "eval_every"):
         if getattr(config, key, 0) < 0:
             raise ConfigError(f"'{key}' must be >= 0, got {getattr(config, key)}")

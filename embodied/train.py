@@ -161,7 +161,11 @@ class TrainSession:
         learner.load_weights(weights)
         learner.load_state_dict(saved["learner"])
         if rollout is not None:
-            rollout.restore(saved["env"])
+            if self.config.env_resume == "fresh":
+                logger.info("starting new episodes (env_resume=fresh)")
+                rollout.start()
+            else:
+                rollout.restore(saved["env"])
             rollout.policy_version = learner.policy_version
             if "sampling_rng" in saved:
                 rollout.generator.set_state(saved["sampling_rng"])

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from embodied.errors import ConfigError
+from embodied.errors import CheckpointError, ConfigError
 from embodied.transport import codec
 from embodied.types import EnvSpec, EpisodeStats, Observation, StepResult
 from sim.base import BatchedEnv, SingleEnv
@@ -297,7 +297,13 @@ class VectorizedEnv(BatchedEnv):
                 "actions": list(state["actions"][rows]),
                 "observation_state": np.asarray(state["observation_state"])[rows],
             }})
-        return self._observation(self._all("restore", per_group))
+        observation = self._observation(self._all("restore", per_group))
+        if not np.array_equal(np.asarray(observation.state), np.asarray(state["observation_state"])):
+            raise CheckpointError(
+                "replaying the episodes in progress at the checkpoint did not reproduce their observations: this "
+                "simulator's physics depends on its history (e.g. ManiSkill grasping tasks), so they cannot be "
+                "continued exactly. Resume with env_resume=fresh to start new episodes instead")
+        return observation
 
     def close(self) -> None:
         for group in self.groups:

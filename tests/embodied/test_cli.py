@@ -113,3 +113,22 @@ def test_resume_from_an_older_checkpoint_is_refused_and_leaves_the_run_untouched
     assert result.returncode == 2 and "pass the run directory" in result.stderr
     assert (older / "config.yaml").read_text() == before
     assert not (older / "checkpoints").exists()
+
+
+def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new_episodes(tmp_path):
+    from embodied.checkpoint import load_checkpoint, save_checkpoint
+
+    run_dir = tmp_path / "run"
+    embodied("train", *TINY, "env.num_workers=0", f"run_dir={run_dir}", f"total_env_steps={STEPS_PER_ITERATION}",
+             "eval_episodes=0")
+    checkpoint = latest(run_dir)
+    weights, state = load_checkpoint(checkpoint)
+    state["env"]["observation_state"] = state["env"]["observation_state"] + 1.0  # what a drifting replay looks like
+    save_checkpoint(checkpoint.parent, checkpoint.name, weights, state, (checkpoint / "config.yaml").read_text())
+
+    more = f"total_env_steps={2 * STEPS_PER_ITERATION}"
+    diverged = embodied("train", f"resume={run_dir}", more, "eval_episodes=0", check=False)
+    assert diverged.returncode == 2 and "env_resume=fresh" in diverged.stderr and "Traceback" not in diverged.stderr
+    assert latest(run_dir).name == "iter_000001"  # nothing written past the checkpoint
+    embodied("train", f"resume={run_dir}", more, "env_resume=fresh", "eval_episodes=0")
+    assert latest(run_dir).name == "iter_000002"
