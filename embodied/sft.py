@@ -36,7 +36,7 @@ from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
 from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, read_frames
 from embodied.errors import ConfigError
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
-from embodied.train import get_rng_state, set_rng_state, start_process
+from embodied.train import get_rng_state, load_init_weights, set_rng_state, start_process
 from embodied.types import EnvSpec, Observation
 from policies.base import Policy
 
@@ -188,12 +188,7 @@ def run_sft(config: SFTConfig) -> Path:
         set_rng_state(saved["rng"])
         drop_metrics_after(run_dir, "sft_step", step)
     elif config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
-        weights, _ = load_checkpoint(resolve_checkpoint(config.init))
-        try:
-            policy.load_state_dict(weights)
-        except RuntimeError as error:
-            raise ConfigError(f"init={config.init}: its weights do not fit policy '{config.policy.name}' on this env: "
-                              f"{error}") from None
+        load_init_weights(policy, config.init, config.policy.name)
     else:  # input statistics from the demonstrations, once: the policy meets these states first
         policy.update_normalization(Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device)))
     logger.info("SFT on %d frames of %d episodes (%d held out), %s", len(train_samples), len(demos.episodes),

@@ -56,6 +56,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def load_init_weights(policy: torch.nn.Module, init: str, policy_name: str) -> Path:
+    """Another run's policy weights (`init=`, for RL or SFT) into `policy`; returns the
+    checkpoint they came from. A policy they do not fit is a ConfigError naming `init`."""
+    checkpoint = resolve_checkpoint(init)
+    weights, _ = load_checkpoint(checkpoint)
+    try:
+        policy.load_state_dict(weights)
+    except RuntimeError as error:
+        raise ConfigError(f"init={init}: its weights do not fit policy '{policy_name}' on this env: {error}") from None
+    return checkpoint
+
+
 def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
     """The config a run was started with, plus overrides of top-level keys (e.g. a larger
     total_env_steps). Changing the env, policy, algo or runtime of a run is refused."""
@@ -176,13 +188,7 @@ class TrainSession:
         The weights come with their input statistics, which stay fixed from then on;
         optimizer state and counters start fresh."""
         assert self.config.init is not None
-        checkpoint = resolve_checkpoint(self.config.init)
-        weights, _ = load_checkpoint(checkpoint)
-        try:
-            learner.load_weights(weights)
-        except RuntimeError as error:
-            raise ConfigError(f"init={self.config.init}: its weights do not fit policy '{self.config.policy.name}' "
-                              f"on this env: {error}") from None
+        checkpoint = load_init_weights(learner.policy, self.config.init, self.config.policy.name)
         learner.normalization_frozen = True
         logger.info("policy weights from %s (input statistics fixed)", checkpoint)
 
