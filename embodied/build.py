@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -14,6 +15,14 @@ from sim.base import BatchedEnv
 
 def build_env(env_cfg: Any, seed: int, stream: int = 0) -> BatchedEnv:
     return ENVS.get(env_cfg.name).factory(env_cfg, seed, stream)
+
+
+def in_this_process(env_cfg: Any, **changes: Any) -> Any:
+    """The env config with its envs in this process where they can live (an env that needs
+    another interpreter keeps its `MIN_WORKERS`), plus `changes` to keys the config has."""
+    names = {f.name for f in dataclasses.fields(env_cfg)}
+    wanted = {"num_workers": getattr(env_cfg, "MIN_WORKERS", 0), **changes}
+    return dataclasses.replace(env_cfg, **{k: v for k, v in wanted.items() if k in names})
 
 
 def build_policy(policy_cfg: Any, spec: EnvSpec, device: torch.device) -> Policy:

@@ -20,7 +20,6 @@ init=<run>` take it as they take any run, and `resume=<run>` continues it exactl
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from embodied.build import build_env, build_policy, resolve_device
+from embodied.build import build_env, build_policy, in_this_process, resolve_device
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
 from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
 from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, read_frames
@@ -128,9 +127,7 @@ def check_dataset_fits(info: dict[str, Any], spec: EnvSpec, root: str | Path) ->
 
 def env_spec_of(env_cfg: Any, seed: int) -> EnvSpec:
     """The spec of the env a policy is for, from one env (in this process where it can live)."""
-    replace = {"num_envs": 1, "num_workers": getattr(env_cfg, "MIN_WORKERS", 0)}
-    names = {f.name for f in dataclasses.fields(env_cfg)}
-    env = build_env(dataclasses.replace(env_cfg, **{k: v for k, v in replace.items() if k in names}), seed=seed, stream=1)
+    env = build_env(in_this_process(env_cfg, num_envs=1), seed=seed, stream=1)
     try:
         return env.spec
     finally:

@@ -4,7 +4,6 @@ checkpoint save/restore, metric logging, the progress bar and the closing evalua
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import random
 import time
@@ -105,14 +104,11 @@ class PeriodicEvaluation:
         return self.config.eval_every > 0 and iteration % self.config.eval_every == 0
 
     def run(self, policy: Policy) -> dict[str, float]:
-        from embodied.build import build_env
+        from embodied.build import build_env, in_this_process
         from embodied.evaluate import run_episodes, summarize
 
         if self.env is None:
-            env_cfg = self.config.env
-            if hasattr(env_cfg, "num_workers"):  # in this process, unless the env cannot live here
-                env_cfg = dataclasses.replace(env_cfg, num_workers=getattr(env_cfg, "MIN_WORKERS", 0))
-            self.env = build_env(env_cfg, seed=self.config.seed, stream=1)
+            self.env = build_env(in_this_process(self.config.env), seed=self.config.seed, stream=1)
         episodes, _ = run_episodes(self.env, policy, self.config.periodic_eval_episodes, progress=False)
         result = summarize("all", episodes)
         return {"eval/success_rate": result.success_rate, "eval/episode_return": result.mean_return,
