@@ -31,6 +31,14 @@ def cameras(info: dict[str, Any]) -> list[str]:
     return sorted(key[len(IMAGE_PREFIX):] for key in info["features"] if key.startswith(IMAGE_PREFIX))
 
 
+def held_out_episodes(episodes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """Episodes kept out of training for validation: `fraction` of them, at least one when
+    there are two or more and `fraction` > 0, never all."""
+    held = int(round(fraction * len(episodes)))
+    held = min(max(held, 1), len(episodes) - 1) if fraction > 0 and len(episodes) >= 2 else 0
+    return np.random.default_rng(seed).permutation(episodes)[:held]
+
+
 def read_frames(root: str | Path, columns: list[str], optional: tuple[str, ...] = (),
                 hint: str = "record it with the robot client's record.root") -> dict[str, np.ndarray]:
     """`columns` (all required) and those of `optional` the dataset has, ordered by the

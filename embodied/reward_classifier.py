@@ -34,7 +34,7 @@ from torch import nn
 
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from embodied.config import RewardConfig
-from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, read_frames
+from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.errors import ConfigError
 from embodied.types import Observation, StepResult
 from sim.base import BatchedEnv
@@ -117,9 +117,7 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
     features = torch.cat([model.features({c: torch.from_numpy(frames[IMAGE_PREFIX + c][part]) for c in names})
                           for part in np.array_split(np.arange(len(labels)), max(1, len(labels) // 64))])
     target = torch.from_numpy(labels).float()
-    episodes = np.unique(episode)
-    held = np.random.default_rng(config.seed).permutation(episodes)[:int(round(config.val_fraction * len(episodes)))]
-    val = np.isin(episode, held)
+    val = np.isin(episode, held_out_episodes(np.unique(episode), config.val_fraction, config.seed))
     train_rows = np.flatnonzero(~val)
     positives = max(float(target[train_rows].sum()), 1.0)
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(train_rows) - positives) / positives))

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from embodied.build import build_env, build_policy, in_this_process, resolve_device
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
 from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
-from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, read_frames
+from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.errors import ConfigError
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 from embodied.train import get_rng_state, load_init_weights, set_rng_state, start_process
@@ -89,14 +89,7 @@ class Demonstrations:
 
     def split(self, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Sample indices for training and validation, by whole episodes."""
-        episodes = self.episodes
-        held = int(round(val_fraction * len(episodes)))
-        if val_fraction > 0 and len(episodes) >= 2:
-            held = min(max(held, 1), len(episodes) - 1)
-        else:
-            held = 0
-        val_episodes = np.random.default_rng(seed).permutation(episodes)[:held]
-        in_val = np.isin(self.episode[self.rows], val_episodes)
+        in_val = np.isin(self.episode[self.rows], held_out_episodes(self.episodes, val_fraction, seed))
         return np.flatnonzero(~in_val), np.flatnonzero(in_val)
 
     def batch(self, samples: np.ndarray, device: torch.device) -> tuple[Observation, torch.Tensor]:
