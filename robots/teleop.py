@@ -107,6 +107,26 @@ class OracleTeleop(Teleop):
         return TeleopCommand(intervening, expert if intervening else None)
 
 
+class EpisodeLabels:
+    """Episode labels from terminal keys (`y` success, `n` failure, `b` re-record), pressed
+    in the key thread and taken once per tick."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[str] = []
+        self.keys = {key: (lambda name=name: self._add(name))
+                     for key, name in (("y", "success"), ("n", "failure"), ("b", "rerecord"))}
+
+    def _add(self, name: str) -> None:
+        with self._lock:
+            self._events.append(name)
+
+    def take(self) -> list[str]:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+
 class KeyboardTeleop(Teleop):
     MOVES = {"w": (0, 1.0), "s": (0, -1.0), "a": (1, 1.0), "d": (1, -1.0), "z": (2, 1.0), "x": (2, -1.0)}
 
@@ -117,12 +137,11 @@ class KeyboardTeleop(Teleop):
         self._intervening = driving  # in charge from the start (no policy to take over from)
         self._delta = np.zeros(action_dim, dtype=np.float32)
         self._gripper = 1.0
-        self._events: list[str] = []
+        self.labels = EpisodeLabels()
         self.keys = {"i": self._toggle, "c": self._flip_gripper,
                      **{key: (lambda d=dim, s=sign: self._move(d, s)) for key, (dim, sign) in self.MOVES.items()
                         if dim < action_dim},
-                     "y": lambda: self._event("success"), "n": lambda: self._event("failure"),
-                     "b": lambda: self._event("rerecord")}
+                     **self.labels.keys}
 
     def _toggle(self) -> None:
         with self._lock:
@@ -136,10 +155,6 @@ class KeyboardTeleop(Teleop):
         with self._lock:
             self._gripper = -self._gripper
 
-    def _event(self, name: str) -> None:
-        with self._lock:
-            self._events.append(name)
-
     def poll(self, robot: Robot, policy_action: np.ndarray | None) -> TeleopCommand:
         """Key presses since the last tick become this tick's action (zero without any: stay,
         for delta control); the last dimension holds the gripper's state."""
@@ -148,8 +163,7 @@ class KeyboardTeleop(Teleop):
             self._delta[:] = 0
             if self.action_dim > 3:
                 action[-1] = self._gripper
-            events, self._events = self._events, []
-            return TeleopCommand(self._intervening, action if self._intervening else None, events)
+            return TeleopCommand(self._intervening, action if self._intervening else None, self.labels.take())
 
 
 class HeldOrToggled:
@@ -242,14 +256,8 @@ class SpaceMouseTeleop(Teleop):
         self.driving = driving
         self.gripper = HeldOrToggled("toggle")
         self._still = linger + 1  # ticks since the knob last moved
-        self._lock = threading.Lock()
-        self._events: list[str] = []
-        self.keys = {"y": lambda: self._event("success"), "n": lambda: self._event("failure"),
-                     "b": lambda: self._event("rerecord")}
-
-    def _event(self, name: str) -> None:
-        with self._lock:
-            self._events.append(name)
+        self.labels = EpisodeLabels()
+        self.keys = self.labels.keys
 
     def reset(self) -> None:
         self._still = self.linger + 1
@@ -270,9 +278,7 @@ class SpaceMouseTeleop(Teleop):
             intervening = self.driving or self._still <= self.linger
         else:
             intervening = self.button.update(bool(buttons[self.INTERVENE]))
-        with self._lock:
-            events, self._events = self._events, []
-        return TeleopCommand(intervening, action if intervening else None, events)
+        return TeleopCommand(intervening, action if intervening else None, self.labels.take())
 
 
 def open_spacemouse() -> object:
