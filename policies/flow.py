@@ -17,7 +17,9 @@ Samplers, each recording the whole denoising chain so log-likelihoods can be rec
   The chunk's log-likelihood is that step's Gaussian; a = 0 is the ODE step. Needs K >= 2.
 - flow_noise: every step adds noise whose std comes from a learned head, squashed into
   [`noise_std_min`, `noise_std_max`], around the ODE mean; the log-likelihood sums all K
-  transitions and the initial N(0, I) term (K + 1 terms).
+  transitions and the initial N(0, I) term (K + 1 terms). Each transition is also one term
+  of `term_log_prob`, so `algo.ratio=term` clips one ratio per denoising step, as ReinFlow
+  does (its std floor is `noise_std_min`; `algo.denoise_discount` weights early steps less).
 
 Log-probs are summed over the chunk's dimensions and, for flow_noise, over steps; with
 `log_prob_reduction=mean` they are averaged instead. The choice changes the scale of the PPO
@@ -37,10 +39,11 @@ from embodied.registry import POLICIES
 from embodied.types import ActionChunk, EnvSpec, Observation
 from policies.base import Policy, PolicyEval
 from policies.mlp import mlp
+from policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
+                                time_frequencies, to_unit)
 from policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
-HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 @dataclass
@@ -60,12 +63,6 @@ class FlowPolicyConfig:
     # mean over dimensions and stochastic steps (a per-action scale, so the PPO ratio does not
     # grow with the horizon and the number of steps).
     log_prob_reduction: str = "sum"
-
-
-def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """Diagonal Gaussian log-density summed over the last dimension."""
-    z = (x - mean) / std
-    return (-0.5 * z.pow(2) - torch.log(std) - HALF_LOG_2PI).sum(-1)
 
 
 def sde_step(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float, sigma_t: torch.Tensor
@@ -112,13 +109,12 @@ class FlowPolicy(Policy):
         self.critic = mlp([context_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
         self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
-        self.register_buffer("frequencies", torch.exp(torch.linspace(0, math.log(100.0), cfg.time_features // 2)))
+        self.register_buffer("frequencies", time_frequencies(cfg.time_features))
 
     # ---- the flow ---------------------------------------------------------------------------
 
     def _inputs(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        angles = t[:, None] * self.frequencies[None]
-        return torch.cat([state, x, torch.sin(angles), torch.cos(angles)], -1)
+        return torch.cat([state, x, time_embedding(t, self.frequencies)], -1)
 
     def _sigma(self, step: int) -> float:
         t = self.times[max(step, 1)]  # sigma is infinite at t = 1: the first step uses step 1's t
@@ -148,8 +144,7 @@ class FlowPolicy(Policy):
 
     def _actions(self, x0: torch.Tensor) -> torch.Tensor:
         """The first C of the H predicted actions, from [-1, 1] to the env's bounds."""
-        chunk = x0.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size]
-        return self.low + (chunk.clamp(-1, 1) + 1) / 2 * (self.high - self.low)
+        return from_unit(x0.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high)
 
     # ---- the policy contract ----------------------------------------------------------------
     def act(self, observation: Observation, deterministic: bool = False,
@@ -170,7 +165,9 @@ class FlowPolicy(Policy):
             x = mean if deterministic or self.cfg.sampler == "ode" else mean + std * noise
             chain.append(x)
         record = {"chain": torch.stack(chain, 1), "sde_step": sde_step_index}
-        log_prob = self._chain_log_prob(state, record["chain"], sde_step_index)
+        log_prob, terms = self._chain_log_prob(state, record["chain"], sde_step_index)
+        if terms is not None:
+            record["term_log_prob"] = terms
         return ActionChunk(actions=self._actions(x), log_prob=log_prob,
                            value=self.critic(self._value_input(state)).squeeze(-1), record=record)
 
@@ -181,35 +178,40 @@ class FlowPolicy(Policy):
         terms = 1 if self.cfg.sampler == "flow_sde" else self.cfg.denoise_steps + 1
         return float(terms * self.dim)
 
-    def _chain_log_prob(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor) -> torch.Tensor:
-        return self._chain_log_prob_sum(state, chain, sde_step_index) / self._reduction()
-
-    def _chain_log_prob_sum(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
-                            ) -> torch.Tensor:
+    def _chain_log_prob(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
+                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The chunk's log-prob and, for flow_noise, its terms (B, K): one per denoising step
+        (ReinFlow-style per-step ratios with algo.ratio=term). The N(0, I) start is no term:
+        it has no parameters, so it cancels in every ratio."""
+        batch, device = chain.shape[0], chain.device
         if self.cfg.sampler == "ode":
-            return torch.zeros(chain.shape[0], device=chain.device)
+            return torch.zeros(batch, device=device), None
         if self.cfg.sampler == "flow_sde":
-            total = torch.zeros(chain.shape[0], device=chain.device)
+            total = torch.zeros(batch, device=device)
             for step in range(self.cfg.denoise_steps):
                 chosen = sde_step_index == step
                 if chosen.any():
                     mean, std = self._transition(state[chosen], chain[chosen, step], step, torch.ones_like(chosen[chosen]))
                     total[chosen] = gaussian_log_prob(chain[chosen, step + 1], mean, std)
-            return total
-        total = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
+            return total / self._reduction(), None
+        start = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
+        terms = []
         for step in range(self.cfg.denoise_steps):
-            mean, std = self._transition(state, chain[:, step], step, torch.ones(chain.shape[0], dtype=torch.bool))
-            total = total + gaussian_log_prob(chain[:, step + 1], mean, std)
-        return total
+            mean, std = self._transition(state, chain[:, step], step, torch.ones(batch, dtype=torch.bool))
+            terms.append(gaussian_log_prob(chain[:, step + 1], mean, std))
+        terms = torch.stack(terms, 1)
+        per_term = float(self.dim) if self.cfg.log_prob_reduction == "mean" else 1.0
+        return (start + terms.sum(-1)) / self._reduction(), terms / per_term
 
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
         return self._evaluate_on(self._state(observation), chunk)
 
     def _evaluate_on(self, state: torch.Tensor, chunk: ActionChunk) -> PolicyEval:
         chain = chunk.record["chain"].to(state.device)
-        log_prob = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
+        log_prob, terms = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
         entropy = self._entropy(state, chain) / self._reduction()
-        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self.critic(self._value_input(state)).squeeze(-1))
+        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self.critic(self._value_input(state)).squeeze(-1),
+                          term_log_prob=terms)
 
     def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
         """Entropy of the chunk's stochastic transitions (Gaussian: sum of 0.5 + log(sqrt(2 pi) std))."""
@@ -242,11 +244,7 @@ class FlowPolicy(Policy):
     def _flow_matching_loss(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Flow matching: regress v = x1 - x0 at a random t on x_t = (1 - t) x0 + t x1. Demos
         shorter than the horizon repeat their last action."""
-        actions = actions.to(state.device)
-        if actions.shape[1] < self.cfg.horizon:
-            pad = actions[:, -1:].expand(-1, self.cfg.horizon - actions.shape[1], -1)
-            actions = torch.cat([actions, pad], 1)
-        x0 = (2 * (actions[:, : self.cfg.horizon] - self.low) / (self.high - self.low) - 1).reshape(len(state), -1)
+        x0 = to_unit(pad_to_horizon(actions.to(state.device), self.cfg.horizon), self.low, self.high).reshape(len(state), -1)
         x1 = torch.randn_like(x0)
         t = torch.rand(len(state), device=state.device)
         x_t = (1 - t[:, None]) * x0 + t[:, None] * x1
