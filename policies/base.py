@@ -23,7 +23,9 @@ class PolicyEval:
     log_prob: torch.Tensor  # (B,)
     entropy: torch.Tensor  # (B,)
     value: torch.Tensor  # (B,)
-    token_log_prob: torch.Tensor | None = None  # (B, P) for token policies: one term per action token
+    # (B, P) where the log-prob is a sum of terms: one per action token (token policies) or per
+    # trained denoising step (diffusion, flow_noise); None: the chunk is one term
+    term_log_prob: torch.Tensor | None = None
 
 
 class Policy(nn.Module, ABC):

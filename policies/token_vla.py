@@ -190,7 +190,7 @@ class TokenVLAPolicy(Policy):
         per_action = tokens.view(-1, self.chunk_size, self.spec.action_dim).cpu().numpy()
         actions = torch.as_tensor(self.actions.decode(per_action), dtype=torch.float32)
         return ActionChunk(actions=actions.to(value.device), log_prob=per_token.sum(-1), value=value,
-                           record={"action_tokens": tokens, "token_log_prob": per_token})
+                           record={"action_tokens": tokens, "term_log_prob": per_token})
 
     def _pick(self, log_probs: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> torch.Tensor:
         if deterministic:
@@ -218,7 +218,7 @@ class TokenVLAPolicy(Policy):
         log_probs, value = self._score(observation, bins)
         per_token = log_probs.gather(-1, bins[..., None]).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1).sum(-1)
-        return PolicyEval(log_prob=per_token.sum(-1), entropy=entropy, value=value, token_log_prob=per_token)
+        return PolicyEval(log_prob=per_token.sum(-1), entropy=entropy, value=value, term_log_prob=per_token)
 
     def value(self, observation: Observation) -> torch.Tensor:
         prefix, mask = self._prefix(observation)

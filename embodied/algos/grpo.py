@@ -1,6 +1,7 @@
-"""GRPO's objective and its dynamic sampling, for token policies.
+"""GRPO's objective and its dynamic sampling.
 
-Objective (per action token t of rollout i, advantage A_i from `advantages.group_normalized`
+Objective (per term t of rollout i: an action token, a trained denoising step, or the whole
+chunk, as `ratio` and the policy decide; advantage A_i from `advantages.group_normalized`
 broadcast over the rollout):
 
     r_t = exp(log pi(a_t) - log pi_old(a_t))
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from embodied.advantages import group_normalized
-from embodied.algos.ppo import LossAverages
+from embodied.algos.ppo import LossAverages, check_ratio, ratio_log_probs, term_advantages
 from embodied.buffers import Trajectory
 from embodied.errors import ConfigError
 from embodied.registry import ALGOS
@@ -131,6 +132,10 @@ class GRPOConfig:
     # train on all of them (0: train on each batch's own informative groups) ...
     groups_per_batch: int = 0
     max_batches_per_update: int = 8  # ... but train on what there is after this many batches
+    # One ratio per term of the policy's log-prob (action token, trained denoising step) or
+    # per chunk; with terms, denoising step j of P weighs denoise_discount^(P - 1 - j).
+    ratio: str = "term"
+    denoise_discount: float = 1.0
 
 
 def check_config(cfg: GRPOConfig) -> None:
@@ -145,6 +150,7 @@ def check_config(cfg: GRPOConfig) -> None:
         raise ConfigError(f"algo.success_band must be [low, high], got {cfg.success_band}")
     if cfg.groups_per_batch < 0 or cfg.max_batches_per_update < 1:
         raise ConfigError("algo.groups_per_batch must be >= 0 and algo.max_batches_per_update >= 1")
+    check_ratio(cfg.ratio, cfg.denoise_discount)
 
 
 @dataclass
@@ -239,11 +245,12 @@ class GRPO:
                         continue
                     chunk = k.batch.chunk(mine)
                     evaluated = self.policy.evaluate(k.batch.flat_observation(mine), chunk)
-                    new.append(evaluated.token_log_prob if evaluated.token_log_prob is not None
-                               else evaluated.log_prob[:, None])
-                    old.append(chunk.record.get("token_log_prob", chunk.log_prob[:, None]).to(new[-1].device))
+                    new.append(ratio_log_probs(evaluated.log_prob, evaluated.term_log_prob, cfg.ratio))
+                    old.append(ratio_log_probs(chunk.log_prob, chunk.record.get("term_log_prob"), cfg.ratio)
+                               .to(new[-1].device))
                     env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
-                    advantages.append(k.advantages[env_of_row].to(new[-1].device))
+                    advantages.append(term_advantages(k.advantages[env_of_row].to(new[-1].device), new[-1].shape[1],
+                                                      cfg.denoise_discount))
                 new_log_prob = torch.cat(new)
                 loss = grpo_loss(new_log_prob, torch.cat(old), torch.cat(advantages), torch.ones_like(new_log_prob),
                                  cfg.clip_low, cfg.clip_high)

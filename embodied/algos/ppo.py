@@ -1,5 +1,12 @@
 """PPO with GAE, clipped ratio, optional value clipping, entropy bonus, advantage
-normalisation; approx_kl, clipfrac and explained_variance logged beside the losses."""
+normalisation; approx_kl, clipfrac and explained_variance logged beside the losses.
+
+What the ratio is taken over is `ratio`: the whole chunk's log-prob (one ratio per env step),
+or each term of it where the policy's log-prob is a sum of terms (`term`: one ratio per action
+token of a token VLA, or per trained denoising step of a diffusion or flow_noise policy, as in
+DPPO / ReinFlow). With terms, the env step's advantage is given to each term, weighted by
+`denoise_discount`^(P - 1 - j) for term j of P: earlier denoising steps count less, the last
+one (which makes the action) fully. The per-term losses are averaged over all terms."""
 
 from __future__ import annotations
 
@@ -53,6 +60,25 @@ class PPOConfig:
     # Split each minibatch (each rank's shard of it) into this many equal parts whose
     # gradients add up before the step: the same step with a fraction of the activation memory.
     gradient_accumulation_steps: int = 1
+    ratio: str = "chunk"  # chunk | term (see the module docstring)
+    denoise_discount: float = 1.0  # DPPO's gamma_denoise, with ratio=term
+
+
+RATIOS = ("chunk", "term")
+
+
+def ratio_log_probs(log_prob: torch.Tensor, term_log_prob: Optional[torch.Tensor], ratio: str) -> torch.Tensor:
+    """(B, P) log-probs a ratio is taken of: the chunk's as one term, or the policy's terms
+    (action tokens, denoising steps) with ratio=term where it has them."""
+    if ratio == "term" and term_log_prob is not None:
+        return term_log_prob
+    return log_prob[:, None]
+
+
+def term_advantages(advantages: torch.Tensor, terms: int, denoise_discount: float) -> torch.Tensor:
+    """(B,) advantages -> (B, P): term j of P weighted by denoise_discount^(P - 1 - j)."""
+    powers = torch.arange(terms - 1, -1, -1, device=advantages.device, dtype=advantages.dtype)
+    return advantages[:, None] * denoise_discount ** powers[None]
 
 
 @dataclass
@@ -78,7 +104,8 @@ def ppo_loss(
 ) -> PPOLoss:
     """`old_log_prob` is the policy the ratio is clipped around. In decoupled PPO that is the
     proximal policy, and `behaviour_weight` = pi_proximal / pi_behaviour corrects for the
-    older policy that collected the samples."""
+    older policy that collected the samples. The policy terms (log-probs, advantages, weights)
+    are (B,) or (B, P) with one ratio per term; values and returns are (B,)."""
     log_ratio = new_log_prob - old_log_prob
     ratio = log_ratio.exp()
     with torch.no_grad():
@@ -142,6 +169,14 @@ def check_config(cfg: PPOConfig) -> None:
         raise ConfigError(f"algo.dual_clip must be > 1 (or null), got {cfg.dual_clip}")
     if cfg.value_loss not in ("mse", "huber"):
         raise ConfigError(f"algo.value_loss must be 'mse' or 'huber', got '{cfg.value_loss}'")
+    check_ratio(cfg.ratio, cfg.denoise_discount)
+
+
+def check_ratio(ratio: str, denoise_discount: float) -> None:
+    if ratio not in RATIOS:
+        raise ConfigError(f"algo.ratio must be one of {RATIOS}, got '{ratio}'")
+    if not 0 < denoise_discount <= 1:
+        raise ConfigError(f"algo.denoise_discount must be in (0, 1], got {denoise_discount}")
 
 
 class PPO:
@@ -179,7 +214,8 @@ class PPO:
                 f"a batch of {size} samples (envs x algo.rollout_steps) cannot be split into "
                 f"algo.num_minibatches={cfg.num_minibatches} minibatches of at least 2"
             )
-        behaviour_log_prob = batch.log_prob.reshape(-1)
+        collected = batch.chunk(slice(None))
+        behaviour_log_prob = ratio_log_probs(collected.log_prob, collected.record.get("term_log_prob"), cfg.ratio)
         old_log_prob, behaviour_weight = behaviour_log_prob, None
         if off_policy:
             old_log_prob = self._log_prob(batch, minibatch)  # the proximal policy: this one, now
@@ -206,7 +242,9 @@ class PPO:
                     part_rows = rows[part]
                     chunk = batch.chunk(part_rows)
                     evaluated = self.policy.evaluate(batch.flat_observation(part_rows), chunk)
-                    loss = ppo_loss(evaluated.log_prob, old_log_prob[part_rows], advantages[part], evaluated.value,
+                    new_log_prob = ratio_log_probs(evaluated.log_prob, evaluated.term_log_prob, cfg.ratio)
+                    part_advantages = term_advantages(advantages[part], new_log_prob.shape[1], cfg.denoise_discount)
+                    loss = ppo_loss(new_log_prob, old_log_prob[part_rows], part_advantages, evaluated.value,
                                     chunk.value, flat_ret[part_rows], evaluated.entropy, self._loss_cfg,
                                     None if behaviour_weight is None else behaviour_weight[part_rows])
                     objective = cfg.vf_coef * loss.value_loss if warming_up else loss.total
@@ -247,9 +285,8 @@ class PPO:
     @torch.no_grad()
     def _log_prob(self, batch: Trajectory, minibatch: int) -> torch.Tensor:
         rows = torch.arange(batch.num_steps * batch.num_envs)
-        parts = [self.policy.evaluate(batch.flat_observation(r), batch.chunk(r)).log_prob
-                 for r in rows.split(minibatch)]
-        return torch.cat(parts)
+        parts = [self.policy.evaluate(batch.flat_observation(r), batch.chunk(r)) for r in rows.split(minibatch)]
+        return torch.cat([ratio_log_probs(e.log_prob, e.term_log_prob, self.cfg.ratio) for e in parts])
 
     def state_dict(self) -> dict:
         return {

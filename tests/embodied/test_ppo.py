@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.algos.ppo import PPO, PPOConfig, ppo_loss
+from embodied.algos.ppo import PPO, PPOConfig, ppo_loss, ratio_log_probs, term_advantages
 from embodied.buffers import TrajectoryBuilder
 from embodied.types import ActionChunk, EnvSpec, Observation, StepResult
 from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
@@ -36,6 +36,30 @@ def test_ppo_loss_terms_match_a_reference_computation():
     expected = reference_terms(new_lp, old_lp, adv, new_v, old_v, ret, ent, 0.2, 0.5, 0.01)
     got = [loss.policy_loss, loss.value_loss, loss.entropy, loss.approx_kl, loss.clipfrac, loss.total]
     np.testing.assert_allclose([float(x) for x in got], expected, rtol=1e-10)
+
+
+def test_term_ratios_clip_each_denoising_step_with_its_discounted_advantage():
+    """DPPO: one ratio per term j of P, advantage A_i gamma^(P-1-j), mean over all terms."""
+    rng = np.random.default_rng(1)
+    n, terms, gamma, clip = 16, 3, 0.8, 0.2
+    old_lp = rng.normal(size=(n, terms))
+    new_lp = old_lp + rng.normal(scale=0.3, size=(n, terms))
+    adv = rng.normal(size=n)
+    weighted = adv[:, None] * gamma ** np.array([2.0, 1.0, 0.0])[None]
+    ratio = np.exp(new_lp - old_lp)
+    expected = np.mean(np.maximum(-weighted * ratio, -weighted * np.clip(ratio, 1 - clip, 1 + clip)))
+    t = lambda x: torch.tensor(x, dtype=torch.float64)  # noqa: E731
+    advantages = term_advantages(t(adv), terms, gamma)
+    np.testing.assert_allclose(advantages.numpy(), weighted, rtol=1e-12)
+    z = torch.zeros(n, dtype=torch.float64)
+    loss = ppo_loss(t(new_lp), t(old_lp), advantages, z, z, z, z, PPOConfig(normalize_advantages=False, clip_coef=clip))
+    np.testing.assert_allclose(float(loss.policy_loss), expected, rtol=1e-10)
+    np.testing.assert_allclose(float(loss.approx_kl), np.mean((ratio - 1) - (new_lp - old_lp)), rtol=1e-10)
+    # ratio=chunk, or a policy without terms: the chunk's log-prob is the one term
+    chunk = torch.arange(3.0)
+    assert ratio_log_probs(chunk, torch.ones(3, 2), "chunk").shape == (3, 1)
+    assert ratio_log_probs(chunk, None, "term").shape == (3, 1)
+    assert ratio_log_probs(chunk, torch.ones(3, 2), "term").shape == (3, 2)
 
 
 def test_unclipped_value_loss_is_half_the_squared_error():
@@ -86,6 +110,10 @@ def test_out_of_range_hyperparameters_are_config_errors():
     policy = MLPGaussianPolicy(MLPPolicyConfig(), spec)
     with pytest.raises(ConfigError, match="algo.gamma must be in"):
         PPO(PPOConfig(gamma=1.5), policy)
+    with pytest.raises(ConfigError, match="algo.ratio must be one of"):
+        PPO(PPOConfig(ratio="token"), policy)
+    with pytest.raises(ConfigError, match="algo.denoise_discount must be in"):
+        PPO(PPOConfig(denoise_discount=0.0), policy)
     with pytest.raises(ConfigError, match="algo.num_minibatches=64"):
         PPO(PPOConfig(num_minibatches=64), policy).update(_batch(policy), progress=0.0)
 

@@ -202,8 +202,8 @@ def test_a_dataset_that_does_not_fit_the_env_is_refused_naming_each_difference(t
         Demonstrations(tmp_path / "d", SPEC, horizon=1, frames="corrections")
 
 
-@pytest.mark.parametrize("policy", ["token_vla", "mlp_gaussian"])
-def test_token_and_gaussian_policies_learn_the_demos_by_their_own_loss(pickcube_demos, tmp_path, policy):
+@pytest.mark.parametrize("policy", ["token_vla", "mlp_gaussian", "diffusion"])
+def test_token_gaussian_and_diffusion_policies_learn_the_demos_by_their_own_loss(pickcube_demos, tmp_path, policy):
     run_dir = sft_run(tmp_path, pickcube_demos, "steps=30", "lr=1e-3", "val_fraction=0", policy=(f"policy={policy}",))
     losses = [json.loads(line)["sft/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and losses[-1] < 0.85 * losses[0]

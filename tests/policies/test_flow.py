@@ -61,14 +61,18 @@ def test_flow_noise_log_prob_has_k_plus_one_terms():
     observation = Observation(state=torch.randn(2, 4))
     chunk = policy.act(observation, generator=torch.Generator().manual_seed(0))
     chain, state = chunk.record["chain"], policy._state(observation)
-    expected = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
+    start = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
     times = torch.linspace(1, 0, 4)
+    steps = []
     for k in range(3):
         t = torch.full((2,), float(times[k]))
         velocity = policy.velocity(policy._inputs(state, chain[:, k], t))
-        expected = expected + gaussian_log_prob(chain[:, k + 1], chain[:, k] - float(times[k] - times[k + 1]) * velocity,
-                                                torch.full_like(chain[:, k], 0.1))
-    torch.testing.assert_close(chunk.log_prob, expected)
+        steps.append(gaussian_log_prob(chain[:, k + 1], chain[:, k] - float(times[k] - times[k + 1]) * velocity,
+                                       torch.full_like(chain[:, k], 0.1)))
+    torch.testing.assert_close(chunk.log_prob, start + sum(steps))
+    # each denoising step is one term (ReinFlow-style ratios); the parameter-free start is none
+    torch.testing.assert_close(chunk.record["term_log_prob"], torch.stack(steps, 1))
+    torch.testing.assert_close(policy.evaluate(observation, chunk).term_log_prob, torch.stack(steps, 1))
 
 
 def test_single_step_or_noiseless_flow_sde_is_refused_with_the_reason():

@@ -32,7 +32,7 @@ def test_sampled_log_prob_equals_the_training_recomputation(decoder):
     assert (evaluated.entropy > 0).all() and (chunk.log_prob < 0).all()
 
 
-def test_causal_log_prob_is_the_sum_of_token_log_probs_under_the_restricted_softmax():
+def test_causal_log_prob_is_the_sum_of_term_log_probs_under_the_restricted_softmax():
     torch.manual_seed(0)
     policy = TokenVLAPolicy(TokenVLAConfig(decoder="causal"), SPEC)
     obs = observation(batch=1)
