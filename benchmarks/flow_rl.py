@@ -1,10 +1,13 @@
-"""Flow-matching policy on ManiSkill PickCube-v1 (state + instruction, CPU): SFT on a few
-scripted-expert demos gives success S0; PPO with each RL sampler from those weights gives S1.
+"""Flow-matching and diffusion policies on ManiSkill PickCube-v1 (state + instruction, CPU):
+SFT on a few scripted-expert demos gives success S0; PPO from those weights gives S1.
 
   demos        scripted expert (`embodied demos`), end-effector delta control
-  sft          `embodied sft` with the flow-matching loss -> S0 (deterministic, 100 episodes)
-  flow-sde     `embodied train init=<sft>` PPO, one stochastic denoising step per chunk
+  sft          `embodied sft`, one run per policy (flow matching; diffusion's epsilon loss)
+               -> S0 (deterministic, 100 episodes)
+  flow-sde     `embodied train init=<flow sft>` PPO, one stochastic denoising step per chunk
   flow-noise   the same with the learned noise head (every step stochastic)
+  dppo         `embodied train init=<diffusion sft>` PPO with one ratio per denoising step
+               (DPPO: floored std, gamma_denoise, the last 5 of 10 steps fine-tuned)
 
 Goal (the issue's): RL lifts success by >= 30 points, or to >= 90%, within one CPU-hour.
 Every step is a normal command a user would type; the runs land in benchmarks/runs/.
@@ -27,12 +30,13 @@ from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS, RUNS, first_reaching  # noqa: E402
 
 DEMOS = RUNS / "flow-demos"
-SFT = RUNS / "flow-sft"
 ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
-POLICY = ["policy=flow"]
+POLICIES = {"flow": ["policy=flow"], "diffusion": ["policy=diffusion"]}
 RL = ["algo=ppo_maniskill", "algo.lr=1e-4", "algo.critic_warmup_iterations=3", "eval_every=5",
       "periodic_eval_episodes=32", "checkpoint_every=10", "seed=1"]
-ARMS = {"flow-sde": ["policy.sampler=flow_sde"], "flow-noise": ["policy.sampler=flow_noise"]}
+ARMS = {"flow-sde": ("flow", ["policy.sampler=flow_sde"]),
+        "flow-noise": ("flow", ["policy.sampler=flow_noise"]),
+        "dppo": ("diffusion", ["algo.ratio=term", "algo.denoise_discount=0.99", "policy.finetune_steps=5"])}
 EVAL_EPISODES = 100
 CPU_HOUR_S = 3600.0
 
@@ -52,21 +56,28 @@ def final_success(run_dir: Path) -> float | None:
     return json.loads(report.read_text())["overall"]["success_rate"] if report.is_file() else None
 
 
+def sft_dir(policy: str):
+    return RUNS / f"{policy}-sft"
+
+
 def run(demos: int, sft_steps: int, steps: int, arms: list[str]) -> None:
     embodied("demos", *ENV, f"episodes={demos}", f"root={DEMOS}", "progress_bar=false")
-    if (SFT / "checkpoints" / "latest").is_file():  # continue (or find finished) an interrupted run
-        embodied("sft", f"resume={SFT}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
-    else:
-        embodied("sft", *ENV, *POLICY, f"dataset={DEMOS}", f"steps={sft_steps}", f"run_dir={SFT}",
-                 "eval_episodes=0", "logger.progress_bar=false")
+    for policy in sorted({ARMS[name][0] for name in arms}):
+        sft = sft_dir(policy)
+        if (sft / "checkpoints" / "latest").is_file():  # continue (or find finished) an interrupted run
+            embodied("sft", f"resume={sft}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
+        else:
+            embodied("sft", *ENV, *POLICIES[policy], f"dataset={DEMOS}", f"steps={sft_steps}", f"run_dir={sft}",
+                     "eval_episodes=0", "logger.progress_bar=false")
     for name in arms:
         run_dir = RUNS / name
+        policy, overrides = ARMS[name]
         if (run_dir / "checkpoints" / "latest").is_file():
             embodied("train", f"resume={run_dir}", f"total_env_steps={steps}", "eval_episodes=0",
                      "logger.progress_bar=false")
         else:
-            embodied("train", *ENV, *POLICY, *RL, *ARMS[name], f"init={SFT}", f"run_dir={run_dir}",
-                     f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false")
+            embodied("train", *ENV, *POLICIES[policy], *RL, *overrides, f"init={sft_dir(policy)}",
+                     f"run_dir={run_dir}", f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false")
 
 
 def report() -> None:
@@ -75,13 +86,14 @@ def report() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    s0 = final_success(SFT)
-    summary: dict = {"task": "PickCube-v1", "control_mode": "pd_ee_delta_pos", "sft_success": s0,
+    s0s = {policy: final_success(sft_dir(policy)) for policy in POLICIES}
+    summary: dict = {"task": "PickCube-v1", "control_mode": "pd_ee_delta_pos", "sft_success": s0s,
                      "eval_episodes": EVAL_EPISODES, "demos": _episodes(DEMOS), "arms": {}}
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     rows = []
-    for name, overrides in ARMS.items():
+    for name, (policy, overrides) in ARMS.items():
         path = RUNS / name / "metrics.jsonl"
+        s0 = s0s[policy]
         if not path.is_file():
             continue
         curve = [json.loads(line) for line in path.read_text().splitlines()]
@@ -92,37 +104,36 @@ def report() -> None:
         within_hour = [s for _, t, s in points if t is not None and t <= CPU_HOUR_S]
         wall = max(elapsed.values(), default=None)
         met = s0 is not None and s1 is not None and (s1 - s0 >= 0.30 or s1 >= 0.9)
-        summary["arms"][name] = {"final_success": s1, "lift_points": None if s0 is None or s1 is None else 100 * (s1 - s0),
+        summary["arms"][name] = {"policy": policy, "sft_success": s0, "final_success": s1, "lift_points": None if s0 is None or s1 is None else 100 * (s1 - s0),
                                  "env_steps": curve[-1]["env_steps"] if curve else 0, "wall_time_s": wall,
                                  "best_periodic_success_within_1h": max(within_hour) if within_hour else None,
                                  "env_steps_to_90": first_reaching(evals, "eval/success_rate", 0.9),
-                                 "goal_met": met, "overrides": [*RL, *overrides],
+                                 "goal_met": met, "overrides": [*POLICIES[policy], *RL, *overrides],
                                  "curve": [{"env_steps": n, "elapsed_s": t, "eval/success_rate": s} for n, t, s in points]}
-        by_steps.plot([n for n, _, _ in points], [s for _, _, s in points], label=name)
+        line, = by_steps.plot([n for n, _, _ in points], [s for _, _, s in points], label=name)
         by_time.plot([t / 60 for _, t, _ in points if t is not None], [s for _, t, s in points if t is not None],
-                     label=name)
-        rows.append(f"| {name} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve[-1]['env_steps']:,} | "
+                     label=name, color=line.get_color())
+        rows.append(f"| {name} | {policy} | {s0:.2f} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve[-1]['env_steps']:,} | "
                     f"{(wall or 0) / 60:.0f} min | {'yes' if met else 'no'} |")
     for ax, label in ((by_steps, "env steps"), (by_time, "wall time (min, 2 CPU cores)")):
-        if s0 is not None:
-            ax.axhline(s0, color="grey", linestyle="--", linewidth=1, label="SFT (S0)")
+        for (policy, s0), style in zip(s0s.items(), ("--", ":")):
+            if s0 is not None:
+                ax.axhline(s0, color="grey", linestyle=style, linewidth=1, label=f"{policy} SFT (S0)")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     by_steps.set_ylabel("eval success (32 fixed episodes)")
     by_steps.legend(fontsize=8)
-    fig.suptitle("PickCube-v1 (state, CPU): SFT on scripted demos, then PPO on the flow policy")
+    fig.suptitle("PickCube-v1 (state, CPU): SFT on scripted demos, then PPO on flow and diffusion policies")
     save_with_summary(fig, RESULTS, "flow_rl", summary)
     lines = [
-        "# Flow-matching policy: SFT, then RL (PickCube-v1)",
+        "# Flow-matching and diffusion policies: SFT, then RL (PickCube-v1)",
         "",
-        f"{summary['demos']} scripted-expert demos (`embodied demos`), SFT with the flow-matching loss, then PPO from "
+        f"{summary['demos']} scripted-expert demos (`embodied demos`), SFT with each policy's own loss, then PPO from "
         f"the SFT weights (`embodied train init=`). S0 and S1: deterministic success over {EVAL_EPISODES} episodes; "
         "the curves: 32 fixed episodes every 5 iterations (4,000 env steps). 2-core CPU machine, one run at a time.",
         "",
-        f"SFT (S0): **{s0:.2f}**" if s0 is not None else "SFT (S0): not run",
-        "",
-        "| RL arm | S1 | lift (points) | env steps | wall time | goal met |",
-        "| --- | ---: | ---: | ---: | ---: | --- |",
+        "| RL arm | policy | S0 (SFT) | S1 | lift (points) | env steps | wall time | goal met |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
         *rows,
         "",
         "Goal: RL lifts success by >= 30 points or to >= 90% within one CPU-hour.",
