@@ -7,6 +7,7 @@ import embodied.algos.sac_rlpd  # noqa: F401
 import embodied.runtime.local  # noqa: F401
 import embodied.runtime.procs  # noqa: F401
 import embodied.runtime.ray_runtime  # noqa: F401
+import embodied.runtime.robots  # noqa: F401
 import policies.diffusion  # noqa: F401
 import policies.flow  # noqa: F401
 import policies.flow_vla  # noqa: F401

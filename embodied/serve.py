@@ -14,6 +14,8 @@ old registration.
     infer {observation, tick}   ->       queued, batched with other clients' requests
                                 <-       action {actions (C, A), policy_version, timing}
     heartbeat                   ->  <-   heartbeat {server time, clients, requests served}
+    episode {transitions}       ->       only where the server learns (`runtime=robots`,
+                                <-       welcome says learning): ack {transitions, policy_version}
 
 A malformed request, or a failed inference, is answered with a typed `error` for its
 senders alone; clients beyond `max_clients` are refused; a client silent for
@@ -108,12 +110,17 @@ def check_serve_config(config: ServeConfig) -> None:
 
 
 class PolicyServer:
-    """`infer` maps a batch `Observation` (numpy) to actions float32 (B, C, A)."""
+    """`infer` maps a batch `Observation` (numpy) to actions float32 (B, C, A). A learning
+    server also takes finished episodes: `on_episode(client, body)` stores one and returns
+    the ack's body, or raises ValueError to refuse it; `max_message_bytes` then makes room
+    for them on the wire."""
 
     def __init__(self, infer: Callable[[Observation], np.ndarray], spec: EnvSpec, metadata: dict[str, Any],
-                 config: ServeConfig):
+                 config: ServeConfig, on_episode: Callable[["ClientState", Any], dict[str, Any]] | None = None,
+                 max_message_bytes: int = 0):
         check_serve_config(config)
         self.infer = infer
+        self.on_episode = on_episode
         self.spec = spec
         self.config = config
         self.metadata = {"protocol": PROTOCOL_VERSION, "server_id": uuid.uuid4().hex[:12], **metadata,
@@ -130,7 +137,8 @@ class PolicyServer:
         self.socket.setsockopt(zmq.LINGER, 0)
         # Nothing larger than an observation of this spec is read off the wire at all.
         image_bytes = sum(math.prod(shape) for shape in spec.image_shapes.values())
-        self.socket.setsockopt(zmq.MAXMSGSIZE, image_bytes + 4 * spec.state_dim + MAX_INSTRUCTION_CHARS * 4 + (1 << 16))
+        observation_bytes = image_bytes + 4 * spec.state_dim + MAX_INSTRUCTION_CHARS * 4 + (1 << 16)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, max(observation_bytes, max_message_bytes))
         self.endpoint = bind(self.socket, config.endpoint, self.curve)
         self.clients: dict[bytes, ClientState] = {}
         self.pending: collections.deque[Request] = collections.deque()
@@ -177,10 +185,21 @@ class PolicyServer:
             self._reply(identity, Message("heartbeat", message.seq, {
                 "time": time.time(), "clients": len(self.clients), "requests": self.stats.requests,
                 "policy_version": self.metadata.get("policy_version")}))
+        elif message.kind == "episode" and self.on_episode is not None:
+            client.last_seen = now
+            try:
+                ack = self.on_episode(client, message.body)
+            except ValueError as error:
+                self.stats.malformed += 1
+                self._refuse(identity, message.seq, "episode", f"episode refused: {error}")
+                return
+            self._reply(identity, Message("ack", message.seq, ack))
         elif message.kind == "close":
             self._forget(identity)
         else:
-            self._refuse(identity, message.seq, "kind", f"a policy server does not take '{message.kind}' messages")
+            learning = " (this one serves a fixed checkpoint; learning servers run with `embodied train runtime=robots`)"
+            self._refuse(identity, message.seq, "kind", f"a policy server does not take '{message.kind}' messages"
+                         f"{learning if message.kind == 'episode' else ''}")
 
     def _forget(self, identity: bytes) -> None:
         self.clients.pop(identity, None)

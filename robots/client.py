@@ -24,9 +24,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from embodied.errors import ConfigError
+from embodied.transport.episodes import Episode
 from robots.base import Robot, RobotObservation
 from robots.broker import ChunkBroker, check_mode
-from robots.policy_client import ActionReply, PolicyClient
+from robots.policy_client import ActionReply, PolicyClient, ServerError
 from robots.safety import SafetyConfig, SafetyLayer
 from robots.recording import DatasetRecorder, RecordingConfig, RecordingError
 from robots.teleop import Teleop
@@ -68,6 +69,7 @@ class RobotClientConfig:
     instruction: Optional[str] = None  # default: the robot's task instruction
     latency_budget: float = 0.5  # of a tick, to wait for an answer on its way before acting
     request_timeout_s: float = 2.0  # no answer this long: the server is taken for gone
+    episode_timeout_s: float = 30.0  # a learning server's ack of a finished episode
     connect_timeout_s: float = 30.0
     output: Optional[str] = None  # steps.jsonl and summary.json; default runs/robot-<time>
     broker: BrokerConfig = field(default_factory=BrokerConfig)
@@ -118,6 +120,9 @@ class RobotClient:
         self.sources: dict[str, int] = {name: 0 for name in ("policy", "teleop", "watchdog", "estop", "workspace",
                                                               "non_finite", "none")}
         self.feedback: dict[str, Any] = {}  # what the robot did since the last request, sent with the next
+        self.learning = False  # the server learns from our episodes (its welcome says so)
+        self.episodes_learned = {"sent": 0, "transitions": 0, "not_taken": 0}
+        self.learning_finished = False  # the learning server needs no more episodes
 
     def _hold(self) -> np.ndarray | None:
         return self.robot.hold_action() if self.config.safety.safe_action == "hold" else None
@@ -137,7 +142,7 @@ class RobotClient:
                     self._start()
                     with open(self.output / "steps.jsonl", "w") as log:
                         index = 0
-                        while index < self.config.episodes and not self.should_quit():
+                        while index < self.config.episodes and not self.should_quit() and not self.learning_finished:
                             episode = self._episode(index, log)
                             self.episodes.append(episode)
                             log.flush()
@@ -174,6 +179,9 @@ class RobotClient:
         ensemble = self.config.broker.mode == "ensemble"
         steps = self.config.broker.execute_steps or (1 if ensemble else max(1, (chunk_size + 1) // 2))
         self.broker = ChunkBroker(chunk_size, steps, self.config.broker.mode, self.config.broker.ensemble_decay)
+        self.learning = bool(metadata.get("learning"))
+        if self.learning:
+            logger.info("the server learns: each finished episode is sent to it")
         logger.info("server ping %.2f ms; policy '%s' version %s, chunk %d, executing %d per query",
                     self.policy.ping(), metadata.get("policy"), metadata.get("policy_version"), chunk_size, steps)
 
@@ -195,7 +203,8 @@ class RobotClient:
         label: str | None = None  # the operator's success / failure / rerecord
         # The first action's change is limited relative to the robot at rest, where it can tell.
         previous = self._hold() if self.config.safety.max_delta is not None else None
-        episode_return, success, steps, tick, ended = 0.0, False, 0, 0, False
+        episode_return, success, steps, tick, ended, terminated = 0.0, False, 0, 0, False, False
+        learned: dict[str, list] = {"states": [], "actions": [], "rewards": [], "intervened": []}
         start = time.monotonic()
         self.safety.action_arrived(start)  # the watchdog's period starts with the episode
         while tick < self.max_steps and not self.should_quit():
@@ -213,8 +222,8 @@ class RobotClient:
                     break
             entry["jitter_ms"] = (time.monotonic() - target) * 1000
             self.jitter_ms.append(entry["jitter_ms"])
-            # Recording needs this tick's observation; otherwise it is read only for a query.
-            observation = self.robot.get_observation() if self.recorder is not None else None
+            # Recording and learning need this tick's observation; otherwise it is read only for a query.
+            observation = self.robot.get_observation() if self.recorder is not None or self.learning else None
             self._exchange(tick, target, entry, observation)
             position = self.robot.end_effector_position()
             if position is not None:
@@ -237,7 +246,12 @@ class RobotClient:
                 if self.recorder is not None and observation is not None:
                     self.recorder.add(observation.state, observation.images, previous, policy_action,
                                       source == "teleop", outcome.reward, source in SAFETY_SOURCES)
+                if self.learning and observation is not None:
+                    for key, value in (("states", observation.state), ("actions", previous),
+                                       ("rewards", outcome.reward), ("intervened", source == "teleop")):
+                        learned[key].append(value)
                 episode_return += outcome.reward
+                terminated = terminated or outcome.terminated
                 self.feedback["reward"] = self.feedback.get("reward", 0.0) + outcome.reward
                 success |= outcome.success
                 steps += 1
@@ -249,12 +263,41 @@ class RobotClient:
         if label in ("success", "failure"):
             success = label == "success"  # the operator's word over the robot's own check
         result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
-        if self.recorder is not None and (ended or tick >= self.max_steps):  # a quit mid-episode: record.partial
+        finished = ended or tick >= self.max_steps  # not a quit mid-episode
+        if self.recorder is not None and finished:  # a quit mid-episode: record.partial
             self.robot.send_action(self.safety.safe_action(self._hold(), None))  # held still while it saves
             saved = self.recorder.end_episode(success, keep=label != "rerecord")
             if saved is not None:
                 result["dataset_episode"] = saved
+        if self.learning and finished and label != "rerecord" and learned["actions"]:
+            episode = Episode(
+                states=np.asarray([*learned["states"], self.robot.get_observation().state], np.float32),
+                actions=np.asarray(learned["actions"], np.float32), rewards=np.asarray(learned["rewards"], np.float32),
+                intervened=np.asarray(learned["intervened"], bool),
+                terminated=terminated or label in ("success", "failure"), success=success,
+                instruction=self.instruction, policy_version=self.server_metadata.get("policy_version"))
+            result["learner"] = self._send_episode(episode)
         return {**result, "rerecorded": True} if label == "rerecord" else result
+
+    def _send_episode(self, episode: Episode) -> dict[str, Any]:
+        """Hand the episode to the learning server, the robot held still meanwhile; one the
+        server does not take is logged and counted, and the run goes on."""
+        self.robot.send_action(self.safety.safe_action(self._hold(), None))
+        try:
+            ack = self.policy.send_episode(episode.to_message(), self.config.episode_timeout_s)
+        except ServerError as error:
+            logger.warning("the learner did not take the episode (%d transitions): %s", episode.length, error)
+            self.episodes_learned["not_taken"] += 1
+            return {"taken": False, "why": str(error)}
+        self.episodes_learned["sent"] += 1
+        self.episodes_learned["transitions"] += episode.length
+        version = ack.get("policy_version")
+        if isinstance(version, int):
+            self.server_metadata["policy_version"] = version  # the weights the next episode acts with
+        if ack.get("finished") is True:
+            logger.info("the learning run has all its env steps: no more episodes")
+            self.learning_finished = True
+        return {"taken": True, "transitions": episode.length, "policy_version": version}
 
     def _teleoperate(self, command: np.ndarray | None, source: str, previous: np.ndarray | None,
                      position: np.ndarray | None, entry: dict[str, Any], label: str | None
@@ -349,6 +392,7 @@ class RobotClient:
             "teleop_ticks": self.sources["teleop"],
             "rerecorded_episodes": sum(bool(e.get("rerecorded")) for e in self.episodes),
             "connection": dict(self.policy.counts),
+            "learner": self.episodes_learned if self.learning else None,
             "dataset": None if self.recorder is None else {"root": str(self.recorder.root),
                                                            "episodes_saved": self.recorder.saved,
                                                            "frames_that_waited": self.recorder.waits},
@@ -373,7 +417,7 @@ def check_client_config(config: RobotClientConfig) -> None:
         value = getattr(config, key)
         if value is not None and value <= 0:
             raise ConfigError(f"'{key}' must be > 0 (or null for the robot's own), got {value}")
-    for key in ("request_timeout_s", "connect_timeout_s"):
+    for key in ("request_timeout_s", "connect_timeout_s", "episode_timeout_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"'{key}' must be > 0, got {getattr(config, key)}")
 

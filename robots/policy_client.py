@@ -53,6 +53,7 @@ class NoPolicy:
 
     endpoint = "none"
     in_flight = None
+    learning = False
 
     def __init__(self) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
@@ -279,6 +280,36 @@ class PolicyClient:
                            round_trip_ms=(time.monotonic() - sent) * 1000,
                            timing={key: float(timing[key]) for key in TIMING_KEYS
                                    if isinstance(timing.get(key), (int, float)) and math.isfinite(timing[key])})
+
+    @property
+    def learning(self) -> bool:
+        """The server learns from this robot's episodes (`embodied train runtime=robots`)."""
+        return bool(self.metadata and self.metadata.get("learning"))
+
+    def send_episode(self, episode: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Hand a finished episode (`embodied.transport.episodes`) to a learning server and wait
+        for its ack; ServerError says why it was not taken (refused, no answer, not connected)."""
+        if not self.connected:
+            raise ServerError("not connected to the policy server")
+        self.in_flight = None  # between episodes: no action is awaited
+        seq = self._send("episode", episode)
+        deadline = time.monotonic() + timeout_s
+        while self.socket is not None and (remaining := deadline - time.monotonic()) > 0:
+            if not self.socket.poll(max(math.ceil(remaining * 1000), 1)):
+                continue
+            try:
+                _, message = receive(self.socket)
+            except ProtocolError as error:
+                self._reject(f"undecodable reply: {error}")
+                continue
+            if message.seq == seq and message.kind == "ack":
+                return message.body if isinstance(message.body, dict) else {}
+            if message.seq == seq and message.kind == "error":
+                body = message.body if isinstance(message.body, dict) else {}
+                raise ServerError(str(body.get("message", message.body))[:500])
+            self._handle(message)
+        self.counts["timeouts"] += 1
+        raise ServerError(f"no answer to the episode within {timeout_s:.0f} s")
 
     def ping(self, timeout_s: float = 5.0) -> float:
         """Round trip of a heartbeat in milliseconds (a health check); raises if none comes."""

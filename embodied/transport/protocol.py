@@ -21,6 +21,7 @@ KINDS = frozenset({
     "hello", "welcome",  # handshake: client metadata, server metadata (or an error)
     "command", "result",  # rollout -> env side: {command, args}; env side -> rollout: {ok} or {error}
     "infer", "action",  # robot -> policy server: observation (+ last step's outcome); reply: chunk + timing
+    "episode",  # robot -> a learning policy server: a finished episode's transitions; reply: ack
     "trajectory", "ack",  # rollout -> learner with acknowledgement
     "weights",  # learner -> rollout, tagged with policy_version
     "heartbeat", "close", "error",

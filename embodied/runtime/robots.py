@@ -1,0 +1,269 @@
+"""`runtime=robots`: robot clients are the env side of online learning.
+
+    embodied train runtime=robots env=<the robots' env> policy=squashed_gaussian algo=sac_rlpd
+    embodied robot robot=... server=tcp://<this machine>:5555     # on each robot, any number
+
+This process is a policy server (`embodied.serve.PolicyServer`) whose welcome says it learns.
+Robots act through it as they would through `embodied serve`, with sampled actions (the
+policy explores). Each finished episode comes back as an `episode` message (the executed
+actions, the operator's corrections flagged) and goes into a queue; a learner thread takes
+episodes one at a time and runs the algorithm's update on each, so the robots never wait for
+learning. After every update the learner leaves its weights in a latest-only slot (a newer
+one replaces one not yet used), and the server takes them up per `apply_weights`:
+
+    episode     when an episode arrives (with one robot: between its episodes, so an episode
+                is acted by one policy; with several, at the end of any robot's episode)
+    immediate   before the next inference
+
+Only off-policy learners fit: a robot's executed actions (corrected by an operator, clipped
+by its safety layer) are not samples of the policy, which PPO's and GRPO's ratios assume.
+`env` gives the spec the robots must match (they are refused otherwise) and, with
+`eval_every`, a simulator for periodic evaluation. Checkpoints hold the learner and its
+replay buffers; `resume=<run dir>` continues, and robots simply reconnect."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+from embodied.build import build_algo, build_env, build_policy, resolve_device
+from embodied.buffers import Trajectory
+from embodied.config import TrainConfig
+from embodied.errors import ConfigError
+from embodied.registry import RUNTIMES
+from embodied.runtime.learner import Learner
+from embodied.runtime.wire import load_published_weights, published_weights
+from embodied.serve import ClientState, PolicyServer, ServeConfig
+from embodied.train import PeriodicEvaluation, TrainSession, start_process
+from embodied.transport.episodes import Episode, episode_bytes, parse_episode
+from embodied.types import EnvSpec, EpisodeStats, Observation
+
+logger = logging.getLogger(__name__)
+
+APPLY_WEIGHTS = ("episode", "immediate")
+OFF_POLICY_ALGOS = ("sac_rlpd",)
+
+
+@dataclass
+class RobotsRuntimeConfig:
+    name: str = "robots"
+    device: str = "auto"  # the learner's (inference runs beside it)
+    torch_threads: Optional[int] = None
+    endpoint: str = "tcp://127.0.0.1:5555"
+    keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); required off loopback
+    max_clients: int = 8
+    batch_window_ms: float = 2.0
+    client_timeout_s: float = 30.0
+    apply_weights: str = "episode"  # episode | immediate
+    deterministic: bool = False  # robots act on the policy's samples (exploration) or its mode
+    max_queued_episodes: int = 64  # episodes waiting for the learner; beyond, robots are told to wait
+    max_episode_ticks: int = 10_000  # the longest episode taken
+
+
+def check_config(cfg: RobotsRuntimeConfig, config: TrainConfig) -> None:
+    if cfg.apply_weights not in APPLY_WEIGHTS:
+        raise ConfigError(f"runtime.apply_weights must be one of {APPLY_WEIGHTS}, got '{cfg.apply_weights}'")
+    if config.algo.name not in OFF_POLICY_ALGOS:
+        raise ConfigError(f"runtime=robots learns off-policy from what the robots executed (operator corrections and "
+                          f"safety clipping included), which algo '{config.algo.name}' cannot: its ratios need the "
+                          f"policy's own samples. Use algo={' or algo='.join(OFF_POLICY_ALGOS)}")
+    if config.reward.classifier:
+        raise ConfigError("runtime=robots takes the rewards the robots report; reward.classifier needs camera "
+                          "images, which robots do not send with their episodes yet")
+    for key in ("max_queued_episodes", "max_episode_ticks", "max_clients"):
+        if getattr(cfg, key) < 1:
+            raise ConfigError(f"runtime.{key} must be >= 1, got {getattr(cfg, key)}")
+
+
+def episode_trajectory(episode: Episode, policy_version: int) -> Trajectory:
+    """One env (B = 1), one executed action per step (C = 1)."""
+    ticks = episode.length
+    column = lambda array: torch.as_tensor(np.asarray(array))[:, None]  # noqa: E731  (T,) -> (T, 1)
+    last = torch.zeros(ticks, dtype=torch.bool)
+    terminated, truncated = last.clone(), last.clone()
+    (terminated if episode.terminated else truncated)[-1] = True
+    actions = torch.as_tensor(episode.actions)[:, None, None]  # (T, 1, 1, A)
+    success = last.clone()
+    success[-1] = episode.success
+    zeros = torch.zeros(ticks, 1)
+    return Trajectory(
+        observation=Observation(state=torch.as_tensor(episode.states[:-1])[:, None], instruction=[episode.instruction]),
+        actions=actions, log_prob=zeros, value=zeros, reward=column(episode.rewards), terminated=terminated[:, None],
+        truncated=truncated[:, None], bootstrap_value=zeros, success=success[:, None], executed_action=actions,
+        executed_steps=torch.ones(ticks, 1, dtype=torch.int64), intervened=column(episode.intervened),
+        policy_version=torch.full((ticks, 1), policy_version, dtype=torch.int64), last_value=torch.zeros(1),
+        next_state=torch.as_tensor(episode.states[1:])[:, None])
+
+
+class LatestWeights:
+    """A one-slot mailbox: the newest weights replace ones nobody took yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._weights: tuple[int, dict[str, torch.Tensor]] | None = None
+
+    def put(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            self._weights = (version, weights)
+
+    def take(self) -> tuple[int, dict[str, torch.Tensor]] | None:
+        with self._lock:
+            weights, self._weights = self._weights, None
+        return weights
+
+
+class LearnerThread(threading.Thread):
+    """Runs the algorithm's update on each queued episode, records, evaluates and checkpoints;
+    every call into the session happens here, so nothing else touches it while it runs."""
+
+    def __init__(self, session: TrainSession, learner: Learner, spec: EnvSpec, inbox: "queue.Queue[Episode]",
+                 latest: LatestWeights):
+        super().__init__(name="learner", daemon=True)
+        self.session, self.learner, self.spec = session, learner, spec
+        self.inbox, self.latest = inbox, latest
+        self.evaluation = PeriodicEvaluation(session.config)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.busy = False
+        self.saved_iteration = session.iteration
+
+    def run(self) -> None:
+        """Until told to stop: once the run has its env steps, the serving thread waits for the
+        episodes already taken to be learned from, then stops this."""
+        try:
+            while not self.stop.is_set():
+                try:
+                    episode = self.inbox.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                self.busy = True
+                self._learn(episode)
+                self.busy = False
+            if self.session.iteration != self.saved_iteration:
+                self._save()  # the final state, or where an interrupted run resumes
+        except BaseException as error:  # noqa: BLE001  (handed to the serving thread, which raises it)
+            self.error = error
+        finally:
+            self.busy = False
+            self.evaluation.close()
+
+    def _learn(self, episode: Episode) -> None:
+        session, learner = self.session, self.learner
+        progress = session.env_steps / session.config.total_env_steps
+        metrics = learner.update(episode_trajectory(episode, learner.policy_version), progress, off_policy=True)
+        self.latest.put(learner.policy_version, published_weights(learner.policy))
+        metrics["train/policy_version"] = learner.policy_version
+        metrics["robots/queued_episodes"] = self.inbox.qsize()
+        metrics["robots/episode_intervened"] = float(np.mean(episode.intervened))
+        stats = EpisodeStats(env_id=0, task=episode.instruction, episode_return=float(episode.rewards.sum()),
+                             length=episode.length, success=episode.success)
+        session.record(episode.length, [stats], metrics)
+        if self.evaluation.due(session.iteration):
+            session.record_eval(self.evaluation.run(learner.policy))
+        if session.should_checkpoint(session.finished):
+            self._save()
+
+    def _save(self) -> None:
+        self.session.save(self.learner, None, {"spec": self.spec.to_dict()})
+        self.saved_iteration = self.session.iteration
+
+
+class RobotsRuntime:
+    def __init__(self, cfg: RobotsRuntimeConfig):
+        self.cfg = cfg
+
+    def train(self, config: TrainConfig) -> TrainSession:
+        cfg = self.cfg
+        check_config(cfg, config)
+        start_process(config.seed, cfg.torch_threads)
+        device = resolve_device(cfg.device)
+        env = build_env(config.env, seed=config.seed, stream=1)
+        spec = env.spec
+        env.close()
+        if spec.image_shapes:
+            raise ConfigError("runtime=robots learns from state observations: the off-policy learners' critics read "
+                              "the state vector (use env.obs_mode=state)")
+        session = TrainSession(config)
+        policy = build_policy(config.policy, spec, device)
+        learner = Learner(policy, build_algo(config.algo, policy), device)
+        if policy.chunk_size != 1:
+            raise ConfigError("runtime=robots stores one executed action per tick: policy.chunk_size must be 1")
+        session.restore(learner)
+        pretrained = learner.before_training()
+        if pretrained:
+            logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in pretrained.items()))
+
+        acting = copy.deepcopy(policy).eval()  # the robots' copy; the learner's moves under it
+        generator = torch.Generator(device=device).manual_seed(config.seed)
+
+        @torch.no_grad()
+        def infer(observation: Observation) -> np.ndarray:
+            chunk = acting.act(observation.to_torch(device), deterministic=cfg.deterministic, generator=generator)
+            return chunk.actions.float().cpu().numpy()
+
+        inbox: queue.Queue[Episode] = queue.Queue()
+        latest = LatestWeights()
+        metadata = {"policy": config.policy.name, "policy_version": learner.policy_version, "chunk_size": 1,
+                    "normalization_id": None, "deterministic": cfg.deterministic, "learning": True,
+                    "run": str(session.run_dir)}
+
+        def apply_latest() -> None:
+            taken = latest.take()
+            if taken is not None:
+                version, weights = taken
+                load_published_weights(acting, weights)
+                server.metadata["policy_version"] = version
+
+        received = [session.env_steps]  # transitions taken, learned from or queued
+
+        def on_episode(client: ClientState, body: Any) -> dict[str, Any]:
+            if received[0] >= config.total_env_steps:
+                raise ValueError(f"the run has all its {config.total_env_steps} env steps")
+            if inbox.qsize() >= cfg.max_queued_episodes:
+                raise ValueError(f"the learner is {inbox.qsize()} episodes behind; this one was not taken")
+            episode = parse_episode(body, spec, cfg.max_episode_ticks)
+            inbox.put(episode)
+            received[0] += episode.length
+            if cfg.apply_weights == "episode":
+                apply_latest()
+            # `finished` tells the robot that the run needs no more episodes.
+            return {"transitions": episode.length, "policy_version": server.metadata["policy_version"],
+                    "queued": inbox.qsize(), "finished": received[0] >= config.total_env_steps}
+
+        serve_config = ServeConfig(endpoint=cfg.endpoint, keys_dir=cfg.keys_dir, max_clients=cfg.max_clients,
+                                   batch_window_ms=cfg.batch_window_ms, client_timeout_s=cfg.client_timeout_s,
+                                   deterministic=cfg.deterministic, stats_every_s=0)
+        server = PolicyServer(infer, spec, metadata, serve_config, on_episode=on_episode,
+                              max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks))
+        print(f"learning from robots on {server.endpoint} (run {session.run_dir}); connect with "
+              f"`embodied robot server={server.endpoint}`", flush=True)
+        session.start_logging()
+        thread = LearnerThread(session, learner, spec, inbox, latest)
+        thread.start()
+        try:
+            while thread.is_alive():
+                server.run_once(timeout_s=0.05)
+                if cfg.apply_weights == "immediate":
+                    apply_latest()
+                if session.finished and inbox.empty() and not thread.busy:
+                    thread.stop.set()
+        finally:
+            thread.stop.set()
+            thread.join()
+            server.close()
+            session.close()
+        if thread.error is not None:
+            raise thread.error
+        return session
+
+
+@RUNTIMES.register("robots", RobotsRuntimeConfig)
+def make_robots_runtime(cfg: RobotsRuntimeConfig) -> RobotsRuntime:
+    return RobotsRuntime(cfg)

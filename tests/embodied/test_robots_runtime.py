@@ -1,0 +1,168 @@
+"""runtime=robots: robot clients as the env side of online learning, over real ZeroMQ
+sockets with a simulated ManiSkill robot and the real SAC/RLPD learner."""
+
+import json
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.config import TrainConfig, compose, to_schema
+from embodied.errors import ConfigError
+from embodied.replay import from_trajectory
+from embodied.runtime.robots import LatestWeights, RobotsRuntime, RobotsRuntimeConfig, episode_trajectory
+from embodied.serve import PolicyServer, ServeConfig
+from embodied.transport.episodes import Episode, parse_episode
+from embodied.types import EnvSpec
+from robots.policy_client import PolicyClient, ServerError
+
+SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
+
+
+def episode(ticks=4, **changes) -> dict:
+    body = Episode(states=np.arange((ticks + 1) * 3, dtype=np.float32).reshape(ticks + 1, 3),
+                   actions=np.full((ticks, 2), 0.5, np.float32), rewards=np.arange(ticks, dtype=np.float32),
+                   intervened=np.array([False, True] * (ticks // 2)), terminated=True, success=True,
+                   instruction="push").to_message()
+    return {**body, **changes}
+
+
+def test_an_episode_becomes_transitions_that_end_where_the_task_ended():
+    parsed = parse_episode(episode(), SPEC, max_ticks=100)
+    transitions = from_trajectory(episode_trajectory(parsed, policy_version=2), lambda a: a)
+    states = np.arange(15, dtype=np.float32).reshape(5, 3)
+    np.testing.assert_array_equal(transitions.state.numpy(), states[:-1])
+    np.testing.assert_array_equal(transitions.next_state.numpy(), states[1:])
+    np.testing.assert_array_equal(transitions.reward.numpy(), [0, 1, 2, 3])
+    np.testing.assert_array_equal(transitions.discount.numpy(), [1, 1, 1, 0])  # terminal: no bootstrap
+    np.testing.assert_array_equal(transitions.intervened.numpy(), [False, True, False, True])
+    cut = parse_episode(episode(terminated=False), SPEC, max_ticks=100)  # a time limit: bootstrapped
+    assert from_trajectory(episode_trajectory(cut, 0), lambda a: a).discount.tolist() == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"states": np.zeros((4, 3), np.float32)}, "one per acted tick and the one after"),
+    ({"actions": np.zeros((4, 3), np.float32)}, r"actions must be float32 \(4, 2\)"),
+    ({"actions": np.zeros((4, 2), np.float64)}, "actions must be a 2-d float32"),
+    ({"actions": np.full((4, 2), 2.0, np.float32)}, "outside the action bounds"),
+    ({"rewards": np.array([0, np.nan, 0, 0], np.float32)}, "rewards contain NaN"),
+    ({"intervened": np.zeros(3, bool)}, "one entry per acted tick"),
+    ({"terminated": 1}, "terminated must be true or false"),
+    ({"actions": np.zeros((0, 2), np.float32)}, "1 to 100 acted ticks"),
+    ({"policy_version": "7"}, "policy_version must be an integer"),
+])
+def test_a_malformed_episode_is_refused_naming_what_is_wrong(changes, message):
+    with pytest.raises(ValueError, match=message):
+        parse_episode(episode(**changes), SPEC, max_ticks=100)
+    with pytest.raises(ValueError, match="a map"):
+        parse_episode([1, 2], SPEC, max_ticks=100)
+
+
+def test_servers_refuse_episodes_they_cannot_learn_from_and_learning_ones_ack_them():
+    def infer(observation):
+        return np.zeros((observation.batch_size, 1, 2), np.float32)
+
+    taken = []
+
+    def on_episode(client, body):
+        taken.append(parse_episode(body, SPEC, max_ticks=100))
+        return {"transitions": taken[-1].length, "policy_version": 5}
+
+    for learns in (False, True):
+        server = PolicyServer(infer, SPEC, {"policy": "zeros", "chunk_size": 1, "learning": learns},
+                              ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0),
+                              on_episode=on_episode if learns else None)
+        stop = threading.Event()
+        thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+        thread.start()
+        client = PolicyClient(server.endpoint, SPEC)
+        try:
+            client.connect(5.0)
+            assert client.learning == learns
+            if not learns:
+                with pytest.raises(ServerError, match="runtime=robots"):
+                    client.send_episode(episode(), timeout_s=5.0)
+            else:
+                with pytest.raises(ServerError, match="outside the action bounds"):
+                    client.send_episode(episode(actions=np.full((4, 2), 9.0, np.float32)), timeout_s=5.0)
+                assert client.send_episode(episode(), timeout_s=5.0) == {"transitions": 4, "policy_version": 5}
+                assert len(taken) == 1  # the refused one stored nothing
+        finally:
+            client.close()
+            stop.set()
+            thread.join(5)
+            server.close()
+
+
+def test_the_newest_weights_replace_ones_not_yet_taken():
+    latest = LatestWeights()
+    assert latest.take() is None
+    latest.put(1, {"w": torch.zeros(1)})
+    latest.put(2, {"w": torch.ones(1)})
+    version, weights = latest.take()
+    assert version == 2 and float(weights["w"]) == 1.0 and latest.take() is None
+
+
+def test_on_policy_algorithms_and_image_observations_are_refused(tmp_path):
+    config = to_schema(TrainConfig, compose("train", ["runtime=robots", f"run_dir={tmp_path / 'ppo'}"]))
+    with pytest.raises(ConfigError, match="algo=sac_rlpd"):
+        RobotsRuntime(config.runtime).train(config)
+    with pytest.raises(ConfigError, match="runtime.apply_weights"):
+        config = to_schema(TrainConfig, compose("train", ["runtime=robots", "algo=sac_rlpd",
+                                                          "policy=squashed_gaussian", "runtime.apply_weights=never"]))
+        RobotsRuntime(RobotsRuntimeConfig(apply_weights="never")).train(config)
+
+
+LEARNER = ["runtime=robots", "runtime.endpoint=tcp://127.0.0.1:*", "policy=squashed_gaussian", "policy.hidden=[32]",
+           "algo=sac_rlpd", "algo.utd_ratio=1", "algo.batch_size=16", "algo.num_critics=2", "algo.critic_hidden=[32]",
+           "eval_every=0", "eval_episodes=0", "checkpoint_every=1", "logger.progress_bar=false",
+           "logger.tensorboard=false"]
+
+
+def learn_from_a_robot(arguments, run_dir, output, episodes=5):
+    """A learning server and a simulated robot client, each in its own process."""
+    server = subprocess.Popen([sys.executable, "-m", "embodied.cli", "train", *arguments], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "learning from robots on" not in line:
+            line = server.stdout.readline()
+            assert line or server.poll() is None, server.stderr.read()[-3000:]
+        endpoint = line.split(" on ", 1)[1].split()[0]
+        client = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "robot=sim", f"robot.env_from={run_dir}",
+                                 f"server={endpoint}", f"episodes={episodes}", "max_episode_steps=20",
+                                 f"output={output}"], capture_output=True, text=True, timeout=300)
+        assert client.returncode == 0, client.stderr[-3000:]
+        assert server.wait(timeout=120) == 0, server.stderr.read()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+    return json.loads((output / "summary.json").read_text())
+
+
+def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_with_its_replay(tmp_path):
+    run_dir = tmp_path / "run"
+    summary = learn_from_a_robot([*LEARNER, "total_env_steps=60", f"run_dir={run_dir}"], run_dir, tmp_path / "robot")
+    # Three 20-tick episodes make the run's 60 env steps; the third ack says so and the robot stops.
+    assert summary["learner"] == {"sent": 3, "transitions": 60, "not_taken": 0}
+    assert [e["learner"]["taken"] for e in summary["episodes"]] == [True] * 3
+    # Weights are applied between episodes: each episode is acted by one policy version.
+    ticks = [json.loads(line) for line in (tmp_path / "robot" / "steps.jsonl").read_text().splitlines()]
+    for index in range(3):
+        versions = {t["policy_version"] for t in ticks if t["episode"] == index and "policy_version" in t}
+        assert len(versions) == 1
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["replay/online"] for m in metrics] == [20, 40, 60]
+    assert [m["train/policy_version"] for m in metrics] == [1, 2, 3]
+    assert (run_dir / "checkpoints" / "latest").is_file()
+
+    # Resumed: the replay buffer, counters and weights come back, and a robot just connects.
+    summary = learn_from_a_robot([f"resume={run_dir}", "total_env_steps=100"], run_dir, tmp_path / "robot-2")
+    assert summary["learner"] == {"sent": 2, "transitions": 40, "not_taken": 0}
+    assert summary["episodes"][0]["learner"]["policy_version"] >= 3
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["replay/online"] for m in metrics] == [20, 40, 60, 80, 100]
+    assert metrics[-1]["train/iteration"] == 5
