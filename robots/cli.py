@@ -95,14 +95,15 @@ def run(overrides: list[str], mode: str = "robot") -> int:
     config = load_client_config(overrides)
     operated = mode in ("teleop", "collect")
     if operated and config.teleop is None:
-        raise ConfigError(f"embodied {mode} needs an operator: teleop=keyboard | gamepad | oracle")
+        raise ConfigError(f"embodied {mode} needs an operator: teleop=keyboard | gamepad | spacemouse | leader | oracle")
     if mode == "collect" and not config.record.root:
         raise ConfigError("embodied collect needs record.root=<dataset folder>")
     output = Path(config.output) if config.output else Path("runs") / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     robot = build_robot(config.robot)
     policy = (NoPolicy() if operated else
               PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s))
-    teleop = build_teleop(config.teleop, robot.spec.action_dim, driving=operated) if config.teleop is not None else None
+    teleop = (build_teleop(config.teleop, robot.spec.action_dim, driving=operated,
+                           action_names=getattr(robot, "action_keys", None)) if config.teleop is not None else None)
     client = RobotClient(robot, policy, config, output, teleop)
     quit_requested = threading.Event()
     client.should_quit = quit_requested.is_set
@@ -126,6 +127,8 @@ def run(overrides: list[str], mode: str = "robot") -> int:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+        if teleop is not None:
+            teleop.close()
     jitter, trip = summary["jitter_ms"], summary["round_trip_ms"]
     print(f"\n{len(summary['episodes'])} episodes, success {summary['success_rate']:.0%}; "
           f"round trip p50 {trip.get('p50', float('nan')):.2f} ms p99 {trip.get('p99', float('nan')):.2f} ms; "

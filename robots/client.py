@@ -46,7 +46,7 @@ class BrokerConfig:
 
 @dataclass
 class TeleopConfig:
-    name: str = "keyboard"  # keyboard | gamepad | spacemouse | oracle
+    name: str = "keyboard"  # keyboard | gamepad | spacemouse | leader | oracle
     step: float = 0.5  # keyboard: action units per key press; gamepad, spacemouse: per full deflection
     intervention: str = "hold"  # gamepad: hold | toggle; spacemouse: motion | hold | toggle
     expert: Optional[str] = None  # oracle: a run or checkpoint whose policy plays the expert (simulation)
@@ -54,6 +54,8 @@ class TeleopConfig:
     patience: int = 3  # oracle: ... for this many ticks in a row
     release: int = 10  # oracle: hand back after this many ticks of agreement
     max_takeover: int = 0  # oracle: ... or after driving this many ticks (0: no limit)
+    leader: dict = field(default_factory=dict)  # leader: lerobot's teleoperator config ({type: so101_leader, port, id})
+    engage_tolerance: Optional[float] = 5.0  # leader: take over only within this of the follower's pose (null: no check)
 
 
 @dataclass

@@ -10,6 +10,9 @@ safety layer) in place of the policy's, and both are logged with the interventio
 - `SpaceMouseTeleop`: a 3Dconnexion SpaceMouse through pyspacemouse; translation and
   rotation drive the action, intervention while the knob is moved (or a button, held or
   toggled), the left button toggles the gripper, terminal keys label the episode.
+- `LeaderArmTeleop` (`robots/leader_arm.py`): a lerobot leader arm whose joints are the
+  follower's action; `i` toggles the intervention, which waits for the leader to match the
+  follower's pose.
 - `OracleTeleop`: a scripted operator for simulation that takes over when the policy's
   action drifts from a privileged expert's, and hands back once they agree again.
 
@@ -48,6 +51,9 @@ class Teleop(ABC):
 
     def reset(self) -> None:
         """A new episode begins."""
+
+    def close(self) -> None:
+        """The run is over: let go of the device."""
 
 
 class OracleRule:
@@ -333,8 +339,11 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     return expert
 
 
-def build_teleop(config: object, action_dim: int, driving: bool = False) -> Teleop:
-    """`driving`: no policy runs, the operator is in charge from the start."""
+def build_teleop(config: object, action_dim: int, driving: bool = False,
+                 action_names: list[str] | None = None) -> Teleop:
+    """`driving`: no policy runs, the operator is in charge from the start. `action_names`:
+    the robot's names for its action dimensions, where it has them (a leader arm matches
+    its joints to them)."""
     name = getattr(config, "name")
     if name == "keyboard":
         return KeyboardTeleop(action_dim, config.step, driving)  # type: ignore[attr-defined]
@@ -349,4 +358,9 @@ def build_teleop(config: object, action_dim: int, driving: bool = False) -> Tele
             raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
         return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
                             config.patience, config.release, config.max_takeover)  # type: ignore[attr-defined]
-    raise ConfigError(f"teleop must be keyboard, gamepad, spacemouse or oracle (configs/teleop/), got '{name}'")
+    if name == "leader":
+        from robots.leader_arm import LeaderArmTeleop, open_leader_arm
+
+        return LeaderArmTeleop(open_leader_arm(config.leader), action_dim, action_names,  # type: ignore[attr-defined]
+                               config.engage_tolerance, driving)  # type: ignore[attr-defined]
+    raise ConfigError(f"teleop must be keyboard, gamepad, spacemouse, leader or oracle (configs/teleop/), got '{name}'")

@@ -170,3 +170,80 @@ def test_a_spacemouse_that_cannot_be_opened_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="(?i)spacemouse"):
         build_teleop(TeleopConfig(name="spacemouse", intervention="motion"), action_dim=7)
+
+
+class StandInLeader:
+    """lerobot's Teleoperator API (a leader arm is hardware this machine does not have)."""
+
+    def __init__(self, pose):
+        self.action_features = {"shoulder.pos": float, "elbow.pos": float, "gripper.pos": float}
+        self.pose = dict(pose)
+        self.is_connected = True
+
+    def get_action(self):
+        return dict(self.pose)
+
+    def disconnect(self):
+        self.is_connected = False
+
+
+class FollowerAt:
+    def __init__(self, pose):
+        self.pose = np.asarray(pose, np.float32)
+
+    def hold_action(self):
+        return self.pose
+
+
+def test_a_leader_arm_takes_over_only_once_it_matches_the_follower_and_drives_by_joint_name():
+    from robots.leader_arm import LeaderArmTeleop
+
+    leader = StandInLeader({"shoulder.pos": 40.0, "elbow.pos": 0.0, "gripper.pos": 10.0})
+    names = ["elbow.pos", "shoulder.pos", "gripper.pos"]  # the follower's order, not the leader's
+    teleop = LeaderArmTeleop(leader, action_dim=3, action_names=names, engage_tolerance=5.0)
+    follower = FollowerAt([0.0, 0.0, 10.0])  # elbow, shoulder, gripper
+    assert not teleop.poll(follower, None).intervening
+    teleop.keys["i"]()  # asked to take over, but the shoulder is 40 off: no jump
+    assert not teleop.poll(follower, None).intervening
+    leader.pose["shoulder.pos"] = 3.0
+    command = teleop.poll(follower, None)
+    assert command.intervening and command.action.tolist() == [0.0, 3.0, 10.0]
+    leader.pose["shoulder.pos"] = 30.0  # once engaged, it drives wherever the operator moves it
+    assert teleop.poll(follower, None).action.tolist() == [0.0, 30.0, 10.0]
+    teleop.keys["i"]()
+    assert not teleop.poll(follower, None).intervening
+    teleop.keys["y"]()
+    assert teleop.poll(follower, None).events == ["success"]
+    teleop.close()
+    assert not leader.is_connected
+
+    with pytest.raises(ConfigError, match="no reading for the robot's actions wrist.pos"):
+        LeaderArmTeleop(leader, action_dim=3, action_names=["wrist.pos", "elbow.pos", "gripper.pos"])
+    with pytest.raises(ConfigError, match="match one to one"):
+        LeaderArmTeleop(leader, action_dim=2)  # a robot without names: the leader's order, same size
+
+
+def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
+    from robots.leader_arm import LeaderArmTeleop
+    from robots.policy_client import NoPolicy
+
+    robot = SimRobot(SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"}))
+    leader = StandInLeader({"shoulder.pos": 1.25, "elbow.pos": 0.0, "gripper.pos": 0.0})
+    leader.action_features = {"shoulder.pos": float}
+    teleop = LeaderArmTeleop(leader, action_dim=1, engage_tolerance=None, driving=True)
+    config = RobotClientConfig(episodes=1, max_episode_steps=10, control_hz=100.0, output=str(tmp_path),
+                               safety=SafetyConfig(safe_action="zero"))
+    summary = RobotClient(robot, NoPolicy(), config, tmp_path, teleop=teleop).run()
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert summary["teleop_ticks"] == 10
+    assert all(line["source"] == "teleop" and line["executed_action"] == [1.25] for line in lines)
+
+
+def test_a_leader_arm_without_lerobot_is_a_clear_error():
+    from robots.client import TeleopConfig
+    from robots.teleop import build_teleop
+
+    with pytest.raises(ConfigError, match="teleop=leader needs lerobot"):
+        build_teleop(TeleopConfig(name="leader", leader={"type": "so101_leader", "port": "/dev/null"}), action_dim=6)
+    with pytest.raises(ConfigError, match="'type'"):
+        build_teleop(TeleopConfig(name="leader"), action_dim=6)
