@@ -77,10 +77,12 @@ class Trajectory:
     def flat_observation(self, index: Any) -> Observation:
         obs = self.observation
         instructions = np.asarray(obs.instruction * self.num_steps, dtype=object)
+        # numpy takes a one-element torch index for a scalar: index it with an array
+        rows = index.cpu().numpy() if isinstance(index, torch.Tensor) else index
         return Observation(
             state=_flat(obs.state)[index],
             images={k: _flat(v)[index] for k, v in obs.images.items()},
-            instruction=instructions[index].tolist() if len(instructions) else [],
+            instruction=instructions[rows].tolist() if len(instructions) else [],
         )
 
 

@@ -49,6 +49,11 @@ class DataParallel:
         part = size // self.world_size
         return slice(self.rank * part, (self.rank + 1) * part)
 
+    def part(self, size: int) -> slice:
+        """This rank's contiguous part of `size` rows when they need not split evenly: sizes
+        differ by at most one, and a rank may get none."""
+        return slice(self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size)
+
     def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
         """Rank 0's `tensor` on every rank (e.g. the minibatch order), in place."""
         if tensor.device == self.device:

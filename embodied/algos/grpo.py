@@ -27,6 +27,7 @@ from torch import nn
 from embodied.advantages import group_normalized
 from embodied.algos.ppo import LossAverages, check_ratio, ratio_log_probs, term_advantages
 from embodied.buffers import Trajectory
+from embodied.distributed import DataParallel
 from embodied.errors import ConfigError
 from embodied.registry import ALGOS
 from policies.base import Policy
@@ -174,6 +175,7 @@ class GRPO:
         self.sampling = DynamicSampling(groups_per_batch=1 << 30, low=cfg.success_band[0], high=cfg.success_band[1])
         self.kept: list[Kept] = []
         self.batches_collected = 0  # since the last update
+        self.data_parallel: DataParallel | None = None  # set on every learner rank of a data-parallel run
 
     def _outcomes(self, batch: Trajectory) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per env: its first episode's steps (T, B), whether that episode ended, its success and return."""
@@ -228,38 +230,53 @@ class GRPO:
         return {**metrics, **self._train(kept)}
 
     def _train(self, kept: list[Kept]) -> dict[str, float]:
-        """Epochs of minibatches drawn across every kept batch."""
-        cfg = self.cfg
+        """Epochs of minibatches drawn across every kept batch. On learner ranks each rank
+        takes a contiguous part of every minibatch, scaled so that the averaged gradient is
+        the whole minibatch's token mean (the parts may differ in size)."""
+        cfg, parallel = self.cfg, self.data_parallel
         sources = torch.cat([torch.full_like(k.rows, i) for i, k in enumerate(kept)])
         rows = torch.cat([k.rows for k in kept])
         minibatch = max(rows.numel() // cfg.num_minibatches, 1)
+        parameters = [p for p in self.policy.parameters() if p.requires_grad]
         averages = LossAverages()
         for _ in range(cfg.update_epochs):
             order = torch.randperm(rows.numel())
+            if parallel:
+                parallel.broadcast(order)  # every rank walks the same minibatches
             for start in range(0, order.numel(), minibatch):
                 picked = order[start:start + minibatch]
-                new, old, advantages = [], [], []
-                for i, k in enumerate(kept):
-                    mine = rows[picked[sources[picked] == i]]
-                    if mine.numel() == 0:
-                        continue
-                    chunk = k.batch.chunk(mine)
-                    evaluated = self.policy.evaluate(k.batch.flat_observation(mine), chunk)
-                    new.append(ratio_log_probs(evaluated.log_prob, evaluated.term_log_prob, cfg.ratio))
-                    old.append(ratio_log_probs(chunk.log_prob, chunk.record.get("term_log_prob"), cfg.ratio)
-                               .to(new[-1].device))
-                    env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
-                    advantages.append(term_advantages(k.advantages[env_of_row].to(new[-1].device), new[-1].shape[1],
-                                                      cfg.denoise_discount))
-                new_log_prob = torch.cat(new)
-                loss = grpo_loss(new_log_prob, torch.cat(old), torch.cat(advantages), torch.ones_like(new_log_prob),
-                                 cfg.clip_low, cfg.clip_high)
+                mine = picked[parallel.part(len(picked))] if parallel else picked
                 self.optimizer.zero_grad()
-                loss.total.backward()
-                grad_norm = nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                loss = self._loss(kept, rows[mine], sources[mine]) if len(mine) else None
+                if loss is not None:
+                    share = parallel.world_size * len(mine) / len(picked) if parallel else 1.0
+                    (loss.total * share).backward()
+                if parallel:
+                    parallel.average_gradients(parameters)
+                grad_norm = nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm)
                 self.optimizer.step()
-                averages.add(loss, grad_norm)
-        return averages.metrics()
+                if loss is not None:
+                    averages.add(loss, grad_norm)
+        return averages.metrics() if averages.count else {}
+
+    def _loss(self, kept: list[Kept], rows: torch.Tensor, sources: torch.Tensor) -> GRPOLoss:
+        """The objective over flat rows `rows` of the kept batches `sources`."""
+        cfg = self.cfg
+        new, old, advantages = [], [], []
+        for i, k in enumerate(kept):
+            mine = rows[sources == i]
+            if mine.numel() == 0:
+                continue
+            chunk = k.batch.chunk(mine)
+            evaluated = self.policy.evaluate(k.batch.flat_observation(mine), chunk)
+            new.append(ratio_log_probs(evaluated.log_prob, evaluated.term_log_prob, cfg.ratio))
+            old.append(ratio_log_probs(chunk.log_prob, chunk.record.get("term_log_prob"), cfg.ratio).to(new[-1].device))
+            env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
+            advantages.append(term_advantages(k.advantages[env_of_row].to(new[-1].device), new[-1].shape[1],
+                                              cfg.denoise_discount))
+        new_log_prob = torch.cat(new)
+        return grpo_loss(new_log_prob, torch.cat(old), torch.cat(advantages), torch.ones_like(new_log_prob),
+                         cfg.clip_low, cfg.clip_high)
 
     def state_dict(self) -> dict:
         """With the groups kept for the next update: a resumed run trains on the same data."""

@@ -72,8 +72,10 @@ def check_learner_ranks(config: Any, ranks: int) -> None:
     """What data-parallel training needs, checked before any process starts."""
     if ranks == 1:
         return
-    if config.algo.name != "ppo":
-        raise ConfigError(f"runtime.learner_ranks > 1 trains algo=ppo only, not '{config.algo.name}'")
+    if config.algo.name not in ("ppo", "grpo"):
+        raise ConfigError(f"runtime.learner_ranks > 1 trains algo=ppo or algo=grpo, not '{config.algo.name}'")
+    if config.algo.name == "grpo":
+        return  # GRPO's minibatches need not split evenly (see GRPO._train)
     samples = getattr(config.env, "num_envs", 1) * config.algo.rollout_steps
     minibatch = samples // config.algo.num_minibatches
     parts = ranks * config.algo.gradient_accumulation_steps
@@ -144,7 +146,7 @@ class LearnerRanks:
     def attach(self, learner: Learner) -> None:
         """Make `learner` rank 0 and give every rank its state (fresh or restored)."""
         if not hasattr(learner.algo, "data_parallel"):
-            raise ConfigError(f"runtime.learner_ranks > 1 needs an algorithm that trains data-parallel (ppo), "
+            raise ConfigError(f"runtime.learner_ranks > 1 needs an algorithm that trains data-parallel (ppo, grpo), "
                               f"not '{type(learner.algo).__name__}'")
         learner.algo.data_parallel = self.parallel
         broadcast_message(self.parallel, {"kind": "state", "state": state_to_wire(learner)})

@@ -1,8 +1,9 @@
-"""Data-parallel PPO over torch.distributed (gloo, 2 CPU processes) against one process."""
+"""Data-parallel PPO and GRPO over torch.distributed (gloo, 2 CPU processes) against one process."""
 
 import multiprocessing
 import socket
 
+import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
@@ -21,41 +22,76 @@ def policy_batch_and_ppo():
     return policy, _batch(policy), PPO(PPOConfig(**CONFIG), policy)
 
 
-def learner_rank(rank: int, world: int, address: str, results) -> None:
+def policy_batch_and_grpo():
+    """Three groups of two envs, every group informative; 18 kept rows in minibatches of 3,
+    so the two ranks' parts differ in size (1 and 2)."""
+    import numpy as np
+
+    from embodied.algos.grpo import GRPO, GRPOConfig
+    from embodied.buffers import TrajectoryBuilder
+    from embodied.types import Observation, StepResult
+
+    torch.manual_seed(0)
+    policy = MLPGaussianPolicy(MLPPolicyConfig(), SPEC)
+    envs, builder = 6, TrajectoryBuilder()
+    for t in range(3):
+        observation = Observation(state=torch.randn(envs, 3).numpy(), instruction=["push"] * envs)
+        with torch.no_grad():
+            chunk = policy.act(observation.to_torch())
+        result = StepResult(observation=observation, reward=np.ones(envs, np.float32), terminated=np.zeros(envs, bool),
+                            truncated=np.full(envs, t == 2), success=np.array([1, 0, 1, 0, 0, 1], bool),
+                            executed_steps=np.ones(envs, np.int64), executed_action=chunk.actions.numpy(),
+                            final_observation=observation)
+        builder.add(observation, chunk, result, torch.zeros(envs))
+    grpo = GRPO(GRPOConfig(group_size=2, num_minibatches=6, update_epochs=2, max_grad_norm=100.0), policy)
+    return policy, builder.build(torch.zeros(envs)), grpo
+
+
+MAKERS = {"ppo": policy_batch_and_ppo, "grpo": policy_batch_and_grpo}
+
+
+def learner_rank(rank: int, world: int, address: str, results, algo: str) -> None:
     torch.set_num_threads(1)
-    policy, batch, ppo = policy_batch_and_ppo()
-    ppo.data_parallel = DataParallel.join(rank, world, address, device="cpu")
+    policy, batch, learner = MAKERS[algo]()
+    learner.data_parallel = DataParallel.join(rank, world, address, device="cpu")
     try:
-        ppo.update(batch, progress=0.0)
+        learner.update(batch, progress=0.0)
         # as numpy: torch would share tensor memory with a process that is about to exit
-        results.put((rank, [p.grad.numpy().copy() for p in policy.parameters()],
+        results.put((rank, [None if p.grad is None else p.grad.numpy().copy() for p in policy.parameters()],
                      {k: v.numpy().copy() for k, v in policy.state_dict().items()}))
     finally:
-        ppo.data_parallel.leave()
+        learner.data_parallel.leave()
 
 
-def test_two_gloo_ranks_take_the_step_one_process_takes_on_the_whole_minibatch():
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_two_gloo_ranks_take_the_step_one_process_takes_on_the_whole_minibatch(algo):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    ranks = [context.Process(target=learner_rank, args=(rank, 2, address, results)) for rank in range(2)]
+    ranks = [context.Process(target=learner_rank, args=(rank, 2, address, results, algo)) for rank in range(2)]
     for process in ranks:
         process.start()
     outcome = {}
     for _ in ranks:
         rank, grads, weights = results.get(timeout=120)
-        outcome[rank] = ([torch.from_numpy(g) for g in grads], {k: torch.from_numpy(v) for k, v in weights.items()})
+        outcome[rank] = ([None if g is None else torch.from_numpy(g) for g in grads],
+                         {k: torch.from_numpy(v) for k, v in weights.items()})
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
 
-    policy, batch, ppo = policy_batch_and_ppo()
-    ppo.update(batch, progress=0.0)
+    policy, batch, learner = MAKERS[algo]()
+    metrics = learner.update(batch, progress=0.0)
+    assert "loss/policy_loss" in metrics
     single_grads = [p.grad for p in policy.parameters()]
     (grads0, weights0), (grads1, weights1) = outcome[0], outcome[1]
+    assert sum(g is not None for g in single_grads) >= 2
     for averaged, other, single in zip(grads0, grads1, single_grads):
+        if single is None:  # a part the loss does not reach (GRPO has no critic term) stays without one
+            assert averaged is None and other is None
+            continue
         assert torch.equal(averaged, other)  # every rank applies the same average
         torch.testing.assert_close(averaged, single, rtol=1e-5, atol=1e-7)  # = the whole minibatch's gradient
     for name, value in policy.state_dict().items():
@@ -64,8 +100,6 @@ def test_two_gloo_ranks_take_the_step_one_process_takes_on_the_whole_minibatch()
 
 
 def test_a_minibatch_that_does_not_split_evenly_is_refused():
-    import pytest
-
     from embodied.errors import ConfigError
 
     with pytest.raises(ConfigError, match="does not split evenly over 3 learner ranks"):
@@ -138,15 +172,15 @@ def test_a_learners_whole_state_travels_to_another_rank():
 
 
 def test_learner_ranks_are_checked_before_any_process_starts():
-    import pytest
 
     from embodied.config import TrainConfig, compose, to_schema
     from embodied.errors import ConfigError
     from embodied.runtime.learner_ranks import check_learner_ranks
 
-    config = to_schema(TrainConfig, compose("train", ["runtime=procs", "algo=grpo", "policy=token_vla"]))
-    with pytest.raises(ConfigError, match="algo=ppo only"):
+    config = to_schema(TrainConfig, compose("train", ["runtime=procs", "algo=sac_rlpd", "policy=squashed_gaussian"]))
+    with pytest.raises(ConfigError, match="algo=ppo or algo=grpo"):
         check_learner_ranks(config, 2)
+    check_learner_ranks(to_schema(TrainConfig, compose("train", ["runtime=procs", "algo=grpo"])), 2)
     config = to_schema(TrainConfig, compose("train", ["runtime=procs", "env.num_envs=3", "algo.rollout_steps=10",
                                                       "algo.num_minibatches=2"]))
     with pytest.raises(ConfigError, match="do not split over runtime.learner_ranks=2"):
