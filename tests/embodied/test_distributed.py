@@ -106,7 +106,8 @@ def test_a_minibatch_that_does_not_split_evenly_is_refused():
         DataParallel(0, 3).shard(8)
 
 
-def test_procs_with_two_learner_ranks_trains_like_one(tmp_path):
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo):
     """Two ranks average the same gradients one process computes: only float summation order
     differs, so the weights after a short run agree closely."""
     import subprocess
@@ -117,9 +118,12 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path):
     from embodied.checkpoint import resolve_checkpoint
     from tests.embodied.test_procs import updates_of
 
-    tiny = ["runtime=procs", "env.num_envs=4", "env.num_workers=0", "algo.rollout_steps=10", "algo.num_minibatches=2",
-            "algo.update_epochs=2", "total_env_steps=80", "eval_episodes=0", "checkpoint_every=1",
-            "runtime.device=cpu", "runtime.rollout_device=cpu", "logger.progress_bar=false"]
+    tiny = ["runtime=procs", "env.num_envs=4", "env.num_workers=0", "algo.num_minibatches=2", "algo.update_epochs=2",
+            "eval_episodes=0", "checkpoint_every=1", "runtime.device=cpu", "runtime.rollout_device=cpu",
+            "logger.progress_bar=false"]
+    tiny += (["algo.rollout_steps=10", "total_env_steps=80"] if algo == "ppo" else  # two updates each
+             ["algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]",
+              "total_env_steps=400"])
     weights = {}
     for ranks in (1, 2):
         run_dir = tmp_path / f"ranks{ranks}"
