@@ -69,6 +69,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """CPU tensors safetensors can write: where several share memory (tied embeddings, as in
+    PaliGemma), every one after the first is a copy; loading restores the tie."""
+    storages: set[int] = set()
+    result = {}
+    for name, value in weights.items():
+        tensor = value.detach().cpu().contiguous()
+        storage = tensor.untyped_storage().data_ptr()
+        result[name] = tensor.clone() if storage in storages else tensor
+        storages.add(storage)
+    return result
+
+
 def save_checkpoint(directory: Path, name: str, weights: dict[str, torch.Tensor], state: dict[str, Any],
                     config_yaml: str, keep: int = 3) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
@@ -78,7 +91,7 @@ def save_checkpoint(directory: Path, name: str, weights: dict[str, torch.Tensor]
     staging.mkdir()
     tensors: dict[str, torch.Tensor] = {}
     skeleton = flatten(state, tensors)
-    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(staging / "weights.safetensors"))
+    save_file(unshared(weights), str(staging / "weights.safetensors"))
     save_file(tensors, str(staging / "state.safetensors"))
     (staging / "state.json").write_text(json.dumps(skeleton))
     (staging / "config.yaml").write_text(config_yaml)

@@ -1,6 +1,9 @@
-"""Autoregressive token VLA (OpenVLA / OpenVLA-OFT style) on a transformers causal LM.
+"""Autoregressive token VLA (OpenVLA / OpenVLA-OFT style) on a transformers causal LM or
+vision-language model.
 
-The prefix is the instruction's tokens followed by one embedding of the (normalised) state;
+The prefix is each camera's image tokens (vision-language backbones: their own vision tower
+and projector, `policies.vlm`), the instruction's tokens, then one embedding of the
+(normalised) state;
 then come C x A action positions whose tokens are the last 256 vocabulary ids
 (`policies.action_tokens`). Two decoders:
 
@@ -12,7 +15,10 @@ then come C x A action positions whose tokens are the last 256 vocabulary ids
 The log-prob of an action chunk is the sum of its tokens' log-probs under a softmax restricted
 to the 256 action tokens, with the same temperature at rollout and in training. The value
 head reads the hidden state just before the first action position. `backbone=tiny` builds a
-small random Qwen2 (and a byte-level instruction tokenizer) that runs anywhere; with
+small random Qwen2 (and a byte-level instruction tokenizer) that runs anywhere, and
+`backbone=tiny_vlm` a small random PaliGemma that also reads camera images; a local path or
+hub id loads a causal LM (Llama, Qwen2, ...) or a vision-language model (PaliGemma, SmolVLM)
+with its tokenizer. With
 `lora_rank > 0` the backbone is frozen and only LoRA adapters, heads and embeddings train,
 so only they travel as weight updates."""
 
@@ -31,6 +37,7 @@ from embodied.types import ActionChunk, EnvSpec, Observation
 from policies.action_tokens import NUM_BINS, ActionTokenizer
 from policies.base import Policy, PolicyEval
 from policies.normalization import RunningNormalizer
+from policies.vlm import DEFAULT_MEAN, DEFAULT_STD, ImageTokens, image_normalization, is_vision_language, tiny_paligemma
 
 DECODERS = ("causal", "parallel")
 
@@ -40,11 +47,15 @@ class TokenVLAConfig:
     name: str = "token_vla"
     chunk_size: int = 1
     decoder: str = "parallel"  # causal | parallel
-    backbone: str = "tiny"  # tiny: a small random Qwen2 built here; else a causal LM's local path or hub id
-    hidden_size: int = 64  # tiny backbone only
+    # tiny: a small random Qwen2; tiny_vlm: a small random PaliGemma (reads images); else a
+    # causal LM's or vision-language model's local path or hub id
+    backbone: str = "tiny"
+    hidden_size: int = 64  # tiny backbones only
     num_layers: int = 2
     num_heads: int = 4
-    vocab_size: int = 1024  # tiny backbone: 256 action ids at the end, instruction bytes at the start
+    vocab_size: int = 1024  # tiny backbones: 256 action ids at the end, instruction bytes at the start
+    image_size: int = 32  # tiny_vlm: the vision tower's input (camera frames are resized to it)
+    patch_size: int = 8
     max_instruction_tokens: int = 48
     temperature: float = 1.0
     lora_rank: int = 0  # > 0: freeze the backbone, train LoRA adapters of this rank
@@ -87,20 +98,27 @@ class PretrainedTokenizer:
 
 
 def build_backbone(cfg: TokenVLAConfig) -> tuple[nn.Module, Any]:
-    """The causal LM and the instruction tokenizer that goes with it."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    """The causal LM or vision-language model and the instruction tokenizer that goes with it."""
+    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
+                              Qwen2Config, Qwen2ForCausalLM)
 
-    if cfg.backbone != "tiny":
+    if cfg.backbone not in ("tiny", "tiny_vlm"):
         try:
-            model = AutoModelForCausalLM.from_pretrained(cfg.backbone)
+            vision = hasattr(AutoConfig.from_pretrained(cfg.backbone), "vision_config")
+            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(cfg.backbone)
             tokenizer = AutoTokenizer.from_pretrained(cfg.backbone)
         except (OSError, ValueError) as error:
             raise ConfigError(f"policy.backbone '{cfg.backbone}' could not be loaded: {error}") from None
-        if model.config.vocab_size <= NUM_BINS:
-            raise ConfigError(f"{cfg.backbone} has a vocabulary of {model.config.vocab_size}, too small for actions")
+        vocab_size = model.config.get_text_config().vocab_size
+        if vocab_size <= NUM_BINS:
+            raise ConfigError(f"{cfg.backbone} has a vocabulary of {vocab_size}, too small for actions")
         return model, PretrainedTokenizer(tokenizer)
-    if cfg.vocab_size < NUM_BINS + 257:
-        raise ConfigError(f"policy.vocab_size must hold 257 byte ids and {NUM_BINS} action ids, got {cfg.vocab_size}")
+    if cfg.vocab_size < NUM_BINS + 258:
+        raise ConfigError(f"policy.vocab_size must hold 258 byte and image ids and {NUM_BINS} action ids, "
+                          f"got {cfg.vocab_size}")
+    if cfg.backbone == "tiny_vlm":  # id 257, after the bytes, is its (unused) image placeholder token
+        return tiny_paligemma(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.image_size,
+                              cfg.patch_size, image_token_index=257), ByteTokenizer()
     config = Qwen2Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
                          num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                          num_key_value_heads=cfg.num_heads, max_position_embeddings=512, tie_word_embeddings=False)
@@ -114,17 +132,23 @@ class TokenVLAPolicy(Policy):
             raise ConfigError(f"policy.decoder must be one of {DECODERS}, got '{cfg.decoder}'")
         if cfg.temperature <= 0:
             raise ConfigError(f"policy.temperature must be > 0, got {cfg.temperature}")
-        if spec.image_shapes:
-            raise ConfigError(f"policy '{cfg.name}' has no vision encoder yet; use state observations")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.backbone, self.instructions = build_backbone(cfg)
+        self.cameras = sorted(spec.image_shapes)
+        if self.cameras and not is_vision_language(self.backbone):
+            raise ConfigError(f"the env has cameras ({', '.join(self.cameras)}) and policy.backbone '{cfg.backbone}' "
+                              f"reads no images: use policy.backbone=tiny_vlm or a vision-language checkpoint "
+                              f"(PaliGemma, SmolVLM), or state observations")
+        if self.cameras:
+            mean, std = (DEFAULT_MEAN, DEFAULT_STD) if cfg.backbone == "tiny_vlm" else image_normalization(cfg.backbone)
+            self.image_tokens = ImageTokens(self.backbone, mean, std)
         if cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
             self.backbone = get_peft_model(self.backbone, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
                                                                      target_modules=["q_proj", "v_proj"]))
-        hidden = self.backbone.config.hidden_size
-        vocab_size = self.backbone.config.vocab_size
+        hidden = self.backbone.config.get_text_config().hidden_size
+        vocab_size = self.backbone.config.get_text_config().vocab_size
         self.actions = ActionTokenizer(vocab_size, np.array(spec.action_low), np.array(spec.action_high))
         self.positions = cfg.chunk_size * spec.action_dim
         self.normalizer = RunningNormalizer(spec.state_dim)
@@ -141,8 +165,10 @@ class TokenVLAPolicy(Policy):
         texts = observation.instruction or [""] * observation.state.shape[0]
         ids, mask = self.instructions(texts, self.cfg.max_instruction_tokens)
         state = self.normalizer(observation.state.to(device, torch.float32))
-        embeddings = torch.cat([self._token_embeddings()(ids.to(device)), self.state_embedding(state)[:, None]], 1)
-        return embeddings, torch.cat([mask, torch.ones(len(ids), 1, dtype=torch.long)], 1).to(device)
+        images = [self.image_tokens(observation.images[name]) for name in self.cameras]
+        embeddings = torch.cat([*images, self._token_embeddings()(ids.to(device)), self.state_embedding(state)[:, None]], 1)
+        seen = torch.ones(len(ids), sum(tokens.shape[1] for tokens in images), dtype=torch.long)
+        return embeddings, torch.cat([seen, mask, torch.ones(len(ids), 1, dtype=torch.long)], 1).to(device)
 
     def _run(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, output_hidden_states=True)

@@ -51,3 +51,16 @@ def test_pruning_orders_by_iteration_and_never_removes_the_new_checkpoint(tmp_pa
     save_checkpoint(directory, "iter_1000000", {"w": torch.zeros(1)}, {}, "", keep=5)
     newest = save_checkpoint(directory, "iter_999999", {"w": torch.ones(1)}, {}, "", keep=1)
     assert newest.is_dir() and (directory / "latest").read_text() == "iter_999999"
+
+
+def test_tied_weights_are_saved_and_the_tie_comes_back(tmp_path):
+    embedding = torch.nn.Embedding(6, 4)
+    head = torch.nn.Linear(4, 6, bias=False)
+    head.weight = embedding.weight  # tied, as PaliGemma ties its output layer to its embeddings
+    model = torch.nn.ModuleDict({"embed": embedding, "head": head})
+    path = save_checkpoint(tmp_path, "iter_000001", model.state_dict(), {}, "")
+    weights, _ = load_checkpoint(path)
+    other = torch.nn.ModuleDict({"embed": torch.nn.Embedding(6, 4), "head": torch.nn.Linear(4, 6, bias=False)})
+    other["head"].weight = other["embed"].weight
+    other.load_state_dict(weights)
+    assert torch.equal(other["head"].weight, embedding.weight) and other["head"].weight is other["embed"].weight

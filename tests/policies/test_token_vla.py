@@ -145,3 +145,90 @@ def test_critic_warmup_leaves_the_shared_backbone_alone():
     for before, after in zip(backbone, policy.backbone.parameters()):
         torch.testing.assert_close(before, after)
     assert any(not torch.equal(b, a) for b, a in zip(head, policy.value_head.parameters()))
+
+
+RGB = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0),
+              image_shapes={"base": (48, 64, 3), "wrist": (32, 32, 3)})
+
+
+def camera_observation(batch=3, seed=0, invert=False):
+    g = torch.Generator().manual_seed(seed)
+    images = {name: torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
+              for name, shape in RGB.image_shapes.items()}
+    if invert:
+        images = {name: 255 - image for name, image in images.items()}
+    return Observation(state=torch.randn(batch, 5, generator=g), images=images, instruction=["pick the cube"] * batch)
+
+
+@pytest.mark.parametrize("decoder", ["causal", "parallel"])
+def test_a_vision_language_backbone_reads_every_camera(decoder):
+    torch.manual_seed(0)
+    policy = TokenVLAPolicy(TokenVLAConfig(backbone="tiny_vlm", decoder=decoder, chunk_size=2), RGB)
+    seen = camera_observation()
+    chunk = policy.act(seen, generator=torch.Generator().manual_seed(1))
+    evaluated = policy.evaluate(seen, chunk)
+    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)  # rollout and training agree
+    # other images, same everything else: another distribution over the same action
+    assert not torch.allclose(policy.evaluate(camera_observation(invert=True), chunk).log_prob, chunk.log_prob)
+    loss = policy.bc_loss(seen, torch.zeros(3, 2, 3))
+    loss.backward()
+    patches = [p.grad for name, p in policy.backbone.named_parameters() if "patch_embedding" in name]
+    assert patches and all(g is not None and g.abs().sum() > 0 for g in patches)  # the vision tower trains too
+
+
+def test_a_smolvlm_and_its_tokenizer_load_from_a_local_path(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, SmolVLMConfig, SmolVLMForConditionalGeneration
+
+    words = ["[PAD]", "[UNK]", "pick", "the", "cube"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(tmp_path)
+    config = SmolVLMConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=8),
+        text_config=dict(model_type="llama", vocab_size=400, hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4),
+        scale_factor=2, image_token_id=5)
+    SmolVLMForConditionalGeneration(config).save_pretrained(tmp_path)
+
+    torch.manual_seed(0)
+    policy = TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path)), RGB)
+    assert policy.actions.first_token == 400 - 256
+    assert policy.image_tokens(camera_observation().images["base"]).shape == (3, 4, 64)  # 16 patches, shuffled by 2
+    seen = camera_observation()
+    chunk = policy.act(seen, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(policy.evaluate(seen, chunk).log_prob, chunk.log_prob)
+
+
+def test_cameras_need_a_backbone_that_reads_images():
+    from embodied.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="policy.backbone=tiny_vlm"):
+        TokenVLAPolicy(TokenVLAConfig(backbone="tiny"), RGB)
+
+
+def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=token_vla",
+                             "policy.backbone=tiny_vlm", "env.obs_mode=rgb", "env.image_size=32", "env.num_envs=2",
+                             "env.num_workers=0", "algo=grpo", "algo.group_size=2", "algo.num_minibatches=2",
+                             "algo.outcome=return", "algo.success_band=[0.0,1.0]", "total_env_steps=100",
+                             "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["grpo/informative_groups"] == 1 and np.isfinite(update["loss/policy_loss"])
+    weights, state = load_checkpoint(resolve_checkpoint(run_dir))  # tied embeddings and all
+    policy = TokenVLAPolicy(TokenVLAConfig(backbone="tiny_vlm"), EnvSpec(
+        state_dim=weights["state_embedding.weight"].shape[1], action_dim=weights["action_queries"].shape[0],
+        action_low=(-1.0,) * weights["action_queries"].shape[0], action_high=(1.0,) * weights["action_queries"].shape[0],
+        image_shapes={"base_camera": (32, 32, 3)}))
+    policy.load_state_dict(weights)
+    assert state["learner"]["policy_version"] == 1
