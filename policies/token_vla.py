@@ -25,7 +25,6 @@ so only they travel as weight updates."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -36,8 +35,8 @@ from embodied.registry import POLICIES
 from embodied.types import ActionChunk, EnvSpec, Observation
 from policies.action_tokens import NUM_BINS, ActionTokenizer
 from policies.base import Policy, PolicyEval
+from policies.backbones import build_backbone, prefix_embeddings, vision_prefix
 from policies.normalization import RunningNormalizer
-from policies.vlm import DEFAULT_MEAN, DEFAULT_STD, ImageTokens, image_normalization, is_vision_language, tiny_paligemma
 
 DECODERS = ("causal", "parallel")
 
@@ -63,68 +62,6 @@ class TokenVLAConfig:
     value_from_detached: bool = False  # stop the value loss's gradient at the backbone
 
 
-def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token rows cut to `length` and left-padded, so state and action positions line up."""
-    ids = torch.full((len(rows), length), pad, dtype=torch.long)
-    mask = torch.zeros(len(rows), length, dtype=torch.long)
-    for row, tokens in enumerate(rows):
-        tokens = tokens[:length]
-        if tokens:
-            ids[row, length - len(tokens):] = torch.tensor(tokens)
-            mask[row, length - len(tokens):] = 1
-    return ids, mask
-
-
-class ByteTokenizer:
-    """Instruction text as UTF-8 bytes (ids 1..256; 0 pads), for the built-in tiny backbone."""
-
-    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return _left_padded([[b + 1 for b in text.encode("utf-8")] for text in texts], length, pad=0)
-
-
-class PretrainedTokenizer:
-    """The backbone's own tokenizer, for backbones loaded from a path or hub."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-        for text, row in zip(texts, rows):
-            if text.strip() and not row:  # e.g. a tokenizer class that does not match its files
-                raise ConfigError(f"the backbone's tokenizer turned the instruction {text!r} into no tokens")
-        return _left_padded(rows, length, pad=self.pad)
-
-
-def build_backbone(cfg: TokenVLAConfig) -> tuple[nn.Module, Any]:
-    """The causal LM or vision-language model and the instruction tokenizer that goes with it."""
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
-                              Qwen2Config, Qwen2ForCausalLM)
-
-    if cfg.backbone not in ("tiny", "tiny_vlm"):
-        try:
-            vision = hasattr(AutoConfig.from_pretrained(cfg.backbone), "vision_config")
-            model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(cfg.backbone)
-            tokenizer = AutoTokenizer.from_pretrained(cfg.backbone)
-        except (OSError, ValueError) as error:
-            raise ConfigError(f"policy.backbone '{cfg.backbone}' could not be loaded: {error}") from None
-        vocab_size = model.config.get_text_config().vocab_size
-        if vocab_size <= NUM_BINS:
-            raise ConfigError(f"{cfg.backbone} has a vocabulary of {vocab_size}, too small for actions")
-        return model, PretrainedTokenizer(tokenizer)
-    if cfg.vocab_size < NUM_BINS + 258:
-        raise ConfigError(f"policy.vocab_size must hold 258 byte and image ids and {NUM_BINS} action ids, "
-                          f"got {cfg.vocab_size}")
-    if cfg.backbone == "tiny_vlm":  # id 257, after the bytes, is its (unused) image placeholder token
-        return tiny_paligemma(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.image_size,
-                              cfg.patch_size, image_token_index=257), ByteTokenizer()
-    config = Qwen2Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
-                         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                         num_key_value_heads=cfg.num_heads, max_position_embeddings=512, tie_word_embeddings=False)
-    return Qwen2ForCausalLM(config), ByteTokenizer()
-
-
 class TokenVLAPolicy(Policy):
     def __init__(self, cfg: TokenVLAConfig, spec: EnvSpec):
         super().__init__()
@@ -135,13 +72,7 @@ class TokenVLAPolicy(Policy):
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.backbone, self.instructions = build_backbone(cfg)
         self.cameras = sorted(spec.image_shapes)
-        if self.cameras and not is_vision_language(self.backbone):
-            raise ConfigError(f"the env has cameras ({', '.join(self.cameras)}) and policy.backbone '{cfg.backbone}' "
-                              f"reads no images: use policy.backbone=tiny_vlm or a vision-language checkpoint "
-                              f"(PaliGemma, SmolVLM), or state observations")
-        if self.cameras:
-            mean, std = (DEFAULT_MEAN, DEFAULT_STD) if cfg.backbone == "tiny_vlm" else image_normalization(cfg.backbone)
-            self.image_tokens = ImageTokens(self.backbone, mean, std)
+        self.image_tokens = vision_prefix(self.backbone, cfg.backbone, self.cameras)
         if cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -161,14 +92,10 @@ class TokenVLAPolicy(Policy):
         return self.backbone.get_input_embeddings()
 
     def _prefix(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
-        device = self.action_queries.device
-        texts = observation.instruction or [""] * observation.state.shape[0]
-        ids, mask = self.instructions(texts, self.cfg.max_instruction_tokens)
-        state = self.normalizer(observation.state.to(device, torch.float32))
-        images = [self.image_tokens(observation.images[name]) for name in self.cameras]
-        embeddings = torch.cat([*images, self._token_embeddings()(ids.to(device)), self.state_embedding(state)[:, None]], 1)
-        seen = torch.ones(len(ids), sum(tokens.shape[1] for tokens in images), dtype=torch.long)
-        return embeddings, torch.cat([seen, mask, torch.ones(len(ids), 1, dtype=torch.long)], 1).to(device)
+        state = self.normalizer(observation.state.to(self.action_queries.device, torch.float32))
+        return prefix_embeddings(observation, self._token_embeddings(), self.instructions,
+                                 self.cfg.max_instruction_tokens, self.image_tokens, self.cameras,
+                                 self.state_embedding(state))
 
     def _run(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, output_hidden_states=True)
