@@ -11,6 +11,7 @@ import embodied.runtime.robots  # noqa: F401
 import policies.diffusion  # noqa: F401
 import policies.flow  # noqa: F401
 import policies.flow_vla  # noqa: F401
+import policies.flow_vlm  # noqa: F401
 import policies.mlp  # noqa: F401
 import policies.squashed_gaussian  # noqa: F401
 import policies.token_vla  # noqa: F401

@@ -102,19 +102,32 @@ class FlowPolicy(Policy):
         self.dim = cfg.horizon * spec.action_dim
         self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
         self.normalizer = RunningNormalizer(spec.state_dim)
-        context_dim = context_dim or spec.state_dim
+        self._build_heads(context_dim or spec.state_dim)
+        self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
+        self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
+        self.register_buffer("frequencies", time_frequencies(cfg.time_features))
+
+    def _build_heads(self, context_dim: int) -> None:
+        """The velocity field, the noise head and the critic: MLPs over [context, x, time]."""
+        cfg = self.cfg
         inputs = context_dim + self.dim + cfg.time_features
         self.velocity = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
         self.noise_head = mlp([inputs, *cfg.hidden, self.dim], nn.SiLU, out_gain=0.01)
         self.critic = mlp([context_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
-        self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
-        self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
-        self.register_buffer("frequencies", time_frequencies(cfg.time_features))
 
     # ---- the flow ---------------------------------------------------------------------------
 
     def _inputs(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return torch.cat([state, x, time_embedding(t, self.frequencies)], -1)
+
+    def _field(self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The velocity (B, D) at (x, t) given `context`, and the noise head's logits where `noise`."""
+        features = self._inputs(context, x, t)
+        return self.velocity(features), self.noise_head(features) if noise else None
+
+    def _value(self, context: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._value_input(context)).squeeze(-1)
 
     def _sigma(self, step: int) -> float:
         t = self.times[max(step, 1)]  # sigma is infinite at t = 1: the first step uses step 1's t
@@ -125,11 +138,10 @@ class FlowPolicy(Policy):
         """Mean and std (B, D) of step `step`'s transition; std 0 where it is deterministic."""
         t, dt = self.times[step], self._dt(step)
         t_batch = torch.full((x.shape[0],), t, device=x.device)
-        features = self._inputs(state, x, t_batch)
-        velocity = self.velocity(features)
+        velocity, noise_logits = self._field(state, x, t_batch, noise=self.cfg.sampler == "flow_noise")
         ode_mean = x - dt * velocity
-        if self.cfg.sampler == "flow_noise":
-            squash = torch.sigmoid(self.noise_head(features))
+        if noise_logits is not None:
+            squash = torch.sigmoid(noise_logits)
             std = self.cfg.noise_std_min + (self.cfg.noise_std_max - self.cfg.noise_std_min) * squash
             return ode_mean, std
         if self.cfg.sampler == "flow_sde":
@@ -169,7 +181,7 @@ class FlowPolicy(Policy):
         if terms is not None:
             record["term_log_prob"] = terms
         return ActionChunk(actions=self._actions(x), log_prob=log_prob,
-                           value=self.critic(self._value_input(state)).squeeze(-1), record=record)
+                           value=self._value(state), record=record)
 
     def _reduction(self) -> float:
         """What a chunk's summed log-density (and entropy) is divided by."""
@@ -210,7 +222,7 @@ class FlowPolicy(Policy):
         chain = chunk.record["chain"].to(state.device)
         log_prob, terms = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
         entropy = self._entropy(state, chain) / self._reduction()
-        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self.critic(self._value_input(state)).squeeze(-1),
+        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self._value(state),
                           term_log_prob=terms)
 
     def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
@@ -233,7 +245,7 @@ class FlowPolicy(Policy):
         return self.times[step] - self.times[step + 1]
 
     def value(self, observation: Observation) -> torch.Tensor:
-        return self.critic(self._value_input(self._state(observation))).squeeze(-1)
+        return self._value(self._state(observation))
 
     def _value_input(self, state: torch.Tensor) -> torch.Tensor:
         return state
@@ -248,7 +260,7 @@ class FlowPolicy(Policy):
         x1 = torch.randn_like(x0)
         t = torch.rand(len(state), device=state.device)
         x_t = (1 - t[:, None]) * x0 + t[:, None] * x1
-        return (self.velocity(self._inputs(state, x_t, t)) - (x1 - x0)).pow(2).mean()
+        return (self._field(state, x_t, t, noise=False)[0] - (x1 - x0)).pow(2).mean()
 
     def update_normalization(self, observation: Observation) -> None:
         self.normalizer.update(observation.state.to(self.low.device))
