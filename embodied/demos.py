@@ -4,7 +4,8 @@ the operator's (intervention set, no policy action), as in `embodied collect`.
 
 The dataset grows to `episodes` successful episodes. `meta/demos.json` keeps the next
 episode's seed, so running the command again continues where it stopped and never
-repeats an initial state."""
+repeats an initial state. With several tasks (`env.tasks`), the episode with seed k runs
+tasks[k mod n] with that task's expert and instruction, states padded as the env pads them."""
 
 from __future__ import annotations
 
@@ -55,12 +56,18 @@ def generate_demos(config: DemosConfig) -> DemosResult:
         raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
     if config.env.name != "maniskill":
         raise ConfigError(f"the scripted experts drive ManiSkill envs, not env '{config.env.name}'")
-    expert = make_expert(config.env.task, config.env.control_mode, config.action_noise, config.seed)
-    env = single_env_factory(asdict(config.env))(0)
+    from sim.maniskill import ManiSkillConfig, task_of, with_state_padding
+
+    env_config = with_state_padding(ManiSkillConfig(**asdict(config.env)))
+    tasks = env_config.tasks or [env_config.task]
+    make_env = single_env_factory(asdict(env_config))
+    envs = [make_env(next(i for i in range(env_config.num_envs) if task_of(env_config, i) == task)) for task in tasks]
+    experts = [make_expert(task, env_config.control_mode, config.action_noise, config.seed) for task in tasks]
     sidecar = Path(config.root).expanduser() / SIDECAR
+    spec = envs[0].spec
     recorder = DatasetRecorder(RecordingConfig(root=config.root, repo_id=config.repo_id, use_videos=config.use_videos,
                                                partial="discard", python=config.python),
-                               env.spec, fps=env.spec.control_hz, instruction=env.instruction)
+                               spec, fps=spec.control_hz, instruction=envs[0].instruction)
     try:
         have = recorder.open()
         seed = json.loads(sidecar.read_text())["next_seed"] if sidecar.is_file() else config.seed + have
@@ -69,6 +76,8 @@ def generate_demos(config: DemosConfig) -> DemosResult:
         bar = tqdm(total=config.episodes, initial=have, unit="episode", desc="demos",
                    disable=not config.progress_bar, dynamic_ncols=True)
         while have < config.episodes and attempts < max_attempts:
+            env, expert = envs[seed % len(envs)], experts[seed % len(envs)]
+            recorder.instruction = env.instruction
             success = run_episode(env, expert, recorder, seed)
             attempts, seed = attempts + 1, seed + 1
             successes += success
@@ -77,7 +86,7 @@ def generate_demos(config: DemosConfig) -> DemosResult:
             if keep:
                 have += 1
                 bar.update(1)
-                _write_atomically(sidecar, json.dumps({"next_seed": seed, "task": config.env.task,
+                _write_atomically(sidecar, json.dumps({"next_seed": seed, "tasks": tasks,
                                                        "control_mode": config.env.control_mode,
                                                        "action_noise": config.action_noise}))
             bar.set_postfix(success=f"{successes}/{attempts}")
@@ -86,7 +95,8 @@ def generate_demos(config: DemosConfig) -> DemosResult:
         try:
             recorder.close()
         finally:
-            env.close()
+            for env in envs:
+                env.close()
     if have < config.episodes:
         raise ConfigError(f"the expert succeeded in {successes} of {attempts} attempts; the dataset holds {have} "
                           f"of {config.episodes} episodes (raise max_attempts, lower action_noise or keep_failures=true)")

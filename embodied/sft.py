@@ -119,8 +119,9 @@ def check_dataset_fits(info: dict[str, Any], spec: EnvSpec, root: str | Path) ->
 
 
 def env_spec_of(env_cfg: Any, seed: int) -> EnvSpec:
-    """The spec of the env a policy is for, from one env (in this process where it can live)."""
-    env = build_env(in_this_process(env_cfg, num_envs=1), seed=seed, stream=1)
+    """The spec of the env a policy is for, from one env per task (in this process where it can live)."""
+    env = build_env(in_this_process(env_cfg, num_envs=len(getattr(env_cfg, "tasks", None) or [None])),
+                    seed=seed, stream=1)
     try:
         return env.spec
     finally:

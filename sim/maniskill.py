@@ -5,11 +5,17 @@
 - `backend: gpu` runs physx_cuda with `num_envs` envs in one batched scene (`sim.maniskill_batched`).
 
 Observations: `obs_mode: state` gives ManiSkill's flat state vector; `obs_mode: rgb` gives
-camera images plus the robot's proprioception and task extras as `state`."""
+camera images plus the robot's proprioception and task extras as `state`.
+
+Several tasks in one env (`tasks: [PushCube-v1, PickCube-v1, ...]`, cpu backend): env i runs
+tasks[i * len(tasks) // num_envs], so each task has a contiguous block of envs (a GRPO group
+stays within one task), each with its own instruction. The tasks' state vectors differ in
+length, so every state is zero-padded to the longest (`state_dim`, found by building each
+task once); their action spaces, time limits and control rates must agree."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Optional
 
 import numpy as np
@@ -54,11 +60,24 @@ class ManiSkillConfig:
     ignore_terminations: bool = True
     instruction: Optional[str] = None  # None: the built-in instruction for the task
     render_size: int = 256  # frames for videos
+    tasks: Optional[list[str]] = None  # several tasks in blocks of envs (replaces `task`; see above)
+    state_dim: Optional[int] = None  # pad every state to this length (null: set for `tasks`, else unpadded)
 
 
 def check_config(cfg: ManiSkillConfig) -> None:
-    if cfg.task not in INSTRUCTIONS:
-        raise ConfigError(unknown_name_message("ManiSkill task (env.task)", cfg.task, sorted(INSTRUCTIONS)))
+    for task in cfg.tasks or [cfg.task]:
+        if task not in INSTRUCTIONS:
+            name = "env.tasks" if cfg.tasks else "env.task"
+            raise ConfigError(unknown_name_message(f"ManiSkill task ({name})", task, sorted(INSTRUCTIONS)))
+    if cfg.tasks is not None:
+        if not cfg.tasks:
+            raise ConfigError("env.tasks is empty: name at least one task (or null for env.task)")
+        if cfg.backend != "cpu":
+            raise ConfigError("env.tasks runs on the cpu backend (a physx_cuda scene holds one task)")
+        if cfg.num_envs < len(cfg.tasks):
+            raise ConfigError(f"env.num_envs={cfg.num_envs} cannot give each of {len(cfg.tasks)} tasks an env")
+        if cfg.instruction is not None:
+            raise ConfigError("env.instruction names one task's instruction; with env.tasks each task has its own")
     if cfg.obs_mode not in OBS_MODES:
         raise ConfigError(f"env.obs_mode must be one of {OBS_MODES}, got '{cfg.obs_mode}'")
     if cfg.backend not in ("cpu", "gpu"):
@@ -127,25 +146,57 @@ def env_spec(gym_env: Any, cfg: ManiSkillConfig, state: np.ndarray, images: dict
     )
 
 
+def task_of(cfg: ManiSkillConfig, env_id: int) -> str:
+    """The task env `env_id` runs: blocks of envs per task, in the order of `tasks`."""
+    if not cfg.tasks:
+        return cfg.task
+    return cfg.tasks[env_id * len(cfg.tasks) // cfg.num_envs]
+
+
+def with_state_padding(cfg: ManiSkillConfig) -> ManiSkillConfig:
+    """For several tasks: `cfg` with `state_dim` set to the longest task state, after checking
+    that the tasks agree on everything else a policy relies on (each task is built once)."""
+    if not cfg.tasks or cfg.state_dim is not None:
+        return cfg
+    specs = {}
+    for task in cfg.tasks:
+        env = ManiSkillEnv(replace(cfg, task=task, tasks=None, num_envs=1))
+        specs[task] = env.spec
+        env.close()
+    first = next(iter(specs.values()))
+    for task, spec in specs.items():
+        for key in ("action_dim", "action_low", "action_high", "image_shapes", "max_episode_steps", "control_hz"):
+            if getattr(spec, key) != getattr(first, key):
+                raise ConfigError(f"env.tasks must agree on {key}: {cfg.tasks[0]} has {getattr(first, key)}, "
+                                  f"{task} has {getattr(spec, key)}")
+    return replace(cfg, state_dim=max(spec.state_dim for spec in specs.values()))
+
+
 class ManiSkillEnv(SingleEnv):
-    """One physx_cpu ManiSkill env."""
+    """One physx_cpu ManiSkill env (with `tasks`: env `env_id`'s task, its state padded)."""
 
     def __init__(self, cfg: ManiSkillConfig, env_id: int = 0):
         import torch
 
+        if cfg.tasks and cfg.state_dim is None:
+            raise ConfigError("env.tasks needs env.state_dim; build the env with make_maniskill, or pass the "
+                              "config through with_state_padding")
         self.torch = torch
-        self.cfg = cfg
-        self.task = cfg.task
-        self.instruction = cfg.instruction or INSTRUCTIONS[cfg.task]
+        self.task = task_of(cfg, env_id)
+        self.cfg = cfg = replace(cfg, task=self.task)
+        self.instruction = cfg.instruction or INSTRUCTIONS[self.task]
         self.env = make_gym_env(cfg, num_envs=1, sim_backend="physx_cpu")
         first = self.reset(0)
         self.spec = env_spec(self.env, cfg, first.state[None], {k: v[None] for k, v in first.images.items()})
 
     def _observation(self, raw: Any) -> SingleObservation:
-        return SingleObservation(
-            state=flatten_state(raw)[0],
-            images={name: image[0] for name, image in camera_images(raw).items()},
-        )
+        state = flatten_state(raw)[0]
+        if self.cfg.state_dim is not None:
+            if len(state) > self.cfg.state_dim:
+                raise ConfigError(f"{self.task}'s state has {len(state)} values, more than env.state_dim="
+                                  f"{self.cfg.state_dim}")
+            state = np.pad(state, (0, self.cfg.state_dim - len(state)))
+        return SingleObservation(state=state, images={name: image[0] for name, image in camera_images(raw).items()})
 
     def reset(self, seed: int) -> SingleObservation:
         raw, _ = self.env.reset(seed=seed)
@@ -191,4 +242,5 @@ def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedE
 
     from sim.vector import vectorize
 
+    cfg = with_state_padding(cfg)
     return vectorize(partial(ManiSkillEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, cfg.transport, asdict(cfg))

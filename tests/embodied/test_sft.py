@@ -20,7 +20,7 @@ from embodied.train import TrainSession
 from embodied.types import EnvSpec
 from robots.recording import DatasetRecorder, RecordingConfig
 from sim.experts import make_expert
-from sim.maniskill import ManiSkillConfig, ManiSkillEnv
+from sim.maniskill import ManiSkillConfig, ManiSkillEnv, with_state_padding
 
 EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
 
@@ -90,6 +90,26 @@ def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_
                                                 for e in range(2)]))  # seeds 0, 1 (then 2, 3) ...
     assert json.loads((copy / "meta" / "demos.json").read_text())["next_seed"] == 4
     assert len({row.tobytes() for row in starts}) == 4  # ... and 3: no initial state twice
+
+
+def test_multi_task_demos_alternate_tasks_and_train_one_policy_for_all(tmp_path):
+    from embodied.config import EvalConfig
+    from embodied.evaluate import evaluate_checkpoint
+
+    multitask = ["env=maniskill_multitask", "env.tasks=[PushCube-v1,PickCube-v1]", "env.num_envs=2",
+                 "env.num_workers=0"]
+    root = tmp_path / "demos"
+    generate_demos(demos_config(root, "episodes=4", *multitask))
+    frames = read_frames(root, ["observation.state", "episode_index", "task"])
+    tasks = [frames["task"][frames["episode_index"] == e][0] for e in range(4)]
+    assert tasks == ["push the cube to the goal region", "pick up the cube and move it to the goal position"] * 2
+    padded = with_state_padding(ManiSkillConfig(tasks=["PushCube-v1", "PickCube-v1"], control_mode="pd_ee_delta_pos"))
+    assert frames["observation.state"].reshape(len(frames["task"]), -1).shape[1] == padded.state_dim
+    run_dir = sft_run(tmp_path, root, "steps=20", "val_fraction=0", *multitask[:2], policy=("policy=token_vla",))
+    output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=2, progress_bar=False,
+                                            output=str(tmp_path / "eval")))
+    report = json.loads((output / "report.json").read_text())
+    assert set(report["instructions"]) == {"PushCube-v1", "PickCube-v1"}
 
 
 def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):

@@ -211,3 +211,33 @@ def test_rewind_replays_the_same_episode_sequence(pushcube):
     pushcube.step(np.full((3, 2, 8), 0.4, np.float32))
     pushcube.reset()
     assert np.array_equal(pushcube.rewind().state, first.state)
+
+
+def test_several_tasks_run_in_blocks_of_envs_with_padded_states_and_their_own_instructions():
+    from sim.maniskill import INSTRUCTIONS
+
+    tasks = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
+    env = make_maniskill(ManiSkillConfig(tasks=tasks, num_envs=6, control_mode="pd_ee_delta_pos"), seed=0)
+    try:
+        native = {}
+        for task in tasks:
+            single = ManiSkillEnv(ManiSkillConfig(task=task, control_mode="pd_ee_delta_pos"))
+            native[task] = single.reset(0).state
+            single.close()
+        assert env.spec.state_dim == max(len(state) for state in native.values())
+        observation = env.reset(seeds=[0] * 6)
+        assert observation.instruction == [INSTRUCTIONS[t] for t in tasks for _ in range(2)]
+        for row, task in enumerate(t for t in tasks for _ in range(2)):
+            state = observation.state[row]
+            np.testing.assert_array_equal(state[:len(native[task])], native[task])  # the task's own state...
+            assert not state[len(native[task]):].any()  # ... then zeros
+        result = env.step(np.zeros((6, 1, env.spec.action_dim), np.float32))
+        assert result.observation.state.shape == (6, env.spec.state_dim)
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match="cpu backend"):
+        make_maniskill(ManiSkillConfig(tasks=tasks, backend="gpu"), seed=0)
+    with pytest.raises(ConfigError, match="cannot give each of 3 tasks an env"):
+        make_maniskill(ManiSkillConfig(tasks=tasks, num_envs=2), seed=0)
+    with pytest.raises(ConfigError, match="env.tasks"):
+        make_maniskill(ManiSkillConfig(tasks=["PushCube-v1", "Nope-v1"]), seed=0)
