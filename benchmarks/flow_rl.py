@@ -18,16 +18,15 @@ Every step is a normal command a user would type; the runs land in benchmarks/ru
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import sft_rl  # noqa: E402
 from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS, RUNS, first_reaching  # noqa: E402
+from ppo import RESULTS, RUNS  # noqa: E402
+from sft_rl import dataset_episodes, embodied, eval_curve  # noqa: E402
 
 DEMOS = RUNS / "flow-demos"
 ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
@@ -39,12 +38,6 @@ ARMS = {"flow-sde": ("flow", ["policy.sampler=flow_sde"]),
         "dppo": ("diffusion", ["algo.ratio=term", "algo.denoise_discount=0.99", "policy.finetune_steps=5"])}
 EVAL_EPISODES = 100
 CPU_HOUR_S = 3600.0
-
-
-def embodied(*arguments: str) -> None:
-    command = [sys.executable, "-m", "embodied.cli", *arguments]
-    print(" ".join(command[2:]), flush=True)
-    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def final_success(run_dir: Path) -> float | None:
@@ -88,33 +81,25 @@ def report() -> None:
 
     s0s = {policy: final_success(sft_dir(policy)) for policy in POLICIES}
     summary: dict = {"task": "PickCube-v1", "control_mode": "pd_ee_delta_pos", "sft_success": s0s,
-                     "eval_episodes": EVAL_EPISODES, "demos": _episodes(DEMOS), "arms": {}}
+                     "eval_episodes": EVAL_EPISODES, "demos": dataset_episodes(DEMOS), "arms": {}}
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     rows = []
     for name, (policy, overrides) in ARMS.items():
-        path = RUNS / name / "metrics.jsonl"
-        s0 = s0s[policy]
-        if not path.is_file():
+        s0, curve = s0s[policy], eval_curve(RUNS / name)
+        if curve is None:
             continue
-        curve = [json.loads(line) for line in path.read_text().splitlines()]
-        evals = [p for p in curve if "eval/success_rate" in p]
-        elapsed = {p["env_steps"]: p["train/elapsed_s"] for p in curve if "train/elapsed_s" in p}
-        points = [(p["env_steps"], elapsed.get(p["env_steps"]), p["eval/success_rate"]) for p in evals]
         s1 = final_success(RUNS / name)
-        within_hour = [s for _, t, s in points if t is not None and t <= CPU_HOUR_S]
-        wall = max(elapsed.values(), default=None)
+        within_hour = [s for _, t, s in curve.points if t is not None and t <= CPU_HOUR_S]
         met = s0 is not None and s1 is not None and (s1 - s0 >= 0.30 or s1 >= 0.9)
-        summary["arms"][name] = {"policy": policy, "sft_success": s0, "final_success": s1, "lift_points": None if s0 is None or s1 is None else 100 * (s1 - s0),
-                                 "env_steps": curve[-1]["env_steps"] if curve else 0, "wall_time_s": wall,
+        summary["arms"][name] = {"policy": policy, "sft_success": s0, "final_success": s1,
+                                 "lift_points": None if s0 is None or s1 is None else 100 * (s1 - s0),
+                                 "env_steps": curve.env_steps, "wall_time_s": curve.wall_time_s,
                                  "best_periodic_success_within_1h": max(within_hour) if within_hour else None,
-                                 "env_steps_to_90": first_reaching(evals, "eval/success_rate", 0.9),
-                                 "goal_met": met, "overrides": [*POLICIES[policy], *RL, *overrides],
-                                 "curve": [{"env_steps": n, "elapsed_s": t, "eval/success_rate": s} for n, t, s in points]}
-        line, = by_steps.plot([n for n, _, _ in points], [s for _, _, s in points], label=name)
-        by_time.plot([t / 60 for _, t, _ in points if t is not None], [s for _, t, s in points if t is not None],
-                     label=name, color=line.get_color())
-        rows.append(f"| {name} | {policy} | {s0:.2f} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve[-1]['env_steps']:,} | "
-                    f"{(wall or 0) / 60:.0f} min | {'yes' if met else 'no'} |")
+                                 "env_steps_to_90": curve.env_steps_to_90, "goal_met": met,
+                                 "overrides": [*POLICIES[policy], *RL, *overrides], "curve": curve.as_json()}
+        sft_rl.plot_curve(by_steps, by_time, curve, name)
+        rows.append(f"| {name} | {policy} | {s0:.2f} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve.env_steps:,} | "
+                    f"{(curve.wall_time_s or 0) / 60:.0f} min | {'yes' if met else 'no'} |")
     for ax, label in ((by_steps, "env steps"), (by_time, "wall time (min, 2 CPU cores)")):
         for (policy, s0), style in zip(s0s.items(), ("--", ":")):
             if s0 is not None:
@@ -144,23 +129,8 @@ def report() -> None:
     print((RESULTS / "flow_rl.md").read_text())
 
 
-def _episodes(root: Path) -> int | None:
-    info = root / "meta" / "info.json"
-    return json.loads(info.read_text())["total_episodes"] if info.is_file() else None
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
-    parser.add_argument("--demos", type=int, default=50, help="scripted-expert episodes")
-    parser.add_argument("--sft-steps", type=int, default=3000)
-    parser.add_argument("--steps", type=int, default=200_000, help="RL env steps per arm")
-    parser.add_argument("--only", nargs="*", default=list(ARMS), choices=list(ARMS))
-    args = parser.parse_args()
-    os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
-    if args.command == "run":
-        run(args.demos, args.sft_steps, args.steps, args.only)
-    report()
+    sft_rl.main(__doc__, list(ARMS), run, report, demos=50, sft_steps=3000, steps=200_000)
 
 
 if __name__ == "__main__":

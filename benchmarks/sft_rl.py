@@ -1,0 +1,72 @@
+"""What the SFT-then-RL benchmarks (`flow_rl.py`, `multitask_vla.py`) share: running the
+`embodied` commands a user would type, reading a run's evaluation curve, and the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ppo import RUNS, first_reaching
+
+
+def embodied(*arguments: str) -> None:
+    command = [sys.executable, "-m", "embodied.cli", *arguments]
+    print(" ".join(command[2:]), flush=True)
+    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@dataclass
+class Curve:
+    points: list[tuple[int, float | None, float]]  # (env steps, elapsed s, periodic eval success)
+    env_steps: int
+    wall_time_s: float | None
+    env_steps_to_90: int | None
+
+    def as_json(self) -> list[dict]:
+        return [{"env_steps": n, "elapsed_s": t, "eval/success_rate": s} for n, t, s in self.points]
+
+
+def eval_curve(run_dir: Path) -> Curve | None:
+    """The periodic evaluations of a training run against env steps and its training time."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    evals = [row for row in rows if "eval/success_rate" in row]
+    elapsed = {row["env_steps"]: row["train/elapsed_s"] for row in rows if "train/elapsed_s" in row}
+    return Curve(points=[(row["env_steps"], elapsed.get(row["env_steps"]), row["eval/success_rate"]) for row in evals],
+                 env_steps=rows[-1]["env_steps"] if rows else 0, wall_time_s=max(elapsed.values(), default=None),
+                 env_steps_to_90=first_reaching(evals, "eval/success_rate", 0.9))
+
+
+def dataset_episodes(root: Path) -> int | None:
+    info = root / "meta" / "info.json"
+    return json.loads(info.read_text())["total_episodes"] if info.is_file() else None
+
+
+def main(doc: str, arms: list[str], run: Callable[[int, int, int, list[str]], None], report: Callable[[], None],
+         demos: int, sft_steps: int, steps: int) -> None:
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
+    parser.add_argument("--demos", type=int, default=demos, help="scripted-expert episodes")
+    parser.add_argument("--sft-steps", type=int, default=sft_steps)
+    parser.add_argument("--steps", type=int, default=steps, help="RL env steps per arm")
+    parser.add_argument("--only", nargs="*", default=arms, choices=arms)
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+    if args.command == "run":
+        run(args.demos, args.sft_steps, args.steps, args.only)
+    report()
+
+
+def plot_curve(by_steps, by_time, curve: Curve, label: str) -> None:
+    """One run's periodic evaluations against env steps (left) and training minutes (right)."""
+    line, = by_steps.plot([n for n, _, _ in curve.points], [s for _, _, s in curve.points], label=label)
+    timed = [(t, s) for _, t, s in curve.points if t is not None]
+    by_time.plot([t / 60 for t, _ in timed], [s for _, s in timed], label=label, color=line.get_color())
