@@ -4,7 +4,7 @@ import torch
 
 from embodied.algos.ppo import PPO, PPOConfig, ppo_loss, ratio_log_probs, term_advantages
 from embodied.buffers import TrajectoryBuilder
-from embodied.types import ActionChunk, EnvSpec, Observation, StepResult
+from embodied.types import EnvSpec, Observation, StepResult
 from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
 
@@ -74,7 +74,7 @@ def _batch(policy, steps=8, envs=4, seed=0):
     generator = torch.Generator().manual_seed(seed)
     builder = TrajectoryBuilder()
     for _ in range(steps):
-        observation = Observation(state=torch.randn(envs, 3, generator=generator).numpy())
+        observation = Observation(state=torch.randn(envs, policy.spec.state_dim, generator=generator).numpy())
         with torch.no_grad():
             chunk = policy.act(observation.to_torch())
         reward = torch.randn(envs, generator=generator).numpy().astype(np.float32)
@@ -83,7 +83,7 @@ def _batch(policy, steps=8, envs=4, seed=0):
             success=np.zeros(envs, bool), executed_steps=np.ones(envs, np.int64),
             executed_action=chunk.actions.numpy(), final_observation=observation,
         )
-        builder.add(observation, ActionChunk(chunk.actions, chunk.log_prob, chunk.value), result, torch.zeros(envs))
+        builder.add(observation, chunk, result, torch.zeros(envs))
     return builder.build(torch.zeros(envs))
 
 

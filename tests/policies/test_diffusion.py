@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
-from embodied.buffers import TrajectoryBuilder
 from embodied.errors import ConfigError
 from embodied.runtime.wire import published_weights
-from embodied.types import EnvSpec, Observation, StepResult
+from embodied.types import EnvSpec, Observation
 from policies.denoising import gaussian_log_prob
 from policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
+from tests.embodied.test_ppo import _batch
+from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
 
@@ -161,14 +162,7 @@ def test_sft_epsilon_loss_decreases_on_a_tiny_dataset():
     actions = (torch.tanh(state[:, :2]) * torch.tensor([1.0, 2.0])).unsqueeze(1).expand(-1, 2, -1)  # (32, C=2, A=2)
     observation = Observation(state=state)
     policy.update_normalization(observation)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(300):
-        loss = policy.bc_loss(observation, actions)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = bc_losses(policy, observation, actions, steps=300, lr=3e-3)
     assert np.mean(losses[-30:]) < 0.5 * np.mean(losses[:30])
 
 
@@ -181,22 +175,6 @@ def test_bad_settings_are_config_errors():
                          image_shapes={"base": (64, 64, 3)})
     with pytest.raises(ConfigError, match="state"):
         DiffusionPolicy(small(), image_spec)
-
-
-def _batch(policy, steps=6, envs=4):
-    generator = torch.Generator().manual_seed(0)
-    builder = TrajectoryBuilder()
-    for _ in range(steps):
-        observation = Observation(state=torch.randn(envs, 4, generator=generator).numpy())
-        with torch.no_grad():
-            chunk = policy.act(observation.to_torch())
-        reward = torch.randn(envs, generator=generator).numpy().astype(np.float32)
-        result = StepResult(observation=observation, reward=reward, terminated=np.zeros(envs, bool),
-                            truncated=np.zeros(envs, bool), success=np.zeros(envs, bool),
-                            executed_steps=np.ones(envs, np.int64), executed_action=chunk.actions.numpy(),
-                            final_observation=observation)
-        builder.add(observation, chunk, result, torch.zeros(envs))
-    return builder.build(torch.zeros(envs))
 
 
 def test_dppo_update_with_one_ratio_per_step():

@@ -9,6 +9,7 @@ import torch
 from embodied.errors import ConfigError
 from embodied.types import EnvSpec, Observation
 from policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
+from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
 
@@ -100,14 +101,7 @@ def test_flow_matching_sft_loss_falls_on_a_tiny_dataset():
     policy = FlowPolicy(FlowPolicyConfig(sampler="ode", hidden=[64, 64], horizon=2, chunk_size=1), SPEC)
     observation = Observation(state=torch.randn(16, 4))
     actions = torch.tanh(observation.state[:, :2])[:, None].repeat(1, 2, 1) * torch.tensor([1.0, 2.0])
-    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-3)
-    losses = []
-    for _ in range(300):
-        loss = policy.bc_loss(observation, actions)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
+    losses = bc_losses(policy, observation, actions, steps=300, lr=1e-3)
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
 
 

@@ -11,6 +11,7 @@ import torch
 from embodied.errors import ConfigError
 from embodied.types import EnvSpec, Observation
 from policies.flow_vlm import FlowVLMConfig, FlowVLMPolicy
+from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
                image_shapes={"base": (48, 64, 3)})
@@ -62,16 +63,9 @@ def test_the_value_head_reads_the_prefix_or_the_expert_detached_or_not(value_fro
 def test_flow_matching_sft_moves_the_vlm_and_the_expert_unless_the_backbone_is_frozen():
     for frozen in (False, True):
         vla = policy(freeze_backbone=frozen)
-        optimizer = torch.optim.Adam([p for p in vla.parameters() if p.requires_grad], lr=3e-3)
         seen, actions = camera_observation(batch=8), torch.rand(8, 4, 2) * 2 - 1
         before = [p.detach().clone() for p in vla.backbone.parameters()]
-        losses = []
-        for _ in range(60):
-            loss = vla.bc_loss(seen, actions)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
+        losses = bc_losses(vla, seen, actions, steps=60, lr=3e-3)
         assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10])
         moved = any(not torch.equal(a, b) for a, b in zip(before, vla.backbone.parameters()))
         assert moved == (not frozen)
