@@ -266,14 +266,16 @@ class RobotClient:
             success = label == "success"  # the operator's word over the robot's own check
         result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
         finished = ended or tick >= self.max_steps  # not a quit mid-episode
+        # The state the last action led to, read before anything else moves the robot (the hold while saving).
+        final_state = self.robot.get_observation().state if self.learning and learned["actions"] else None
         if self.recorder is not None and finished:  # a quit mid-episode: record.partial
             self.robot.send_action(self.safety.safe_action(self._hold(), None))  # held still while it saves
             saved = self.recorder.end_episode(success, keep=label != "rerecord")
             if saved is not None:
                 result["dataset_episode"] = saved
-        if self.learning and finished and label != "rerecord" and learned["actions"]:
+        if final_state is not None and finished and label != "rerecord":
             episode = Episode(
-                states=np.asarray([*learned["states"], self.robot.get_observation().state], np.float32),
+                states=np.asarray([*learned["states"], final_state], np.float32),
                 actions=np.asarray(learned["actions"], np.float32), rewards=np.asarray(learned["rewards"], np.float32),
                 intervened=np.asarray(learned["intervened"], bool),
                 terminated=terminated or label in ("success", "failure"), success=success,

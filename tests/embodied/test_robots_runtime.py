@@ -166,3 +166,47 @@ def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_w
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["replay/online"] for m in metrics] == [20, 40, 60, 80, 100]
     assert metrics[-1]["train/iteration"] == 5
+
+
+def test_a_recording_robot_sends_the_state_its_last_action_led_to(tmp_path):
+    """Saving the recorded episode holds the robot (a simulator steps on it): the episode's
+    last state is read before that, so replaying the executed actions ends in it."""
+    from robots.client import RobotClient, RobotClientConfig
+    from robots.recording import RecordingConfig
+    from robots.safety import SafetyConfig
+    from robots.sim_robot import SimRobot, SimRobotConfig
+
+    pendulum = SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"})
+    robot = SimRobot(pendulum)
+    taken = []
+
+    def on_episode(client, body):
+        taken.append(parse_episode(body, robot.spec, max_ticks=1000))
+        return {"transitions": taken[-1].length, "policy_version": 0}
+
+    def infer(observation):
+        return np.full((observation.batch_size, 1, 1), 0.5, np.float32)
+
+    server = PolicyServer(infer, robot.spec, {"policy": "half", "chunk_size": 1, "learning": True},
+                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0), on_episode=on_episode)
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+    config = RobotClientConfig(server=server.endpoint, episodes=1, max_episode_steps=15, control_hz=100.0,
+                               output=str(tmp_path / "robot"), safety=SafetyConfig(safe_action="zero"),
+                               record=RecordingConfig(root=str(tmp_path / "data")))
+    try:
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "robot").run()
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert summary["learner"]["sent"] == 1 and len(taken) == 1
+    episode = taken[0]
+    replay = SimRobot(pendulum)
+    with replay:
+        replay.reset_episode(config.seed)
+        np.testing.assert_allclose(replay.get_observation().state, episode.states[0], rtol=1e-6)
+        for action in episode.actions:
+            replay.send_action(action)
+        np.testing.assert_allclose(replay.get_observation().state, episode.states[-1], rtol=1e-5, atol=1e-6)
