@@ -139,9 +139,6 @@ class FlowVLMPolicy(FlowPolicy):
             features = self._expert(context, query, torch.ones(batch, device=context.device)).mean(1)
         return self.critic(features.detach() if self.cfg.detach_value_input else features).squeeze(-1)
 
-    def value_parameters(self) -> list[nn.Parameter]:
-        return list(self.critic.parameters())
-
 
 @POLICIES.register("flow_vlm", FlowVLMConfig)
 def make_flow_vlm(cfg: FlowVLMConfig, spec: EnvSpec) -> FlowVLMPolicy:
