@@ -12,6 +12,9 @@
   pretrained policy seed the online buffer, and with `retain_offline: false` the offline
   data is dropped from then on.
 - `critic_loss: hl_gauss` trains the critics as classifiers over a value support.
+- `bc_weight` (ConRFT's Cal-ConRFT, Chen et al. 2025): the actor also regresses its mode
+  onto the data's actions on the offline rows, demonstrations and the operator's corrections,
+  so a correction shapes the policy at once instead of only through the critic.
 
 It fits the learner contract: each rollout batch is added to replay and followed by
 `utd_ratio` critic steps per new transition and one actor step per new transition. The
@@ -69,6 +72,7 @@ class SACConfig:
     hl_gauss_sigma_ratio: float = 0.75  # sigma as a multiple of the bin width
     calql_alpha: float = 0.0  # > 0: the Cal-QL conservative term on offline batches
     calql_actions: int = 4  # sampled actions per state (each: policy and uniform) in that term
+    bc_weight: float = 0.0  # > 0: the actor mode's squared error to the offline rows' actions, weighted
     seed: int = 0
 
 
@@ -82,7 +86,7 @@ def check_sac_config(cfg: SACConfig) -> None:
     for key in ("utd_ratio", "batch_size", "rollout_steps", "calql_actions"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
-    for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha"):
+    for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
     if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.demos:
@@ -148,7 +152,7 @@ class SACRLPD:
         for _ in range(self.cfg.offline_pretrain_steps):
             batch = self.offline.sample(self.cfg.batch_size).to(self.policy.device)
             metrics = self.critic_step(batch, offline_rows=len(batch))
-            metrics.update(self.actor_step(batch.state))
+            metrics.update(self.actor_step(batch, offline_rows=len(batch)))
         self.pretrained = True
         return {f"pretrain/{k.split('/')[-1]}": v for k, v in metrics.items()}
 
@@ -169,7 +173,7 @@ class SACRLPD:
             sample, offline_rows = self.sample()
             metrics.update(self.critic_step(sample, offline_rows))
             if (i + 1) % self.cfg.utd_ratio == 0:
-                metrics.update(self.actor_step(sample.state))
+                metrics.update(self.actor_step(sample, offline_rows))
         return metrics
 
     def _no_offline_data(self) -> ReplayBuffer:
@@ -239,10 +243,17 @@ class SACRLPD:
                             q_policy - policy_log_prob.view(1, rows, k)], dim=-1)
         return (torch.logsumexp(scores, dim=-1) - q_data[:, :offline_rows]).mean(1).sum()
 
-    def actor_step(self, state: torch.Tensor) -> dict[str, float]:
-        action, log_prob = self.policy.sample(state)
-        q = self.q_values(self.critics, state, action).mean(0)  # RLPD: the ensemble's mean for the actor
+    def actor_step(self, batch: Transitions, offline_rows: int = 0) -> dict[str, float]:
+        action, log_prob = self.policy.sample(batch.state)
+        q = self.q_values(self.critics, batch.state, action).mean(0)  # RLPD: the ensemble's mean for the actor
         actor_loss = (self.temperature.detach() * log_prob - q).mean()
+        metrics: dict[str, float] = {}
+        if self.cfg.bc_weight > 0 and offline_rows:
+            # on the mode (tanh of the mean): the sample's noise is the entropy term's business
+            mode, _ = self.policy.sample(batch.state[:offline_rows], deterministic=True)
+            bc = (mode - batch.action[:offline_rows]).pow(2).sum(-1).mean()
+            actor_loss = actor_loss + self.cfg.bc_weight * bc
+            metrics["train/bc_loss"] = bc.item()
         self.actor_optimizer.zero_grad()
         actor_loss.backward()
         self.actor_optimizer.step()
@@ -250,7 +261,7 @@ class SACRLPD:
         self.temperature_optimizer.zero_grad()
         temperature_loss.backward()
         self.temperature_optimizer.step()
-        return {"train/actor_loss": actor_loss.item(), "train/entropy": -log_prob.mean().item(),
+        return {**metrics, "train/actor_loss": actor_loss.item(), "train/entropy": -log_prob.mean().item(),
                 "train/temperature": self.temperature.item()}
 
     # ---- checkpoints -------------------------------------------------------------------------

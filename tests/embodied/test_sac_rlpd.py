@@ -129,6 +129,43 @@ def test_calql_floors_policy_action_values_at_the_monte_carlo_return():
         torch.testing.assert_close(penalty.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_bc_term_is_the_modes_squared_error_to_the_offline_rows_actions_only():
+    policy = small_policy()
+    algo = SACRLPD(SACConfig(**SMALL, bc_weight=2.5, init_temperature=0.5), policy)
+    constant_critics(algo.critics, [1.0, 2.0, 3.0, 4.0])
+    batch = transitions(6)
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+    torch.manual_seed(5)
+    metrics = algo.actor_step(batch, offline_rows=4)
+    policy.load_state_dict(start)  # the step changed the weights: recompute from the ones it started from
+    torch.manual_seed(5)
+    with torch.no_grad():
+        _, log_prob = policy.sample(batch.state)
+        mode, _ = policy.sample(batch.state[:4], deterministic=True)
+    bc = ((mode - batch.action[:4]).double() ** 2).sum(-1).mean()
+    expected = 0.5 * log_prob.double().mean() - 2.5 + 2.5 * bc
+    assert metrics["train/bc_loss"] == pytest.approx(float(bc), rel=1e-5)
+    assert metrics["train/actor_loss"] == pytest.approx(float(expected), rel=1e-5)
+    assert "train/bc_loss" not in algo.actor_step(batch, offline_rows=0)  # an all-online batch: no BC
+
+
+def test_the_bc_term_pulls_the_policy_onto_corrections():
+    policy = small_policy()
+    algo = SACRLPD(SACConfig(**SMALL, bc_weight=10.0, actor_lr=3e-3, init_temperature=1e-3), policy)
+    constant_critics(algo.critics, [0.0] * 4)  # no pull from Q: only BC moves the actor
+    batch = transitions(32)
+    batch.action = torch.tensor([[0.5, -0.5]]).expand(32, 2).clone()
+
+    def error():
+        with torch.no_grad():
+            return float((policy.sample(batch.state, deterministic=True)[0] - batch.action).pow(2).sum(-1).mean())
+
+    before = error()
+    for _ in range(300):
+        algo.actor_step(batch, offline_rows=32)
+    assert error() < 0.1 * before
+
+
 def test_batches_are_half_offline_and_interventions_join_the_offline_data():
     algo = SACRLPD(SACConfig(**SMALL), small_policy())
     algo.offline.add(transitions(10, reward=1.0))
