@@ -123,6 +123,7 @@ class RobotClient:
                                                               "non_finite", "none")}
         self.feedback: dict[str, Any] = {}  # what the robot did since the last request, sent with the next
         self.learning = False  # the server learns from our episodes (its welcome says so)
+        self.outcome_cameras: list[str] = []  # cameras whose outcome frames go with each episode (the welcome's)
         self.episodes_learned = {"sent": 0, "transitions": 0, "not_taken": 0}
         self.learning_finished = False  # the learning server needs no more episodes
 
@@ -182,8 +183,15 @@ class RobotClient:
         steps = self.config.broker.execute_steps or (1 if ensemble else max(1, (chunk_size + 1) // 2))
         self.broker = ChunkBroker(chunk_size, steps, self.config.broker.mode, self.config.broker.ensemble_decay)
         self.learning = bool(metadata.get("learning"))
+        self.outcome_cameras = list(metadata.get("outcome_cameras") or []) if self.learning else []
+        missing = [camera for camera in self.outcome_cameras if camera not in self.spec.image_shapes]
+        if missing:
+            raise ConfigError(f"the learning server's reward classifier reads cameras {missing}, which robot "
+                              f"'{self.robot.name}' does not have (it has {sorted(self.spec.image_shapes) or 'none'})")
         if self.learning:
-            logger.info("the server learns: each finished episode is sent to it")
+            logger.info("the server learns: each finished episode is sent to it%s",
+                        f", with what each tick led to on {self.outcome_cameras} (its reward classifier reads them)"
+                        if self.outcome_cameras else "")
         logger.info("server ping %.2f ms; policy '%s' version %s, chunk %d, executing %d per query",
                     self.policy.ping(), metadata.get("policy"), metadata.get("policy_version"), chunk_size, steps)
 
@@ -206,7 +214,7 @@ class RobotClient:
         # The first action's change is limited relative to the robot at rest, where it can tell.
         previous = self._hold() if self.config.safety.max_delta is not None else None
         episode_return, success, steps, tick, ended, terminated = 0.0, False, 0, 0, False, False
-        learned: dict[str, list] = {"states": [], "actions": [], "rewards": [], "intervened": []}
+        learned: dict[str, list] = {"states": [], "actions": [], "rewards": [], "intervened": [], "images": []}
         start = time.monotonic()
         self.safety.action_arrived(start)  # the watchdog's period starts with the episode
         while tick < self.max_steps and not self.should_quit():
@@ -250,7 +258,8 @@ class RobotClient:
                                       source == "teleop", outcome.reward, source in SAFETY_SOURCES)
                 if self.learning and observation is not None:
                     for key, value in (("states", observation.state), ("actions", previous),
-                                       ("rewards", outcome.reward), ("intervened", source == "teleop")):
+                                       ("rewards", outcome.reward), ("intervened", source == "teleop"),
+                                       ("images", {c: observation.images[c] for c in self.outcome_cameras})):
                         learned[key].append(value)
                 episode_return += outcome.reward
                 terminated = terminated or outcome.terminated
@@ -267,19 +276,22 @@ class RobotClient:
         result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
         finished = ended or tick >= self.max_steps  # not a quit mid-episode
         # The state the last action led to, read before anything else moves the robot (the hold while saving).
-        final_state = self.robot.get_observation().state if self.learning and learned["actions"] else None
+        final = self.robot.get_observation() if self.learning and learned["actions"] else None
         if self.recorder is not None and finished:  # a quit mid-episode: record.partial
             self.robot.send_action(self.safety.safe_action(self._hold(), None))  # held still while it saves
             saved = self.recorder.end_episode(success, keep=label != "rerecord")
             if saved is not None:
                 result["dataset_episode"] = saved
-        if final_state is not None and finished and label != "rerecord":
+        if final is not None and finished and label != "rerecord":
+            # What each acted tick led to: the next acted tick's observation, then the final one.
+            outcomes = [*learned["images"][1:], {c: final.images[c] for c in self.outcome_cameras}]
             episode = Episode(
-                states=np.asarray([*learned["states"], final_state], np.float32),
+                states=np.asarray([*learned["states"], final.state], np.float32),
                 actions=np.asarray(learned["actions"], np.float32), rewards=np.asarray(learned["rewards"], np.float32),
                 intervened=np.asarray(learned["intervened"], bool),
                 terminated=terminated or label in ("success", "failure"), success=success,
-                instruction=self.instruction, policy_version=self.server_metadata.get("policy_version"))
+                instruction=self.instruction, policy_version=self.server_metadata.get("policy_version"),
+                outcome_images={c: np.stack([frames[c] for frames in outcomes]) for c in self.outcome_cameras})
             result["learner"] = self._send_episode(episode)
         return {**result, "rerecorded": True} if label == "rerecord" else result
 

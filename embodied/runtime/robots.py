@@ -19,11 +19,19 @@ Only off-policy learners fit: a robot's executed actions (corrected by an operat
 by its safety layer) are not samples of the policy, which PPO's and GRPO's ratios assume.
 `env` gives the spec the robots must match (they are refused otherwise) and, with
 `eval_every`, a simulator for periodic evaluation. Checkpoints hold the learner and its
-replay buffers; `resume=<run dir>` continues, and robots simply reconnect."""
+replay buffers; `resume=<run dir>` continues, and robots simply reconnect.
+
+The reward is the one the robots report, or with `reward.classifier` a success classifier's
+verdict (`embodied reward`): the welcome names the cameras it reads (`outcome_cameras`), each
+episode carries what every acted tick led to on them, and the learner thread rewards a tick
+1 where the classifier's probability exceeds `reward.threshold`, else 0, as `ClassifiedReward`
+does in simulation. Those cameras must be in `env` (env.obs_mode=rgb): the robots send them
+with every observation too, and the policy reads only the state."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import queue
 import threading
@@ -35,9 +43,10 @@ import torch
 
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.buffers import Trajectory
-from embodied.config import TrainConfig
+from embodied.config import RewardConfig, TrainConfig
 from embodied.errors import ConfigError
 from embodied.registry import RUNTIMES
+from embodied.reward_classifier import load_reward_classifier
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import load_published_weights, published_weights
 from embodied.serve import ClientState, PolicyServer, ServeConfig
@@ -74,9 +83,6 @@ def check_config(cfg: RobotsRuntimeConfig, config: TrainConfig) -> None:
         raise ConfigError(f"runtime=robots learns off-policy from what the robots executed (operator corrections and "
                           f"safety clipping included), which algo '{config.algo.name}' cannot: its ratios need the "
                           f"policy's own samples. Use algo={' or algo='.join(OFF_POLICY_ALGOS)}")
-    if config.reward.classifier:
-        raise ConfigError("runtime=robots takes the rewards the robots report; reward.classifier needs camera "
-                          "images, which robots do not send with their episodes yet")
     for key in ("max_queued_episodes", "max_episode_ticks", "max_clients"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"runtime.{key} must be >= 1, got {getattr(cfg, key)}")
@@ -124,9 +130,9 @@ class LearnerThread(threading.Thread):
     every call into the session happens here, so nothing else touches it while it runs."""
 
     def __init__(self, session: TrainSession, learner: Learner, spec: EnvSpec, inbox: "queue.Queue[Episode]",
-                 latest: LatestWeights):
+                 latest: LatestWeights, reward: Optional[OutcomeReward] = None):
         super().__init__(name="learner", daemon=True)
-        self.session, self.learner, self.spec = session, learner, spec
+        self.session, self.learner, self.spec, self.reward = session, learner, spec, reward
         self.inbox, self.latest = inbox, latest
         self.evaluation = PeriodicEvaluation(session.config)
         self.stop = threading.Event()
@@ -157,11 +163,16 @@ class LearnerThread(threading.Thread):
     def _learn(self, episode: Episode) -> None:
         session, learner = self.session, self.learner
         progress = session.env_steps / session.config.total_env_steps
+        reported = float(episode.rewards.sum())
+        if self.reward is not None:
+            episode.rewards, episode.outcome_images = self.reward(episode), {}
         metrics = learner.update(episode_trajectory(episode, learner.policy_version), progress, off_policy=True)
         self.latest.put(learner.policy_version, published_weights(learner.policy))
         metrics["train/policy_version"] = learner.policy_version
         metrics["robots/queued_episodes"] = self.inbox.qsize()
         metrics["robots/episode_intervened"] = float(np.mean(episode.intervened))
+        if self.reward is not None:
+            metrics["robots/reported_return"] = reported  # the robot's own, beside the classifier's return
         stats = EpisodeStats(env_id=0, task=episode.instruction, episode_return=float(episode.rewards.sum()),
                              length=episode.length, success=episode.success)
         session.record(episode.length, [stats], metrics)
@@ -173,6 +184,27 @@ class LearnerThread(threading.Thread):
     def _save(self) -> None:
         self.session.save(self.learner, None, {"spec": self.spec.to_dict()})
         self.saved_iteration = self.session.iteration
+
+
+class OutcomeReward:
+    """The reward classifier's verdict on each acted tick's outcome images."""
+
+    def __init__(self, cfg: RewardConfig, spec: EnvSpec):
+        if not 0.0 <= cfg.threshold <= 1.0:
+            raise ConfigError(f"reward.threshold must be in [0, 1], got {cfg.threshold}")
+        self.model, self.threshold = load_reward_classifier(cfg.classifier), cfg.threshold
+        missing = [camera for camera in self.model.cameras if camera not in spec.image_shapes]
+        if missing:
+            raise ConfigError(f"reward.classifier reads cameras {self.model.cameras}; env has "
+                              f"{sorted(spec.image_shapes) or 'none'} (the robots' cameras: use env.obs_mode=rgb)")
+        self.cameras = list(self.model.cameras)
+
+    def __call__(self, episode: Episode, frames_per_pass: int = 256) -> np.ndarray:
+        probability = np.concatenate([
+            self.model.probability({camera: torch.from_numpy(episode.outcome_images[camera][start:start + frames_per_pass])
+                                    for camera in self.cameras}).numpy()
+            for start in range(0, episode.length, frames_per_pass)])
+        return (probability > self.threshold).astype(np.float32)
 
 
 class RobotsRuntime:
@@ -187,11 +219,14 @@ class RobotsRuntime:
         env = build_env(config.env, seed=config.seed, stream=1)
         spec = env.spec
         env.close()
-        if spec.image_shapes:
+        reward = OutcomeReward(config.reward, spec) if config.reward.classifier else None
+        if spec.image_shapes and reward is None:
             raise ConfigError("runtime=robots learns from state observations: the off-policy learners' critics read "
-                              "the state vector (use env.obs_mode=state)")
+                              "the state vector (use env.obs_mode=state; cameras only feed a reward.classifier)")
+        outcome_cameras = reward.cameras if reward is not None else []
         session = TrainSession(config)
-        policy = build_policy(config.policy, spec, device)
+        # The robots' spec (what they must match) has the classifier's cameras; the policy's has none.
+        policy = build_policy(config.policy, dataclasses.replace(spec, image_shapes={}), device)
         learner = Learner(policy, build_algo(config.algo, policy), device)
         if policy.chunk_size != 1:
             raise ConfigError("runtime=robots stores one executed action per tick: policy.chunk_size must be 1")
@@ -212,7 +247,7 @@ class RobotsRuntime:
         latest = LatestWeights()
         metadata = {"policy": config.policy.name, "policy_version": learner.policy_version, "chunk_size": 1,
                     "normalization_id": None, "deterministic": cfg.deterministic, "learning": True,
-                    "run": str(session.run_dir)}
+                    "run": str(session.run_dir), "outcome_cameras": outcome_cameras}
 
         def apply_latest() -> None:
             taken = latest.take()
@@ -228,7 +263,7 @@ class RobotsRuntime:
                 raise ValueError(f"the run has all its {config.total_env_steps} env steps")
             if inbox.qsize() >= cfg.max_queued_episodes:
                 raise ValueError(f"the learner is {inbox.qsize()} episodes behind; this one was not taken")
-            episode = parse_episode(body, spec, cfg.max_episode_ticks)
+            episode = parse_episode(body, spec, cfg.max_episode_ticks, outcome_cameras)
             inbox.put(episode)
             received[0] += episode.length
             if cfg.apply_weights == "episode":
@@ -241,11 +276,11 @@ class RobotsRuntime:
                                    batch_window_ms=cfg.batch_window_ms, client_timeout_s=cfg.client_timeout_s,
                                    deterministic=cfg.deterministic, stats_every_s=0)
         server = PolicyServer(infer, spec, metadata, serve_config, on_episode=on_episode,
-                              max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks))
+                              max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks, outcome_cameras))
         print(f"learning from robots on {server.endpoint} (run {session.run_dir}); connect with "
               f"`embodied robot server={server.endpoint}`", flush=True)
         session.start_logging()
-        thread = LearnerThread(session, learner, spec, inbox, latest)
+        thread = LearnerThread(session, learner, spec, inbox, latest, reward)
         thread.start()
         try:
             while thread.is_alive():

@@ -9,13 +9,18 @@ message of the policy protocol. Numpy only, so the robot client stays torch-free
     success       bool                the robot's check, or the operator's label where given
     instruction   str
     policy_version int | None         the weights that acted at the episode's end
+    outcome_images {camera: uint8 (T, H, W, 3)}  what each acted tick led to, for the cameras
+                                      the learner's welcome names (`outcome_cameras`: its reward
+                                      classifier reads them); absent otherwise
 
 Every field is checked against the learner's spec before anything is stored: a malformed
 episode is refused whole."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -36,6 +41,7 @@ class Episode:
     success: bool
     instruction: str = ""
     policy_version: int | None = None
+    outcome_images: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def length(self) -> int:
@@ -45,16 +51,20 @@ class Episode:
         return {"states": self.states.astype(np.float32), "actions": self.actions.astype(np.float32),
                 "rewards": self.rewards.astype(np.float32), "intervened": self.intervened.astype(bool),
                 "terminated": bool(self.terminated), "success": bool(self.success),
-                "instruction": self.instruction, "policy_version": self.policy_version}
+                "instruction": self.instruction, "policy_version": self.policy_version,
+                **({"outcome_images": self.outcome_images} if self.outcome_images else {})}
 
 
-def episode_bytes(spec: EnvSpec, ticks: int) -> int:
+def episode_bytes(spec: EnvSpec, ticks: int, outcome_cameras: Sequence[str] = ()) -> int:
     """An upper bound on the size of an episode message of `ticks` ticks."""
-    return ticks * (8 * spec.state_dim + 4 * spec.action_dim + 8) + 4 * spec.state_dim + 4 * MAX_INSTRUCTION_CHARS + (1 << 16)
+    images = sum(math.prod(spec.image_shapes[camera]) for camera in outcome_cameras)
+    return (ticks * (8 * spec.state_dim + 4 * spec.action_dim + 8 + images) + 4 * spec.state_dim
+            + 4 * MAX_INSTRUCTION_CHARS + (1 << 16))
 
 
-def parse_episode(body: Any, spec: EnvSpec, max_ticks: int) -> Episode:
-    """The episode in an `episode` message body; ValueError naming the first thing wrong."""
+def parse_episode(body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Sequence[str] = ()) -> Episode:
+    """The episode in an `episode` message body; ValueError naming the first thing wrong.
+    `outcome_cameras`: the cameras whose outcome images the episode must carry."""
     if not isinstance(body, dict):
         raise ValueError("an episode message is a map of states, actions, rewards, intervened, terminated, success")
     actions = _array(body, "actions", np.float32, 2)
@@ -91,7 +101,20 @@ def parse_episode(body: Any, spec: EnvSpec, max_ticks: int) -> Episode:
         raise ValueError(f"policy_version must be an integer or null, got {version!r}")
     return Episode(states=states, actions=actions, rewards=rewards, intervened=intervened,
                    terminated=flags["terminated"], success=flags["success"], instruction=instruction,
-                   policy_version=version)
+                   policy_version=version, outcome_images=_outcome_images(body, spec, ticks, outcome_cameras))
+
+
+def _outcome_images(body: dict[str, Any], spec: EnvSpec, ticks: int, cameras: Sequence[str]) -> dict[str, np.ndarray]:
+    images = body.get("outcome_images", {})
+    if not isinstance(images, dict) or set(images) != set(cameras):
+        raise ValueError(f"outcome_images must hold exactly the cameras {sorted(cameras)} (the learner's "
+                         f"outcome_cameras), got {sorted(images) if isinstance(images, dict) else type(images).__name__}")
+    for camera, frames in images.items():
+        shape = (ticks, *spec.image_shapes[camera])
+        if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != shape:
+            raise ValueError(f"outcome_images['{camera}'] must be uint8 {shape}: one frame per acted tick, got "
+                             f"{getattr(frames, 'dtype', type(frames).__name__)} {getattr(frames, 'shape', '')}")
+    return dict(images)
 
 
 def _array(body: dict[str, Any], name: str, dtype: Any, ndim: int) -> np.ndarray:

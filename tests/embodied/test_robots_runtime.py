@@ -13,11 +13,14 @@ import torch
 from embodied.config import TrainConfig, compose, to_schema
 from embodied.errors import ConfigError
 from embodied.replay import from_trajectory
-from embodied.runtime.robots import LatestWeights, RobotsRuntime, RobotsRuntimeConfig, episode_trajectory
+from embodied.config import RewardConfig
+from embodied.reward_classifier import load_reward_classifier
+from embodied.runtime.robots import LatestWeights, OutcomeReward, RobotsRuntime, RobotsRuntimeConfig, episode_trajectory
 from embodied.serve import PolicyServer, ServeConfig
 from embodied.transport.episodes import Episode, parse_episode
 from embodied.types import EnvSpec
 from robots.policy_client import PolicyClient, ServerError
+from tests.embodied.test_reward_classifier import classifier_checkpoint
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
 
@@ -59,6 +62,46 @@ def test_a_malformed_episode_is_refused_naming_what_is_wrong(changes, message):
         parse_episode(episode(**changes), SPEC, max_ticks=100)
     with pytest.raises(ValueError, match="a map"):
         parse_episode([1, 2], SPEC, max_ticks=100)
+
+
+CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0,
+                     image_shapes={"front": (32, 32, 3), "wrist": (4, 4, 3)})
+
+
+def test_outcome_images_must_be_exactly_the_learners_cameras_one_frame_per_tick():
+    frames = np.zeros((4, 32, 32, 3), np.uint8)
+    parsed = parse_episode(episode(outcome_images={"front": frames}), CAMERA_SPEC, 100, outcome_cameras=["front"])
+    assert parsed.outcome_images["front"].shape == (4, 32, 32, 3)
+    for images, message in (({}, r"exactly the cameras \['front'\]"),
+                            ({"front": frames, "wrist": np.zeros((4, 4, 4, 3), np.uint8)}, "exactly the cameras"),
+                            ({"front": frames[:3]}, r"uint8 \(4, 32, 32, 3\): one frame per acted tick"),
+                            ({"front": frames.astype(np.float32)}, "must be uint8")):
+        with pytest.raises(ValueError, match=message):
+            parse_episode(episode(outcome_images=images), CAMERA_SPEC, 100, outcome_cameras=["front"])
+    with pytest.raises(ValueError, match=r"exactly the cameras \[\]"):  # not asked for: not taken
+        parse_episode(episode(outcome_images={"front": frames}), CAMERA_SPEC, 100)
+
+
+def test_the_classifier_rewards_each_tick_by_what_it_led_to(tmp_path):
+    torch.manual_seed(0)
+    path = classifier_checkpoint(tmp_path / "clf", "front", 0.0)
+    model = load_reward_classifier(path)
+    with torch.no_grad():  # a head that tells frames apart
+        for parameter in model.head.parameters():
+            parameter.normal_(0, 0.02)
+    frames = np.random.default_rng(0).integers(0, 255, (7, 32, 32, 3), dtype=np.uint8)
+    probability = model.probability({"front": torch.from_numpy(frames)}).numpy()
+    threshold = float(np.median(probability))
+    reward = OutcomeReward(RewardConfig(classifier=path, threshold=threshold), CAMERA_SPEC)
+    reward.model = model
+    parsed = parse_episode(episode(ticks=7, intervened=np.zeros(7, bool), outcome_images={"front": frames}),
+                           CAMERA_SPEC, 100, outcome_cameras=["front"])
+    expected = (probability > threshold).astype(np.float32)
+    assert 0 < expected.sum() < 7
+    np.testing.assert_array_equal(reward(parsed), expected)
+    np.testing.assert_array_equal(reward(parsed, frames_per_pass=3), expected)  # in passes: the same
+    with pytest.raises(ConfigError, match="reads cameras"):
+        OutcomeReward(RewardConfig(classifier=path), SPEC)
 
 
 def test_servers_refuse_episodes_they_cannot_learn_from_and_learning_ones_ack_them():
@@ -166,6 +209,22 @@ def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_w
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["replay/online"] for m in metrics] == [20, 40, 60, 80, 100]
     assert metrics[-1]["train/iteration"] == 5
+
+
+def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learner_rewards_them(tmp_path):
+    env = ["env.obs_mode=rgb", "env.image_size=32"]
+    classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success
+    run_dir = tmp_path / "run"
+    summary = learn_from_a_robot([*LEARNER, *env, f"reward.classifier={classifier}", "total_env_steps=40",
+                                  f"run_dir={run_dir}"], run_dir, tmp_path / "robot")
+    assert summary["learner"]["transitions"] >= 40 and summary["learner"]["not_taken"] == 0
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == summary["learner"]["sent"]
+    # The classifier's reward is 1 on every tick, so returns equal lengths; PushCube's own dense
+    # reward, which the robot reported, is below 1 per tick.
+    for m in metrics:
+        assert m["rollout/episode_return"] == m["rollout/episode_length"]
+        assert m["robots/reported_return"] < m["rollout/episode_length"]
 
 
 def test_a_recording_robot_sends_the_state_its_last_action_led_to(tmp_path):
