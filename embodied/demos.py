@@ -34,6 +34,7 @@ class DemosConfig:
     repo_id: str = "local/demos"
     use_videos: bool = False
     python: Optional[str] = None
+    finalize_every: int = 25  # saved episodes per finalize: reopening reloads the whole dataset
     progress_bar: bool = True
 
 
@@ -66,7 +67,8 @@ def generate_demos(config: DemosConfig) -> DemosResult:
     sidecar = Path(config.root).expanduser() / SIDECAR
     spec = envs[0].spec
     recorder = DatasetRecorder(RecordingConfig(root=config.root, repo_id=config.repo_id, use_videos=config.use_videos,
-                                               partial="discard", python=config.python),
+                                               partial="discard", python=config.python,
+                                               finalize_every=config.finalize_every),
                                spec, fps=spec.control_hz, instruction=envs[0].instruction)
     try:
         have = recorder.open()

@@ -7,7 +7,9 @@ It runs apart from the control loop for two reasons: image encoding and parquet 
 delay a tick, and the robot client stays free of torch (the dataset library imports it).
 
 Durability: every saved episode is finalized at once (and the dataset reopened for the next),
-so a crash loses at most the episode in progress. The writer ignores SIGINT, SIGTERM and
+so a crash loses at most the episode in progress; with `finalize_every: k`, every k-th, so a
+killed writer loses at most the k - 1 saved since (reopening reloads the whole dataset, which
+grows slow as it grows). The writer ignores SIGINT, SIGTERM and
 SIGHUP: when the client goes away, with or without closing (a crash, SIGKILL, Ctrl-C), it sees
 the end of its input and finishes on its own, keeping or discarding the partial episode as
 configured."""
@@ -75,6 +77,8 @@ class EpisodeWriter:
         self.partial = str(request["partial"])  # keep | discard: the episode in progress at a crash
         self.features = dataset_features(request["spec"], bool(request["use_videos"]))
         self.fps = int(request["fps"])
+        self.finalize_every = int(request.get("finalize_every", 1))
+        self.unfinalized = 0  # saved episodes since the last finalize
         if saved_episodes(self.root):
             self.dataset = self._reopen()
             self._check_matches()
@@ -110,14 +114,18 @@ class EpisodeWriter:
         self.frames += 1
 
     def save(self) -> int:
-        """The episode in progress becomes durable: saved and finalized, then reopened for more."""
+        """The episode in progress is saved; every `finalize_every`-th save finalizes the
+        dataset (durable from then on) and reopens it for more."""
         if self.frames == 0:
             raise ValueError("no frames to save in this episode")
         index = self.episodes
         self.dataset.save_episode()
-        self.dataset.finalize()
-        self.dataset = self._reopen()  # a finalized dataset object takes no more episodes
         self.frames = 0
+        self.unfinalized += 1
+        if self.unfinalized >= self.finalize_every:
+            self.dataset.finalize()
+            self.dataset = self._reopen()  # a finalized dataset object takes no more episodes
+            self.unfinalized = 0
         return index
 
     def discard(self) -> None:

@@ -59,6 +59,11 @@ class RecordingConfig:
     python: Optional[str] = None  # an interpreter with the dataset library; default: writer_python()
     timeout_s: float = 120.0  # for the writer to answer (open, save an episode, finalize)
     queue_frames: int = 256  # frames waiting for the writer before the control loop has to wait
+    # Saved episodes per finalize. 1: each is durable at once. More is faster for long recordings
+    # (the dataset library reloads the whole dataset to take episodes after a finalize); if the
+    # writer process itself is killed, the episodes since the last finalize are lost. A client
+    # that crashes loses nothing saved either way: the writer finalizes on its own.
+    finalize_every: int = 1
 
 
 class WriterRequest(str, Enum):
@@ -144,6 +149,8 @@ class DatasetRecorder:
     def __init__(self, config: RecordingConfig, spec: EnvSpec, fps: float, instruction: str):
         if config.partial not in PARTIAL_MODES:
             raise RecordingError(f"recording.partial must be one of {PARTIAL_MODES}, got '{config.partial}'")
+        if config.finalize_every < 1:
+            raise RecordingError(f"recording.finalize_every must be >= 1, got {config.finalize_every}")
         if fps <= 0 or abs(fps - round(fps)) > 1e-6:
             raise RecordingError(f"a dataset needs a whole number of frames per second; the control rate is {fps}")
         self.config = config
@@ -179,7 +186,7 @@ class DatasetRecorder:
         self._sender.start()
         reply = self._ask({"kind": WriterRequest.OPEN.value, "root": str(self.root), "repo_id": self.config.repo_id,
                            "fps": self.fps, "spec": self.spec.to_dict(), "use_videos": self.config.use_videos,
-                           "partial": self.config.partial})
+                           "partial": self.config.partial, "finalize_every": self.config.finalize_every})
         self.opened = True
         logger.info("recording into %s (%d episodes there already)", self.root, reply["episodes"])
         return int(reply["episodes"])

@@ -143,7 +143,8 @@ import os, signal, sys
 import numpy as np
 from tests.robots.test_recording import CAMERA_SPEC
 from robots.recording import DatasetRecorder, RecordingConfig
-recorder = DatasetRecorder(RecordingConfig(root=sys.argv[1], partial=sys.argv[2]), CAMERA_SPEC, 10.0, "stack")
+recorder = DatasetRecorder(RecordingConfig(root=sys.argv[1], partial=sys.argv[2], finalize_every=int(sys.argv[3])),
+                           CAMERA_SPEC, 10.0, "stack")
 recorder.open()
 frame = lambda t: (np.zeros(3), {"front": np.full((24, 32, 3), t, np.uint8)}, np.zeros(2), None, False, 0.0)
 for t in range(4):
@@ -158,17 +159,46 @@ os.kill(os.getpid(), signal.SIGKILL)  # a crash: nothing of ours runs after this
 """
 
 
-@pytest.mark.parametrize("partial, frames", [("keep", 7), ("discard", 4)])
-def test_a_killed_client_leaves_a_dataset_that_loads(tmp_path, partial, frames):
+@pytest.mark.parametrize("partial, frames, finalize_every", [("keep", 7, 1), ("discard", 4, 1), ("discard", 4, 3)])
+def test_a_killed_client_leaves_a_dataset_that_loads(tmp_path, partial, frames, finalize_every):
+    """With finalize_every=3 the saved episode was not finalized yet: the writer does it."""
     root = tmp_path / "dataset"
-    client = subprocess.run([sys.executable, "-c", KILLED_CLIENT, str(root), partial], capture_output=True, text=True,
-                            timeout=300)
+    client = subprocess.run([sys.executable, "-c", KILLED_CLIENT, str(root), partial, str(finalize_every)],
+                            capture_output=True, text=True, timeout=300)
     assert client.returncode == -9, client.stderr
     writer = psutil.Process(int(client.stdout.split()[-1]))
     writer.wait(timeout=120)  # the writer finishes the dataset on its own once the pipe closes
     dataset = load(root)
     assert dataset.num_frames == frames
     assert dataset.num_episodes == (2 if partial == "keep" else 1)
+
+
+def test_finalizing_every_few_episodes_writes_the_same_dataset(tmp_path):
+    root = tmp_path / "dataset"
+    lengths = [3, 1, 4, 2, 5, 2]  # six episodes: five in a first session, finalized every 2, then one more
+
+    def record(episodes, first):
+        recorder = DatasetRecorder(RecordingConfig(root=str(root), finalize_every=2), CAMERA_SPEC, 10.0, "stack")
+        assert recorder.open() == first
+        try:
+            for index in episodes:
+                for t in range(lengths[index]):
+                    recorder.add(np.array([index, t, 0], np.float32), {"front": np.full((24, 32, 3), index, np.uint8)},
+                                 np.zeros(2), None, intervention=True, reward=0.0)
+                assert recorder.end_episode(True) == index
+        finally:
+            recorder.close()
+
+    record(range(5), first=0)
+    record([5], first=5)
+    dataset = load(root)
+    assert dataset.num_episodes == 6 and dataset.num_frames == sum(lengths)
+    state = column(dataset, "observation.state")
+    expected = [(index, t) for index, length in enumerate(lengths) for t in range(length)]
+    assert [tuple(row) for row in state[:, :2].astype(int).tolist()] == expected
+    assert column(dataset, "episode_index").reshape(-1).tolist() == [index for index, _ in expected]
+    with pytest.raises(RecordingError, match="finalize_every"):
+        DatasetRecorder(RecordingConfig(root=str(root), finalize_every=0), CAMERA_SPEC, 10.0, "stack")
 
 
 def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
