@@ -35,6 +35,7 @@ import numpy as np
 import zmq
 
 from embodied.errors import ConfigError
+from embodied.transport.episodes import EpisodeNotTaken
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, plain
 from embodied.transport.sockets import bind, receive, send
 from embodied.types import EnvSpec, Observation
@@ -189,6 +190,9 @@ class PolicyServer:
             client.last_seen = now
             try:
                 ack = self.on_episode(client, message.body)
+            except EpisodeNotTaken as error:  # refused, but nothing wrong with it
+                self._refuse(identity, message.seq, "episode", f"episode not taken: {error}")
+                return
             except ValueError as error:
                 self.stats.malformed += 1
                 self._refuse(identity, message.seq, "episode", f"episode refused: {error}")

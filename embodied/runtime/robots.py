@@ -51,7 +51,7 @@ from embodied.runtime.learner import Learner
 from embodied.runtime.wire import load_published_weights, published_weights
 from embodied.serve import ClientState, PolicyServer, ServeConfig
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
-from embodied.transport.episodes import Episode, episode_bytes, parse_episode
+from embodied.transport.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
 from embodied.types import EnvSpec, EpisodeStats, Observation
 
 logger = logging.getLogger(__name__)
@@ -260,9 +260,9 @@ class RobotsRuntime:
 
         def on_episode(client: ClientState, body: Any) -> dict[str, Any]:
             if received[0] >= config.total_env_steps:
-                raise ValueError(f"the run has all its {config.total_env_steps} env steps")
+                raise EpisodeNotTaken(f"the run has all its {config.total_env_steps} env steps")
             if inbox.qsize() >= cfg.max_queued_episodes:
-                raise ValueError(f"the learner is {inbox.qsize()} episodes behind; this one was not taken")
+                raise EpisodeNotTaken(f"the learner is {inbox.qsize()} episodes behind")
             episode = parse_episode(body, spec, cfg.max_episode_ticks, outcome_cameras)
             inbox.put(episode)
             received[0] += episode.length

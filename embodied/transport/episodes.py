@@ -31,6 +31,10 @@ MAX_INSTRUCTION_CHARS = 4096
 ACTION_TOLERANCE = 1e-4  # executed actions are clipped to the bounds; allow float rounding
 
 
+class EpisodeNotTaken(ValueError):
+    """A well-formed episode the learner cannot take now (its run is finished, or it is behind)."""
+
+
 @dataclass
 class Episode:
     states: np.ndarray

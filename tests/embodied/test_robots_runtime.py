@@ -17,7 +17,7 @@ from embodied.config import RewardConfig
 from embodied.reward_classifier import load_reward_classifier
 from embodied.runtime.robots import LatestWeights, OutcomeReward, RobotsRuntime, RobotsRuntimeConfig, episode_trajectory
 from embodied.serve import PolicyServer, ServeConfig
-from embodied.transport.episodes import Episode, parse_episode
+from embodied.transport.episodes import Episode, EpisodeNotTaken, parse_episode
 from embodied.types import EnvSpec
 from robots.policy_client import PolicyClient, ServerError
 from tests.embodied.test_reward_classifier import classifier_checkpoint
@@ -111,6 +111,8 @@ def test_servers_refuse_episodes_they_cannot_learn_from_and_learning_ones_ack_th
     taken = []
 
     def on_episode(client, body):
+        if len(taken) == 1:
+            raise EpisodeNotTaken("the run has all its 4 env steps")
         taken.append(parse_episode(body, SPEC, max_ticks=100))
         return {"transitions": taken[-1].length, "policy_version": 5}
 
@@ -133,6 +135,10 @@ def test_servers_refuse_episodes_they_cannot_learn_from_and_learning_ones_ack_th
                     client.send_episode(episode(actions=np.full((4, 2), 9.0, np.float32)), timeout_s=5.0)
                 assert client.send_episode(episode(), timeout_s=5.0) == {"transitions": 4, "policy_version": 5}
                 assert len(taken) == 1  # the refused one stored nothing
+                with pytest.raises(ServerError, match="not taken: the run has all"):
+                    client.send_episode(episode(), timeout_s=5.0)
+                # Two refused, one of them malformed: a finished run's refusal is not the robot's fault.
+                assert (server.stats.refused, server.stats.malformed) == (2, 1)
         finally:
             client.close()
             stop.set()
