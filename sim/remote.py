@@ -20,7 +20,6 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from embodied.errors import ConfigError
 from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
 from embodied.transport.sockets import bind, receive, send
 from sim.group import EnvWorkerError, unwrap_reply
@@ -42,6 +41,19 @@ class WorkerPlacement:
 
 # Set by the process that builds the env side under a placing runtime, before it builds it.
 PLACEMENT: Optional[WorkerPlacement] = None
+
+
+def worker_command(endpoint: str, env_config: dict[str, Any], env_ids: list[int], base_seed: int, stream: int,
+                   worker_id: str, keys_dir: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of an env worker process, under `env.python` where the
+    env lives in its own virtualenv (LIBERO), else this interpreter."""
+    python = env_config.get("python") or sys.executable
+    command = [python, "-m", "sim.worker", "--endpoint", endpoint, "--env", json.dumps(env_config),
+               "--env-ids", *map(str, env_ids), "--seed", str(base_seed), "--stream", str(stream),
+               "--worker-id", worker_id, *(["--keys-dir", keys_dir] if keys_dir else [])]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    return command, environment
 
 
 class EnvHub:
@@ -79,20 +91,13 @@ class EnvHub:
         identity = f"env-worker-{self.count}".encode()
         self.count += 1
         if self.placement is not None:
-            if self.env_config.get("python"):
-                raise ConfigError(f"env workers under another interpreter ({self.env_config['python']}, e.g. "
-                                  f"LIBERO's virtualenv) cannot be placed as actors; use runtime=procs or local")
             process = self.placement.launch(identity.decode(), {
                 "endpoint": self.endpoint, "env_config": self.env_config, "env_ids": env_ids,
                 "base_seed": self.base_seed, "stream": self.stream, "worker_id": identity.decode(),
                 "keys_dir": self.placement.keys_dir})
             return self._adopt(identity, process)
-        python = self.env_config.get("python") or sys.executable
-        command = [python, "-m", "sim.worker", "--endpoint", self.endpoint, "--env", json.dumps(self.env_config),
-                   "--env-ids", *map(str, env_ids), "--seed", str(self.base_seed), "--stream", str(self.stream),
-                   "--worker-id", identity.decode()]
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        command, environment = worker_command(self.endpoint, self.env_config, env_ids, self.base_seed, self.stream,
+                                              identity.decode())
         return self._adopt(identity, subprocess.Popen(command, env=environment))
 
     def _adopt(self, identity: bytes, process: Any) -> "SocketGroup":

@@ -73,13 +73,30 @@ class Role:
 
 
 class EnvWorkerRole(Role):
-    """One env worker (`sim.worker.serve`) as a Ray actor."""
+    """One env worker (`sim.worker.serve`) as a Ray actor. An env that lives in its own
+    virtualenv (`env.python`: LIBERO) runs in a child process under that interpreter, which
+    must exist on the actor's node."""
 
     def serve(self, arguments: dict[str, Any]) -> int:
+        if arguments["env_config"].get("python"):
+            return self._serve_in_child(arguments)
         from sim.worker import serve, single_env_factory
 
         serve(arguments["endpoint"], single_env_factory(arguments["env_config"]), arguments["env_ids"],
               arguments["base_seed"], arguments["stream"], arguments["worker_id"], keys_dir=arguments["keys_dir"])
+        return 0
+
+    @staticmethod
+    def _serve_in_child(arguments: dict[str, Any]) -> int:
+        from sim.remote import worker_command
+
+        command, environment = worker_command(arguments["endpoint"], arguments["env_config"], arguments["env_ids"],
+                                              arguments["base_seed"], arguments["stream"], arguments["worker_id"],
+                                              arguments["keys_dir"])
+        child = subprocess.Popen(command, env=environment)  # it exits once its parent, this actor, is gone
+        returncode = child.wait()
+        if returncode:
+            raise RuntimeError(f"the env worker under {command[0]} exited with status {returncode}")
         return 0
 
 

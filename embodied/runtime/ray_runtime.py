@@ -123,8 +123,6 @@ class RayRuntime(ProcsRuntime):
             raise ConfigError("runtime=ray needs Ray: pip install 'embodied-rl[ray]'") from None
         cfg = self.cfg
         assert isinstance(cfg, RayRuntimeConfig)
-        if getattr(config.env, "python", None):
-            raise ConfigError("env.python (env workers under another interpreter) is not available under runtime=ray")
         if getattr(config.env, "num_workers", 0) and getattr(config.env, "transport", "zmq") != "zmq":
             # Ray places env workers as actors that reach the rollout over ZeroMQ.
             config.env = dataclasses.replace(config.env, transport="zmq")

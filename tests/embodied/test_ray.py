@@ -69,3 +69,20 @@ def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
 def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
     updates = train_killing_one("RolloutRole", 1, tmp_path / "run")
     assert updates[-1]["train/rollout_restarts"] == 1
+
+
+def test_libero_env_workers_run_as_actors_under_their_own_virtualenv(tmp_path):
+    """LIBERO lives in .venv-libero (env.python): its worker actor runs it in a child process
+    under that interpreter, and nothing of it outlives the run."""
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", "train", *RAY, "env=libero_goal", "env.cameras=[]", "env.num_workers=1",
+         "env.settle_steps=0", "env.num_envs=2", "env.task_ids=[0,1]", "algo.rollout_steps=4", "algo.num_minibatches=2",
+         "total_env_steps=16", "eval_episodes=0", "eval_every=0", "checkpoint_every=0", "runtime.device=cpu",
+         "logger.progress_bar=false", f"run_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = trainer.communicate(timeout=600)
+    assert trainer.returncode == 0, err[-3000:]
+    assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]
+    left = [p for p in psutil.process_iter(["cmdline"]) if "sim.worker" in " ".join(p.info["cmdline"] or [])
+            and "libero" in " ".join(p.info["cmdline"] or [])]
+    assert not left and not actors("EnvWorkerRole")
