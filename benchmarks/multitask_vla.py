@@ -130,7 +130,7 @@ def report() -> None:
 
 
 def main() -> None:
-    sft_rl.main(__doc__, list(ARMS), run, report, demos=90, sft_steps=2000, steps=60_000)
+    sft_rl.main(__doc__, list(ARMS), run, report, demos=300, sft_steps=3000, steps=60_000)
 
 
 if __name__ == "__main__":
