@@ -223,11 +223,10 @@ def quiet_library() -> None:
 
     warnings.filterwarnings("ignore", message="Converting input from bool", category=RuntimeWarning)
     logging.getLogger().addFilter(lambda record: "torchcodec" not in record.getMessage())
-    try:
-        from datasets.utils.logging import disable_progress_bar
-    except ImportError:
-        return
-    disable_progress_bar()
+    # The library turns progress bars back on after its own quiet sections; only the environment
+    # variable, read when `datasets` is imported, outranks that (and makes it warn instead).
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", message="Cannot enable progress bars")
 
 
 def main() -> int:
