@@ -13,6 +13,7 @@ import policies.flow  # noqa: F401
 import policies.flow_vla  # noqa: F401
 import policies.flow_vlm  # noqa: F401
 import policies.mlp  # noqa: F401
+import policies.pi0  # noqa: F401
 import policies.squashed_gaussian  # noqa: F401
 import policies.token_vla  # noqa: F401
 import sim.gymnasium_env  # noqa: F401

@@ -99,13 +99,19 @@ class FlowPolicy(Policy):
             raise ConfigError(f"policy '{cfg.name}' reads only the state vector; use state observations "
                               f"or policy=flow_vla")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
-        self.dim = cfg.horizon * spec.action_dim
+        self.action_width = self._action_width()
+        self.dim = cfg.horizon * self.action_width
         self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
         self.normalizer = RunningNormalizer(spec.state_dim)
         self._build_heads(context_dim or spec.state_dim)
         self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
         self.register_buffer("frequencies", time_frequencies(cfg.time_features))
+
+    def _action_width(self) -> int:
+        """Numbers per action in the denoised chunk: the env's action size, unless a model
+        denoises actions padded to a fixed width (pi0); the env's take the first ones."""
+        return self.spec.action_dim
 
     def _build_heads(self, context_dim: int) -> None:
         """The velocity field, the noise head and the critic: MLPs over [context, x, time]."""
@@ -156,7 +162,8 @@ class FlowPolicy(Policy):
 
     def _actions(self, x0: torch.Tensor) -> torch.Tensor:
         """The first C of the H predicted actions, from [-1, 1] to the env's bounds."""
-        return from_unit(x0.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high)
+        chunk = x0.view(-1, self.cfg.horizon, self.action_width)[:, : self.chunk_size, : self.spec.action_dim]
+        return from_unit(chunk, self.low, self.high)
 
     # ---- the policy contract ----------------------------------------------------------------
     def act(self, observation: Observation, deterministic: bool = False,
@@ -256,7 +263,8 @@ class FlowPolicy(Policy):
     def _flow_matching_loss(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Flow matching: regress v = x1 - x0 at a random t on x_t = (1 - t) x0 + t x1. Demos
         shorter than the horizon repeat their last action."""
-        x0 = to_unit(pad_to_horizon(actions.to(state.device), self.cfg.horizon), self.low, self.high).reshape(len(state), -1)
+        x0 = to_unit(pad_to_horizon(actions.to(state.device), self.cfg.horizon), self.low, self.high)
+        x0 = nn.functional.pad(x0, (0, self.action_width - self.spec.action_dim)).reshape(len(state), -1)
         x1 = torch.randn_like(x0)
         t = torch.rand(len(state), device=state.device)
         x_t = (1 - t[:, None]) * x0 + t[:, None] * x1

@@ -105,6 +105,19 @@ ensure_dataset_venv() {
         -r tools/dataset-requirements.txt
 }
 
+pi0_reference_venv="${EMBODIED_PI0_REFERENCE_VENV:-$root/.venv-pi0ref}"
+pi0_reference_lerobot=0.4.4
+
+# lerobot's pi0, which the pi0 parity test compares with (tests/policies/test_pi0.py). lerobot
+# itself installs without its dependencies (see tools/pi0-reference-requirements.txt).
+ensure_pi0_reference_venv() {
+    ensure_virtualenv "$pi0_reference_venv" "lerobot's pi0 (the parity test's reference)" \
+        tools/pi0-reference-requirements.txt -- -r tools/pi0-reference-requirements.txt
+    if ! "$pi0_reference_venv/bin/pip" show lerobot 2>/dev/null | grep -qx "Version: $pi0_reference_lerobot"; then
+        "$pi0_reference_venv/bin/pip" install -q --no-deps "lerobot==$pi0_reference_lerobot"
+    fi
+}
+
 egl_works() {
     MUJOCO_GL=egl PYOPENGL_PLATFORM=egl "$libero_venv/bin/python" - <<'PY' >/dev/null 2>&1
 import mujoco
@@ -142,6 +155,6 @@ export PATH="$venv/bin:$PATH"
 case "$job" in
     install) log "installed. Activate with: source $venv/bin/activate" ;;
     train) exec embodied train "$@" ;;
-    test) exec python -m pytest "$@" ;;
+    test) ensure_pi0_reference_venv; exec python -m pytest "$@" ;;
     *) log "unknown job '$job' (expected: train, test, install)"; exit 2 ;;
 esac

@@ -1,0 +1,397 @@
+"""pi0: the flow VLA of Physical Intelligence, built from its equations, that loads pi0
+checkpoints (the PyTorch layout lerobot and openpi save: `model.safetensors` and `config.json`)
+and fine-tunes them with this project's flow samplers and RL.
+
+The model (`Pi0Model`):
+    prefix = [each camera's SigLIP patch tokens, projected to the VLM's width (not rescaled),
+              the instruction's token embeddings x sqrt(width)]
+    suffix = [state_proj(state), for each of the H actions: MLP([action_in_proj(x_t), time(t)])]
+Two Gemma stacks of equal depth and heads, the VLM (PaliGemma's Gemma) for the prefix and the
+action expert for the suffix, share every layer's attention: the prefix sees only itself
+(all of its valid tokens), the state token sees the prefix and itself, the action tokens see
+everything. Positions count the valid tokens of both. The velocity is action_out_proj of the
+action tokens' outputs. Because the prefix never sees the suffix, its per-layer keys and
+values are computed once per observation and reused at every denoising step, which is the
+context the flow samplers pass around (`_state`).
+
+time(t) is the sinusoid of t with periods from 4e-3 to 4 over the expert's width (sines, then
+cosines); t runs from 1 (noise) to 0 (actions), as in `policy=flow`. State and actions are
+zero-padded to `max_state_dim` / `max_action_dim` (32): the chunk is denoised in that padded
+space, and the env's actions are its first dimensions.
+
+Value head (`value_from`): `expert`, the action expert's output at the state token (it sees
+the prefix and the state, never the noisy actions, so one token's pass gives it), or
+`prefix`, the mean of the VLM's valid outputs with the normalised state. Flow-Noise's noise
+head reads the action tokens' outputs. Neither is in a pi0 checkpoint: both start fresh.
+
+Architectures (`paligemma_variant`, `expert_variant`): gemma_2b and gemma_300m (pi0 is
+gemma_2b + gemma_300m with a 27-layer SigLIP So400m/14 at 224 px), and `tiny` / `tiny_expert`
+with a small SigLIP, which run anywhere. `auto` takes them from the checkpoint's config.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from embodied.errors import ConfigError
+from embodied.registry import POLICIES
+from embodied.types import EnvSpec, Observation
+from policies.backbones import ByteTokenizer
+from policies.flow import FlowPolicy, FlowPolicyConfig
+from policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
+from policies.mlp import mlp
+
+GEMMA_SIZES = {
+    "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
+    "gemma_300m": GemmaSize(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256),
+    "tiny": GemmaSize(width=64, depth=2, mlp_dim=128, num_heads=2, num_kv_heads=1, head_dim=16),
+    "tiny_expert": GemmaSize(width=32, depth=2, mlp_dim=64, num_heads=2, num_kv_heads=1, head_dim=16),
+}
+SO400M = SiglipSize(width=1152, depth=27, mlp_dim=4304, num_heads=16, patch_size=14)
+TINY_SIGLIP = SiglipSize(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=8)
+PALIGEMMA_VOCAB = 257152
+MIN_PERIOD, MAX_PERIOD = 4e-3, 4.0
+VALUE_FROM = ("expert", "prefix")
+
+# A pi0 checkpoint's parameter names -> this module's: the policy wrapper's `model.` goes,
+# and PaliGemma's nesting becomes `vision`, `projector`, `vlm`; `expert` is the action expert.
+RENAMES = (
+    ("paligemma_with_expert.paligemma.model.vision_tower.vision_model.", "vision."),
+    ("paligemma_with_expert.paligemma.model.multi_modal_projector.linear.", "projector."),
+    ("paligemma_with_expert.paligemma.model.language_model.", "vlm."),
+    ("paligemma_with_expert.gemma_expert.model.", "expert."),
+)
+# Language-model heads: pi0 predicts actions, never tokens. PaliGemma's is tied to its token
+# embedding, which a checkpoint may store under this name alone.
+LM_HEADS = ("paligemma_with_expert.paligemma.lm_head.weight", "paligemma_with_expert.gemma_expert.lm_head.weight")
+
+
+@dataclass
+class Pi0Config(FlowPolicyConfig):
+    name: str = "pi0"
+    checkpoint: str = ""  # a local folder with model.safetensors (and config.json), or a .safetensors file
+    paligemma_variant: str = "auto"  # auto: the checkpoint's config.json, else tiny | gemma_2b | gemma_300m
+    expert_variant: str = "auto"  # auto: the checkpoint's config.json, else tiny_expert | gemma_300m | gemma_2b
+    vocab_size: int = PALIGEMMA_VOCAB
+    max_state_dim: int = 0  # state and actions are zero-padded to these; 0: the checkpoint's, else 32
+    max_action_dim: int = 0
+    image_size: int = 0  # 0: 224 for the real variants, 32 for tiny
+    tokenizer: str = ""  # a PaliGemma tokenizer's local path or hub id; empty: UTF-8 bytes (tiny models)
+    max_instruction_tokens: int = 48
+    train_expert_only: bool = False  # freeze the VLM and the vision encoder
+    freeze_vision: bool = False
+    value_from: str = "expert"  # expert | prefix
+    detach_value_input: bool = True
+
+
+def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
+    """`cfg` with the variants (and padded sizes) a checkpoint's config.json names, where they
+    are `auto`; refused when anything the checkpoint fixes disagrees with what was asked."""
+    saved = checkpoint_config(cfg.checkpoint) if cfg.checkpoint else {}
+    if saved and saved.get("type", "pi0") != "pi0":
+        raise ConfigError(f"{cfg.checkpoint} holds a '{saved.get('type')}' policy; policy=pi0 loads pi0 checkpoints")
+    defaults = {"paligemma_variant": "tiny", "expert_variant": "tiny_expert"}
+    resolved = {}
+    for name in ("paligemma_variant", "expert_variant"):
+        value = getattr(cfg, name)
+        saved_value = saved.get("action_expert_variant" if name == "expert_variant" else name)
+        resolved[name] = value if value != "auto" else (saved_value or defaults[name])
+        if resolved[name] not in GEMMA_SIZES:
+            raise ConfigError(f"policy.{name} must be one of {sorted(GEMMA_SIZES)} or auto, got '{resolved[name]}'")
+    for name in ("max_state_dim", "max_action_dim"):
+        asked = getattr(cfg, name)
+        if asked and name in saved and saved[name] != asked:
+            raise ConfigError(f"{cfg.checkpoint} was trained with {name}={saved[name]}; policy.{name} is {asked}")
+        resolved[name] = asked or saved.get(name, 32)
+    vlm, expert = GEMMA_SIZES[resolved["paligemma_variant"]], GEMMA_SIZES[resolved["expert_variant"]]
+    if (vlm.depth, vlm.num_heads, vlm.num_kv_heads, vlm.head_dim) != (
+            expert.depth, expert.num_heads, expert.num_kv_heads, expert.head_dim):
+        raise ConfigError(f"{resolved['paligemma_variant']} and {resolved['expert_variant']} cannot share attention: "
+                          f"their depth and heads differ")
+    if cfg.image_size:
+        image_size = cfg.image_size
+    elif resolved["paligemma_variant"] == "tiny":
+        image_size = 32
+    else:
+        image_size = (saved.get("image_resolution") or [224])[0]
+    return replace(cfg, image_size=int(image_size), **resolved)
+
+
+def checkpoint_config(path: str) -> dict:
+    folder = Path(path)
+    if not folder.exists():
+        raise ConfigError(f"policy.checkpoint {path} does not exist")
+    config = (folder if folder.is_dir() else folder.parent) / "config.json"
+    if not config.is_file():
+        return {}
+    try:
+        return json.loads(config.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{config} is not valid JSON: {error}") from None
+
+
+class Pi0Model(nn.Module):
+    """The network itself: vision encoder, VLM, action expert and the projections between them."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        vlm, expert = GEMMA_SIZES[cfg.paligemma_variant], GEMMA_SIZES[cfg.expert_variant]
+        vision = TINY_SIGLIP if cfg.paligemma_variant == "tiny" else SO400M
+        if cfg.image_size % vision.patch_size:
+            raise ConfigError(f"policy.image_size must be a multiple of the vision patch ({vision.patch_size}), "
+                              f"got {cfg.image_size}")
+        self.vision = SiglipVision(vision, cfg.image_size)
+        self.projector = nn.Linear(vision.width, vlm.width)
+        self.vlm = GemmaStack(vlm, vocab_size=cfg.vocab_size)
+        self.expert = GemmaStack(expert)
+        self.state_proj = nn.Linear(cfg.max_state_dim, expert.width)
+        self.action_in_proj = nn.Linear(cfg.max_action_dim, expert.width)
+        self.action_out_proj = nn.Linear(expert.width, cfg.max_action_dim)
+        self.action_time_mlp_in = nn.Linear(2 * expert.width, expert.width)
+        self.action_time_mlp_out = nn.Linear(expert.width, expert.width)
+
+    # ---- prefix ----------------------------------------------------------------------------
+    def embed_prefix(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor,
+                     token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (B, 3, S, S) in [-1, 1], whether each camera is there (B,), instruction token
+        ids and mask (B, T) -> the prefix embeddings (B, L, width) and which are valid (B, L)."""
+        embeddings, valid = [], []
+        for pixels, present in zip(images, image_masks):
+            patches = self.projector(self.vision(pixels))
+            embeddings.append(patches)
+            valid.append(present[:, None].expand(-1, patches.shape[1]))
+        words = self.vlm.embed_tokens(tokens)
+        embeddings.append(words * math.sqrt(words.shape[-1]))
+        valid.append(token_mask.bool())
+        return torch.cat(embeddings, 1), torch.cat(valid, 1)
+
+    def encode_prefix(self, embeddings: torch.Tensor, valid: torch.Tensor
+                      ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """The VLM over the prefix, each valid token seeing every valid token: its outputs and
+        every layer's keys and values."""
+        positions = valid.long().cumsum(1) - 1
+        return self.vlm(embeddings, positions, valid[:, None, :] & valid[:, :, None])
+
+    # ---- suffix ----------------------------------------------------------------------------
+    def embed_suffix(self, state: torch.Tensor, x: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor:
+        """[state token, H action tokens] (B, 1 + H, width); the state token alone without x."""
+        tokens = [self.state_proj(state)[:, None]]
+        if x is not None:
+            actions = self.action_in_proj(x)
+            times = time_features(t, actions.shape[-1])[:, None].expand_as(actions)
+            fused = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([actions, times], -1))))
+            tokens.append(fused)
+        return torch.cat(tokens, 1)
+
+    def run_suffix(self, suffix: torch.Tensor, prefix_valid: torch.Tensor,
+                   prefix_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """The action expert over the suffix, attending to the cached prefix: the state token
+        sees the prefix and itself, the action tokens the prefix and the whole suffix."""
+        batch, length = suffix.shape[:2]
+        positions = prefix_valid.long().sum(1, keepdim=True) + torch.arange(length, device=suffix.device)
+        own = torch.ones(length, length, dtype=torch.bool, device=suffix.device)
+        own[0, 1:] = False
+        mask = torch.cat([prefix_valid[:, None, :].expand(-1, length, -1), own.expand(batch, -1, -1)], 2)
+        return self.expert(suffix, positions, mask, past=prefix_cache)[0]
+
+    def velocity(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor, prefix_valid: torch.Tensor,
+                 prefix_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The velocity (B, H, max_action_dim) of noisy chunks x at times t, and the action
+        tokens' outputs (B, H, width)."""
+        out = self.run_suffix(self.embed_suffix(state, x, t), prefix_valid, prefix_cache)[:, 1:]
+        return self.action_out_proj(out), out
+
+    @torch.no_grad()
+    def sample(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor,
+               token_mask: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor:
+        """The ODE from `noise` (B, H, max_action_dim) at t = 1 to actions at t = 0 in `steps`
+        Euler steps: pi0's own inference, for checking a loaded checkpoint."""
+        embeddings, valid = self.embed_prefix(images, image_masks, tokens, token_mask)
+        _, cache = self.encode_prefix(embeddings, valid)
+        x, dt = noise, 1.0 / steps
+        for step in range(steps):
+            t = torch.full((len(x),), 1.0 - step * dt, device=x.device)
+            x = x - dt * self.velocity(state, x, t, valid, cache)[0]
+        return x
+
+
+def time_features(t: torch.Tensor, width: int) -> torch.Tensor:
+    """Sines then cosines of 2 pi t / period, periods spaced geometrically from 4e-3 to 4
+    (computed in float64, as the reference does, then cast to t's dtype)."""
+    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
+    period = MIN_PERIOD * (MAX_PERIOD / MIN_PERIOD) ** fraction
+    angles = (2 * math.pi / period)[None] * t.to(torch.float64)[:, None]
+    return torch.cat([angles.sin(), angles.cos()], 1).to(t.dtype)
+
+
+def load_checkpoint(model: Pi0Model, path: str) -> None:
+    """Load a pi0 checkpoint's weights into `model`, refusing any mismatch by name: every
+    parameter must be there, at its shape, and nothing but the language heads left over."""
+    from safetensors.torch import load_file
+
+    file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
+    if not file.is_file():
+        raise ConfigError(f"policy.checkpoint: no {file}")
+    saved = load_file(str(file))
+    renamed, tied_embedding = {}, None
+    for key, tensor in saved.items():
+        key = key.removeprefix("model.")
+        if key in LM_HEADS:
+            if key == LM_HEADS[0]:
+                tied_embedding = tensor
+            continue
+        for old, new in RENAMES:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        renamed[key] = tensor
+    if "vlm.embed_tokens.weight" not in renamed and tied_embedding is not None:
+        renamed["vlm.embed_tokens.weight"] = tied_embedding
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(renamed))
+    unexpected = sorted(set(renamed) - set(expected))
+    wrong = [f"{k} {tuple(renamed[k].shape)} (the model's: {tuple(expected[k].shape)})"
+             for k in expected if k in renamed and renamed[k].shape != expected[k].shape]
+    if missing or unexpected or wrong:
+        problems = [f"{len(missing)} missing (e.g. {missing[:3]})" if missing else "",
+                    f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})" if unexpected else "",
+                    f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else ""]
+        raise ConfigError(f"{file} does not match policy=pi0 with paligemma_variant/expert_variant as resolved: "
+                          + "; ".join(p for p in problems if p))
+    model.load_state_dict(renamed)
+
+
+def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:
+    """uint8 frames (B, H, W, 3) -> (B, 3, size, size) in [-1, 1]: resized keeping the aspect
+    ratio (bilinear), then padded with black, centred."""
+    pixels = images.permute(0, 3, 1, 2).float() / 255.0 * 2.0 - 1.0
+    height, width = pixels.shape[-2:]
+    if (height, width) == (size, size):
+        return pixels
+    ratio = max(width / size, height / size)
+    new_height, new_width = int(height / ratio), int(width / ratio)
+    pixels = F.interpolate(pixels, size=(new_height, new_width), mode="bilinear", align_corners=False).clamp(-1, 1)
+    top, left = (size - new_height) // 2, (size - new_width) // 2
+    return F.pad(pixels, (left, size - new_width - left, top, size - new_height - top), value=-1.0)
+
+
+class PaliGemmaPrompt:
+    """A PaliGemma tokenizer as pi0 prompts it: BOS, the instruction (underscores and
+    newlines turned to spaces), a newline; cut and right-padded to the length."""
+
+    def __init__(self, path: str):
+        from transformers import AutoTokenizer
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"policy.tokenizer '{path}' could not be loaded: {error}") from None
+
+    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.zeros(len(texts), length, dtype=torch.long)
+        mask = torch.zeros(len(texts), length, dtype=torch.long)
+        for row, text in enumerate(texts):
+            cleaned = text.strip().replace("_", " ").replace("\n", " ")
+            bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+            tokens = [*bos, *self.tokenizer.encode(cleaned + "\n", add_special_tokens=False)][:length]
+            ids[row, : len(tokens)] = torch.tensor(tokens)
+            mask[row, : len(tokens)] = 1
+        return ids, mask
+
+
+class Pi0Policy(FlowPolicy):
+    accepts_images = True
+
+    def __init__(self, cfg: Pi0Config, spec: EnvSpec):
+        if cfg.value_from not in VALUE_FROM:
+            raise ConfigError(f"policy.value_from must be one of {VALUE_FROM}, got '{cfg.value_from}'")
+        cfg = resolve_architecture(cfg)
+        if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
+            raise ConfigError(f"the env's state ({spec.state_dim}) and actions ({spec.action_dim}) must fit "
+                              f"policy.max_state_dim={cfg.max_state_dim} and max_action_dim={cfg.max_action_dim}")
+        model = Pi0Model(cfg)
+        if cfg.checkpoint:
+            load_checkpoint(model, cfg.checkpoint)
+        tokenizer = PaliGemmaPrompt(cfg.tokenizer) if cfg.tokenizer else ByteTokenizer()
+        super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
+        self.model, self.instructions = model, tokenizer
+        self.cameras = sorted(spec.image_shapes)
+        if cfg.train_expert_only:
+            for part in (model.vision, model.projector, model.vlm):
+                part.requires_grad_(False)
+        if cfg.freeze_vision:
+            model.vision.requires_grad_(False)
+
+    @staticmethod
+    def _context_width(cfg: Pi0Config, model: Pi0Model) -> int:
+        vlm = model.vlm.size
+        return 1 + cfg.max_state_dim + vlm.width + vlm.depth * 2 * vlm.num_kv_heads * vlm.head_dim
+
+    def _action_width(self) -> int:
+        return self.cfg.max_action_dim
+
+    def _build_heads(self, context_dim: int) -> None:
+        cfg = self.cfg
+        expert_width = GEMMA_SIZES[cfg.expert_variant].width
+        self.noise_head = nn.Linear(expert_width, cfg.max_action_dim)
+        nn.init.normal_(self.noise_head.weight, std=0.01)
+        nn.init.zeros_(self.noise_head.bias)
+        value_dim = expert_width if cfg.value_from == "expert" else GEMMA_SIZES[cfg.paligemma_variant].width + cfg.max_state_dim
+        self.critic = mlp([value_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
+
+    # The context the flow reads, one tensor (B, L, C) so the samplers select its rows as they
+    # do a state vector. Per prefix token: [valid, the padded normalised state (the same on
+    # every token), the VLM's output, each layer's key and value].
+    def _state(self, observation: Observation) -> torch.Tensor:
+        device = self.low.device
+        state = self.normalizer(observation.state.to(device, torch.float32))
+        state = F.pad(state, (0, self.cfg.max_state_dim - state.shape[-1]))
+        batch = state.shape[0]
+        images = [resize_with_pad(observation.images[name].to(device), self.cfg.image_size) for name in self.cameras]
+        present = [torch.ones(batch, dtype=torch.bool, device=device) for _ in images]
+        texts = observation.instruction or [""] * batch
+        tokens, token_mask = self.instructions(texts, self.cfg.max_instruction_tokens)
+        embeddings, valid = self.model.embed_prefix(images, present, tokens.to(device), token_mask.to(device))
+        hidden, cache = self.model.encode_prefix(embeddings, valid)
+        keys_values = [part.transpose(1, 2).flatten(2) for pair in cache for part in pair]  # each (B, L, kv x d)
+        length = valid.shape[1]
+        return torch.cat([valid[..., None].to(hidden.dtype), state[:, None].expand(-1, length, -1), hidden,
+                          *keys_values], -1)
+
+    def _unpack(self, context: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        size, state_dim = self.model.vlm.size, self.cfg.max_state_dim
+        valid = context[..., 0] > 0.5
+        state = context[:, 0, 1: 1 + state_dim]
+        hidden = context[..., 1 + state_dim: 1 + state_dim + size.width]
+        flat = context[..., 1 + state_dim + size.width:].split(size.num_kv_heads * size.head_dim, -1)
+        heads = [part.unflatten(-1, (size.num_kv_heads, size.head_dim)).transpose(1, 2) for part in flat]
+        return valid, state, hidden, list(zip(heads[0::2], heads[1::2]))
+
+    def _field(self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        valid, state, _, cache = self._unpack(context)
+        chunk = x.view(len(x), self.cfg.horizon, self.action_width)
+        velocity, tokens = self.model.velocity(state, chunk, t, valid, cache)
+        return velocity.reshape(x.shape), self.noise_head(tokens).reshape(x.shape) if noise else None
+
+    def _value(self, context: torch.Tensor) -> torch.Tensor:
+        valid, state, hidden, cache = self._unpack(context)
+        if self.cfg.value_from == "expert":
+            features = self.model.run_suffix(self.model.embed_suffix(state, None, None), valid, cache)[:, 0]
+        else:
+            weights = valid[..., None].to(hidden.dtype)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+            features = torch.cat([pooled, state], -1)
+        return self.critic(features.detach() if self.cfg.detach_value_input else features).squeeze(-1)
+
+
+@POLICIES.register("pi0", Pi0Config)
+def make_pi0(cfg: Pi0Config, spec: EnvSpec) -> Pi0Policy:
+    return Pi0Policy(cfg, spec)

