@@ -8,6 +8,10 @@ Gemma layer, for tokens x at positions p attending to keys K and values V:
     x = x + softmax(q K^T / sqrt(d) + mask) V  Wo     K, V: cached keys/values, then this k, v
     x = x + W_down(gelu_tanh(h' W_gate) * h' W_up)    h' = rms(x) (1 + w')
 
+pi0.5's action expert conditions its norms on the denoising time instead (adaptive RMSNorm):
+(scale, shift, gate) = W c + b for a condition c, h = rms(x) (1 + scale) + shift, and each
+residual branch is multiplied by its norm's gate before it is added.
+
 Parameter names follow the layout of pi0 checkpoints (q_proj, input_layernorm, mlp.gate_proj,
 ...), so loading one is a rename of prefixes (policies/pi0.py)."""
 
@@ -45,14 +49,28 @@ class SiglipSize:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(width))  # Gemma scales by (1 + weight)
+    """Gemma's RMSNorm, scaled by (1 + weight); or, with `cond_dim`, the adaptive one whose
+    scale, shift and residual gate come from a condition (B, cond_dim)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def __init__(self, width: int, cond_dim: int | None = None):
+        super().__init__()
+        if cond_dim:
+            self.dense = nn.Linear(cond_dim, 3 * width)
+        else:
+            self.weight = nn.Parameter(torch.zeros(width))
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The normed x and the gate for the residual branch it feeds (None: not gated)."""
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        if not hasattr(self, "dense"):
+            return (normed * (1.0 + self.weight.float())).to(x.dtype), None
+        scale, shift, gate = self.dense(cond)[:, None].chunk(3, -1)
+        return (normed * (1.0 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
+
+
+def gated(residual: torch.Tensor, branch: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    return residual + (branch if gate is None else branch * gate)
 
 
 class GemmaAttention(nn.Module):
@@ -77,38 +95,41 @@ class GemmaMLP(nn.Module):
 
 
 class GemmaLayer(nn.Module):
-    def __init__(self, size: GemmaSize):
+    def __init__(self, size: GemmaSize, cond_dim: int | None):
         super().__init__()
-        self.input_layernorm = RMSNorm(size.width)
+        self.input_layernorm = RMSNorm(size.width, cond_dim)
         self.self_attn = GemmaAttention(size)
-        self.post_attention_layernorm = RMSNorm(size.width)
+        self.post_attention_layernorm = RMSNorm(size.width, cond_dim)
         self.mlp = GemmaMLP(size)
 
 
 class GemmaStack(nn.Module):
     """Gemma decoder layers and the final norm, run over input embeddings (the token
-    embedding, where there is one, is the caller's: pi0 scales it itself)."""
+    embedding, where there is one, is the caller's: pi0 scales it itself). `adaptive`: every
+    norm is conditioned (on a vector of the stack's width)."""
 
-    def __init__(self, size: GemmaSize, vocab_size: int = 0):
+    def __init__(self, size: GemmaSize, vocab_size: int = 0, adaptive: bool = False):
         super().__init__()
         self.size = size
         if vocab_size:
             self.embed_tokens = nn.Embedding(vocab_size, size.width)
-        self.layers = nn.ModuleList(GemmaLayer(size) for _ in range(size.depth))
-        self.norm = RMSNorm(size.width)
+        cond_dim = size.width if adaptive else None
+        self.layers = nn.ModuleList(GemmaLayer(size, cond_dim) for _ in range(size.depth))
+        self.norm = RMSNorm(size.width, cond_dim)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, cond: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """x (B, N, width) at `positions` (B, N); `mask` (B, N, M + N) says which of the M cached
-        and N own keys each token sees. Returns the final-normed outputs and each layer's own
-        (rotated) keys and values, (B, kv_heads, N, head_dim), for later tokens to attend to."""
+        and N own keys each token sees; `cond` (B, width) for an adaptive stack. Returns the
+        final-normed outputs and each layer's own (rotated) keys and values,
+        (B, kv_heads, N, head_dim), for later tokens to attend to."""
         cos, sin = rotary(positions, self.size.head_dim)
         bias = attention_bias(mask, x.dtype)
         own = []
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
-            h = layer.input_layernorm(x)
+            h, gate = layer.input_layernorm(x, cond)
             q, k, v = (split_heads(projection(h), self.size.head_dim)
                        for projection in (attention.q_proj, attention.k_proj, attention.v_proj))
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
@@ -116,9 +137,10 @@ class GemmaStack(nn.Module):
             if past is not None:
                 k = torch.cat([past[index][0], k], 2)
                 v = torch.cat([past[index][1], v], 2)
-            x = x + attention.o_proj(attend(q, k, v, bias))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self.norm(x), own
+            x = gated(x, attention.o_proj(attend(q, k, v, bias)), gate)
+            h, gate = layer.post_attention_layernorm(x, cond)
+            x = gated(x, layer.mlp(h), gate)
+        return self.norm(x, cond)[0], own
 
 
 def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:

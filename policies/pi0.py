@@ -1,6 +1,6 @@
-"""pi0: the flow VLA of Physical Intelligence, built from its equations, that loads pi0
-checkpoints (the PyTorch layout lerobot and openpi save: `model.safetensors` and `config.json`)
-and fine-tunes them with this project's flow samplers and RL.
+"""pi0 and pi0.5: the flow VLAs of Physical Intelligence, built from their equations, that
+load their checkpoints (the PyTorch layout lerobot and openpi save: `model.safetensors` and
+`config.json`) and fine-tune them with this project's flow samplers and RL.
 
 The model (`Pi0Model`):
     prefix = [each camera's SigLIP patch tokens, projected to the VLM's width (not rescaled),
@@ -19,10 +19,16 @@ cosines); t runs from 1 (noise) to 0 (actions), as in `policy=flow`. State and a
 zero-padded to `max_state_dim` / `max_action_dim` (32): the chunk is denoised in that padded
 space, and the env's actions are its first dimensions.
 
-Value head (`value_from`): `expert`, the action expert's output at the state token (it sees
-the prefix and the state, never the noisy actions, so one token's pass gives it), or
-`prefix`, the mean of the VLM's valid outputs with the normalised state. Flow-Noise's noise
-head reads the action tokens' outputs. Neither is in a pi0 checkpoint: both start fresh.
+pi0.5 (`policy=pi05`) differs in three places: the state is not a token but text in the
+prompt ("Task: <instruction>, State: <256-bin indices>;\nAction: "); the action tokens are
+action_in_proj(x_t) alone, all of them seeing each other and the prefix; and the time enters
+the action expert through its adaptive norms, conditioned on silu(MLP(time(t))).
+
+Value head (`value_from`): `expert`, the action expert's output at the state token (pi0: it
+sees the prefix and the state, never the noisy actions, so one token's pass gives it; pi0.5:
+the action tokens' mean output for a zero chunk at t = 1), or `prefix`, the mean of the VLM's
+valid outputs with the normalised state. Flow-Noise's noise head reads the action tokens'
+outputs. Neither is in a checkpoint: both start fresh.
 
 Architectures (`paligemma_variant`, `expert_variant`): gemma_2b and gemma_300m (pi0 is
 gemma_2b + gemma_300m with a 27-layer SigLIP So400m/14 at 224 px), and `tiny` / `tiny_expert`
@@ -57,6 +63,11 @@ SO400M = SiglipSize(width=1152, depth=27, mlp_dim=4304, num_heads=16, patch_size
 TINY_SIGLIP = SiglipSize(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=8)
 PALIGEMMA_VOCAB = 257152
 MIN_PERIOD, MAX_PERIOD = 4e-3, 4.0
+STATE_BINS = 256  # pi0.5 writes each state dimension as one of 256 bins of [-1, 1]
+# pi0.5 reads states quantile-normalised to [-1, 1] (1st and 99th percentiles at the ends);
+# the policy's running normaliser gives z-scores, and a normal variable's 1st and 99th
+# percentiles lie 2.33 standard deviations out.
+Z_AT_99TH_PERCENTILE = 2.33
 VALUE_FROM = ("expert", "prefix")
 
 # A pi0 checkpoint's parameter names -> this module's: the policy wrapper's `model.` goes,
@@ -74,7 +85,7 @@ LM_HEADS = ("paligemma_with_expert.paligemma.lm_head.weight", "paligemma_with_ex
 
 @dataclass
 class Pi0Config(FlowPolicyConfig):
-    name: str = "pi0"
+    name: str = "pi0"  # pi0 | pi05
     checkpoint: str = ""  # a local folder with model.safetensors (and config.json), or a .safetensors file
     paligemma_variant: str = "auto"  # auto: the checkpoint's config.json, else tiny | gemma_2b | gemma_300m
     expert_variant: str = "auto"  # auto: the checkpoint's config.json, else tiny_expert | gemma_300m | gemma_2b
@@ -90,12 +101,20 @@ class Pi0Config(FlowPolicyConfig):
     detach_value_input: bool = True
 
 
+@dataclass
+class Pi05Config(Pi0Config):
+    name: str = "pi05"
+    max_instruction_tokens: int = 200  # the prompt carries the state
+    value_from: str = "prefix"
+
+
 def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     """`cfg` with the variants (and padded sizes) a checkpoint's config.json names, where they
     are `auto`; refused when anything the checkpoint fixes disagrees with what was asked."""
     saved = checkpoint_config(cfg.checkpoint) if cfg.checkpoint else {}
-    if saved and saved.get("type", "pi0") != "pi0":
-        raise ConfigError(f"{cfg.checkpoint} holds a '{saved.get('type')}' policy; policy=pi0 loads pi0 checkpoints")
+    if saved and saved.get("type", cfg.name) != cfg.name:
+        raise ConfigError(f"{cfg.checkpoint} holds a '{saved.get('type')}' policy; policy={cfg.name} loads "
+                          f"{cfg.name} checkpoints")
     defaults = {"paligemma_variant": "tiny", "expert_variant": "tiny_expert"}
     resolved = {}
     for name in ("paligemma_variant", "expert_variant"):
@@ -148,13 +167,18 @@ class Pi0Model(nn.Module):
                               f"got {cfg.image_size}")
         self.vision = SiglipVision(vision, cfg.image_size)
         self.projector = nn.Linear(vision.width, vlm.width)
+        self.pi05 = cfg.name == "pi05"
         self.vlm = GemmaStack(vlm, vocab_size=cfg.vocab_size)
-        self.expert = GemmaStack(expert)
-        self.state_proj = nn.Linear(cfg.max_state_dim, expert.width)
+        self.expert = GemmaStack(expert, adaptive=self.pi05)
         self.action_in_proj = nn.Linear(cfg.max_action_dim, expert.width)
         self.action_out_proj = nn.Linear(expert.width, cfg.max_action_dim)
-        self.action_time_mlp_in = nn.Linear(2 * expert.width, expert.width)
-        self.action_time_mlp_out = nn.Linear(expert.width, expert.width)
+        if self.pi05:
+            self.time_mlp_in = nn.Linear(expert.width, expert.width)
+            self.time_mlp_out = nn.Linear(expert.width, expert.width)
+        else:
+            self.state_proj = nn.Linear(cfg.max_state_dim, expert.width)
+            self.action_time_mlp_in = nn.Linear(2 * expert.width, expert.width)
+            self.action_time_mlp_out = nn.Linear(expert.width, expert.width)
 
     # ---- prefix ----------------------------------------------------------------------------
     def embed_prefix(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor,
@@ -179,32 +203,42 @@ class Pi0Model(nn.Module):
         return self.vlm(embeddings, positions, valid[:, None, :] & valid[:, :, None])
 
     # ---- suffix ----------------------------------------------------------------------------
-    def embed_suffix(self, state: torch.Tensor, x: torch.Tensor | None, t: torch.Tensor | None) -> torch.Tensor:
-        """[state token, H action tokens] (B, 1 + H, width); the state token alone without x."""
+    def embed_suffix(self, state: torch.Tensor, x: torch.Tensor | None, t: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The suffix tokens and the expert's norm condition (pi0.5; None for pi0). pi0:
+        [state token, H action tokens] (B, 1 + H, width), the state token alone without x;
+        pi0.5: the H action tokens."""
+        if self.pi05:
+            condition = time_features(t, self.action_in_proj.out_features)
+            condition = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(condition))))
+            return self.action_in_proj(x), condition
         tokens = [self.state_proj(state)[:, None]]
         if x is not None:
             actions = self.action_in_proj(x)
             times = time_features(t, actions.shape[-1])[:, None].expand_as(actions)
             fused = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([actions, times], -1))))
             tokens.append(fused)
-        return torch.cat(tokens, 1)
+        return torch.cat(tokens, 1), None
 
-    def run_suffix(self, suffix: torch.Tensor, prefix_valid: torch.Tensor,
+    def run_suffix(self, suffix: torch.Tensor, condition: torch.Tensor | None, prefix_valid: torch.Tensor,
                    prefix_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """The action expert over the suffix, attending to the cached prefix: the state token
-        sees the prefix and itself, the action tokens the prefix and the whole suffix."""
+        """The action expert over the suffix, attending to the cached prefix. pi0: the state
+        token sees the prefix and itself, the action tokens the prefix and the whole suffix;
+        pi0.5: every action token sees the prefix and the whole suffix."""
         batch, length = suffix.shape[:2]
         positions = prefix_valid.long().sum(1, keepdim=True) + torch.arange(length, device=suffix.device)
         own = torch.ones(length, length, dtype=torch.bool, device=suffix.device)
-        own[0, 1:] = False
+        if not self.pi05:
+            own[0, 1:] = False
         mask = torch.cat([prefix_valid[:, None, :].expand(-1, length, -1), own.expand(batch, -1, -1)], 2)
-        return self.expert(suffix, positions, mask, past=prefix_cache)[0]
+        return self.expert(suffix, positions, mask, past=prefix_cache, cond=condition)[0]
 
     def velocity(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor, prefix_valid: torch.Tensor,
                  prefix_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """The velocity (B, H, max_action_dim) of noisy chunks x at times t, and the action
         tokens' outputs (B, H, width)."""
-        out = self.run_suffix(self.embed_suffix(state, x, t), prefix_valid, prefix_cache)[:, 1:]
+        out = self.run_suffix(*self.embed_suffix(state, x, t), prefix_valid, prefix_cache)
+        out = out if self.pi05 else out[:, 1:]
         return self.action_out_proj(out), out
 
     @torch.no_grad()
@@ -267,6 +301,18 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
     model.load_state_dict(renamed)
 
 
+def prompts(instructions: list[str], state: torch.Tensor | None) -> list[str]:
+    """pi0's prompt: the instruction (underscores and newlines made spaces) and a newline;
+    pi0.5's, given the state in [-1, 1]: "Task: <instruction>, State: <bins>;\nAction: ", each
+    dimension as the index of its bin among 256 equal ones."""
+    cleaned = [text.strip().replace("_", " ").replace("\n", " ") for text in instructions]
+    if state is None:
+        return [text + "\n" for text in cleaned]
+    edges = torch.linspace(-1.0, 1.0, STATE_BINS + 1, dtype=torch.float64)[:-1]
+    bins = torch.bucketize(state.detach().cpu().double(), edges, right=True) - 1
+    return [f"Task: {text}, State: {' '.join(map(str, row.tolist()))};\nAction: " for text, row in zip(cleaned, bins)]
+
+
 def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:
     """uint8 frames (B, H, W, 3) -> (B, 3, size, size) in [-1, 1]: resized keeping the aspect
     ratio (bilinear), then padded with black, centred."""
@@ -282,8 +328,8 @@ def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 class PaliGemmaPrompt:
-    """A PaliGemma tokenizer as pi0 prompts it: BOS, the instruction (underscores and
-    newlines turned to spaces), a newline; cut and right-padded to the length."""
+    """A PaliGemma tokenizer as pi0 uses it: BOS and the prompt, cut and right-padded to the
+    length."""
 
     def __init__(self, path: str):
         from transformers import AutoTokenizer
@@ -297,9 +343,8 @@ class PaliGemmaPrompt:
         ids = torch.zeros(len(texts), length, dtype=torch.long)
         mask = torch.zeros(len(texts), length, dtype=torch.long)
         for row, text in enumerate(texts):
-            cleaned = text.strip().replace("_", " ").replace("\n", " ")
             bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
-            tokens = [*bos, *self.tokenizer.encode(cleaned + "\n", add_special_tokens=False)][:length]
+            tokens = [*bos, *self.tokenizer.encode(text, add_special_tokens=False)][:length]
             ids[row, : len(tokens)] = torch.tensor(tokens)
             mask[row, : len(tokens)] = 1
         return ids, mask
@@ -315,10 +360,13 @@ class Pi0Policy(FlowPolicy):
         if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
             raise ConfigError(f"the env's state ({spec.state_dim}) and actions ({spec.action_dim}) must fit "
                               f"policy.max_state_dim={cfg.max_state_dim} and max_action_dim={cfg.max_action_dim}")
+        if not cfg.tokenizer and cfg.paligemma_variant != "tiny":
+            raise ConfigError(f"policy.tokenizer: a {cfg.paligemma_variant} VLM reads PaliGemma's tokens; give the "
+                              f"local path of a PaliGemma tokenizer (e.g. google/paligemma-3b-pt-224's files)")
+        tokenizer = PaliGemmaPrompt(cfg.tokenizer) if cfg.tokenizer else ByteTokenizer()
         model = Pi0Model(cfg)
         if cfg.checkpoint:
             load_checkpoint(model, cfg.checkpoint)
-        tokenizer = PaliGemmaPrompt(cfg.tokenizer) if cfg.tokenizer else ByteTokenizer()
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
         self.model, self.instructions = model, tokenizer
         self.cameras = sorted(spec.image_shapes)
@@ -355,8 +403,9 @@ class Pi0Policy(FlowPolicy):
         batch = state.shape[0]
         images = [resize_with_pad(observation.images[name].to(device), self.cfg.image_size) for name in self.cameras]
         present = [torch.ones(batch, dtype=torch.bool, device=device) for _ in images]
-        texts = observation.instruction or [""] * batch
-        tokens, token_mask = self.instructions(texts, self.cfg.max_instruction_tokens)
+        instructions = observation.instruction or [""] * batch
+        unit_state = (state / Z_AT_99TH_PERCENTILE).clamp(-1, 1) if self.model.pi05 else None
+        tokens, token_mask = self.instructions(prompts(instructions, unit_state), self.cfg.max_instruction_tokens)
         embeddings, valid = self.model.embed_prefix(images, present, tokens.to(device), token_mask.to(device))
         hidden, cache = self.model.encode_prefix(embeddings, valid)
         keys_values = [part.transpose(1, 2).flatten(2) for pair in cache for part in pair]  # each (B, L, kv x d)
@@ -383,8 +432,12 @@ class Pi0Policy(FlowPolicy):
 
     def _value(self, context: torch.Tensor) -> torch.Tensor:
         valid, state, hidden, cache = self._unpack(context)
-        if self.cfg.value_from == "expert":
-            features = self.model.run_suffix(self.model.embed_suffix(state, None, None), valid, cache)[:, 0]
+        if self.cfg.value_from == "expert" and self.model.pi05:
+            batch = len(state)
+            query = torch.zeros(batch, self.cfg.horizon, self.action_width, device=state.device)
+            features = self.model.velocity(state, query, torch.ones(batch, device=state.device), valid, cache)[1].mean(1)
+        elif self.cfg.value_from == "expert":
+            features = self.model.run_suffix(*self.model.embed_suffix(state, None, None), valid, cache)[:, 0]
         else:
             weights = valid[..., None].to(hidden.dtype)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
@@ -394,4 +447,9 @@ class Pi0Policy(FlowPolicy):
 
 @POLICIES.register("pi0", Pi0Config)
 def make_pi0(cfg: Pi0Config, spec: EnvSpec) -> Pi0Policy:
+    return Pi0Policy(cfg, spec)
+
+
+@POLICIES.register("pi05", Pi05Config)
+def make_pi05(cfg: Pi05Config, spec: EnvSpec) -> Pi0Policy:
     return Pi0Policy(cfg, spec)

@@ -1,21 +1,26 @@
-"""The reference side of the pi0 parity test; runs under the reference virtualenv
+"""The reference side of the pi0 / pi0.5 parity tests; runs under the reference virtualenv
 (.venv-pi0ref: lerobot 0.4.4 and transformers 4.57, made by tools/setup.sh test).
 
     python pi0_reference.py <work folder>
 
-Reads `spec.json` and `inputs.npz` there, builds lerobot's PI0Policy at the sizes the spec
-gives with every weight drawn at random, saves it with lerobot's own `save_pretrained`
-(`checkpoint/`), and writes the action chunk its `sample_actions` makes from the given noise
-(`reference.npz`).
+Reads `spec.json` and `inputs.npz` there, builds lerobot's PI0Policy or PI05Policy at the
+sizes the spec gives with every weight drawn at random, saves it with lerobot's own
+`save_pretrained` (`checkpoint/`), and writes the action chunk its `sample_actions` makes
+from the given noise (`reference.npz`).
 
 lerobot's pi0 runs on its fork of transformers, which is not on PyPI. On the released 4.57 it
-needs four changes, each what the fork (and openpi's model) does:
+needs these changes, each what the fork (and openpi's model) does:
   1. the fork's version check module;
   2. PaliGemma's image features are not divided by sqrt(width);
   3. Gemma does not multiply its input embeddings by sqrt(width) (pi0 scales the
      instruction's embeddings itself);
   4. a denoising step attends to the prefix's cached keys and values without appending its
-     own to them (the released cache always appends).
+     own to them (the released cache always appends);
+  5. (pi0.5) the adaptive RMSNorm of the action expert: (scale, shift, gate) = dense(cond),
+     rms(x) (1 + scale) + shift, residual branches multiplied by the gate. This one is written
+     here from the fork's equations, so for pi0.5 the test checks everything lerobot's model
+     does around its norms (time MLP, suffix, masks, positions, sampling, checkpoint layout),
+     and the norm itself only against that writing.
 The sizes come in through lerobot's own hooks: its Gemma variant table, and the PaliGemma
 config it builds (vision tower width and depth)."""
 
@@ -64,10 +69,71 @@ def adapt_transformers() -> None:
         return gemma_forward(self, *args, inputs_embeds=inputs_embeds / normalizer, **kwargs)
 
     GemmaModel.forward = unscaled_forward
+    add_adaptive_norms()
+
+
+class ConditionedNorm(torch.nn.Module):
+    """The fork's adaptive RMSNorm; the stock Gemma code calls it with the tensor alone, so
+    the condition is set on it before each call and its gate read after."""
+
+    def __init__(self, width: int, eps: float, cond_dim: int):
+        super().__init__()
+        self.eps, self.cond, self.gate = eps, None, None
+        self.dense = torch.nn.Linear(cond_dim, 3 * width)
+
+    def forward(self, x):
+        scale, shift, self.gate = self.dense(self.cond)[:, None].chunk(3, -1)
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1 + scale.float()) + shift.float()).to(x.dtype)
+
+
+def add_adaptive_norms() -> None:
+    from transformers.models.gemma.modeling_gemma import GemmaDecoderLayer, GemmaModel
+
+    def adaptive(config) -> bool:
+        return bool(getattr(config, "use_adarms", False))
+
+    layer_init, layer_forward = GemmaDecoderLayer.__init__, GemmaDecoderLayer.forward
+
+    def init_layer(self, config, layer_idx):
+        layer_init(self, config, layer_idx)
+        if adaptive(config):
+            self.input_layernorm = ConditionedNorm(config.hidden_size, config.rms_norm_eps, config.adarms_cond_dim)
+            self.post_attention_layernorm = ConditionedNorm(config.hidden_size, config.rms_norm_eps,
+                                                            config.adarms_cond_dim)
+
+    def forward_layer(self, hidden_states, **kwargs):
+        condition = kwargs.pop("adarms_cond", None)
+        if not isinstance(self.input_layernorm, ConditionedNorm):
+            return layer_forward(self, hidden_states, **kwargs)
+        self.input_layernorm.cond = self.post_attention_layernorm.cond = condition
+        attended, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        hidden_states = hidden_states + attended * self.input_layernorm.gate
+        branch = self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states + branch * self.post_attention_layernorm.gate
+
+    GemmaDecoderLayer.__init__, GemmaDecoderLayer.forward = init_layer, forward_layer
+
+    model_init, model_forward = GemmaModel.__init__, GemmaModel.forward
+
+    def init_model(self, config):
+        model_init(self, config)
+        if adaptive(config):
+            self.norm = ConditionedNorm(config.hidden_size, config.rms_norm_eps, config.adarms_cond_dim)
+
+    def forward_model(self, *args, **kwargs):
+        if isinstance(self.norm, ConditionedNorm):
+            self.norm.cond = kwargs.get("adarms_cond")
+        return model_forward(self, *args, **kwargs)
+
+    GemmaModel.__init__, GemmaModel.forward = init_model, forward_model
 
 
 def sized_model_classes(spec: dict) -> None:
-    from lerobot.policies.pi0 import modeling_pi0
+    import importlib
+
+    modeling_pi0 = importlib.import_module(f"lerobot.policies.{spec['model']}.modeling_{spec['model']}")
 
     sizes = {"gemma_2b": spec["vlm"], "gemma_300m": spec["expert"]}
     modeling_pi0.get_gemma_config = lambda variant: modeling_pi0.GemmaConfig(
@@ -91,12 +157,13 @@ def sized_model_classes(spec: dict) -> None:
 
     modeling_pi0.PaliGemmaForConditionalGeneration = sized_paligemma
 
-    denoise_step = modeling_pi0.PI0Pytorch.denoise_step
+    core = modeling_pi0.PI0Pytorch if spec["model"] == "pi0" else modeling_pi0.PI05Pytorch
+    denoise_step = core.denoise_step
 
-    def step_on_prefix(self, state, prefix_pad_masks, past_key_values, x_t, timestep):
-        return denoise_step(self, state, prefix_pad_masks, copy.deepcopy(past_key_values), x_t, timestep)
+    def step_on_prefix(self, *args, past_key_values, **kwargs):
+        return denoise_step(self, *args, past_key_values=copy.deepcopy(past_key_values), **kwargs)
 
-    modeling_pi0.PI0Pytorch.denoise_step = step_on_prefix
+    core.denoise_step = step_on_prefix
 
 
 def main(work: Path) -> None:
@@ -105,19 +172,24 @@ def main(work: Path) -> None:
     adapt_transformers()
     sized_model_classes(spec)
     from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi0.configuration_pi0 import PI0Config
-    from lerobot.policies.pi0.modeling_pi0 import PI0Policy
+
+    if spec["model"] == "pi0":
+        from lerobot.policies.pi0.configuration_pi0 import PI0Config as Config
+        from lerobot.policies.pi0.modeling_pi0 import PI0Policy as Policy
+    else:
+        from lerobot.policies.pi05.configuration_pi05 import PI05Config as Config
+        from lerobot.policies.pi05.modeling_pi05 import PI05Policy as Policy
 
     size = spec["image_size"]
     cameras = [f"observation.images.camera{i}" for i in range(spec["cameras"])]
-    config = PI0Config(
+    config = Config(
         chunk_size=spec["horizon"], n_action_steps=spec["horizon"], max_state_dim=spec["max_state_dim"],
         max_action_dim=spec["max_action_dim"], num_inference_steps=spec["steps"], image_resolution=(size, size),
         device="cpu", tokenizer_max_length=spec["tokens"],
         input_features={"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(spec["max_state_dim"],)),
                         **{name: PolicyFeature(type=FeatureType.VISUAL, shape=(3, size, size)) for name in cameras}},
         output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(spec["max_action_dim"],))})
-    policy = PI0Policy(config).eval()
+    policy = Policy(config).eval()
     generator = torch.Generator().manual_seed(spec["seed"])
     with torch.no_grad():  # every weight random and of a size that matters, norms included
         for parameter in policy.parameters():
@@ -127,9 +199,10 @@ def main(work: Path) -> None:
     inputs = np.load(work / "inputs.npz")
     images = [torch.from_numpy(inputs[f"image{i}"]) for i in range(spec["cameras"])]
     image_masks = [torch.from_numpy(inputs[f"image_mask{i}"]) for i in range(spec["cameras"])]
+    state = [torch.from_numpy(inputs["state"])] if spec["model"] == "pi0" else []  # pi0.5's is in the prompt
     with torch.no_grad():
         actions = policy.model.sample_actions(images, image_masks, torch.from_numpy(inputs["tokens"]),
-                                              torch.from_numpy(inputs["token_mask"]), torch.from_numpy(inputs["state"]),
+                                              torch.from_numpy(inputs["token_mask"]), *state,
                                               noise=torch.from_numpy(inputs["noise"]))
     np.savez(work / "reference.npz", actions=actions.numpy())
 

