@@ -1,12 +1,22 @@
 """Data-parallel learning over torch.distributed (gloo on CPU, nccl on GPU).
 
-Every rank holds the same policy and the same batch. Each computes the loss on its own
-contiguous shard of every minibatch, and the gradients are averaged across ranks before the
-optimizer step: DDP's arithmetic. With equal shards the average of the shard means is the
-mean over the whole minibatch, so N ranks take the step one process would take on the whole
-minibatch. The average is taken explicitly (one flat all-reduce) because policies are driven
-through `evaluate()`, not `forward()`, and some of their parameters get no gradient in some
-steps (critic warm-up, frozen backbones), which DDP's forward hooks do not allow for."""
+Every rank holds the same batch. Each computes the loss on its own contiguous shard of every
+minibatch, and the gradients are averaged across ranks before the optimizer step: DDP's
+arithmetic. With equal shards the average of the shard means is the mean over the whole
+minibatch, so N ranks take the step one process would take on the whole minibatch.
+
+Two ways to hold the policy (`runtime.learner_sharding`):
+- replicate: every rank has all of it. The average is taken explicitly (one flat all-reduce)
+  because policies are driven through `evaluate()`, not `forward()`, and some of their
+  parameters get no gradient in some steps (critic warm-up, frozen backbones), which DDP's
+  forward hooks do not allow for.
+- fsdp: PyTorch's FSDP2 (`fully_shard`). Each rank keeps 1/N of every parameter, gradient and
+  optimizer moment; a unit's parameters are gathered for its forward and backward, and the
+  gradients are averaged as they are scattered back. The units are the policy's
+  `fsdp_units()` (e.g. pi0's vision tower, VLM and action expert), then the policy itself; its
+  `evaluate`, `value`, `act` and `bc_loss` gather what the units leave. Whole weights and
+  optimizer state exist only where they are asked for (publishing, checkpoints), on rank 0,
+  in the same layout as a replicated run's, so a run resumes either way."""
 
 from __future__ import annotations
 
@@ -16,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 from embodied.errors import ConfigError
+
+SHARDINGS = ("replicate", "fsdp")
 
 # Ranks 1..N-1 wait inside a collective for rank 0's next batch, through evaluations and
 # rollout restarts; rank 0 kills them when it fails, so a long wait never outlives it.
@@ -27,6 +39,7 @@ class DataParallel:
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)  # where the collectives' own tensors live (nccl: the GPU)
+        self.sharded = False  # fsdp: the gradients are averaged in backward already
 
     @classmethod
     def join(cls, rank: int, world_size: int, address: str, device: torch.device | str = "cpu") -> "DataParallel":
@@ -66,7 +79,10 @@ class DataParallel:
 
     def average_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
         """Replace every gradient by its mean over the ranks; a missing gradient counts as zero
-        and stays missing where it is missing on every rank. Frozen parameters are skipped."""
+        and stays missing where it is missing on every rank. Frozen parameters are skipped.
+        Sharded (fsdp): nothing to do, FSDP averaged them as it scattered them."""
+        if self.sharded:
+            return
         trainable = [p for p in parameters if p.requires_grad]
         present = torch.tensor([p.grad is not None for p in trainable], dtype=torch.int32, device=self.device)
         dist.all_reduce(present)
@@ -87,3 +103,84 @@ class DataParallel:
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+# ---- fsdp ------------------------------------------------------------------------------------
+
+FORWARD_METHODS = ("evaluate", "value", "act", "bc_loss")  # what gathers the policy's own parameters
+
+
+def shard_policy(policy: torch.nn.Module, parallel: DataParallel) -> None:
+    """FSDP2 over the ranks: the policy's units, then the policy (its remaining parameters)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    mesh = init_device_mesh(parallel.device.type, (parallel.world_size,))
+    units = getattr(policy, "fsdp_units", lambda: [])()
+    for unit in units:
+        fully_shard(unit, mesh=mesh)
+    fully_shard(policy, mesh=mesh)
+    for method in FORWARD_METHODS:
+        register_fsdp_forward_method(policy, method)
+    parallel.sharded = True
+
+
+def shard_with_optimizer(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, parallel: DataParallel
+                         ) -> torch.optim.Optimizer:
+    """Shard `policy` and return its optimizer rebuilt over the sharded parameters, holding
+    the shards of `optimizer`'s state (the same on every rank before)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if len(optimizer.param_groups) != 1:
+        raise ConfigError("runtime.learner_sharding=fsdp shards optimizers with one parameter group")
+    names = optimizer_parameter_names(policy, optimizer)
+    state = optimizer.state_dict()
+    shard_policy(policy, parallel)
+    parameters = dict(policy.named_parameters())
+    sharded = type(optimizer)([parameters[name] for name in names], **optimizer.defaults)
+    if state["state"]:  # parameters that never had a gradient (e.g. an unused noise head) have none
+        set_optimizer_state_dict(policy, sharded, by_name(state, names),
+                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        # Loading first gives every parameter a zero state (a step at lr 0); where there was
+        # none, there stays none, so its first real step is the one an unsharded optimizer takes.
+        saved = {names[i] for i in state["state"]}
+        for name in names:
+            if name not in saved:
+                sharded.state.pop(parameters[name], None)
+    return sharded
+
+
+def optimizer_parameter_names(policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The names of the optimizer's parameters, in its order."""
+    name_of = {id(p): name for name, p in policy.named_parameters()}
+    return [name_of[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def by_name(state: dict, names: list[str]) -> dict:
+    """An optimizer state dict keyed by parameter index -> keyed by parameter name."""
+    return {"state": {names[i]: value for i, value in state["state"].items()},
+            "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]}
+
+
+def by_index(state: dict, names: list[str]) -> dict:
+    """An optimizer state dict keyed by parameter name -> keyed by parameter index."""
+    index = {name: i for i, name in enumerate(names)}
+    return {"state": {index[name]: value for name, value in state["state"].items()},
+            "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in state["param_groups"]]}
+
+
+def full_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole state dict, gathered on rank 0 (on the CPU); other ranks get {}. Every rank
+    must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def full_optimizer_state(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str]) -> dict:
+    """The whole optimizer state, keyed by index as an unsharded optimizer's, on rank 0; other
+    ranks get {}. Every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return by_index(state, names) if state else {}

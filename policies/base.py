@@ -56,6 +56,12 @@ class Policy(nn.Module, ABC):
         without frozen encoders."""
         return None
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """Submodules to shard as units of their own under `runtime.learner_sharding=fsdp`,
+        each gathered only while it runs (its `forward` must be what runs it); the rest of the
+        policy is one unit. None by default."""
+        return []
+
     def value_parameters(self) -> list[nn.Parameter]:
         """The parameters of the value function alone (critic warm-up trains only these)."""
         return list(self.critic.parameters())

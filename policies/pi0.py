@@ -376,6 +376,11 @@ class Pi0Policy(FlowPolicy):
         if cfg.freeze_vision:
             model.vision.requires_grad_(False)
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """Each is run through its own forward: the vision tower, the token embedding, the VLM
+        and the action expert (the embedding first: it lies inside the VLM's module)."""
+        return [self.model.vision, self.model.vlm.embed_tokens, self.model.vlm, self.model.expert]
+
     @staticmethod
     def _context_width(cfg: Pi0Config, model: Pi0Model) -> int:
         vlm = model.vlm.size

@@ -7,6 +7,9 @@ from typing import Any
 import torch
 
 from embodied.buffers import Trajectory
+from embodied.distributed import (DataParallel, full_optimizer_state, full_weights, optimizer_parameter_names,
+                                  shard_with_optimizer)
+from embodied.runtime.wire import published_weights
 from policies.base import Policy
 
 
@@ -19,6 +22,10 @@ class Learner:
         # Weights trained elsewhere (SFT, `init`) expect the input statistics they were trained
         # with: moving them would change the function those weights compute.
         self.normalization_frozen = False
+        # fsdp: the names of the optimizer's parameters (its state is gathered by name), and
+        # the whole weights gathered last (rank 0), e.g. for an unsharded evaluation copy
+        self.sharded_names: list[str] | None = None
+        self.gathered_weights: dict[str, torch.Tensor] = {}
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
         """`off_policy`: the batch was sampled by an older policy_version than the current one."""
@@ -36,17 +43,43 @@ class Learner:
         prepare = getattr(self.algo, "before_training", None)
         return prepare() if prepare is not None else {}
 
+    def shard(self, parallel: DataParallel) -> None:
+        """fsdp: shard the policy and the optimizer state over the ranks (after every rank
+        loaded the same state). From then on, whole weights and state are gathered, a
+        collective every rank joins: `get_weights`, `published`, `state_dict`."""
+        names = optimizer_parameter_names(self.policy, self.algo.optimizer)
+        self.algo.optimizer = shard_with_optimizer(self.policy, self.algo.optimizer, parallel)
+        self.sharded_names = names
+
     def get_weights(self) -> dict[str, torch.Tensor]:
+        if self.sharded_names is not None:
+            self.gathered_weights = full_weights(self.policy)
+            return self.gathered_weights
         return {k: v.detach().cpu() for k, v in self.policy.state_dict().items()}
 
+    def published(self) -> dict[str, torch.Tensor]:
+        """What a weight update for the rollout carries (`wire.published_weights`)."""
+        if self.sharded_names is not None:
+            return published_weights(self.policy, self.get_weights())
+        return published_weights(self.policy)
+
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        self._check_unsharded()
         self.policy.load_state_dict(weights)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"algo": self.algo.state_dict(), "policy_version": self.policy_version,
+        algo = self.algo.state_dict()
+        if self.sharded_names is not None:
+            algo["optimizer"] = full_optimizer_state(self.policy, self.algo.optimizer, self.sharded_names)
+        return {"algo": algo, "policy_version": self.policy_version,
                 "normalization_frozen": self.normalization_frozen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._check_unsharded()
         self.algo.load_state_dict(state["algo"])
         self.policy_version = int(state["policy_version"])
         self.normalization_frozen = bool(state.get("normalization_frozen", False))
+
+    def _check_unsharded(self) -> None:
+        if self.sharded_names is not None:
+            raise RuntimeError("a sharded learner loads weights and state before it is sharded")

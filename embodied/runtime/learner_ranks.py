@@ -7,6 +7,10 @@ sends the trajectory to the other ranks; all of them run the same update, each o
 of every minibatch, with gradients averaged across ranks (`embodied.distributed`), so the
 replicas stay identical. Messages between ranks use the project's codec (no pickle).
 
+With `runtime.learner_sharding=fsdp` no rank holds the whole policy: rank 0 gathers it to
+publish weights (after sharding and after every update) and, told by a `checkpoint` message,
+with the optimizer state to save; the other ranks join each gather.
+
     python -m embodied.runtime.learner_ranks --config <run>/config.yaml --rank 1 --world 2 \\
         --address 127.0.0.1:29500 --spec '<env spec as JSON>'"""
 
@@ -27,7 +31,7 @@ from typing import Any
 import torch
 
 from embodied.checkpoint import flatten, unflatten
-from embodied.distributed import DataParallel
+from embodied.distributed import SHARDINGS, DataParallel
 from embodied.errors import ConfigError
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import tensors_from_wire, tensors_to_wire, trajectory_from_wire, trajectory_to_wire
@@ -68,8 +72,13 @@ def load_state_from_wire(learner: Learner, wire: dict[str, Any]) -> None:
     learner.load_state_dict(unflatten(json.loads(wire["skeleton"]), tensors_from_wire(wire["tensors"])))
 
 
-def check_learner_ranks(config: Any, ranks: int) -> None:
+def check_learner_ranks(config: Any, ranks: int, sharding: str = "replicate") -> None:
     """What data-parallel training needs, checked before any process starts."""
+    if sharding not in SHARDINGS:
+        raise ConfigError(f"runtime.learner_sharding must be one of {SHARDINGS}, got '{sharding}'")
+    if sharding == "fsdp" and ranks < 2:
+        raise ConfigError("runtime.learner_sharding=fsdp shards the policy over learner ranks: set "
+                          "runtime.learner_ranks >= 2")
     if ranks == 1:
         return
     if config.algo.name not in ("ppo", "grpo"):
@@ -98,8 +107,9 @@ class LearnerRanks:
     """Rank 0's handle on the other learner ranks."""
 
     def __init__(self, config_path: Path, world: int, spec: dict[str, Any], log_dir: Path, device: torch.device,
-                 join_timeout_s: float = 600.0):
+                 sharding: str = "replicate", join_timeout_s: float = 600.0):
         self.device = rank_device(device, 0, world)
+        self.sharded = sharding == "fsdp"
         with socket.socket() as probe:  # rank 0 serves the process group on a free loopback port
             probe.bind(("127.0.0.1", 0))
             address = f"127.0.0.1:{probe.getsockname()[1]}"
@@ -150,6 +160,14 @@ class LearnerRanks:
                               f"not '{type(learner.algo).__name__}'")
         learner.algo.data_parallel = self.parallel
         broadcast_message(self.parallel, {"kind": "state", "state": state_to_wire(learner)})
+        if self.sharded:
+            learner.shard(self.parallel)
+
+    def before_checkpoint(self) -> None:
+        """Sharded: the other ranks join the gathers of the checkpoint rank 0 is about to save."""
+        if self.sharded:
+            self._check_alive()
+            broadcast_message(self.parallel, {"kind": "checkpoint"})
 
     def before_update(self, batch: Any, progress: float, off_policy: bool) -> None:
         self._check_alive()
@@ -193,6 +211,7 @@ def follow(config_path: Path, rank: int, world: int, address: str, spec: dict[st
     from embodied.types import EnvSpec
 
     config = to_schema(TrainConfig, load_yaml(config_path))
+    sharded = getattr(config.runtime, "learner_sharding", "replicate") == "fsdp"
     start_process(config.seed, config.runtime.torch_threads)
     device = rank_device(resolve_device(config.runtime.device), rank, world)
     policy = build_policy(config.policy, EnvSpec.from_dict(spec), device)
@@ -205,9 +224,17 @@ def follow(config_path: Path, rank: int, world: int, address: str, spec: dict[st
                 return
             if message["kind"] == "state":
                 load_state_from_wire(learner, message["state"])
+                if sharded:
+                    learner.shard(parallel)
+                    learner.published()  # rank 0 publishes the first weights
             elif message["kind"] == "update":
                 learner.update(trajectory_from_wire(message["trajectory"]), float(message["progress"]),
                                off_policy=bool(message["off_policy"]))
+                if sharded:
+                    learner.published()  # rank 0 publishes after every update
+            elif message["kind"] == "checkpoint":
+                learner.state_dict()  # in the order rank 0 saves them
+                learner.get_weights()
     finally:
         parallel.leave()
 

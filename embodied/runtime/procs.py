@@ -32,10 +32,11 @@ from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import LearnerLink, LinkError
 from embodied.runtime.learner_ranks import LearnerRanks, check_learner_ranks
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL
-from embodied.runtime.wire import published_weights, tensors_to_wire, trajectory_from_wire
+from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
 from embodied.transport.protocol import PROTOCOL_VERSION
 from embodied.types import EnvSpec, EpisodeStats
+from policies.base import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class ProcsRuntimeConfig:
     # Data-parallel learner processes on this machine (gloo on CPU, nccl on GPUs), each
     # training on its shard of every minibatch; 1: the learner alone.
     learner_ranks: int = 1
+    # How the ranks hold the policy: replicate (each all of it) | fsdp (each 1/N of the
+    # parameters, gradients and optimizer state; FSDP2), for VLAs too large to replicate.
+    learner_sharding: str = "replicate"
 
 
 def check_config(cfg: ProcsRuntimeConfig) -> None:
@@ -212,7 +216,7 @@ class ProcsRuntime:
 
     def train(self, config: TrainConfig) -> TrainSession:
         cfg = self.cfg
-        check_learner_ranks(config, cfg.learner_ranks)
+        check_learner_ranks(config, cfg.learner_ranks, cfg.learner_sharding)
         start_process(config.seed, cfg.torch_threads)
         device = resolve_device(cfg.device)
 
@@ -273,9 +277,9 @@ class ProcsRuntime:
         try:
             if cfg.learner_ranks > 1:
                 ranks = LearnerRanks(session.run_dir / "config.yaml", cfg.learner_ranks, hello["spec"],
-                                     session.run_dir / "logs", device)
+                                     session.run_dir / "logs", device, cfg.learner_sharding)
                 ranks.attach(learner)
-            link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
+            link.publish(learner.policy_version, tensors_to_wire(learner.published()))
             session.start_logging()
             while not session.finished:
                 delivery = link.next_trajectory(timeout_s=cfg.heartbeat_s)
@@ -298,7 +302,7 @@ class ProcsRuntime:
                     ranks.before_update(batch, progress, off_policy=lag > 0)
                 metrics = learner.update(batch, progress, off_policy=lag > 0)
                 link.consumed(delivery, learner.policy_version, durable=config.checkpoint_every == 0)
-                link.publish(learner.policy_version, tensors_to_wire(published_weights(policy)))
+                link.publish(learner.policy_version, tensors_to_wire(learner.published()))
                 metrics.update({
                     "train/policy_version": learner.policy_version,
                     "train/policy_lag": lag,
@@ -309,8 +313,10 @@ class ProcsRuntime:
                 })
                 session.record(int(body["env_steps"]), [EpisodeStats(**e) for e in body["episodes"]], metrics)
                 if evaluation.due(session.iteration):
-                    session.record_eval(evaluation.run(policy))
+                    session.record_eval(evaluation.run(self._evaluation_policy(config, spec, learner, device)))
                 if session.should_checkpoint(session.finished):
+                    if ranks is not None:
+                        ranks.before_checkpoint()
                     state = link.delivery_state()
                     session.save(learner, None, {"spec": hello["spec"], "procs": {
                         "delivery": state, "stale_batches_dropped": dropped}})
@@ -320,6 +326,18 @@ class ProcsRuntime:
             evaluation.close()
             if ranks is not None:
                 ranks.stop(clean=finished)
+
+    @staticmethod
+    def _evaluation_policy(config: TrainConfig, spec: EnvSpec, learner: Learner, device: torch.device) -> Policy:
+        """The policy periodic evaluation runs: the learner's own, or, where it is sharded (its
+        forward passes are collectives the other ranks are not in), a whole copy with the
+        weights rank 0 gathered last (held only while it evaluates)."""
+        if learner.sharded_names is None:
+            return learner.policy
+        with torch.random.fork_rng(devices=[]):  # its random init leaves the run's random stream as it was
+            copy = build_policy(config.policy, spec, device)
+        copy.load_state_dict(learner.gathered_weights)
+        return copy
 
     def _wait_hello(self, link: LearnerLink, supervisor: RolloutSupervisor) -> dict[str, Any]:
         deadline = time.monotonic() + self.cfg.startup_timeout_s

@@ -39,12 +39,15 @@ def tensors_from_wire(wire: dict[str, Any]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def published_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+def published_weights(policy: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
+                      ) -> dict[str, torch.Tensor]:
     """What a weight update carries: trainable parameters and all buffers (e.g. the
-    observation-normalisation statistics). Frozen parameters never change, so they stay home."""
+    observation-normalisation statistics). Frozen parameters never change, so they stay home.
+    `state`: the policy's whole state dict where it was gathered elsewhere (a sharded policy)."""
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
     buffers = {name for name, _ in policy.named_buffers()}
-    return {name: value.detach().cpu().clone() for name, value in policy.state_dict().items()
+    state = policy.state_dict() if state is None else state
+    return {name: value.detach().cpu().clone() for name, value in state.items()
             if name in trainable or name in buffers}
 
 

@@ -1,5 +1,6 @@
 """Data-parallel PPO and GRPO over torch.distributed (gloo, 2 CPU processes) against one process."""
 
+import json
 import multiprocessing
 import socket
 
@@ -47,7 +48,18 @@ def policy_batch_and_grpo():
     return policy, builder.build(torch.zeros(envs)), grpo
 
 
-MAKERS = {"ppo": policy_batch_and_ppo, "grpo": policy_batch_and_grpo}
+def pi0_batch_and_ppo():
+    """The tiny pi0 (state only): its vision tower, VLM and action expert are FSDP units."""
+    from policies.pi0 import Pi0Config, Pi0Policy
+
+    torch.manual_seed(0)
+    policy = Pi0Policy(Pi0Config(paligemma_variant="tiny", expert_variant="tiny_expert", vocab_size=300,
+                                 max_state_dim=4, max_action_dim=2, horizon=2, denoise_steps=2, sampler="flow_noise",
+                                 critic_hidden=[8]), SPEC)
+    return policy, _batch(policy), PPO(PPOConfig(**CONFIG), policy)
+
+
+MAKERS = {"ppo": policy_batch_and_ppo, "grpo": policy_batch_and_grpo, "pi0_ppo": pi0_batch_and_ppo}
 
 
 def learner_rank(rank: int, world: int, address: str, results, algo: str) -> None:
@@ -189,3 +201,115 @@ def test_learner_ranks_are_checked_before_any_process_starts():
                                                       "algo.num_minibatches=2"]))
     with pytest.raises(ConfigError, match="do not split over runtime.learner_ranks=2"):
         check_learner_ranks(config, 2)  # minibatches of 15
+    config = to_schema(TrainConfig, compose("train", ["runtime=procs"]))
+    with pytest.raises(ConfigError, match="set runtime.learner_ranks >= 2"):
+        check_learner_ranks(config, 1, "fsdp")
+    with pytest.raises(ConfigError, match="runtime.learner_sharding must be one of"):
+        check_learner_ranks(config, 2, "zero3")
+
+
+def fsdp_rank(rank: int, world: int, address: str, results) -> None:
+    from embodied.distributed import full_optimizer_state, optimizer_parameter_names, shard_with_optimizer
+
+    torch.set_num_threads(1)
+    policy, batch, ppo = pi0_batch_and_ppo()
+    ppo.update(batch, progress=0.0)  # unsharded, the same on both ranks: Adam has moments to shard
+    whole = sum(p.numel() for p in policy.parameters())
+    ppo.data_parallel = parallel = DataParallel.join(rank, world, address, device="cpu")
+    try:
+        names = optimizer_parameter_names(policy, ppo.optimizer)
+        ppo.optimizer = shard_with_optimizer(policy, ppo.optimizer, parallel)
+        held = sum(p.to_local().numel() for p in policy.parameters())
+        ppo.update(batch, progress=0.5)
+        stepped = [p for p in policy.parameters() if p in ppo.optimizer.state]  # those with a gradient
+        moments = sum(ppo.optimizer.state[p]["exp_avg"].to_local().numel() for p in stepped)
+        moments /= sum(p.numel() for p in stepped) / whole
+        grads = [None if p.grad is None else p.grad.full_tensor().numpy().copy() for p in policy.parameters()]
+        weights = [p.full_tensor().detach().numpy().copy() for p in policy.parameters()]
+        optimizer = full_optimizer_state(policy, ppo.optimizer, names)  # rank 0's, as an unsharded one's
+        squares = {i: state["exp_avg_sq"].numpy().copy() for i, state in optimizer.get("state", {}).items()}
+        results.put((rank, grads, weights, held / whole, moments / whole, squares))
+    finally:
+        parallel.leave()
+
+
+def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
+    """Two gloo ranks shard the tiny pi0 (FSDP2, its units and the rest) with the Adam moments
+    of an earlier update: each holds about half of the parameters and of the moments, the
+    next update's gathered gradients and weights are the single process's on the whole
+    minibatch, and the optimizer state gathers on rank 0 in the unsharded layout."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{probe.getsockname()[1]}"
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=fsdp_rank, args=(rank, 2, address, results)) for rank in range(2)]
+    for process in ranks:
+        process.start()
+    outcome = {}
+    for _ in ranks:
+        rank, *values = results.get(timeout=300)
+        outcome[rank] = values
+    for process in ranks:
+        process.join(30)
+        assert process.exitcode == 0
+
+    policy, batch, ppo = pi0_batch_and_ppo()
+    ppo.update(batch, progress=0.0)
+    ppo.update(batch, progress=0.5)
+    for rank, (grads, weights, held, moments, squares) in outcome.items():
+        assert 0.45 < held < 0.55 and 0.45 < moments < 0.55, (rank, held, moments)
+        for (name, parameter), grad, weight in zip(policy.named_parameters(), grads, weights):
+            assert (grad is None) == (parameter.grad is None), name
+            scale = float(parameter.grad.abs().max()) if parameter.grad is not None else 0.0
+            if grad is not None:  # float sums in another order: close relative to the gradient's size
+                torch.testing.assert_close(torch.from_numpy(grad), parameter.grad, rtol=1e-4, atol=1e-5 * scale)
+            torch.testing.assert_close(torch.from_numpy(weight), parameter.detach(), rtol=1e-4, atol=1e-6)
+    single = ppo.optimizer.state_dict()["state"]
+    assert outcome[1][4] == {} and sorted(outcome[0][4]) == sorted(single)
+    for index, square in outcome[0][4].items():
+        torch.testing.assert_close(torch.from_numpy(square), single[index]["exp_avg_sq"], rtol=1e-3, atol=1e-9)
+
+
+def test_procs_with_fsdp_ranks_trains_like_one_and_resumes(tmp_path):
+    """The tiny pi0 on ManiSkill under runtime=procs: two FSDP ranks reach the weights one
+    learner reaches in two updates (checkpoints and periodic evaluation in between, which
+    gather the sharded policy), and the run resumes from its checkpoint, the saved optimizer
+    state sharded again."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from embodied.checkpoint import resolve_checkpoint
+    from tests.embodied.test_procs import updates_of
+
+    tiny = ["runtime=procs", "policy=pi0", "policy.paligemma_variant=tiny", "policy.expert_variant=tiny_expert",
+            "policy.vocab_size=300", "policy.max_state_dim=64", "policy.max_action_dim=8", "policy.horizon=2",
+            "policy.denoise_steps=2", "env.num_envs=4", "env.num_workers=0", "algo.rollout_steps=10",
+            "algo.num_minibatches=2", "algo.update_epochs=1", "eval_episodes=0", "eval_every=1",
+            "periodic_eval_episodes=2", "checkpoint_every=1", "runtime.device=cpu", "runtime.rollout_device=cpu",
+            "logger.progress_bar=false"]
+    weights = {}
+    for name, ranks in (("one", ["runtime.learner_ranks=1"]),
+                        ("fsdp", ["runtime.learner_ranks=2", "runtime.learner_sharding=fsdp"])):
+        run_dir = tmp_path / name
+        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, *ranks, "total_env_steps=80",
+                                 f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        updates = updates_of(run_dir)
+        assert [u["train/iteration"] for u in updates] == [1, 2]
+        weights[name] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
+    assert weights["fsdp"].keys() == weights["one"].keys()
+    for name, value in weights["one"].items():
+        # Adam turns float-order noise in near-zero gradients into up to a fraction of a step (lr 3e-4)
+        torch.testing.assert_close(weights["fsdp"][name], value, rtol=1e-3, atol=1e-4)
+    evaluations = [json.loads(line) for line in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()
+                   if "eval/success_rate" in line]
+    assert len(evaluations) == 2
+
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={tmp_path / 'fsdp'}",
+                             "total_env_steps=120"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [u["train/iteration"] for u in updates_of(tmp_path / "fsdp")] == [1, 2, 3]
