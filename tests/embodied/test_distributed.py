@@ -118,10 +118,10 @@ def test_a_minibatch_that_does_not_split_evenly_is_refused():
         DataParallel(0, 3).shard(8)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo):
+@pytest.mark.parametrize("algo, sharding", [("ppo", "replicate"), ("grpo", "replicate"), ("grpo", "fsdp")])
+def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo, sharding):
     """Two ranks average the same gradients one process computes: only float summation order
-    differs, so the weights after a short run agree closely."""
+    differs, so the weights after a short run agree closely; replicated or sharded."""
     import subprocess
     import sys
 
@@ -139,7 +139,8 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo):
     weights = {}
     for ranks in (1, 2):
         run_dir = tmp_path / f"ranks{ranks}"
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny,
+        sharded = [f"runtime.learner_sharding={sharding}"] if ranks > 1 else []
+        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, *sharded,
                                  f"runtime.learner_ranks={ranks}", f"run_dir={run_dir}"],
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr
