@@ -265,7 +265,8 @@ def time_features(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def load_checkpoint(model: Pi0Model, path: str) -> None:
-    """Load a pi0 checkpoint's weights into `model`, refusing any mismatch by name: every
+    """Load a pi0 checkpoint's weights into `model` (which may be on the meta device: the
+    loaded tensors become its parameters, in float32), refusing any mismatch by name: every
     parameter must be there, at its shape, and nothing but the language heads left over."""
     from safetensors.torch import load_file
 
@@ -284,7 +285,7 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
             if key.startswith(old):
                 key = new + key[len(old):]
                 break
-        renamed[key] = tensor
+        renamed[key] = tensor.float() if tensor.is_floating_point() else tensor
     if "vlm.embed_tokens.weight" not in renamed and tied_embedding is not None:
         renamed["vlm.embed_tokens.weight"] = tied_embedding
     expected = model.state_dict()
@@ -298,7 +299,7 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
                     f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else ""]
         raise ConfigError(f"{file} does not match policy=pi0 with paligemma_variant/expert_variant as resolved: "
                           + "; ".join(p for p in problems if p))
-    model.load_state_dict(renamed)
+    model.load_state_dict(renamed, assign=True)
 
 
 def prompts(instructions: list[str], state: torch.Tensor | None) -> list[str]:
@@ -364,9 +365,12 @@ class Pi0Policy(FlowPolicy):
             raise ConfigError(f"policy.tokenizer: a {cfg.paligemma_variant} VLM reads PaliGemma's tokens; give the "
                               f"local path of a PaliGemma tokenizer (e.g. google/paligemma-3b-pt-224's files)")
         tokenizer = PaliGemmaPrompt(cfg.tokenizer) if cfg.tokenizer else ByteTokenizer()
-        model = Pi0Model(cfg)
-        if cfg.checkpoint:
+        if cfg.checkpoint:  # no random init of weights about to be replaced (billions, for the real sizes)
+            with torch.device("meta"):
+                model = Pi0Model(cfg)
             load_checkpoint(model, cfg.checkpoint)
+        else:
+            model = Pi0Model(cfg)
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
         self.model, self.instructions = model, tokenizer
         self.cameras = sorted(spec.image_shapes)

@@ -4,9 +4,11 @@
     python pi0_reference.py <work folder>
 
 Reads `spec.json` and `inputs.npz` there, builds lerobot's PI0Policy or PI05Policy at the
-sizes the spec gives with every weight drawn at random, saves it with lerobot's own
-`save_pretrained` (`checkpoint/`), and writes the action chunk its `sample_actions` makes
-from the given noise (`reference.npz`).
+sizes the spec gives (or, with `"sizes": "real"`, lerobot's own: PaliGemma 2B and the 300M
+expert) with every weight drawn at random, saves it with lerobot's own `save_pretrained`
+(`checkpoint/`), and writes the action chunk its `sample_actions` makes from the given noise
+(`reference.npz`), with the seconds each of `timed_runs` calls took and the process's peak
+memory.
 
 lerobot's pi0 runs on its fork of transformers, which is not on PyPI. On the released 4.57 it
 needs these changes, each what the fork (and openpi's model) does:
@@ -29,7 +31,9 @@ from __future__ import annotations
 import copy
 import json
 import math
+import resource
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -130,11 +134,22 @@ def add_adaptive_norms() -> None:
     GemmaModel.__init__, GemmaModel.forward = init_model, forward_model
 
 
-def sized_model_classes(spec: dict) -> None:
+def adapt_model_classes(spec: dict) -> None:
     import importlib
 
     modeling_pi0 = importlib.import_module(f"lerobot.policies.{spec['model']}.modeling_{spec['model']}")
+    core = modeling_pi0.PI0Pytorch if spec["model"] == "pi0" else modeling_pi0.PI05Pytorch
+    denoise_step = core.denoise_step
 
+    def step_on_prefix(self, *args, past_key_values, **kwargs):
+        return denoise_step(self, *args, past_key_values=copy.deepcopy(past_key_values), **kwargs)
+
+    core.denoise_step = step_on_prefix
+    if spec.get("sizes") != "real":
+        set_sizes(modeling_pi0, spec)
+
+
+def set_sizes(modeling_pi0: types.ModuleType, spec: dict) -> None:
     sizes = {"gemma_2b": spec["vlm"], "gemma_300m": spec["expert"]}
     modeling_pi0.get_gemma_config = lambda variant: modeling_pi0.GemmaConfig(
         width=sizes[variant]["width"], depth=sizes[variant]["depth"], mlp_dim=sizes[variant]["mlp_dim"],
@@ -157,20 +172,12 @@ def sized_model_classes(spec: dict) -> None:
 
     modeling_pi0.PaliGemmaForConditionalGeneration = sized_paligemma
 
-    core = modeling_pi0.PI0Pytorch if spec["model"] == "pi0" else modeling_pi0.PI05Pytorch
-    denoise_step = core.denoise_step
-
-    def step_on_prefix(self, *args, past_key_values, **kwargs):
-        return denoise_step(self, *args, past_key_values=copy.deepcopy(past_key_values), **kwargs)
-
-    core.denoise_step = step_on_prefix
-
 
 def main(work: Path) -> None:
     spec = json.loads((work / "spec.json").read_text())
     import_torchvision()
     adapt_transformers()
-    sized_model_classes(spec)
+    adapt_model_classes(spec)
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     if spec["model"] == "pi0":
@@ -200,11 +207,17 @@ def main(work: Path) -> None:
     images = [torch.from_numpy(inputs[f"image{i}"]) for i in range(spec["cameras"])]
     image_masks = [torch.from_numpy(inputs[f"image_mask{i}"]) for i in range(spec["cameras"])]
     state = [torch.from_numpy(inputs["state"])] if spec["model"] == "pi0" else []  # pi0.5's is in the prompt
-    with torch.no_grad():
-        actions = policy.model.sample_actions(images, image_masks, torch.from_numpy(inputs["tokens"]),
-                                              torch.from_numpy(inputs["token_mask"]), *state,
-                                              noise=torch.from_numpy(inputs["noise"]))
-    np.savez(work / "reference.npz", actions=actions.numpy())
+    seconds = []
+    for _ in range(max(1, spec.get("timed_runs", 1))):
+        started = time.perf_counter()
+        with torch.no_grad():
+            actions = policy.model.sample_actions(images, image_masks, torch.from_numpy(inputs["tokens"]),
+                                                  torch.from_numpy(inputs["token_mask"]), *state,
+                                                  noise=torch.from_numpy(inputs["noise"]))
+        seconds.append(time.perf_counter() - started)
+    peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    np.savez(work / "reference.npz", actions=actions.numpy(), seconds=np.array(seconds), peak_bytes=peak_bytes,
+             parameters=sum(p.numel() for p in policy.model.parameters()))
 
 
 if __name__ == "__main__":
