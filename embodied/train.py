@@ -67,9 +67,15 @@ def load_init_weights(policy: torch.nn.Module, init: str, policy_name: str) -> P
     return checkpoint
 
 
+# How many learner ranks hold the policy, and how: a checkpoint is the same either way (whole
+# weights and optimizer state), so a run may move to more or fewer of them.
+RESCALABLE_ON_RESUME = ("runtime.learner_ranks", "runtime.learner_sharding")
+
+
 def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
     """The config a run was started with, plus overrides of top-level keys (e.g. a larger
-    total_env_steps). Changing the env, policy, algo or runtime of a run is refused."""
+    total_env_steps) and of its learner ranks. Changing the env, policy, algo or anything else
+    of the runtime is refused."""
     checkpoint = resolve_checkpoint(resume)
     run_dir = run_dir_of(checkpoint)
     if run_dir == checkpoint or checkpoint != resolve_checkpoint(run_dir):
@@ -83,7 +89,7 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
         key = override.split("=", 1)[0].lstrip("+")
         if key == "resume":
             continue
-        if key.split(".")[0] in GROUPS:
+        if key.split(".")[0] in GROUPS and key not in RESCALABLE_ON_RESUME:
             raise ConfigError(f"cannot change '{key}' when resuming {resume}: start a new run instead")
         changed.append(override)
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))

@@ -272,11 +272,11 @@ def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
         torch.testing.assert_close(torch.from_numpy(square), single[index]["exp_avg_sq"], rtol=1e-3, atol=1e-9)
 
 
-def test_procs_with_fsdp_ranks_trains_like_one_and_resumes(tmp_path):
+def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
     """The tiny pi0 on ManiSkill under runtime=procs: two FSDP ranks reach the weights one
     learner reaches in two updates (checkpoints and periodic evaluation in between, which
-    gather the sharded policy), and the run resumes from its checkpoint, the saved optimizer
-    state sharded again."""
+    gather the sharded policy); the run resumes from its checkpoint, the saved optimizer state
+    sharded again, and then once more with a single learner."""
     import subprocess
     import sys
 
@@ -309,8 +309,13 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes(tmp_path):
                    if "eval/success_rate" in line]
     assert len(evaluations) == 2
 
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={tmp_path / 'fsdp'}",
-                             "total_env_steps=120"],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [u["train/iteration"] for u in updates_of(tmp_path / "fsdp")] == [1, 2, 3]
+    for steps, ranks in ((120, []), (160, ["runtime.learner_ranks=1", "runtime.learner_sharding=replicate"])):
+        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={tmp_path / 'fsdp'}",
+                                 f"total_env_steps={steps}", *ranks], capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert [u["train/iteration"] for u in updates_of(tmp_path / "fsdp")] == [1, 2, 3, 4]
+    from embodied.errors import ConfigError
+    from embodied.train import resume_config
+
+    with pytest.raises(ConfigError, match="cannot change 'runtime.max_policy_lag'"):  # the rest of the runtime stays
+        resume_config(str(tmp_path / "fsdp"), ["runtime.max_policy_lag=1"])
