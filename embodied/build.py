@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -13,8 +13,9 @@ from policies.base import Policy
 from sim.base import BatchedEnv
 
 
-def build_env(env_cfg: Any, seed: int, stream: int = 0) -> BatchedEnv:
-    return ENVS.get(env_cfg.name).factory(env_cfg, seed, stream)
+def build_env(env_cfg: Any, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None) -> BatchedEnv:
+    """The config's envs, or only `env_ids` of them (a rollout's share when several run)."""
+    return ENVS.get(env_cfg.name).factory(env_cfg, seed, stream, env_ids)
 
 
 def in_this_process(env_cfg: Any, **changes: Any) -> Any:

@@ -61,6 +61,7 @@ class SingleEnv(ABC):
 class BatchedEnv(ABC):
     spec: EnvSpec
     num_envs: int
+    env_ids: list[int]  # which of the config's envs these are (a rollout may hold a share of them)
     tasks: list[str]
     instructions: list[str]
 
@@ -105,6 +106,16 @@ class BatchedEnv(ABC):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def select_env_ids(num_envs: int, env_ids: Sequence[int] | None) -> list[int]:
+    """The env ids an env factory builds: all `num_envs` of the config, or the share named."""
+    if env_ids is None:
+        return list(range(num_envs))
+    chosen = [int(i) for i in env_ids]
+    if not chosen or len(set(chosen)) != len(chosen) or min(chosen) < 0 or max(chosen) >= num_envs:
+        raise ValueError(f"env ids {chosen} are not distinct ids in [0, {num_envs})")
+    return chosen
 
 
 def episode_seed(base_seed: int, env_id: int, episode: int, stream: int = 0) -> int:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from embodied.errors import ConfigError
 from embodied.registry import ENVS, unknown_name_message
 from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 
 @dataclass
@@ -77,7 +77,9 @@ class GymnasiumEnv(SingleEnv):
 
 
 @ENVS.register("gymnasium", GymnasiumConfig)
-def make_gymnasium(cfg: GymnasiumConfig, seed: int, stream: int = 0) -> BatchedEnv:
+def make_gymnasium(cfg: GymnasiumConfig, seed: int, stream: int = 0,
+                   env_ids: Sequence[int] | None = None) -> BatchedEnv:
     from sim.vector import vectorize
 
-    return vectorize(partial(GymnasiumEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, cfg.transport, asdict(cfg))
+    return vectorize(partial(GymnasiumEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
+                     cfg.transport, asdict(cfg))

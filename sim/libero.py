@@ -23,14 +23,14 @@ import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
 from embodied.errors import ConfigError
 from embodied.registry import ENVS, unknown_name_message
 from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PYTHON = ROOT / ".venv-libero" / "bin" / "python"
@@ -171,9 +171,11 @@ class LiberoEnv(SingleEnv):
 
 
 @ENVS.register("libero", LiberoConfig)
-def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0) -> BatchedEnv:
+def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0,
+                env_ids: Sequence[int] | None = None) -> BatchedEnv:
     from sim.vector import vectorize
 
     check_config(cfg)
     config = {**asdict(cfg), "python": libero_python(cfg)}
-    return vectorize(partial(LiberoEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, "zmq", config)
+    return vectorize(partial(LiberoEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
+                     "zmq", config)

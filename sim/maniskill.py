@@ -16,14 +16,14 @@ task once); their action spaces, time limits and control rates must agree."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from embodied.errors import ConfigError
 from embodied.registry import ENVS, unknown_name_message
 from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 # Tasks whose assets ship inside the mani-skill wheel (others download assets at run time).
 INSTRUCTIONS = {
@@ -227,7 +227,8 @@ class ManiSkillEnv(SingleEnv):
 
 
 @ENVS.register("maniskill", ManiSkillConfig)
-def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedEnv:
+def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0,
+                   env_ids: Sequence[int] | None = None) -> BatchedEnv:
     check_config(cfg)
     if cfg.backend == "gpu":
         import torch
@@ -237,10 +238,12 @@ def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0) -> BatchedE
         if not torch.cuda.is_available():
             raise ConfigError("env.backend=gpu runs physx_cuda and needs an NVIDIA GPU with CUDA; "
                               "none is visible here. Use env.backend=cpu (optionally env.num_workers=N).")
-        return ManiSkillBatchedEnv(cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda")
+        return ManiSkillBatchedEnv(cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda",
+                                   env_ids=select_env_ids(cfg.num_envs, env_ids))
     from functools import partial
 
     from sim.vector import vectorize
 
     cfg = with_state_padding(cfg)
-    return vectorize(partial(ManiSkillEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, cfg.transport, asdict(cfg))
+    return vectorize(partial(ManiSkillEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
+                     cfg.transport, asdict(cfg))

@@ -22,15 +22,18 @@ from sim.maniskill import INSTRUCTIONS, ManiSkillConfig, camera_images, env_spec
 
 
 class ManiSkillBatchedEnv(BatchedEnv):
-    def __init__(self, cfg: ManiSkillConfig, base_seed: int, stream: int = 0, sim_backend: str = "physx_cuda"):
+    def __init__(self, cfg: ManiSkillConfig, base_seed: int, stream: int = 0, sim_backend: str = "physx_cuda",
+                 env_ids: Sequence[int] | None = None):
         import torch
 
         self.torch = torch
         self.cfg = cfg
-        self.num_envs = cfg.num_envs
-        self.env = make_gym_env(cfg, cfg.num_envs, sim_backend, enhanced_determinism=True)
+        self.env_ids = list(range(cfg.num_envs)) if env_ids is None else [int(i) for i in env_ids]
+        self.num_envs = len(self.env_ids)
+        self.env = make_gym_env(cfg, self.num_envs, sim_backend, enhanced_determinism=True)
         self.device = self.env.unwrapped.device
-        self.first_seed = episode_seed(base_seed, 0, 0, stream)
+        # A rollout holding a share of the envs seeds its scene from its first env's id.
+        self.first_seed = episode_seed(base_seed, self.env_ids[0], 0, stream)
         self.tasks = [cfg.task] * self.num_envs
         self.instructions = [cfg.instruction or INSTRUCTIONS[cfg.task]] * self.num_envs
         self.episode_return = np.zeros(self.num_envs)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from embodied.errors import ConfigError
 from embodied.registry import ENVS, unknown_name_message
 from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep
+from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 INSTRUCTIONS = {
     "Lift": "lift the cube",
@@ -123,9 +123,10 @@ class RobosuiteEnv(SingleEnv):
 
 
 @ENVS.register("robosuite", RobosuiteConfig)
-def make_robosuite(cfg: RobosuiteConfig, seed: int, stream: int = 0) -> BatchedEnv:
+def make_robosuite(cfg: RobosuiteConfig, seed: int, stream: int = 0,
+                   env_ids: Sequence[int] | None = None) -> BatchedEnv:
     from sim.vector import vectorize
 
     check_config(cfg)
-    return vectorize(partial(RobosuiteEnv, cfg), cfg.num_envs, cfg.num_workers, seed, stream, cfg.transport,
-                     asdict(cfg))
+    return vectorize(partial(RobosuiteEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
+                     cfg.transport, asdict(cfg))

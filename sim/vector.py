@@ -105,35 +105,37 @@ class _ProcessGroup:
         self.connection.close()
 
 
-def vectorize(make_env: Callable[[int], SingleEnv], num_envs: int, num_workers: int = 0, base_seed: int = 0,
+def vectorize(make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], num_workers: int = 0, base_seed: int = 0,
               stream: int = 0, transport: str = "pipe", env_config: dict[str, Any] | None = None,
               worker_timeout_s: float = 300.0) -> "VectorizedEnv":
-    """B single envs in this process (num_workers=0) or in worker processes reached over
-    pipes (`transport=pipe`) or ZeroMQ (`transport=zmq`, needs the env's config dict)."""
+    """The single envs `env_ids` (all of a config's, or a rollout's share of them) in this
+    process (num_workers=0) or in worker processes reached over pipes (`transport=pipe`) or
+    ZeroMQ (`transport=zmq`, needs the env's config dict)."""
     if num_workers == 0:
-        return VectorizedEnv(lambda ids: _LocalGroup(make_env, ids, base_seed, stream), num_envs, 1)
+        return VectorizedEnv(lambda ids: _LocalGroup(make_env, ids, base_seed, stream), env_ids, 1)
     if transport == "pipe":
         return VectorizedEnv(lambda ids: _ProcessGroup(make_env, ids, base_seed, stream, worker_timeout_s),
-                             num_envs, num_workers)
+                             env_ids, num_workers)
     if transport == "zmq":
         from sim.remote import EnvHub
 
         hub = EnvHub(env_config or {}, base_seed, stream, worker_timeout_s)
-        return VectorizedEnv(hub.start_worker, num_envs, num_workers, on_close=hub.close)
+        return VectorizedEnv(hub.start_worker, env_ids, num_workers, on_close=hub.close)
     raise ConfigError(f"env.transport must be 'pipe' or 'zmq', got '{transport}'")
 
 
 class VectorizedEnv(BatchedEnv):
-    def __init__(self, make_group: Callable[[list[int]], Any], num_envs: int, num_groups: int,
+    def __init__(self, make_group: Callable[[list[int]], Any], env_ids: Sequence[int], num_groups: int,
                  on_close: Callable[[], None] | None = None):
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        self.num_envs = num_envs
+        if len(env_ids) < 1:
+            raise ValueError("a vectorized env needs at least one env")
+        self.env_ids = [int(i) for i in env_ids]
+        self.num_envs = len(self.env_ids)
         self._on_close = on_close
         self._make_group = make_group
         self._failed: set[int] = set()  # groups whose worker died or stopped answering
         self._awaiting: set[int] = set()  # groups with a stage step sent and not yet received
-        splits = np.array_split(np.arange(num_envs), max(min(num_groups, num_envs), 1))
+        splits = np.array_split(np.asarray(self.env_ids), max(min(num_groups, self.num_envs), 1))
         self._splits = [ids.tolist() for ids in splits]
         self._starts = np.cumsum([0] + [len(ids) for ids in splits])  # first env index of each group
         self.groups: list[Any] = []
