@@ -9,6 +9,7 @@ import torch
 from embodied.buffers import Trajectory
 from embodied.distributed import (DataParallel, full_optimizer_state, full_weights, optimizer_parameter_names,
                                   shard_with_optimizer)
+from embodied.offload import Offloader
 from embodied.runtime.wire import published_weights
 from policies.base import Policy
 
@@ -26,9 +27,28 @@ class Learner:
         # the whole weights gathered last (rank 0), e.g. for an unsharded evaluation copy
         self.sharded_names: list[str] | None = None
         self.gathered_weights: dict[str, torch.Tensor] = {}
+        self.offloader: Offloader | None = None  # runtime.placement=collocated
+
+    def collocate(self) -> None:
+        """From now on `offload` moves the policy and the optimizer state to CPU memory (the
+        rollout has the device while this learner waits) and `reload` brings them back."""
+        self.offloader = Offloader(self.policy, self.algo.optimizer)
+
+    def offload(self) -> None:
+        if self.offloader is not None:
+            self.offloader.offload()
+
+    def reload(self) -> None:
+        if self.offloader is not None:
+            self.offloader.reload()
+
+    def _check_loaded(self) -> None:
+        if self.offloader is not None and self.offloader.offloaded:
+            raise RuntimeError("the learner's policy is offloaded to CPU memory: reload() it first")
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
         """`off_policy`: the batch was sampled by an older policy_version than the current one."""
+        self._check_loaded()
         batch = batch.to(self.device)
         metrics = self.algo.update(batch, progress, off_policy=off_policy)
         # Input statistics move after the update, so rollout and update of one batch saw
@@ -52,6 +72,7 @@ class Learner:
         self.sharded_names = names
 
     def get_weights(self) -> dict[str, torch.Tensor]:
+        self._check_loaded()
         if self.sharded_names is not None:
             self.gathered_weights = full_weights(self.policy)
             return self.gathered_weights
@@ -59,6 +80,7 @@ class Learner:
 
     def published(self) -> dict[str, torch.Tensor]:
         """What a weight update for the rollout carries (`wire.published_weights`)."""
+        self._check_loaded()
         if self.sharded_names is not None:
             return published_weights(self.policy, self.get_weights())
         return published_weights(self.policy)
@@ -68,6 +90,7 @@ class Learner:
         self.policy.load_state_dict(weights)
 
     def state_dict(self) -> dict[str, Any]:
+        self._check_loaded()
         algo = self.algo.state_dict()
         if self.sharded_names is not None:
             algo["optimizer"] = full_optimizer_state(self.policy, self.algo.optimizer, self.sharded_names)

@@ -1,15 +1,16 @@
 """`runtime=ray`: the roles of `runtime=procs`, placed by Ray on one machine or a cluster.
 
-    learner (the driver) --weights-->  rollout actor  <--ZeroMQ-->  env worker actors
+    learner (the driver) --weights-->  rollout actor(s)  <--ZeroMQ-->  env worker actors
                          <--trajectories--
 
 Ray only places and supervises: each role runs the same code as under `runtime=procs` and
 the roles talk over the same ZeroMQ links, whose tcp endpoints reach the actors as arguments.
-Actors ask for the CPUs, GPUs and custom resources in `runtime.rollout` / `runtime.env_worker`
-(a custom resource such as `{sim_node: 1}` pins a role to the nodes that offer it). An env
-worker actor that dies is replaced by the rollout like a dead env worker process; a rollout
-actor that dies or goes silent is restarted by the learner; the learner (the driver) stops
-with its checkpoints in place, and `resume=<run dir>` continues the run on new actors."""
+Actors ask for the CPUs, GPUs and custom resources in `runtime.rollout` (each of the
+`runtime.num_rollouts`) and `runtime.env_worker` (a custom resource such as `{sim_node: 1}`
+pins a role to the nodes that offer it). An env worker actor that dies is replaced by the
+rollout like a dead env worker process; a rollout actor that dies or goes silent is restarted
+by the learner; the learner (the driver) stops with its checkpoints in place, and
+`resume=<run dir>` continues the run on new actors."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class RayRuntimeConfig(ProcsRuntimeConfig):
 class RolloutRole(Role):
     """Ray actor body: the rollout role, whose env workers become actors too."""
 
-    def serve(self, config_path: str, endpoints: dict[str, str], name: str, env_worker: dict[str, Any],
+    def serve(self, config_path: str, endpoints: dict[str, str], index: int, env_worker: dict[str, Any],
               host: str, keys_dir: Optional[str], log_path: str, startup_timeout_s: float) -> int:
         import ray
 
@@ -62,11 +63,11 @@ class RolloutRole(Role):
             launch=lambda worker_id, arguments: start_actor(EnvWorkerRole, RoleResources(**env_worker),
                                                             startup_timeout_s, arguments),
             host=hub_host, keys_dir=keys_dir)
-        return serve_rollout(Path(config_path), endpoints["trajectory"], endpoints["weights"], name)
+        return serve_rollout(Path(config_path), endpoints["trajectory"], endpoints["weights"], index)
 
 
 class RaySupervisor(RolloutSupervisor):
-    """The rollout as a Ray actor, supervised like the rollout process of `runtime=procs`."""
+    """A rollout as a Ray actor, supervised like a rollout process of `runtime=procs`."""
 
     def previous(self) -> dict[str, Any] | None:
         return None  # actors end with their driver: a resumed run starts a new rollout
@@ -79,7 +80,7 @@ class RaySupervisor(RolloutSupervisor):
         # Actors run elsewhere (another directory, another node): every path goes absolute.
         keys_dir = str(Path(cfg.keys_dir).expanduser().resolve()) if cfg.keys_dir else None
         self.process = start_actor(RolloutRole, cfg.rollout, cfg.startup_timeout_s, str(self.config_path.resolve()),
-                                   endpoints, "rollout-0", dataclasses.asdict(cfg.env_worker), cfg.host, keys_dir,
+                                   endpoints, self.index, dataclasses.asdict(cfg.env_worker), cfg.host, keys_dir,
                                    str(self.log_path.resolve()), cfg.startup_timeout_s)
         self.pid = self.process.pid
         self.started_at = time.monotonic()
@@ -129,7 +130,8 @@ class RayRuntime(ProcsRuntime):
         started_here = not ray.is_initialized()
         if started_here:
             if cfg.address is None:  # "local": never join a cluster that happens to run here
-                wanted = cfg.rollout.num_cpus + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1)
+                wanted = (cfg.rollout.num_cpus * cfg.num_rollouts
+                          + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1))
                 num_cpus = cfg.num_cpus or max(math.ceil(wanted), os.cpu_count() or 1)
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             else:

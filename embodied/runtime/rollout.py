@@ -10,6 +10,7 @@ import torch
 
 from embodied.buffers import Trajectory, TrajectoryBuilder, concat_envs
 from embodied.intervention import SimOperator
+from embodied.offload import Offloader
 from embodied.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from policies.base import Policy
 from sim.base import BatchedEnv, episode_seed
@@ -24,9 +25,29 @@ SAMPLING_SEED_OFFSET = 7919
 GROUP_STREAM = 2  # episode seeds of grouped starts (0: training episodes, 1: evaluation)
 
 
+def sampling_seed(seed: int, rollout_index: int = 0) -> int:
+    """The seed of rollout `rollout_index`'s sampling stream; each of several rollouts has its own."""
+    if rollout_index == 0:
+        return seed + SAMPLING_SEED_OFFSET
+    return int(np.random.SeedSequence([seed, SAMPLING_SEED_OFFSET, rollout_index]).generate_state(1)[0])
+
+
+def env_share(num_envs: int, num_workers: int, num_rollouts: int, index: int, group_size: int = 0
+              ) -> tuple[list[int], int]:
+    """Rollout `index` of `num_rollouts`: its env ids (a contiguous block, whole groups of
+    `group_size` where GRPO starts envs in groups) and its number of env workers. The shares
+    together are the config's envs and workers, so several rollouts run the episodes one would."""
+    unit = max(group_size, 1)
+    blocks = np.array_split(np.arange(num_envs // unit), num_rollouts)[index]
+    env_ids = [int(b) * unit + k for b in blocks for k in range(unit)]
+    workers = len(np.array_split(np.arange(num_workers), num_rollouts)[index])
+    return env_ids, workers
+
+
 class Rollout:
     def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3,
-                 pipeline: bool = False, seed: int = 0, operator: SimOperator | None = None):
+                 pipeline: bool = False, seed: int = 0, operator: SimOperator | None = None, index: int = 0,
+                 offload: bool = False):
         self.env = env
         self.operator = operator  # a scripted operator that may take over envs (embodied/intervention.py)
         # Pipelining needs an env whose worker groups step independently (VectorizedEnv with workers).
@@ -38,7 +59,17 @@ class Rollout:
         self.max_env_restarts = max_env_restarts  # in a row, before the failure stops training
         self.env_restarts = 0
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(seed + SAMPLING_SEED_OFFSET)
+        self.generator.manual_seed(sampling_seed(seed, index))
+        # runtime.placement=collocated: the policy waits in CPU memory while the learner has the device
+        self.offloader = Offloader(policy) if offload else None
+
+    def offload(self) -> None:
+        if self.offloader is not None:
+            self.offloader.offload()
+
+    def reload(self) -> None:
+        if self.offloader is not None:
+            self.offloader.reload()
 
     def start(self) -> None:
         self.observation = self.env.reset()
@@ -47,7 +78,7 @@ class Rollout:
         """Every env starts a new episode; the envs of each group of `group_size` start from the
         same initial state (GRPO compares rollouts within a group). Seeds follow (run seed,
         group, round), apart from the training and evaluation streams."""
-        groups = np.arange(self.env.num_envs) // group_size
+        groups = np.asarray(self.env.env_ids) // group_size  # the config's groups, whichever share this is
         self.observation = self.env.reset(seeds=[episode_seed(base_seed, int(g), round_index, GROUP_STREAM)
                                                  for g in groups])
 

@@ -12,6 +12,7 @@ answers within `runtime.reconnect_timeout_s`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import logging
 import signal
@@ -23,7 +24,7 @@ from embodied.config import TrainConfig, load_yaml, to_schema
 from embodied.errors import EmbodiedError
 from embodied.intervention import build_operator
 from embodied.reward_classifier import with_reward
-from embodied.runtime.rollout import Rollout
+from embodied.runtime.rollout import Rollout, env_share
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
 from embodied.train import start_process
@@ -59,6 +60,7 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
             logger.info("the learner finished training; exiting")
             return
         weights = link.current_weights()
+        rollout.reload()  # collocated: the learner is done with the device until this batch arrives
         if (weights.learner_id, weights.policy_version) != held:
             load_published_weights(rollout.policy, tensors_from_wire(weights.tensors))
             held = (weights.learner_id, weights.policy_version)
@@ -67,6 +69,7 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
         if group_size:  # GRPO-style algorithms: grouped starts, one round per batch
             rollout.start_groups(group_size, link.last_sent, seed)
         batch, episodes, env_steps = rollout.collect(rollout_steps)
+        rollout.offload()  # collocated: the learner gets the device before it gets the batch
         link.send_trajectory({
             "trajectory": trajectory_to_wire(batch),
             "episodes": [vars(e) for e in episodes],
@@ -74,17 +77,29 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
             "env_restarts": rollout.env_restarts,
             "resent": link.resent,
             "reconnects": link.reconnects,
+            "offload_s": rollout.offloader.seconds if rollout.offloader else 0.0,
         })
 
 
-def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint: str, name: str) -> int:
-    """The rollout role until the learner finishes: in its own process (`runtime=procs`) or in
-    a Ray actor (`runtime=ray`). Returns the exit status."""
+def rollout_name(index: int) -> str:
+    """Rollout `index`'s name towards the learner, which keeps its delivery marks under it."""
+    return f"rollout-{index}"
+
+
+def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint: str, index: int = 0) -> int:
+    """Rollout `index` (of `runtime.num_rollouts`, each with its share of the envs) until the
+    learner finishes: in its own process (`runtime=procs`) or in a Ray actor (`runtime=ray`).
+    Returns the exit status."""
     dump_stacks_on_signal()
     config = to_schema(TrainConfig, load_yaml(config_path))
     runtime = config.runtime
     start_process(config.seed, runtime.torch_threads)
-    env = with_reward(build_env(config.env, seed=config.seed), config.reward)
+    group_size = getattr(config.algo, "group_size", 0)
+    env_ids, workers = env_share(config.env.num_envs, getattr(config.env, "num_workers", 0), runtime.num_rollouts,
+                                 index, group_size)
+    env_cfg = dataclasses.replace(config.env, num_workers=workers) if workers else config.env
+    env = with_reward(build_env(env_cfg, seed=config.seed, env_ids=env_ids), config.reward)
+    name = rollout_name(index)
     try:
         device = resolve_device(runtime.rollout_device)
         policy = build_policy(config.policy, env.spec, device)
@@ -96,9 +111,9 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
                            reconnect_timeout_s=runtime.reconnect_timeout_s)
         try:
             rollout = Rollout(env, policy, device, pipeline=runtime.pipeline, seed=config.seed,
-                              operator=build_operator(config, env.num_envs))
-            run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag,
-                getattr(config.algo, "group_size", 0), config.seed)
+                              operator=build_operator(config, env.num_envs), index=index,
+                              offload=runtime.placement == "collocated")
+            run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag, group_size, config.seed)
         finally:
             link.close()
     except EmbodiedError as error:
@@ -114,10 +129,10 @@ def main() -> int:
     parser.add_argument("--config", required=True, help="the run's resolved config.yaml")
     parser.add_argument("--trajectory-endpoint", required=True)
     parser.add_argument("--weights-endpoint", required=True)
-    parser.add_argument("--name", default="rollout-0", help="this rollout's name towards the learner")
+    parser.add_argument("--index", type=int, default=0, help="which of runtime.num_rollouts this is")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    return serve_rollout(Path(args.config), args.trajectory_endpoint, args.weights_endpoint, args.name)
+    return serve_rollout(Path(args.config), args.trajectory_endpoint, args.weights_endpoint, args.index)
 
 
 if __name__ == "__main__":

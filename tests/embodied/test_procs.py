@@ -29,6 +29,11 @@ def updates_of(run_dir: Path) -> list[dict]:
     return [m for m in metrics_of(run_dir) if "train/iteration" in m]
 
 
+def rollout_pid(run_dir: Path, index: int = 0) -> int:
+    """The pid of rollout `index`, as the learner recorded it."""
+    return json.loads((run_dir / "procs.json").read_text())["rollouts"][f"rollout-{index}"]
+
+
 def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -46,7 +51,7 @@ def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
-        rollout = psutil.Process(json.loads((run_dir / "procs.json").read_text())["rollout_pid"])
+        rollout = psutil.Process(rollout_pid(run_dir))
         workers = [p for p in rollout.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
         assert len(workers) == 2, "expected the rollout to run two env workers"
         workers[0].kill()
@@ -73,17 +78,47 @@ def test_a_killed_rollout_process_is_restarted_and_training_continues(tmp_path):
         f"run_dir={run_dir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: len(updates_of(run_dir)) >= 3, "three updates", trainer)
-        first = json.loads((run_dir / "procs.json").read_text())["rollout_pid"]
+        first = rollout_pid(run_dir)
         psutil.Process(first).kill()
         out, err = trainer.communicate(timeout=300)
     finally:
         trainer.kill()
     assert trainer.returncode == 0, err
-    assert json.loads((run_dir / "procs.json").read_text())["rollout_pid"] != first
+    assert rollout_pid(run_dir) != first
     updates = updates_of(run_dir)
     assert updates[-1]["train/rollout_restarts"] == 1
     assert [u["train/iteration"] for u in updates] == list(range(1, 21))
     assert updates[-1]["env_steps"] == 20 * batch
+
+
+def test_several_rollouts_share_the_envs_and_a_killed_one_is_restarted(tmp_path):
+    """Two rollout processes, each with half the envs and one env worker; every update learns
+    from a trajectory of each (4 envs x 10 steps), and a killed rollout is replaced."""
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(train_command(
+        "runtime.num_rollouts=2", "env.num_envs=4", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=10",
+        "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=400", "eval_episodes=0",
+        f"run_dir={run_dir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
+        rollouts = [psutil.Process(rollout_pid(run_dir, index)) for index in (0, 1)]
+        for rollout in rollouts:
+            workers = [p for p in rollout.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+            assert len(workers) == 1, "each rollout should run one of the two env workers"
+        rollouts[1].kill()
+        out, err = trainer.communicate(timeout=300)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    updates = updates_of(run_dir)
+    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
+    assert [u["env_steps"] for u in updates] == [40 * i for i in range(1, 11)]  # both shares in every update
+    assert all(u["train/policy_lag"] == 0 for u in updates)
+    assert updates[-1]["train/rollout_restarts"] == 1
+    assert rollout_pid(run_dir, 1) != rollouts[1].pid and rollout_pid(run_dir, 0) == rollouts[0].pid
+    for index in (0, 1):
+        log = (run_dir / "logs" / f"rollout-{index}.log").read_text()
+        assert log.count("the learner finished training; exiting") == 1, log
 
 
 def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_path):
@@ -100,14 +135,14 @@ def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_
         trainer.wait()
     finally:
         trainer.kill()
-    rollout_pid = json.loads((run_dir / "procs.json").read_text())["rollout_pid"]
-    assert psutil.pid_exists(rollout_pid), "the rollout should outlive the learner"
+    first = rollout_pid(run_dir)
+    assert psutil.pid_exists(first), "the rollout should outlive the learner"
     assert resolve_checkpoint(run_dir).name == "iter_000010"
 
     resumed = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}"],
                              capture_output=True, text=True, timeout=300, env={**os.environ})
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads((run_dir / "procs.json").read_text())["rollout_pid"] == rollout_pid  # adopted, not replaced
+    assert rollout_pid(run_dir) == first  # adopted, not replaced
 
     _, state = load_checkpoint(resolve_checkpoint(run_dir))
     updates = updates_of(run_dir)
@@ -119,9 +154,9 @@ def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_
     assert updates[-1]["train/trajectories_resent"] >= 2  # the ones after the checkpoint came back
     assert all(u["train/policy_lag"] == 0 for u in updates)
     deadline = time.monotonic() + 30
-    while psutil.pid_exists(rollout_pid) and time.monotonic() < deadline:
+    while psutil.pid_exists(first) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not psutil.pid_exists(rollout_pid), "the finished learner should have ended the rollout"
+    assert not psutil.pid_exists(first), "the finished learner should have ended the rollout"
 
 
 def test_asynchronous_training_bounds_policy_lag_and_corrects_stale_samples(tmp_path):
@@ -140,25 +175,33 @@ def test_asynchronous_training_bounds_policy_lag_and_corrects_stale_samples(tmp_
     assert updates[-1]["env_steps"] + 0 >= 2560
 
 
-def test_synchronous_procs_reproduces_local_bit_for_bit(tmp_path):
+def test_synchronous_procs_reproduces_local_bit_for_bit_disaggregated_or_collocated(tmp_path):
     """Same seeds, same data, same updates: the separate processes change nothing but where
-    the work runs (CPU; the rollout samples from its own seeded stream in both runtimes)."""
+    the work runs (CPU; the rollout samples from its own seeded stream in both runtimes).
+    Collocated, each role's policy (the learner's optimizer state too) leaves for CPU memory
+    and comes back between turns: the same again."""
     from safetensors.torch import load_file
 
     tiny = ["env.num_envs=4", "env.num_workers=2", "algo.rollout_steps=10", "algo.num_minibatches=2",
             "algo.update_epochs=2", "total_env_steps=120", "eval_episodes=0", "checkpoint_every=0",
             "runtime.device=cpu", "logger.progress_bar=false"]
+    runs = {"local": ["runtime=local"], "procs": ["runtime=procs"],
+            "collocated": ["runtime=procs", "runtime.placement=collocated"]}
     weights = {}
-    for runtime in ("local", "procs"):
-        run_dir = tmp_path / runtime
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, f"runtime={runtime}",
+    for name, runtime in runs.items():
+        run_dir = tmp_path / name
+        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, *runtime,
                                  f"run_dir={run_dir}"], capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr
-        weights[runtime] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
+        weights[name] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
         assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2, 3]
-    assert weights["local"].keys() == weights["procs"].keys()
-    for name in weights["local"]:
-        assert (weights["local"][name] == weights["procs"][name]).all(), name
+    collocated = updates_of(tmp_path / "collocated")
+    assert all(u["train/offload_gb"] > 0 and u["train/offload_s"] > 0 for u in collocated)
+    assert collocated[-1]["train/rollout_offload_s"] > 0
+    for name in ("procs", "collocated"):
+        assert weights["local"].keys() == weights[name].keys()
+        for key in weights["local"]:
+            assert (weights["local"][key] == weights[name][key]).all(), (name, key)
 
 
 def test_a_rollout_that_will_not_exit_is_killed_with_its_stacks_in_its_log(tmp_path, caplog):

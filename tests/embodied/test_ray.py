@@ -53,7 +53,7 @@ def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
         assert trainer.returncode == 0, err
         weights[runtime] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
         assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2, 3]
-    rollout_log = (tmp_path / "ray" / "logs" / "rollout.log").read_text()
+    rollout_log = (tmp_path / "ray" / "logs" / "rollout-0.log").read_text()
     assert rollout_log.count("exiting") == 1, f"the rollout did not finish cleanly:\n{rollout_log}\n{err}"
     assert weights["local"].keys() == weights["ray"].keys()
     for name in weights["local"]:
