@@ -20,6 +20,7 @@ Two ways to hold the policy (`runtime.learner_sharding`):
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
 import torch
@@ -50,8 +51,15 @@ class DataParallel:
         device = torch.device(device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{address}",
-                                rank=rank, world_size=world_size, timeout=IDLE_TIMEOUT)
+        host, port = address.rsplit(":", 1)
+        # Rank 0 serves the rendezvous on `host` alone: torch's store would listen on every
+        # interface of the machine, loopback runs included.
+        # The store takes the socket over (and closes it).
+        listener = socket.create_server((host, int(port))).detach() if rank == 0 else None
+        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=IDLE_TIMEOUT,
+                              master_listen_fd=listener)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                                world_size=world_size, timeout=IDLE_TIMEOUT)
         return cls(rank, world_size, device)
 
     def shard(self, size: int) -> slice:

@@ -319,3 +319,19 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
 
     with pytest.raises(ConfigError, match="cannot change 'runtime.max_policy_lag'"):  # the rest of the runtime stays
         resume_config(str(tmp_path / "fsdp"), ["runtime.max_policy_lag=1"])
+
+
+def test_rank_zero_serves_the_rendezvous_on_its_address_only():
+    """torch's store alone would listen on every interface; a loopback run stays on loopback."""
+    import psutil
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    parallel = DataParallel.join(0, 1, f"127.0.0.1:{port}")
+    try:
+        listening = [c.laddr for c in psutil.Process().net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+        assert ("127.0.0.1", port) in [(a.ip, a.port) for a in listening]
+        assert all(a.ip == "127.0.0.1" for a in listening), listening
+    finally:
+        parallel.leave()
