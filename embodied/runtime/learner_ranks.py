@@ -1,6 +1,8 @@
 """Learner ranks for data-parallel training (`runtime.learner_ranks=N` with `runtime=procs`
-or `runtime=ray`): the learner of the run is rank 0; ranks 1..N-1 are processes on the same
-machine that hold a replica of the policy and its optimizer.
+or `runtime=ray`): the learner of the run is rank 0; ranks 1..N-1 hold a replica of the
+policy and its optimizer. Under `procs` they are processes on the learner's machine (rank r
+on GPU r); under `ray` they are actors wherever `runtime.learner_rank` places them, other
+nodes included (each on the GPU Ray gives it).
 
 Rank 0 alone talks to the rollout, saves checkpoints and publishes weights. For every batch it
 sends the trajectory to the other ranks; all of them run the same update, each on its shard
@@ -103,27 +105,43 @@ def rank_device(device: torch.device, rank: int, world: int) -> torch.device:
     return torch.device("cuda", rank)
 
 
-class LearnerRanks:
-    """Rank 0's handle on the other learner ranks."""
+class RankProcesses:
+    """Starts ranks 1..N-1 as processes on this machine (`runtime=procs`): rank r on GPU r."""
 
-    def __init__(self, config_path: Path, world: int, spec: dict[str, Any], log_dir: Path, device: torch.device,
+    host = "127.0.0.1"  # where rank 0 serves the process group
+    devices_here = True  # every rank's GPU is one of this machine's
+
+    def __init__(self, config_path: Path, log_dir: Path):
+        self.config_path = config_path
+        self.log_dir = log_dir
+
+    def start(self, rank: int, world: int, address: str, spec: dict[str, Any]) -> subprocess.Popen:
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        with open(self.log_dir / f"learner-rank-{rank}.log", "ab") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "embodied.runtime.learner_ranks", "--config", str(self.config_path),
+                 "--rank", str(rank), "--world", str(world), "--address", address, "--spec", json.dumps(spec)],
+                stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+
+
+class LearnerRanks:
+    """Rank 0's handle on the other learner ranks, started by `starter` (`RankProcesses`, or
+    Ray actors under `runtime=ray`: anything with `host`, `devices_here` and `start`)."""
+
+    def __init__(self, starter: Any, world: int, spec: dict[str, Any], log_dir: Path, device: torch.device,
                  sharding: str = "replicate", join_timeout_s: float = 600.0):
-        self.device = rank_device(device, 0, world)
+        # Ranks elsewhere bring their own GPU; here rank r needs GPU r.
+        self.device = rank_device(device, 0, world if starter.devices_here else 1)
         self.sharded = sharding == "fsdp"
-        with socket.socket() as probe:  # rank 0 serves the process group on a free loopback port
-            probe.bind(("127.0.0.1", 0))
-            address = f"127.0.0.1:{probe.getsockname()[1]}"
+        with socket.socket() as probe:  # rank 0 serves the process group on a free port of its host
+            probe.bind((starter.host, 0))
+            address = f"{starter.host}:{probe.getsockname()[1]}"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir = log_dir
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        self.processes: list[subprocess.Popen] = []
-        for rank in range(1, world):
-            with open(log_dir / f"learner-rank-{rank}.log", "ab") as log:
-                self.processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "embodied.runtime.learner_ranks", "--config", str(config_path),
-                     "--rank", str(rank), "--world", str(world), "--address", address, "--spec", json.dumps(spec)],
-                    stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True))
+        self.processes: list[Any] = []  # subprocess.Popen, or its shape (ray_actors.ActorProcess)
         try:
+            for rank in range(1, world):
+                self.processes.append(starter.start(rank, world, address, spec))
             self.parallel = self._join(world, address, join_timeout_s)
         except BaseException:
             self._kill()
@@ -203,17 +221,14 @@ class LearnerRanks:
             process.wait()
 
 
-def follow(config_path: Path, rank: int, world: int, address: str, spec: dict[str, Any]) -> None:
+def follow(config: Any, rank: int, world: int, address: str, spec: dict[str, Any], device: torch.device) -> None:
     """Ranks 1..N-1: mirror rank 0's updates until it says stop."""
-    from embodied.build import build_algo, build_policy, resolve_device
-    from embodied.config import TrainConfig, load_yaml, to_schema
+    from embodied.build import build_algo, build_policy
     from embodied.train import start_process
     from embodied.types import EnvSpec
 
-    config = to_schema(TrainConfig, load_yaml(config_path))
     sharded = getattr(config.runtime, "learner_sharding", "replicate") == "fsdp"
     start_process(config.seed, config.runtime.torch_threads)
-    device = rank_device(resolve_device(config.runtime.device), rank, world)
     policy = build_policy(config.policy, EnvSpec.from_dict(spec), device)
     learner = Learner(policy, build_algo(config.algo, policy), device)
     learner.algo.data_parallel = parallel = DataParallel.join(rank, world, address, device)
@@ -248,7 +263,12 @@ def main() -> int:
     parser.add_argument("--spec", required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    follow(Path(args.config), args.rank, args.world, args.address, json.loads(args.spec))
+    from embodied.build import resolve_device
+    from embodied.config import TrainConfig, load_yaml, to_schema
+
+    config = to_schema(TrainConfig, load_yaml(Path(args.config)))
+    device = rank_device(resolve_device(config.runtime.device), args.rank, args.world)
+    follow(config, args.rank, args.world, args.address, json.loads(args.spec), device)
     return 0
 
 

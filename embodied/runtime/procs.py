@@ -35,7 +35,7 @@ from embodied.errors import ConfigError
 from embodied.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import Delivery, LearnerLink, LinkError
-from embodied.runtime.learner_ranks import LearnerRanks, check_learner_ranks
+from embodied.runtime.learner_ranks import LearnerRanks, RankProcesses, check_learner_ranks
 from embodied.runtime.rollout import env_share
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL, rollout_name
 from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
@@ -351,7 +351,7 @@ class ProcsRuntime:
         finished = False
         try:
             if cfg.learner_ranks > 1:
-                ranks = LearnerRanks(session.run_dir / "config.yaml", cfg.learner_ranks, hello["spec"],
+                ranks = LearnerRanks(self._rank_starter(session.run_dir), cfg.learner_ranks, hello["spec"],
                                      session.run_dir / "logs", device, cfg.learner_sharding)
                 ranks.attach(learner)
             if collocated:
@@ -413,6 +413,11 @@ class ProcsRuntime:
             evaluation.close()
             if ranks is not None:
                 ranks.stop(clean=finished)
+
+    @staticmethod
+    def _rank_starter(run_dir: Path) -> Any:
+        """What starts learner ranks 1..N-1: processes on this machine."""
+        return RankProcesses(run_dir / "config.yaml", run_dir / "logs")
 
     @staticmethod
     def _evaluation_policy(config: TrainConfig, spec: EnvSpec, learner: Learner, device: torch.device) -> Policy:

@@ -42,6 +42,7 @@ class RayRuntimeConfig(ProcsRuntimeConfig):
     host: str = "127.0.0.1"  # where the learner and env hubs bind; on a cluster this node's address (+ keys_dir)
     rollout: RoleResources = field(default_factory=RoleResources)
     env_worker: RoleResources = field(default_factory=RoleResources)
+    learner_rank: RoleResources = field(default_factory=RoleResources)  # ranks 1..N-1 (runtime.learner_ranks)
 
 
 class RolloutRole(Role):
@@ -64,6 +65,43 @@ class RolloutRole(Role):
                                                             startup_timeout_s, arguments),
             host=hub_host, keys_dir=keys_dir)
         return serve_rollout(Path(config_path), endpoints["trajectory"], endpoints["weights"], index)
+
+
+class LearnerRankRole(Role):
+    """Ray actor body: learner rank r (`learner_ranks.follow`), on whichever node Ray placed
+    it and on the GPU Ray gave it (its first visible one)."""
+
+    def serve(self, config_yaml: str, rank: int, world: int, address: str, spec: dict[str, Any],
+              log_path: str) -> int:
+        from omegaconf import OmegaConf
+
+        from embodied.build import resolve_device
+        from embodied.config import TrainConfig, to_schema
+        from embodied.runtime.learner_ranks import follow, rank_device
+
+        if Path(log_path).parent.is_dir():  # same machine or a shared run directory
+            logging.basicConfig(filename=log_path, level=logging.INFO, force=True,
+                                format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+        config = to_schema(TrainConfig, OmegaConf.create(config_yaml))  # the run's file may not be on this node
+        follow(config, rank, world, address, spec, rank_device(resolve_device(config.runtime.device), 0, 1))
+        return 0
+
+
+class RankActors:
+    """Starts learner ranks 1..N-1 as Ray actors asking for `runtime.learner_rank`: on other
+    nodes too, so the process group is served on `runtime.host`."""
+
+    devices_here = False  # each actor has its own GPU, wherever it runs
+
+    def __init__(self, cfg: "RayRuntimeConfig", run_dir: Path):
+        self.cfg = cfg
+        self.host = cfg.host
+        self.config_yaml = (run_dir / "config.yaml").read_text()
+        self.log_dir = run_dir.resolve() / "logs"
+
+    def start(self, rank: int, world: int, address: str, spec: dict[str, Any]) -> Any:
+        return start_actor(LearnerRankRole, self.cfg.learner_rank, self.cfg.startup_timeout_s, self.config_yaml,
+                           rank, world, address, spec, str(self.log_dir / f"learner-rank-{rank}.log"))
 
 
 class RaySupervisor(RolloutSupervisor):
@@ -117,6 +155,10 @@ class RayRuntime(ProcsRuntime):
         check_config(cfg)
         self.cfg = cfg
 
+    def _rank_starter(self, run_dir: Path) -> RankActors:
+        assert isinstance(self.cfg, RayRuntimeConfig)
+        return RankActors(self.cfg, run_dir)
+
     def train(self, config: TrainConfig) -> TrainSession:
         try:
             import ray
@@ -131,7 +173,8 @@ class RayRuntime(ProcsRuntime):
         if started_here:
             if cfg.address is None:  # "local": never join a cluster that happens to run here
                 wanted = (cfg.rollout.num_cpus * cfg.num_rollouts
-                          + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1))
+                          + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1)
+                          + cfg.learner_rank.num_cpus * (cfg.learner_ranks - 1))
                 num_cpus = cfg.num_cpus or max(math.ceil(wanted), os.cpu_count() or 1)
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             else:

@@ -46,8 +46,8 @@ def test_offload_empties_the_device_copies_and_reload_restores_them_exactly():
     assert learner.offloader.bytes_moved > sum(p.numel() * 4 for p in twin.policy.parameters())  # weights + moments
     with pytest.raises(RuntimeError, match="offloaded"):
         learner.get_weights()  # a checkpoint now would hold empty tensors: refused
-    with pytest.raises(RuntimeError):
-        learner.policy.value(Observation(state=torch.zeros(1, 5), images={}, instruction=['']))  # computing while offloaded fails loudly
+    with pytest.raises(RuntimeError):  # computing while offloaded fails loudly
+        learner.policy.value(Observation(state=torch.zeros(1, 5), images={}, instruction=[""]))
 
     learner.reload()
     assert list(learner.policy.parameters()) == parameters  # the same objects, so the optimizer's keys hold

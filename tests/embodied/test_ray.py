@@ -60,6 +60,30 @@ def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
         assert (weights["local"][name] == weights["ray"][name]).all(), name
 
 
+def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path):
+    """Ray places two rollouts (half the envs and one env worker each) and learner rank 1 as
+    actors; the run takes the updates `procs` takes with the same layout, bit for bit."""
+    layout = ["runtime.num_rollouts=2", "runtime.learner_ranks=2", "total_env_steps=120", "checkpoint_every=0"]
+    weights = {}
+    for runtime in ("procs", "ray"):
+        run_dir = tmp_path / runtime
+        extra = [*RAY, "runtime.num_cpus=4"] if runtime == "ray" else ["runtime=procs", "runtime.rollout_device=cpu"]
+        trainer = train(*extra, *layout, f"run_dir={run_dir}")
+        try:
+            if runtime == "ray":
+                wait_for(lambda: len(updates_of(run_dir)) >= 1, "an update", trainer)
+                assert len(actors("RolloutRole")) == 2 and len(actors("LearnerRankRole")) == 1
+                assert len(actors("EnvWorkerRole")) == 2
+            out, err = trainer.communicate(timeout=600)
+        finally:
+            trainer.kill()
+        assert trainer.returncode == 0, err
+        assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2, 3]
+        weights[runtime] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
+    for name in weights["procs"]:
+        assert (weights["procs"][name] == weights["ray"][name]).all(), name
+
+
 def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
     updates = train_killing_one("EnvWorkerRole", 2, tmp_path / "run")
     assert updates[-1]["train/env_worker_restarts"] == 1
