@@ -21,11 +21,13 @@ logger = logging.getLogger(__name__)
 
 class Offloader:
     """Moves a module's parameters and buffers, and an optimizer's state, to CPU memory and
-    back, freeing them on their device in between."""
+    back, freeing them on their device in between. Disabled (disaggregated placement), it
+    leaves them where they are."""
 
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None):
+    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, enabled: bool = True):
         self.module = module
         self.optimizer = optimizer
+        self.enabled = enabled
         self.saved: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # (tensor emptied, its CPU copy)
         self.seconds = 0.0  # spent moving, in all
         self.bytes_moved = 0  # one way, last offload
@@ -45,7 +47,7 @@ class Offloader:
                 yield tensor
 
     def offload(self) -> None:
-        if self.offloaded:
+        if self.offloaded or not self.enabled:
             return
         started = time.perf_counter()
         devices: set[torch.device] = set()

@@ -27,23 +27,16 @@ class Learner:
         # the whole weights gathered last (rank 0), e.g. for an unsharded evaluation copy
         self.sharded_names: list[str] | None = None
         self.gathered_weights: dict[str, torch.Tensor] = {}
-        self.offloader: Offloader | None = None  # runtime.placement=collocated
+        self.offloader = Offloader(policy, enabled=False)  # see `collocate`
 
     def collocate(self) -> None:
-        """From now on `offload` moves the policy and the optimizer state to CPU memory (the
-        rollout has the device while this learner waits) and `reload` brings them back."""
+        """From now on `offloader.offload()` moves the policy and the optimizer state to CPU
+        memory (the rollout has the device while this learner waits) and `reload()` brings
+        them back (runtime.placement=collocated)."""
         self.offloader = Offloader(self.policy, self.algo.optimizer)
 
-    def offload(self) -> None:
-        if self.offloader is not None:
-            self.offloader.offload()
-
-    def reload(self) -> None:
-        if self.offloader is not None:
-            self.offloader.reload()
-
     def _check_loaded(self) -> None:
-        if self.offloader is not None and self.offloader.offloaded:
+        if self.offloader.offloaded:
             raise RuntimeError("the learner's policy is offloaded to CPU memory: reload() it first")
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:

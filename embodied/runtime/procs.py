@@ -357,7 +357,7 @@ class ProcsRuntime:
             if collocated:
                 learner.collocate()
             weights = tensors_to_wire(learner.published())
-            learner.offload()  # collocated: the device is the rollout's until a batch arrives
+            learner.offloader.offload()  # collocated: the device is the rollout's until a batch arrives
             link.publish(learner.policy_version, weights)
             session.start_logging()
             while not session.finished:
@@ -374,7 +374,7 @@ class ProcsRuntime:
                 progress = session.env_steps / config.total_env_steps
                 if ranks is not None:
                     ranks.before_update(batch, progress, off_policy=lag > 0)
-                learner.reload()
+                learner.offloader.reload()
                 metrics = learner.update(batch, progress, off_policy=lag > 0)
                 rounds.consumed(deliveries, learner.policy_version, durable=config.checkpoint_every == 0)
                 weights = tensors_to_wire(learner.published())
@@ -406,7 +406,7 @@ class ProcsRuntime:
                         "delivery": state, "stale_batches_dropped": dropped}})
                     link.checkpointed(state)
                 if collocated:  # the rollout gets the device, and then the weights, once this learner has left it
-                    learner.offload()
+                    learner.offloader.offload()
                     link.publish(learner.policy_version, weights)
             finished = True
         finally:

@@ -61,15 +61,7 @@ class Rollout:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(sampling_seed(seed, index))
         # runtime.placement=collocated: the policy waits in CPU memory while the learner has the device
-        self.offloader = Offloader(policy) if offload else None
-
-    def offload(self) -> None:
-        if self.offloader is not None:
-            self.offloader.offload()
-
-    def reload(self) -> None:
-        if self.offloader is not None:
-            self.offloader.reload()
+        self.offloader = Offloader(policy, enabled=offload)
 
     def start(self) -> None:
         self.observation = self.env.reset()

@@ -60,7 +60,7 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
             logger.info("the learner finished training; exiting")
             return
         weights = link.current_weights()
-        rollout.reload()  # collocated: the learner is done with the device until this batch arrives
+        rollout.offloader.reload()  # collocated: the learner is done with the device until this batch arrives
         if (weights.learner_id, weights.policy_version) != held:
             load_published_weights(rollout.policy, tensors_from_wire(weights.tensors))
             held = (weights.learner_id, weights.policy_version)
@@ -69,7 +69,7 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
         if group_size:  # GRPO-style algorithms: grouped starts, one round per batch
             rollout.start_groups(group_size, link.last_sent, seed)
         batch, episodes, env_steps = rollout.collect(rollout_steps)
-        rollout.offload()  # collocated: the learner gets the device before it gets the batch
+        rollout.offloader.offload()  # collocated: the learner gets the device before it gets the batch
         link.send_trajectory({
             "trajectory": trajectory_to_wire(batch),
             "episodes": [vars(e) for e in episodes],
@@ -77,7 +77,7 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
             "env_restarts": rollout.env_restarts,
             "resent": link.resent,
             "reconnects": link.reconnects,
-            "offload_s": rollout.offloader.seconds if rollout.offloader else 0.0,
+            "offload_s": rollout.offloader.seconds,
         })
 
 

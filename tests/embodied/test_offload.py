@@ -39,7 +39,7 @@ def test_offload_empties_the_device_copies_and_reload_restores_them_exactly():
     twin = copy.deepcopy(learner)
     parameters = list(learner.policy.parameters())
     learner.collocate()
-    learner.offload()
+    learner.offloader.offload()
     assert all(p.numel() == 0 and p.grad is None for p in parameters)
     moments = [v for state in learner.algo.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
     assert moments and all(v.numel() == 0 for v in moments)
@@ -49,7 +49,7 @@ def test_offload_empties_the_device_copies_and_reload_restores_them_exactly():
     with pytest.raises(RuntimeError):  # computing while offloaded fails loudly
         learner.policy.value(Observation(state=torch.zeros(1, 5), images={}, instruction=[""]))
 
-    learner.reload()
+    learner.offloader.reload()
     assert list(learner.policy.parameters()) == parameters  # the same objects, so the optimizer's keys hold
     for name, value in twin.policy.state_dict().items():
         assert torch.equal(learner.policy.state_dict()[name], value), name

@@ -34,6 +34,23 @@ def rollout_pid(run_dir: Path, index: int = 0) -> int:
     return json.loads((run_dir / "procs.json").read_text())["rollouts"][f"rollout-{index}"]
 
 
+def env_workers(process: psutil.Process) -> list[psutil.Process]:
+    return [p for p in process.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+
+
+def train_interrupted(trainer: subprocess.Popen, run_dir: Path, interrupt, after_updates: int = 2) -> list[dict]:
+    """Once `after_updates` updates are logged, call `interrupt()` (which kills something);
+    the run must finish all the same. Returns its updates."""
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= after_updates, f"{after_updates} updates", trainer)
+        interrupt()
+        out, err = trainer.communicate(timeout=600)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    return updates_of(run_dir)
+
+
 def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -49,24 +66,22 @@ def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
         "algo.num_minibatches=4", "algo.update_epochs=2", "total_env_steps=2000", "checkpoint_every=5",
         "eval_every=10", "periodic_eval_episodes=2", "eval_episodes=2", f"run_dir={run_dir}"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
-        rollout = psutil.Process(rollout_pid(run_dir))
-        workers = [p for p in rollout.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+    rollout = []
+
+    def kill_a_worker() -> None:
+        rollout.append(psutil.Process(rollout_pid(run_dir)))
+        workers = env_workers(rollout[0])
         assert len(workers) == 2, "expected the rollout to run two env workers"
         workers[0].kill()
-        out, err = trainer.communicate(timeout=300)
-    finally:
-        trainer.kill()
-    assert trainer.returncode == 0, err
-    updates = updates_of(run_dir)
+
+    updates = train_interrupted(trainer, run_dir, kill_a_worker)
     assert [u["train/iteration"] for u in updates] == list(range(1, 21))
     assert updates[-1]["env_steps"] == 2000 and updates[-1]["train/policy_version"] == 20
     assert all(u["train/policy_lag"] == 0 for u in updates)  # synchronous: always the current policy
     assert updates[-1]["train/env_worker_restarts"] == 1
     assert any("eval/success_rate" in m for m in metrics_of(run_dir))
     assert (run_dir / "eval" / "PushCube-v1" / "report.md").is_file()
-    assert not rollout.is_running() or rollout.status() == psutil.STATUS_ZOMBIE  # told to finish, it did
+    assert not rollout[0].is_running() or rollout[0].status() == psutil.STATUS_ZOMBIE  # told to finish, it did
 
 
 def test_a_killed_rollout_process_is_restarted_and_training_continues(tmp_path):
@@ -99,18 +114,14 @@ def test_several_rollouts_share_the_envs_and_a_killed_one_is_restarted(tmp_path)
         "runtime.num_rollouts=2", "env.num_envs=4", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=10",
         "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=400", "eval_episodes=0",
         f"run_dir={run_dir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
-        rollouts = [psutil.Process(rollout_pid(run_dir, index)) for index in (0, 1)]
-        for rollout in rollouts:
-            workers = [p for p in rollout.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
-            assert len(workers) == 1, "each rollout should run one of the two env workers"
+    rollouts = []
+
+    def kill_a_rollout() -> None:
+        rollouts.extend(psutil.Process(rollout_pid(run_dir, index)) for index in (0, 1))
+        assert [len(env_workers(rollout)) for rollout in rollouts] == [1, 1], "one env worker per rollout"
         rollouts[1].kill()
-        out, err = trainer.communicate(timeout=300)
-    finally:
-        trainer.kill()
-    assert trainer.returncode == 0, err
-    updates = updates_of(run_dir)
+
+    updates = train_interrupted(trainer, run_dir, kill_a_rollout)
     assert [u["train/iteration"] for u in updates] == list(range(1, 11))
     assert [u["env_steps"] for u in updates] == [40 * i for i in range(1, 11)]  # both shares in every update
     assert all(u["train/policy_lag"] == 0 for u in updates)

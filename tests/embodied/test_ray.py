@@ -7,7 +7,7 @@ import psutil
 from safetensors.torch import load_file
 
 from embodied.checkpoint import resolve_checkpoint
-from tests.embodied.test_procs import updates_of, wait_for
+from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
 
 TINY = ["env.num_envs=4", "env.num_workers=2", "algo.rollout_steps=10", "algo.num_minibatches=2",
         "algo.update_epochs=2", "eval_episodes=0", "runtime.device=cpu", "logger.progress_bar=false"]
@@ -28,16 +28,13 @@ def actors(role: str) -> list[psutil.Process]:
 def train_killing_one(role: str, expected: int, run_dir) -> list[dict]:
     """Train, kill one `role` actor after two updates, and return the run's updates."""
     trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=2", f"run_dir={run_dir}")
-    try:
-        wait_for(lambda: len(updates_of(run_dir)) >= 2, "two updates", trainer)
+
+    def kill_one() -> None:
         running = actors(role)
         assert len(running) == expected, f"expected {expected} {role} actors"
         running[0].kill()
-        out, err = trainer.communicate(timeout=600)
-    finally:
-        trainer.kill()
-    assert trainer.returncode == 0, err
-    updates = updates_of(run_dir)
+
+    updates = train_interrupted(trainer, run_dir, kill_one)
     assert [u["train/iteration"] for u in updates] == list(range(1, 11))
     return updates
 
