@@ -7,6 +7,7 @@ success S0; GRPO and PPO from those weights give S1.
   grpo    `embodied train init=<sft> algo=grpo`: groups of 4 envs from one initial state, one
           task per group, clip-higher, token-mean loss, dynamic sampling
   ppo     `embodied train init=<sft> algo=ppo_maniskill`: the value head, GAE, critic warm-up
+          (learning rate 1e-4, and again at 1e-5: ppo-lr1e-5)
 
 Goal (the issue's): RL improves mean success by >= 20 points over SFT within one CPU-hour.
 Every step is a command a user would type; the runs land in benchmarks/runs/.
@@ -31,10 +32,12 @@ DEMOS = RUNS / "multitask-demos"
 SFT = RUNS / "multitask-sft"
 ENV = ["env=maniskill_multitask"]
 POLICY = ["policy=token_vla"]
-COMMON = ["algo.lr=1e-4", "eval_every=5", "periodic_eval_episodes=24", "checkpoint_every=10", "seed=1"]
+COMMON = ["eval_every=5", "periodic_eval_episodes=24", "checkpoint_every=10", "seed=1"]
 ARMS = {
-    "grpo": ["algo=grpo", "algo.group_size=4", "algo.rollout_steps=50"],
-    "ppo": ["algo=ppo_maniskill", "algo.critic_warmup_iterations=3"],
+    "grpo": ["algo=grpo", "algo.group_size=4", "algo.rollout_steps=50", "algo.lr=1e-4"],
+    "ppo": ["algo=ppo_maniskill", "algo.critic_warmup_iterations=3", "algo.lr=1e-4"],
+    # at 1e-4 PPO's updates hit target_kl (approx. KL 0.09, 40% of ratios clipped)
+    "ppo-lr1e-5": ["algo=ppo_maniskill", "algo.critic_warmup_iterations=3", "algo.lr=1e-5"],
 }
 TASKS = ("PushCube-v1", "PickCube-v1", "StackCube-v1")
 EVAL_EPISODES = 60  # 20 per task: the 12 envs hold 4 per task
