@@ -10,13 +10,10 @@ instead of quietly running somewhere else."""
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Iterator
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 
 class Offloader:
