@@ -52,6 +52,10 @@ class PPOConfig:
     # Iterations at the start that train only the value function, so a pretrained policy
     # (e.g. a VLA after SFT) is not pushed around by advantages from an untrained critic.
     critic_warmup_iterations: int = 0
+    # The value function's own learning rate (annealed like `lr`); None: `lr`. A value head
+    # on a pretrained policy (e.g. a token VLA) needs far more than the small steps that keep
+    # the policy near its SFT weights. Its own optimizer parameter group.
+    value_lr: Optional[float] = None
     # Dual clip (> 1, e.g. 3): for negative advantages the loss is also capped at -c * A, so a
     # huge ratio on a bad action cannot dominate the batch. None: off.
     dual_clip: Optional[float] = None
@@ -165,6 +169,8 @@ def check_config(cfg: PPOConfig) -> None:
     for key in ("lr", "clip_coef", "max_grad_norm", "reward_clip", "behaviour_weight_cap", "huber_delta"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"algo.{key} must be > 0, got {getattr(cfg, key)}")
+    if cfg.value_lr is not None and cfg.value_lr <= 0:
+        raise ConfigError(f"algo.value_lr must be > 0 (or null), got {cfg.value_lr}")
     if cfg.dual_clip is not None and cfg.dual_clip <= 1:
         raise ConfigError(f"algo.dual_clip must be > 1 (or null), got {cfg.dual_clip}")
     if cfg.value_loss not in ("mse", "huber"):
@@ -179,12 +185,22 @@ def check_ratio(ratio: str, denoise_discount: float) -> None:
         raise ConfigError(f"algo.denoise_discount must be in (0, 1], got {denoise_discount}")
 
 
+def parameter_groups(policy: Policy, cfg: PPOConfig) -> list[dict]:
+    """The optimizer's parameter groups: one, or with `value_lr` the value function's apart
+    (marked `value`, so the learning rate can be set per group)."""
+    if cfg.value_lr is None:
+        return [{"params": list(policy.parameters())}]
+    value = {id(p) for p in policy.value_parameters()}
+    return [{"params": [p for p in policy.parameters() if id(p) not in value]},
+            {"params": [p for p in policy.parameters() if id(p) in value], "lr": cfg.value_lr, "value": True}]
+
+
 class PPO:
     def __init__(self, cfg: PPOConfig, policy: Policy):
         check_config(cfg)
         self.cfg = cfg
         self.policy = policy
-        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.optimizer = torch.optim.Adam(parameter_groups(policy, cfg), lr=cfg.lr, eps=cfg.adam_eps)
         self.return_scaler = ReturnScaler(cfg.gamma, cfg.reward_clip) if cfg.scale_reward else None
         self.iterations = 0
         # Advantages are normalised over the whole minibatch before it is sharded, so each
@@ -196,9 +212,10 @@ class PPO:
         """One PPO iteration on a collected batch; `progress` in [0, 1) anneals the lr.
         `off_policy`: the batch came from an older policy than this one (decoupled PPO)."""
         cfg = self.cfg
-        lr = cfg.lr * (1.0 - progress) if cfg.anneal_lr else cfg.lr
+        scale = 1.0 - progress if cfg.anneal_lr else 1.0
+        lr = cfg.lr * scale
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = (cfg.value_lr if group.get("value") else cfg.lr) * scale
 
         done = batch.terminated | batch.truncated
         reward = self.return_scaler(batch.reward, done) if self.return_scaler else batch.reward
@@ -267,6 +284,8 @@ class PPO:
         metrics = averages.metrics()
         metrics["loss/explained_variance"] = explained_variance(batch.value.reshape(-1), flat_ret)
         metrics["train/lr"] = lr
+        if cfg.value_lr is not None:
+            metrics["train/value_lr"] = cfg.value_lr * scale
         metrics["train/advantage_mean"] = float(flat_adv.mean())
         if behaviour_weight is not None:
             metrics["loss/behaviour_weight"] = float(behaviour_weight.mean())

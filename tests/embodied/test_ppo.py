@@ -114,6 +114,8 @@ def test_out_of_range_hyperparameters_are_config_errors():
         PPO(PPOConfig(ratio="token"), policy)
     with pytest.raises(ConfigError, match="algo.denoise_discount must be in"):
         PPO(PPOConfig(denoise_discount=0.0), policy)
+    with pytest.raises(ConfigError, match="algo.value_lr must be > 0"):
+        PPO(PPOConfig(value_lr=0.0), policy)
     with pytest.raises(ConfigError, match="algo.num_minibatches=64"):
         PPO(PPOConfig(num_minibatches=64), policy).update(_batch(policy), progress=0.0)
 
@@ -165,6 +167,28 @@ def test_critic_warmup_trains_only_the_value_function():
     assert any(not torch.equal(b, a) for b, a in zip(critic, policy.critic.parameters()))
     assert ppo.update(batch, 0.0)["train/critic_warmup"] == 0.0
     assert not torch.equal(actor[-1], policy.log_std)  # after warm-up the policy moves too
+
+
+def test_value_lr_steps_the_value_function_at_its_own_annealed_rate():
+    spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    torch.manual_seed(0)
+    policy = MLPGaussianPolicy(MLPPolicyConfig(), spec)
+    batch = _batch(policy)
+    ppo = PPO(PPOConfig(update_epochs=1, num_minibatches=1, lr=1e-4, value_lr=1e-2), policy)
+    actor = [p.detach().clone() for p in policy.actor.parameters()]
+    critic = [p.detach().clone() for p in policy.critic.parameters()]
+    metrics = ppo.update(batch, 0.5)  # half-way: both rates annealed to half
+
+    def largest_step(before, module):
+        return max(float((b - a).abs().max()) for b, a in zip(before, module.parameters()))
+
+    # Adam's first step moves each parameter by its learning rate (the gradient's sign)
+    assert largest_step(actor, policy.actor) == pytest.approx(0.5e-4, rel=1e-3)
+    assert largest_step(critic, policy.critic) == pytest.approx(0.5e-2, rel=1e-3)
+    assert metrics["train/lr"] == pytest.approx(0.5e-4) and metrics["train/value_lr"] == pytest.approx(0.5e-2)
+    restored = PPO(PPOConfig(lr=1e-4, value_lr=1e-2), policy)
+    restored.load_state_dict(ppo.state_dict())  # a checkpoint keeps the two groups
+    assert [g.get("value", False) for g in restored.optimizer.param_groups] == [False, True]
 
 
 def test_dual_clip_caps_negative_advantage_losses_and_huber_value_loss():
