@@ -14,7 +14,8 @@ then come C x A action positions whose tokens are the last 256 vocabulary ids
 
 The log-prob of an action chunk is the sum of its tokens' log-probs under a softmax restricted
 to the 256 action tokens, with the same temperature at rollout and in training. The value
-head reads the hidden state just before the first action position. `backbone=tiny` builds a
+head reads the hidden state just before the first action position (linear, or an MLP with
+`critic_hidden`, which can also read the normalised state: `value_reads_state`). `backbone=tiny` builds a
 small random Qwen2 (and a byte-level instruction tokenizer) that runs anywhere, and
 `backbone=tiny_vlm` a small random PaliGemma that also reads camera images; a local path or
 hub id loads a causal LM (Llama, Qwen2, ...) or a vision-language model (PaliGemma, SmolVLM)
@@ -24,7 +25,7 @@ so only they travel as weight updates."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ from embodied.types import ActionChunk, EnvSpec, Observation
 from policies.action_tokens import NUM_BINS, ActionTokenizer
 from policies.base import Policy, PolicyEval
 from policies.backbones import build_backbone, prefix_embeddings, vision_prefix
+from policies.mlp import mlp
 from policies.normalization import RunningNormalizer
 
 DECODERS = ("causal", "parallel")
@@ -60,6 +62,11 @@ class TokenVLAConfig:
     lora_rank: int = 0  # > 0: freeze the backbone, train LoRA adapters of this rank
     lora_alpha: int = 16
     value_from_detached: bool = False  # stop the value loss's gradient at the backbone
+    # The value head: linear on that hidden state (the default), or an MLP of these widths;
+    # with value_reads_state it also reads the normalised state, so the critic need not rely
+    # on what a backbone tuned to predict actions keeps of it (values depend on progress).
+    critic_hidden: list[int] = field(default_factory=list)
+    value_reads_state: bool = False
 
 
 class TokenVLAPolicy(Policy):
@@ -85,17 +92,23 @@ class TokenVLAPolicy(Policy):
         self.normalizer = RunningNormalizer(spec.state_dim)
         self.state_embedding = nn.Linear(spec.state_dim, hidden)
         self.action_queries = nn.Parameter(torch.randn(self.positions, hidden) * 0.02)  # parallel decoder inputs
-        self.value_head = nn.Linear(hidden, 1)
+        value_inputs = hidden + (spec.state_dim if cfg.value_reads_state else 0)
+        if cfg.critic_hidden or cfg.value_reads_state:
+            self.value_head = mlp([value_inputs, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
+        else:
+            self.value_head = nn.Linear(hidden, 1)  # the issue's value head, as OpenVLA-based PPO has it
 
     # ---- pieces -----------------------------------------------------------------------------
     def _token_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
 
+    def _state(self, observation: Observation) -> torch.Tensor:
+        return self.normalizer(observation.state.to(self.action_queries.device, torch.float32))
+
     def _prefix(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
-        state = self.normalizer(observation.state.to(self.action_queries.device, torch.float32))
         return prefix_embeddings(observation, self._token_embeddings(), self.instructions,
                                  self.cfg.max_instruction_tokens, self.image_tokens, self.cameras,
-                                 self.state_embedding(state))
+                                 self.state_embedding(self._state(observation)))
 
     def _run(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, output_hidden_states=True)
@@ -105,10 +118,11 @@ class TokenVLAPolicy(Policy):
         """Log-softmax over the 256 action tokens only, at the policy's temperature."""
         return torch.log_softmax(logits[..., self.actions.first_token:] / self.cfg.temperature, dim=-1)
 
-    def _value(self, hidden_before_actions: torch.Tensor) -> torch.Tensor:
-        if self.cfg.value_from_detached:
-            hidden_before_actions = hidden_before_actions.detach()
-        return self.value_head(hidden_before_actions).squeeze(-1)
+    def _value(self, hidden_before_actions: torch.Tensor, observation: Observation) -> torch.Tensor:
+        inputs = hidden_before_actions.detach() if self.cfg.value_from_detached else hidden_before_actions
+        if self.cfg.value_reads_state:
+            inputs = torch.cat([inputs, self._state(observation)], -1)
+        return self.value_head(inputs).squeeze(-1)
 
     def _score(self, observation: Observation, bins: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-position action log-probs (B, P, 256) and value (B,). For the causal decoder,
@@ -127,7 +141,7 @@ class TokenVLAPolicy(Policy):
             scored = logits[:, start:]  # each query position predicts its own action token
         else:
             scored = logits[:, start - 1:start - 1 + self.positions]  # position t predicts token t + 1
-        return self._action_log_probs(scored), self._value(hidden[:, start - 1])
+        return self._action_log_probs(scored), self._value(hidden[:, start - 1], observation)
 
     # ---- the policy contract ----------------------------------------------------------------
     def act(self, observation: Observation, deterministic: bool = False,
@@ -155,7 +169,7 @@ class TokenVLAPolicy(Policy):
                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
         prefix, mask = self._prefix(observation)
         out = self.backbone(inputs_embeds=prefix, attention_mask=mask, use_cache=True, output_hidden_states=True)
-        value = self._value(out.hidden_states[-1][:, -1])
+        value = self._value(out.hidden_states[-1][:, -1], observation)
         picked = []
         for position in range(self.positions):
             bins = self._pick(self._action_log_probs(out.logits[:, -1:]), deterministic, generator)
@@ -175,7 +189,7 @@ class TokenVLAPolicy(Policy):
 
     def value(self, observation: Observation) -> torch.Tensor:
         prefix, mask = self._prefix(observation)
-        return self._value(self._run(prefix, mask)[1][:, -1])
+        return self._value(self._run(prefix, mask)[1][:, -1], observation)
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """Token cross-entropy of demonstrated actions (B, C, A)."""

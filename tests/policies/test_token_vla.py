@@ -122,6 +122,22 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
         TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path / "missing")), SPEC)
 
 
+@pytest.mark.parametrize("decoder", ["causal", "parallel"])
+def test_an_mlp_value_head_reads_the_hidden_state_before_the_actions_and_the_state(decoder):
+    torch.manual_seed(0)
+    policy = TokenVLAPolicy(TokenVLAConfig(decoder=decoder, critic_hidden=[16], value_reads_state=True), SPEC)
+    obs = observation()
+    with torch.no_grad():
+        chunk = policy.act(obs)
+        prefix, mask = policy._prefix(obs)
+        hidden = policy._run(prefix, mask)[1][:, -1]
+        expected = policy.value_head(torch.cat([hidden, policy.normalizer(obs.state)], -1)).squeeze(-1)
+        torch.testing.assert_close(policy.value(obs), expected)
+        torch.testing.assert_close(chunk.value, expected)
+        torch.testing.assert_close(policy.evaluate(obs, chunk).value, expected)
+    assert [p.shape for p in policy.value_parameters()] == [(16, 64 + 5), (16,), (1, 16), (1,)]
+
+
 def test_critic_warmup_leaves_the_shared_backbone_alone():
     from embodied.algos.ppo import PPO, PPOConfig
     from embodied.buffers import TrajectoryBuilder
