@@ -140,7 +140,8 @@ def shard_with_optimizer(policy: torch.nn.Module, optimizer: torch.optim.Optimiz
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if len(optimizer.param_groups) != 1:
-        raise ConfigError("runtime.learner_sharding=fsdp shards optimizers with one parameter group")
+        raise ConfigError("runtime.learner_sharding=fsdp shards optimizers with one parameter group "
+                          "(algo.value_lr gives the value function a group of its own: leave it null)")
     names = optimizer_parameter_names(policy, optimizer)
     state = optimizer.state_dict()
     shard_policy(policy, parallel)
