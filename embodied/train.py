@@ -55,13 +55,26 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def load_init_weights(policy: torch.nn.Module, init: str, policy_name: str) -> Path:
+def load_init_weights(policy: Policy, init: str, policy_name: str) -> Path:
     """Another run's policy weights (`init=`, for RL or SFT) into `policy`; returns the
-    checkpoint they came from. A policy they do not fit is a ConfigError naming `init`."""
+    checkpoint they came from. A value function of another shape starts fresh: SFT does not
+    train it, and RL may ask for a different one. Anything else that does not fit is a
+    ConfigError naming `init`."""
     checkpoint = resolve_checkpoint(init)
     weights, _ = load_checkpoint(checkpoint)
     try:
-        policy.load_state_dict(weights)
+        try:
+            policy.load_state_dict(weights)
+        except RuntimeError:
+            value_ids = {id(p) for p in policy.value_parameters()}
+            value_modules = {name.split(".")[0] for name, p in policy.named_parameters() if id(p) in value_ids}
+            in_value = lambda key: key.split(".")[0] in value_modules  # noqa: E731
+            missing, unexpected = policy.load_state_dict({k: v for k, v in weights.items() if not in_value(k)},
+                                                         strict=False)
+            if unexpected or not all(in_value(key) for key in missing):
+                raise RuntimeError(f"missing {missing}, unexpected {unexpected}") from None
+            logger.info("init=%s: the value function (%s) starts fresh: its shape differs", init,
+                        ", ".join(sorted(value_modules)))
     except RuntimeError as error:
         raise ConfigError(f"init={init}: its weights do not fit policy '{policy_name}' on this env: {error}") from None
     return checkpoint

@@ -169,6 +169,15 @@ def test_a_new_training_run_starts_from_the_sft_weights_with_init(pickcube_demos
     TrainSession(config).restore(Learner(policy, None, torch.device("cpu")))
     assert all(torch.equal(sft_weights[k], v) for k, v in policy.state_dict().items())
 
+    # RL may ask for another critic: the value function starts fresh, everything else is SFT's
+    wider = to_schema(TrainConfig, compose("train", [*overrides, "policy.critic_hidden=[16,16]"]))
+    policy = build_policy(wider.policy, spec, torch.device("cpu"))
+    TrainSession(wider).restore(Learner(policy, None, torch.device("cpu")))
+    loaded = policy.state_dict()
+    reshaped = [k for k in sft_weights if loaded[k].shape != sft_weights[k].shape]
+    assert reshaped and all(k.startswith("critic.") for k in reshaped) and "critic.4.weight" in loaded
+    assert all(torch.equal(sft_weights[k], v) for k, v in loaded.items() if not k.startswith("critic."))
+
     other = to_schema(TrainConfig, compose("train", [*overrides[:4], "policy=mlp_gaussian", f"runs_root={tmp_path}",
                                                      f"init={run_dir}"]))
     mlp = build_policy(other.policy, spec, torch.device("cpu"))
