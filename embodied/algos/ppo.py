@@ -54,7 +54,8 @@ class PPOConfig:
     critic_warmup_iterations: int = 0
     # The value function's own learning rate (annealed like `lr`); None: `lr`. A value head
     # on a pretrained policy (e.g. a token VLA) needs far more than the small steps that keep
-    # the policy near its SFT weights. Its own optimizer parameter group.
+    # the policy near its SFT weights. Its own optimizer parameter group, whose gradient norm
+    # is clipped on its own (`loss/value_grad_norm`).
     value_lr: Optional[float] = None
     # Dual clip (> 1, e.g. 3): for negative advantages the loss is also capped at -c * A, so a
     # huge ratio on a bad action cannot dominate the batch. None: off.
@@ -149,9 +150,10 @@ class LossAverages:
         self.sums: dict[str, float] = {}
         self.count = 0
 
-    def add(self, loss: Any, grad_norm: torch.Tensor) -> None:
+    def add(self, loss: Any, grad_norm: torch.Tensor, **other_norms: torch.Tensor) -> None:
         terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
-        for name, value in {**terms, "grad_norm": float(grad_norm)}.items():
+        norms = {"grad_norm": float(grad_norm), **{name: float(norm) for name, norm in other_norms.items()}}
+        for name, value in {**terms, **norms}.items():
             self.sums[name] = self.sums.get(name, 0.0) + value
         self.count += 1
 
@@ -243,6 +245,9 @@ class PPO:
         parallel = self.data_parallel
         shard = parallel.shard(minibatch) if parallel else slice(None)
         parameters = list(self.policy.parameters())
+        # with value_lr the value function is clipped on its own too, so a large value loss
+        # does not scale the policy's gradient down
+        clipped = [group["params"] for group in self.optimizer.param_groups]
         for _ in range(cfg.update_epochs):
             order = torch.randperm(size)
             if parallel:
@@ -273,10 +278,10 @@ class PPO:
                             parameter.grad = None
                 if parallel:
                     parallel.average_gradients(parameters)
-                grad_norm = nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm)
+                grad_norm, *value_norm = [nn.utils.clip_grad_norm_(group, cfg.max_grad_norm) for group in clipped]
                 self.optimizer.step()
                 for loss in losses:
-                    averages.add(loss, grad_norm)
+                    averages.add(loss, grad_norm, **({"value_grad_norm": value_norm[0]} if value_norm else {}))
             kl = sum(float(part.approx_kl) for part in losses) / len(losses)  # the whole minibatch's
             if cfg.target_kl is not None and (parallel.mean(kl) if parallel else kl) > cfg.target_kl:
                 break

@@ -186,6 +186,7 @@ def test_value_lr_steps_the_value_function_at_its_own_annealed_rate():
     assert largest_step(actor, policy.actor) == pytest.approx(0.5e-4, rel=1e-3)
     assert largest_step(critic, policy.critic) == pytest.approx(0.5e-2, rel=1e-3)
     assert metrics["train/lr"] == pytest.approx(0.5e-4) and metrics["train/value_lr"] == pytest.approx(0.5e-2)
+    assert metrics["loss/value_grad_norm"] > 0  # the value function's gradient is clipped on its own
     restored = PPO(PPOConfig(lr=1e-4, value_lr=1e-2), policy)
     restored.load_state_dict(ppo.state_dict())  # a checkpoint keeps the two groups
     assert [g.get("value", False) for g in restored.optimizer.param_groups] == [False, True]
