@@ -5,7 +5,10 @@ The prefix is each camera's image tokens (vision-language backbones: their own v
 and projector, `policies.vlm`), the instruction's tokens, then one embedding of the
 (normalised) state;
 then come C x A action positions whose tokens are the last 256 vocabulary ids
-(`policies.action_tokens`). Two decoders:
+(`policies.action_tokens`). Without images in front, the instruction's positions depend on
+the instruction alone, so they run once per distinct instruction of a batch and every row
+reads their keys and values (a multi-task batch holds a few instructions: most of the
+sequence is computed a few times instead of once per row). Two decoders:
 
 - causal: one action token after another, each fed back as the next input (OpenVLA);
 - parallel: all C x A positions from one forward pass (OpenVLA-OFT). Their inputs are
@@ -26,6 +29,7 @@ so only they travel as weight updates."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +43,7 @@ from policies.base import Policy, PolicyEval
 from policies.backbones import build_backbone, prefix_embeddings, vision_prefix
 from policies.mlp import mlp
 from policies.normalization import RunningNormalizer
+from policies.vlm import is_vision_language
 
 DECODERS = ("causal", "parallel")
 
@@ -80,6 +85,9 @@ class TokenVLAPolicy(Policy):
         self.backbone, self.instructions = build_backbone(cfg)
         self.cameras = sorted(spec.image_shapes)
         self.image_tokens = vision_prefix(self.backbone, cfg.backbone, self.cameras)
+        # Without images in front, a row's instruction positions depend on its instruction
+        # alone: they run once per distinct instruction in a batch (`_instruction_cache`).
+        self.shares_instruction = self.image_tokens is None and not is_vision_language(self.backbone)
         if cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -110,9 +118,39 @@ class TokenVLAPolicy(Policy):
                                  self.cfg.max_instruction_tokens, self.image_tokens, self.cameras,
                                  self.state_embedding(self._state(observation)))
 
-    def _run(self, embeddings: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, output_hidden_states=True)
-        return out.logits, out.hidden_states[-1]
+    def _instruction_cache(self, observation: Observation) -> tuple[Any, torch.Tensor]:
+        """The backbone's keys and values over each row's instruction, computed once per
+        distinct instruction (a batch holds few), and the instructions' attention mask (B, L)."""
+        texts = observation.instruction or [""] * observation.state.shape[0]
+        distinct = sorted(set(texts))
+        rows = torch.tensor([distinct.index(text) for text in texts], device=self.action_queries.device)
+        ids, mask = self.instructions(distinct, self.cfg.max_instruction_tokens)
+        ids, mask = ids.to(rows.device), mask.to(rows.device)
+        cache = self.backbone(inputs_embeds=self._token_embeddings()(ids), attention_mask=mask, use_cache=True,
+                              logits_to_keep=1).past_key_values
+        cache.batch_select_indices(rows)
+        return cache, mask[rows]
+
+    def _run(self, observation: Observation, inputs: torch.Tensor | None, keep: int,
+             use_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
+        """The backbone over [prefix, inputs]: logits of the last `keep` positions, the hidden
+        state of the prefix's last position (the state's, which the value head reads), and the
+        keys and values (with `use_cache`) and attention mask to decode on from."""
+        if self.shares_instruction:
+            cache, mask = self._instruction_cache(observation)  # the mask covers the cached positions
+            embeddings = self.state_embedding(self._state(observation))[:, None]
+            covered = 0
+        else:
+            cache = None
+            embeddings, mask = self._prefix(observation)
+            covered = embeddings.shape[1]
+        state_position = embeddings.shape[1] - 1
+        if inputs is not None:
+            embeddings = torch.cat([embeddings, inputs], 1)
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], embeddings.shape[1] - covered)], 1)
+        out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, past_key_values=cache,
+                            use_cache=use_cache or cache is not None, output_hidden_states=True, logits_to_keep=keep)
+        return out.logits, out.hidden_states[-1][:, state_position], out.past_key_values, mask
 
     def _action_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-softmax over the 256 action tokens only, at the policy's temperature."""
@@ -127,21 +165,13 @@ class TokenVLAPolicy(Policy):
     def _score(self, observation: Observation, bins: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-position action log-probs (B, P, 256) and value (B,). For the causal decoder,
         `bins` (B, P) are the action tokens fed back (teacher forcing)."""
-        prefix, mask = self._prefix(observation)
-        batch, start = prefix.shape[0], prefix.shape[1]
+        batch = observation.state.shape[0]
         if self.cfg.decoder == "parallel":
-            inputs = self.action_queries[None].expand(batch, -1, -1)
+            inputs = self.action_queries[None].expand(batch, -1, -1)  # each query predicts its own token
         else:
-            fed = bins[:, :-1] + self.actions.first_token
-            inputs = self._token_embeddings()(fed)
-        embeddings = torch.cat([prefix, inputs], 1)
-        full_mask = torch.cat([mask, torch.ones(batch, inputs.shape[1], dtype=torch.long, device=mask.device)], 1)
-        logits, hidden = self._run(embeddings, full_mask)
-        if self.cfg.decoder == "parallel":
-            scored = logits[:, start:]  # each query position predicts its own action token
-        else:
-            scored = logits[:, start - 1:start - 1 + self.positions]  # position t predicts token t + 1
-        return self._action_log_probs(scored), self._value(hidden[:, start - 1], observation)
+            inputs = self._token_embeddings()(bins[:, :-1] + self.actions.first_token)  # position t predicts t + 1
+        logits, hidden, _, _ = self._run(observation, inputs, keep=self.positions)
+        return self._action_log_probs(logits), self._value(hidden, observation)
 
     # ---- the policy contract ----------------------------------------------------------------
     def act(self, observation: Observation, deterministic: bool = False,
@@ -167,17 +197,17 @@ class TokenVLAPolicy(Policy):
 
     def _decode_causally(self, observation: Observation, deterministic: bool,
                          generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        prefix, mask = self._prefix(observation)
-        out = self.backbone(inputs_embeds=prefix, attention_mask=mask, use_cache=True, output_hidden_states=True)
-        value = self._value(out.hidden_states[-1][:, -1], observation)
+        logits, hidden, cache, mask = self._run(observation, None, keep=1, use_cache=True)
+        value = self._value(hidden, observation)
         picked = []
         for position in range(self.positions):
-            bins = self._pick(self._action_log_probs(out.logits[:, -1:]), deterministic, generator)
+            bins = self._pick(self._action_log_probs(logits), deterministic, generator)
             picked.append(bins)
             if position + 1 < self.positions:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-                out = self.backbone(inputs_embeds=self._token_embeddings()(bins + self.actions.first_token),
-                                    attention_mask=mask, past_key_values=out.past_key_values, use_cache=True)
+                logits = self.backbone(inputs_embeds=self._token_embeddings()(bins + self.actions.first_token),
+                                       attention_mask=mask, past_key_values=cache, use_cache=True,
+                                       logits_to_keep=1).logits
         return torch.cat(picked, 1), value
 
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
@@ -188,8 +218,7 @@ class TokenVLAPolicy(Policy):
         return PolicyEval(log_prob=per_token.sum(-1), entropy=entropy, value=value, term_log_prob=per_token)
 
     def value(self, observation: Observation) -> torch.Tensor:
-        prefix, mask = self._prefix(observation)
-        return self._value(self._run(prefix, mask)[1][:, -1], observation)
+        return self._value(self._run(observation, None, keep=1)[1], observation)
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """Token cross-entropy of demonstrated actions (B, C, A)."""

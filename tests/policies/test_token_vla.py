@@ -129,8 +129,8 @@ def test_an_mlp_value_head_reads_the_hidden_state_before_the_actions_and_the_sta
     obs = observation()
     with torch.no_grad():
         chunk = policy.act(obs)
-        prefix, mask = policy._prefix(obs)
-        hidden = policy._run(prefix, mask)[1][:, -1]
+        prefix, mask = policy._prefix(obs)  # one plain pass over the whole prefix
+        hidden = policy.backbone(inputs_embeds=prefix, attention_mask=mask, output_hidden_states=True).hidden_states[-1][:, -1]
         expected = policy.value_head(torch.cat([hidden, policy.normalizer(obs.state)], -1)).squeeze(-1)
         torch.testing.assert_close(policy.value(obs), expected)
         torch.testing.assert_close(chunk.value, expected)
@@ -248,3 +248,25 @@ def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone
         image_shapes={"base_camera": (32, 32, 3)}))
     policy.load_state_dict(weights)
     assert state["learner"]["policy_version"] == 1
+
+
+@pytest.mark.parametrize("decoder", ["causal", "parallel"])
+def test_instructions_shared_by_rows_run_once_with_the_same_result_and_gradients(decoder):
+    torch.manual_seed(0)
+    policy = TokenVLAPolicy(TokenVLAConfig(decoder=decoder, chunk_size=2), SPEC)
+    obs = Observation(state=torch.randn(5, 5), instruction=["push the cube", "lift it", "", "push the cube", "x" * 80])
+    chunk = policy.act(obs, generator=torch.Generator().manual_seed(1))
+    results = {}
+    for shared in (True, False):
+        policy.shares_instruction = shared
+        policy.zero_grad()
+        evaluated = policy.evaluate(obs, chunk)
+        (evaluated.log_prob.sum() + evaluated.value.sum()).backward()
+        results[shared] = (evaluated, {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None})
+    (shared, shared_grads), (plain, plain_grads) = results[True], results[False]
+    torch.testing.assert_close(shared.log_prob, plain.log_prob)
+    torch.testing.assert_close(shared.value, plain.value)
+    torch.testing.assert_close(shared.log_prob, chunk.log_prob)
+    assert shared_grads.keys() == plain_grads.keys() and len(shared_grads) > 10
+    for name, grad in shared_grads.items():
+        torch.testing.assert_close(grad, plain_grads[name], atol=1e-5, rtol=1e-4, msg=name)
