@@ -51,6 +51,7 @@ class TrainConfig:
     runtime: Any = None
     seed: int = 1
     total_env_steps: int = 200_000
+    time_limit_s: Optional[float] = None  # also stop once the run has trained this long (all resumptions)
     run_name: str = "train"
     runs_root: str = "runs"
     run_dir: Optional[str] = None  # default: <runs_root>/<run_name>-<timestamp>
@@ -122,6 +123,8 @@ def check_values(config: Any) -> None:
     for key in positive:
         if getattr(config, key) < 1:
             raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
+    if getattr(config, "time_limit_s", None) is not None and config.time_limit_s <= 0:
+        raise ConfigError(f"'time_limit_s' must be > 0 (or null for no limit), got {config.time_limit_s}")
     if getattr(config, "env_resume", "replay") not in ("replay", "fresh"):
         raise ConfigError(f"'env_resume' must be 'replay' or 'fresh', got '{config.env_resume}'")
     for key in ("seed", "eval_episodes", "eval_video_episodes", "video_episodes", "checkpoint_every", "eval_every"):

@@ -279,4 +279,8 @@ class TrainSession:
 
     @property
     def finished(self) -> bool:
-        return self.env_steps >= self.config.total_env_steps
+        """The run has its env steps, or has used its wall-time budget (`time_limit_s`; a new
+        run trains at least one iteration, so it has a checkpoint)."""
+        limit = self.config.time_limit_s
+        out_of_time = limit is not None and self.iteration > 0 and self.elapsed_s >= limit
+        return self.env_steps >= self.config.total_env_steps or out_of_time

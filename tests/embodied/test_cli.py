@@ -81,6 +81,24 @@ def test_resumed_run_reproduces_the_uninterrupted_one(uninterrupted, tmp_path):
     assert [line["env_steps"] for line in lines if "loss/approx_kl" in line] == [STEPS_PER_ITERATION, 2 * STEPS_PER_ITERATION]
 
 
+def test_a_time_limit_ends_the_run_with_a_checkpoint_and_can_be_raised_on_resume(tmp_path):
+    run_dir = tmp_path / "timed"
+    embodied("train", *TINY, f"run_dir={run_dir}", "total_env_steps=100000", "time_limit_s=0.001", "eval_episodes=0")
+    assert latest(run_dir).name == "iter_000001"
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["env_steps"] for line in lines if "loss/approx_kl" in line] == [STEPS_PER_ITERATION]
+    embodied("train", f"resume={run_dir}", "time_limit_s=1e9",
+             f"total_env_steps={2 * STEPS_PER_ITERATION}", "eval_episodes=0")
+    assert latest(run_dir).name == "iter_000002"
+
+
+def test_a_time_limit_that_is_not_positive_is_refused(tmp_path):
+    result = embodied("train", *TINY, f"run_dir={tmp_path / 'run'}", "time_limit_s=0", check=False)
+    assert result.returncode != 0
+    assert "'time_limit_s' must be > 0" in result.stderr
+    assert not list((tmp_path / "run").glob("checkpoints/*"))
+
+
 def test_eval_command_reports_wilson_interval_and_writes_video(uninterrupted, tmp_path):
     result = embodied("eval", f"checkpoint={uninterrupted}", "episodes=3", "video_episodes=1",
                       f"output={tmp_path}", "env=maniskill_pushcube", "env.num_envs=1", "env.render_size=64")
