@@ -47,8 +47,8 @@ def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids:
             if request.get("command") == "close":
                 break
             connection.send_bytes(codec.encode(run_command(group, request)))
-    except (EOFError, KeyboardInterrupt):
-        pass
+    except (EOFError, ConnectionError, KeyboardInterrupt):
+        pass  # the parent closed the pipe or died (e.g. killed): nobody is left to tell
     except Exception:
         connection.send_bytes(codec.encode({"error": traceback.format_exc()}))
     finally:
