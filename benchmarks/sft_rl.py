@@ -21,6 +21,19 @@ def embodied(*arguments: str) -> None:
     subprocess.run(command, check=True, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def embodied_side_by_side(commands: list[list[str]]) -> None:
+    """Several `embodied` commands at once; waits for all, then fails if any failed."""
+    processes = []
+    for arguments in commands:
+        command = [sys.executable, "-m", "embodied.cli", *arguments]
+        print(" ".join(command[2:]), flush=True)
+        processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    failed = [" ".join(process.args[3:5]) for process in processes if process.wait() != 0]
+    if failed:
+        raise SystemExit(f"failed: {failed}")
+
+
 @dataclass
 class Curve:
     points: list[tuple[int, float | None, float]]  # (env steps, elapsed s, periodic eval success)
