@@ -58,28 +58,31 @@ KEPT_NOTE = ("(committed): figures kept from the committed results, as that arm'
              "the summary was rebuilt; SFT is deterministic, so it started from the same weights.")
 
 
+def evaluated(run_dir: Path, name: str, *overrides: str) -> dict | None:
+    """The report of `embodied eval` of the run's last checkpoint into eval/<name>, run once."""
+    report = run_dir / "eval" / name / "report.json"
+    if not report.is_file() and (run_dir / "checkpoints" / "latest").is_file():
+        embodied("eval", f"checkpoint={run_dir}", *ENV, *overrides, "progress_bar=false", f"output={report.parent}")
+    return json.loads(report.read_text()) if report.is_file() else None
+
+
 def final_success(run_dir: Path, deterministic: bool) -> dict | None:
     """Success of the run's last checkpoint, per task and the mean of the tasks, on the same
     EVAL_EPISODES for every run (12 envs, 4 per task): greedy action tokens, or sampled at the
     policy's temperature as in training."""
-    report = run_dir / "eval" / ("final" if deterministic else "final-sampled") / "report.json"
-    if not report.is_file() and (run_dir / "checkpoints" / "latest").is_file():
-        embodied("eval", f"checkpoint={run_dir}", *ENV, f"episodes={EVAL_EPISODES}", f"deterministic={deterministic}",
-                 "progress_bar=false", f"output={report.parent}")
-    if not report.is_file():
+    report = evaluated(run_dir, "final" if deterministic else "final-sampled", f"episodes={EVAL_EPISODES}",
+                       f"deterministic={deterministic}")
+    if report is None:
         return None
-    by_task = {row["task"]: row["success_rate"] for row in json.loads(report.read_text())["tasks"]}
+    by_task = {row["task"]: row["success_rate"] for row in report["tasks"]}
     return {**by_task, "mean": sum(by_task.values()) / len(by_task)}
 
 
 def sft_on_periodic_episodes() -> float | None:
     """The SFT weights' greedy success on the RL runs' periodic-eval episodes (24 envs, seed 1,
     48 episodes): where their curves start from."""
-    report = SFT / "eval" / "periodic-episodes" / "report.json"
-    if not report.is_file() and (SFT / "checkpoints" / "latest").is_file():
-        embodied("eval", f"checkpoint={SFT}", *ENV, *RL_ENV, "seed=1", f"episodes={PERIODIC_EPISODES}",
-                 "progress_bar=false", f"output={report.parent}")
-    return json.loads(report.read_text())["overall"]["success_rate"] if report.is_file() else None
+    report = evaluated(SFT, "periodic-episodes", *RL_ENV, "seed=1", f"episodes={PERIODIC_EPISODES}")
+    return None if report is None else report["overall"]["success_rate"]
 
 
 def rollout_success(run_dir: Path) -> list[tuple[int, float]]:

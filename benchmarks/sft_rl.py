@@ -15,20 +15,24 @@ from typing import Callable
 from ppo import RUNS, first_reaching
 
 
-def embodied(*arguments: str) -> None:
+def _command(arguments: list[str] | tuple[str, ...]) -> list[str]:
     command = [sys.executable, "-m", "embodied.cli", *arguments]
     print(" ".join(command[2:]), flush=True)
-    subprocess.run(command, check=True, stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return command
+
+
+def _child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}  # read at each start: main() sets HF_HOME
+
+
+def embodied(*arguments: str) -> None:
+    subprocess.run(_command(arguments), check=True, stdin=subprocess.DEVNULL, env=_child_env())
 
 
 def embodied_side_by_side(commands: list[list[str]]) -> None:
     """Several `embodied` commands at once; waits for all, then fails if any failed."""
-    processes = []
-    for arguments in commands:
-        command = [sys.executable, "-m", "embodied.cli", *arguments]
-        print(" ".join(command[2:]), flush=True)
-        processes.append(subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                          env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    processes = [subprocess.Popen(_command(arguments), stdin=subprocess.DEVNULL, env=_child_env())
+                 for arguments in commands]
     failed = [" ".join(process.args[3:5]) for process in processes if process.wait() != 0]
     if failed:
         raise SystemExit(f"failed: {failed}")
