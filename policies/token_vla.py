@@ -24,7 +24,9 @@ small random Qwen2 (and a byte-level instruction tokenizer) that runs anywhere, 
 hub id loads a causal LM (Llama, Qwen2, ...) or a vision-language model (PaliGemma, SmolVLM)
 with its tokenizer. With
 `lora_rank > 0` the backbone is frozen and only LoRA adapters, heads and embeddings train,
-so only they travel as weight updates."""
+so only they travel as weight updates. `precision=bfloat16` runs the backbone's arithmetic in
+bfloat16 (autocast, for GPUs); its weights, the optimizer, the action log-softmax and the value
+head stay float32."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from policies.normalization import RunningNormalizer
 from policies.vlm import is_vision_language
 
 DECODERS = ("causal", "parallel")
+PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -64,6 +67,9 @@ class TokenVLAConfig:
     patch_size: int = 8
     max_instruction_tokens: int = 48
     temperature: float = 1.0
+    # float32 | bfloat16: the backbone's arithmetic under autocast. Weights, optimizer state,
+    # the action log-softmax and the value head stay float32 either way.
+    precision: str = "float32"
     lora_rank: int = 0  # > 0: freeze the backbone, train LoRA adapters of this rank
     lora_alpha: int = 16
     value_from_detached: bool = False  # stop the value loss's gradient at the backbone
@@ -79,6 +85,8 @@ class TokenVLAPolicy(Policy):
         super().__init__()
         if cfg.decoder not in DECODERS:
             raise ConfigError(f"policy.decoder must be one of {DECODERS}, got '{cfg.decoder}'")
+        if cfg.precision not in PRECISIONS:
+            raise ConfigError(f"policy.precision must be one of {tuple(PRECISIONS)}, got '{cfg.precision}'")
         if cfg.temperature <= 0:
             raise ConfigError(f"policy.temperature must be > 0, got {cfg.temperature}")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
@@ -110,6 +118,11 @@ class TokenVLAPolicy(Policy):
     def _token_embeddings(self) -> nn.Module:
         return self.backbone.get_input_embeddings()
 
+    def _autocast(self) -> torch.autocast:
+        """The backbone's arithmetic at `precision` (a no-op for float32)."""
+        dtype = PRECISIONS[self.cfg.precision]
+        return torch.autocast(self.action_queries.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
     def _state(self, observation: Observation) -> torch.Tensor:
         return self.normalizer(observation.state.to(self.action_queries.device, torch.float32))
 
@@ -136,21 +149,23 @@ class TokenVLAPolicy(Policy):
         """The backbone over [prefix, inputs]: logits of the last `keep` positions, the hidden
         state of the prefix's last position (the state's, which the value head reads), and the
         keys and values (with `use_cache`) and attention mask to decode on from."""
-        if self.shares_instruction:
-            cache, mask = self._instruction_cache(observation)  # the mask covers the cached positions
-            embeddings = self.state_embedding(self._state(observation))[:, None]
-            covered = 0
-        else:
-            cache = None
-            embeddings, mask = self._prefix(observation)
-            covered = embeddings.shape[1]
-        state_position = embeddings.shape[1] - 1
-        if inputs is not None:
-            embeddings = torch.cat([embeddings, inputs], 1)
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], embeddings.shape[1] - covered)], 1)
-        out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, past_key_values=cache,
-                            use_cache=use_cache or cache is not None, output_hidden_states=True, logits_to_keep=keep)
-        return out.logits, out.hidden_states[-1][:, state_position], out.past_key_values, mask
+        with self._autocast():
+            if self.shares_instruction:
+                cache, mask = self._instruction_cache(observation)  # the mask covers the cached positions
+                embeddings = self.state_embedding(self._state(observation))[:, None]
+                covered = 0
+            else:
+                cache = None
+                embeddings, mask = self._prefix(observation)
+                covered = embeddings.shape[1]
+            state_position = embeddings.shape[1] - 1
+            if inputs is not None:
+                embeddings = torch.cat([embeddings, inputs], 1)
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], embeddings.shape[1] - covered)], 1)
+            out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, past_key_values=cache,
+                                use_cache=use_cache or cache is not None, output_hidden_states=True,
+                                logits_to_keep=keep)
+        return out.logits.float(), out.hidden_states[-1][:, state_position].float(), out.past_key_values, mask
 
     def _action_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-softmax over the 256 action tokens only, at the policy's temperature."""
@@ -205,9 +220,10 @@ class TokenVLAPolicy(Policy):
             picked.append(bins)
             if position + 1 < self.positions:
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-                logits = self.backbone(inputs_embeds=self._token_embeddings()(bins + self.actions.first_token),
-                                       attention_mask=mask, past_key_values=cache, use_cache=True,
-                                       logits_to_keep=1).logits
+                with self._autocast():
+                    logits = self.backbone(inputs_embeds=self._token_embeddings()(bins + self.actions.first_token),
+                                           attention_mask=mask, past_key_values=cache, use_cache=True,
+                                           logits_to_keep=1).logits.float()
         return torch.cat(picked, 1), value
 
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:

@@ -270,3 +270,34 @@ def test_instructions_shared_by_rows_run_once_with_the_same_result_and_gradients
     assert shared_grads.keys() == plain_grads.keys() and len(shared_grads) > 10
     for name, grad in shared_grads.items():
         torch.testing.assert_close(grad, plain_grads[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("decoder", ["causal", "parallel"])
+def test_bfloat16_runs_the_backbone_in_bfloat16_and_keeps_weights_log_probs_and_values_in_float32(decoder):
+    torch.manual_seed(0)
+    exact = TokenVLAPolicy(TokenVLAConfig(decoder=decoder, chunk_size=2), SPEC)
+    halved = TokenVLAPolicy(TokenVLAConfig(decoder=decoder, chunk_size=2, precision="bfloat16"), SPEC)
+    halved.load_state_dict(exact.state_dict())
+    seen = []
+    hook = halved.backbone.model.layers[0].mlp.register_forward_hook(lambda *args: seen.append(args[2].dtype))
+    obs = observation()
+    chunk = halved.act(obs, generator=torch.Generator().manual_seed(1))
+    evaluated = halved.evaluate(obs, chunk)
+    hook.remove()
+    assert set(seen) == {torch.bfloat16}
+    assert chunk.log_prob.dtype == evaluated.log_prob.dtype == evaluated.value.dtype == torch.float32
+    # the same arithmetic at rollout and in training; bfloat16 rounding moves it off float32's
+    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
+    reference = exact.evaluate(obs, chunk).log_prob.detach()
+    assert 0 < (evaluated.log_prob.detach() - reference).abs().max() < 0.5
+    evaluated.log_prob.sum().backward()
+    assert all(p.dtype == torch.float32 for p in halved.parameters())
+    grad = halved.state_embedding.weight.grad
+    assert grad.dtype == torch.float32 and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_an_unknown_precision_is_refused_by_name():
+    from embodied.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="policy.precision must be one of"):
+        TokenVLAPolicy(TokenVLAConfig(precision="float16"), SPEC)
