@@ -25,8 +25,8 @@ hub id loads a causal LM (Llama, Qwen2, ...) or a vision-language model (PaliGem
 with its tokenizer. With
 `lora_rank > 0` the backbone is frozen and only LoRA adapters, heads and embeddings train,
 so only they travel as weight updates. `precision=bfloat16` runs the backbone's arithmetic in
-bfloat16 (autocast, for GPUs); its weights, the optimizer, the action log-softmax and the value
-head stay float32."""
+bfloat16 (autocast, for GPUs; the action logits come out of a bfloat16 matmul); its weights,
+the optimizer, the action log-softmax and the value head stay float32."""
 
 from __future__ import annotations
 
@@ -67,8 +67,9 @@ class TokenVLAConfig:
     patch_size: int = 8
     max_instruction_tokens: int = 48
     temperature: float = 1.0
-    # float32 | bfloat16: the backbone's arithmetic under autocast. Weights, optimizer state,
-    # the action log-softmax and the value head stay float32 either way.
+    # float32 | bfloat16: the backbone's arithmetic under autocast (its output logits included).
+    # Weights, optimizer state, the residual stream's input, the action log-softmax and the value
+    # head stay float32 either way.
     precision: str = "float32"
     lora_rank: int = 0  # > 0: freeze the backbone, train LoRA adapters of this rank
     lora_alpha: int = 16
@@ -146,8 +147,8 @@ class TokenVLAPolicy(Policy):
 
     def _run(self, observation: Observation, inputs: torch.Tensor | None, keep: int,
              use_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
-        """The backbone over [prefix, inputs]: logits of the last `keep` positions, the hidden
-        state of the prefix's last position (the state's, which the value head reads), and the
+        """The backbone over [prefix, inputs]: the action tokens' logits at the last `keep`
+        positions, the hidden state of the prefix's last position (the state's, which the value head reads), and the
         keys and values (with `use_cache`) and attention mask to decode on from."""
         with self._autocast():
             if self.shares_instruction:
@@ -162,14 +163,21 @@ class TokenVLAPolicy(Policy):
             if inputs is not None:
                 embeddings = torch.cat([embeddings, inputs], 1)
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], embeddings.shape[1] - covered)], 1)
-            out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, past_key_values=cache,
+            # float32 in on every path (the state embedding alone comes out of autocast in
+            # bfloat16), so the residual stream has one dtype at rollout and in training
+            out = self.backbone(inputs_embeds=embeddings.float(), attention_mask=mask, past_key_values=cache,
                                 use_cache=use_cache or cache is not None, output_hidden_states=True,
                                 logits_to_keep=keep)
-        return out.logits.float(), out.hidden_states[-1][:, state_position].float(), out.past_key_values, mask
+        return (self._action_logits(out.logits), out.hidden_states[-1][:, state_position].float(),
+                out.past_key_values, mask)
+
+    def _action_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The 256 action tokens' columns of the backbone's logits, in float32."""
+        return logits[..., self.actions.first_token:].float()
 
     def _action_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Log-softmax over the 256 action tokens only, at the policy's temperature."""
-        return torch.log_softmax(logits[..., self.actions.first_token:] / self.cfg.temperature, dim=-1)
+        """Log-softmax over the 256 action tokens' logits, at the policy's temperature."""
+        return torch.log_softmax(logits / self.cfg.temperature, dim=-1)
 
     def _value(self, hidden_before_actions: torch.Tensor, observation: Observation) -> torch.Tensor:
         inputs = hidden_before_actions.detach() if self.cfg.value_from_detached else hidden_before_actions
@@ -215,15 +223,16 @@ class TokenVLAPolicy(Policy):
         logits, hidden, cache, mask = self._run(observation, None, keep=1, use_cache=True)
         value = self._value(hidden, observation)
         picked = []
-        for position in range(self.positions):
-            bins = self._pick(self._action_log_probs(logits), deterministic, generator)
-            picked.append(bins)
-            if position + 1 < self.positions:
-                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-                with self._autocast():
-                    logits = self.backbone(inputs_embeds=self._token_embeddings()(bins + self.actions.first_token),
-                                           attention_mask=mask, past_key_values=cache, use_cache=True,
-                                           logits_to_keep=1).logits.float()
+        with self._autocast():  # one context for all steps: its casts of the weights are reused
+            for position in range(self.positions):
+                bins = self._pick(self._action_log_probs(logits), deterministic, generator)
+                picked.append(bins)
+                if position + 1 < self.positions:
+                    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+                    step = self._token_embeddings()(bins + self.actions.first_token).float()
+                    logits = self._action_logits(self.backbone(inputs_embeds=step, attention_mask=mask,
+                                                               past_key_values=cache, use_cache=True,
+                                                               logits_to_keep=1).logits)
         return torch.cat(picked, 1), value
 
     def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:

@@ -288,6 +288,8 @@ def test_bfloat16_runs_the_backbone_in_bfloat16_and_keeps_weights_log_probs_and_
     assert chunk.log_prob.dtype == evaluated.log_prob.dtype == evaluated.value.dtype == torch.float32
     # the same arithmetic at rollout and in training; bfloat16 rounding moves it off float32's
     torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
+    torch.testing.assert_close(evaluated.value, chunk.value)  # the causal decoder's comes from its own pass
+    torch.testing.assert_close(halved.value(obs), evaluated.value.detach())
     reference = exact.evaluate(obs, chunk).log_prob.detach()
     assert 0 < (evaluated.log_prob.detach() - reference).abs().max() < 0.5
     evaluated.log_prob.sum().backward()
@@ -299,5 +301,5 @@ def test_bfloat16_runs_the_backbone_in_bfloat16_and_keeps_weights_log_probs_and_
 def test_an_unknown_precision_is_refused_by_name():
     from embodied.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="policy.precision must be one of"):
+    with pytest.raises(ConfigError, match="policy.precision must be one of .* got 'float16'"):
         TokenVLAPolicy(TokenVLAConfig(precision="float16"), SPEC)
