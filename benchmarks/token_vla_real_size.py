@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS  # noqa: E402
 
-from embodied.algos.grpo import grpo_loss  # noqa: E402
+from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
 from embodied.runtime.wire import published_weights  # noqa: E402
 from embodied.types import ActionChunk, EnvSpec, Observation  # noqa: E402
 from policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
@@ -58,35 +58,36 @@ STATE_DIM, ACTION_DIM, CAMERA_SIZE = 48, 4, 128
 LORA_RANK, TIMED, GAP_MINIBATCH = 32, 5, 64
 
 
-CLI_COMMON = ["env=mujoco_invertedpendulum", "env.num_envs=64", "policy=token_vla", "policy.precision=bfloat16",
+CLI_ENVS, CLI_ROLLOUT_STEPS = 64, 50
+CLI_COMMON = ["env=mujoco_invertedpendulum", f"env.num_envs={CLI_ENVS}", "policy=token_vla", "policy.precision=bfloat16",
               f"policy.lora_rank={LORA_RANK}", "runtime.torch_threads=8", "eval_episodes=16", "checkpoint_every=1",
               "keep_checkpoints=1"]
 CLI_RUNS = {  # name: (arguments, iterations); "grpo-resumed" resumes "grpo"
     "grpo": (["algo=grpo", "algo.group_size=8", "algo.outcome=return", "algo.success_band=[0.0,1.0]",
-              "algo.rollout_steps=50", "algo.num_minibatches=2", "algo.lr=1e-5"], 3),
+              f"algo.rollout_steps={CLI_ROLLOUT_STEPS}", "algo.num_minibatches=2", "algo.lr=1e-5"], 3),
     "grpo-resumed": ([], 2),
-    "ppo": (["algo=ppo", "algo.rollout_steps=50", "algo.num_minibatches=4", "algo.update_epochs=1"], 2),
+    "ppo": (["algo=ppo", f"algo.rollout_steps={CLI_ROLLOUT_STEPS}", "algo.num_minibatches=4", "algo.update_epochs=1"],
+            2),
 }
 
 
-def qwen25_05b(scale: float) -> Any:
-    """Qwen2.5-0.5B's architecture (494 M parameters at scale 1)."""
+def qwen25_05b(full: bool) -> Any:
+    """Qwen2.5-0.5B's architecture (494 M parameters), or a small one of the same classes."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    layers, hidden = max(1, round(24 * scale)), 64 * max(1, round(14 * scale))
-    config = Qwen2Config(vocab_size=151936 if scale == 1 else 4096, hidden_size=hidden, num_hidden_layers=layers,
-                         intermediate_size=4864 if scale == 1 else 2 * hidden, num_attention_heads=hidden // 64,
-                         num_key_value_heads=2 if scale == 1 else 1, max_position_embeddings=32768,
+    config = Qwen2Config(vocab_size=151936 if full else 4096, hidden_size=896 if full else 64,
+                         num_hidden_layers=24 if full else 2, intermediate_size=4864 if full else 128,
+                         num_attention_heads=14 if full else 1, num_key_value_heads=2 if full else 1,
+                         max_position_embeddings=32768,
                          rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
     return Qwen2ForCausalLM(config)
 
 
-def smolvlm_256m(scale: float) -> Any:
+def smolvlm_256m(full: bool) -> Any:
     """SmolVLM-256M's architecture: SigLIP base at 512 px (patch 16, pixel shuffle by 4: 64
-    image tokens) and a 30-layer, 576-wide Llama (SmolLM2-135M)."""
+    image tokens) and a 30-layer, 576-wide Llama (SmolLM2-135M); or a small one."""
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
 
-    full = scale == 1
     vision = dict(hidden_size=768 if full else 64, intermediate_size=3072 if full else 128,
                   num_hidden_layers=12 if full else 1, num_attention_heads=12 if full else 2,
                   image_size=512 if full else 64, patch_size=16)
@@ -101,13 +102,13 @@ def smolvlm_256m(scale: float) -> Any:
 
 # name: (builder, cameras, training minibatch); SmolVLM's minibatch is smaller because each
 # sample carries its vision tower's 1024 patches through the backward pass
-BACKBONES: dict[str, tuple[Callable[[float], Any], bool, int]] = {
+BACKBONES: dict[str, tuple[Callable[[bool], Any], bool, int]] = {
     "qwen2.5-0.5b": (qwen25_05b, False, 256),
     "smolvlm-256m": (smolvlm_256m, True, 32),
 }
 
 
-def write_checkpoint(name: str, directory: Path, scale: float) -> None:
+def write_checkpoint(name: str, directory: Path, full: bool) -> None:
     """Random weights at the backbone's architecture and a byte-level BPE tokenizer trained
     on the instructions (the kind both backbones ship: transformers picks the tokenizer class
     from the model type and reads its vocab.json and merges.txt), saved as a user's local
@@ -124,7 +125,7 @@ def write_checkpoint(name: str, directory: Path, scale: float) -> None:
     tokenizer.model.save(str(directory))
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|endoftext|>").save_pretrained(directory)
     torch.manual_seed(0)
-    BACKBONES[name][0](scale).save_pretrained(directory)
+    BACKBONES[name][0](full).save_pretrained(directory)
 
 
 def spec(cameras: bool) -> EnvSpec:
@@ -154,6 +155,19 @@ def timed(step: Callable[[], Any], device: torch.device, runs: int) -> tuple[lis
             torch.cuda.synchronize()
         seconds.append(time.perf_counter() - started)
     return seconds, result
+
+
+def log_prob_gap(policy: TokenVLAPolicy, obs: Observation, recorded: Callable[[slice], ActionChunk],
+                 rollout_log_probs: torch.Tensor, minibatch: int) -> torch.Tensor:
+    """Per action token, training-pass log-prob minus rollout log-prob: the training passes run
+    with gradient over the same rows, in minibatches of another shape than the rollout's (as a
+    PPO or GRPO minibatch is). Their graphs are freed on return, before memory is measured."""
+    gaps = []
+    for start in range(0, obs.batch_size, minibatch):
+        rows = slice(start, start + minibatch)
+        evaluated = policy.evaluate(obs.select(rows), recorded(rows))
+        gaps.append((evaluated.term_log_prob.detach() - rollout_log_probs[rows]).flatten().cpu())
+    return torch.cat(gaps)
 
 
 def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: str, rollout_batch: int,
@@ -186,16 +200,9 @@ def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: st
         return ActionChunk(actions=chunk.actions[rows], log_prob=old[rows].sum(-1),
                            record={"action_tokens": tokens[rows]})
 
-    # training forward passes over the same rows, with gradient, in minibatches of another
-    # shape than the rollout's (as a PPO or GRPO minibatch is)
     policy.train()
-    gaps, gap_minibatch = [], min(GAP_MINIBATCH, minibatch)
-    for start in range(0, rollout_batch, gap_minibatch):
-        rows = slice(start, start + gap_minibatch)
-        evaluated = policy.evaluate(obs.select(rows), recorded(rows))
-        gaps.append((evaluated.term_log_prob.detach() - old[rows]).abs().flatten().cpu())
-    gap = torch.cat(gaps)
-    ratio = gap.exp()
+    gap = log_prob_gap(policy, obs, recorded, old, min(GAP_MINIBATCH, minibatch))
+    ratio, clip = gap.exp(), GRPOConfig()
 
     advantages = torch.randn(minibatch, generator=torch.Generator().manual_seed(1)).to(device)
     rows = slice(0, minibatch)
@@ -223,8 +230,8 @@ def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: st
         "act_s": float(np.median(act_seconds)), "chunks_per_s": rollout_batch / float(np.median(act_seconds)),
         "update_s": float(np.median(update_seconds)),
         "samples_per_s": minibatch / float(np.median(update_seconds)), "peak_gb": peak_gb,
-        "log_prob_gap_mean": float(gap.mean()), "log_prob_gap_max": float(gap.max()),
-        "outside_clip_fraction": float(((ratio < 0.8) | (ratio > 1.28)).float().mean()),
+        "log_prob_gap_mean": float(gap.abs().mean()), "log_prob_gap_max": float(gap.abs().max()),
+        "outside_clip_fraction": float(((ratio < 1 - clip.clip_low) | (ratio > 1 + clip.clip_high)).float().mean()),
         "published_mb": sum(v.numel() * v.element_size() for v in weights.values()) / 1e6, "publish_s": publish_s,
     }
     del policy, optimizer, weights
@@ -243,7 +250,7 @@ def run(out: Path, smoke: bool) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() and not smoke else "cpu")
     if device.type != "cuda" and not smoke:
         sys.exit("no CUDA GPU here: run with --smoke to check the script on small sizes")
-    scale, rollout_batch, runs = (0.1, 16, 1) if smoke else (1.0, 256, TIMED)
+    rollout_batch, runs = (16, 1) if smoke else (256, TIMED)
     out.mkdir(parents=True, exist_ok=True)
     results = {"setup": {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                          "torch": torch.__version__, "smoke": smoke, "rollout_batch": rollout_batch,
@@ -253,7 +260,7 @@ def run(out: Path, smoke: bool) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name in BACKBONES:
             started = time.perf_counter()
-            write_checkpoint(name, Path(scratch) / name, scale)
+            write_checkpoint(name, Path(scratch) / name, full=not smoke)
             print(f"[{name}] checkpoint written in {time.perf_counter() - started:.0f} s", flush=True)
         for name, lora, precision, decoder in runs_to_measure():
             row = measure(name, Path(scratch) / name, lora, precision, decoder, rollout_batch, device, runs)
@@ -268,9 +275,10 @@ def run(out: Path, smoke: bool) -> None:
 
 def cli_end_to_end(checkpoint: Path, scratch: Path, device: torch.device) -> dict[str, Any]:
     """`embodied train` with the checkpoint as the backbone: GRPO, resumed, then PPO."""
-    steps_per_iteration = 64 * 50
-    rows = {}
+    steps_per_iteration = CLI_ENVS * CLI_ROLLOUT_STEPS
+    rows: dict[str, Any] = {}
     for name, (arguments, iterations) in CLI_RUNS.items():
+        done = 0  # iterations before this command (metrics.jsonl is appended on resume)
         if name == "grpo-resumed":
             run_dir, done = scratch / "grpo", rows["grpo"]["iterations"]
             command = [f"resume={run_dir}", f"total_env_steps={(done + iterations) * steps_per_iteration}"]
@@ -282,6 +290,7 @@ def cli_end_to_end(checkpoint: Path, scratch: Path, device: torch.device) -> dic
         subprocess.run([sys.executable, "-c", "from embodied.cli import main; main()", "train", *command], check=True,
                        cwd=ROOT)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        metrics = [m for m in metrics if m["train/iteration"] > done]
         last = metrics[-1]
         checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
         rows[name] = {
@@ -306,9 +315,12 @@ def report(results_json: Path) -> None:
     rows, setup = results["runs"], results["setup"]
     label = [f"{r['backbone'].split('-')[0]}\n{r['mode']}, {r['decoder']}" for r in rows if r["precision"] == "float32"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    zero = [f"{r['backbone'].split('-')[0]} {r['mode']} {r['decoder']} {r['precision']}" for r in rows
+            if r["log_prob_gap_mean"] == 0]
+    gap_title = "rollout vs training log-prob gap, mean |Δ|" + ("\n(0, not drawn: " + ", ".join(zero) + ")" if zero else "")
     for ax, key, title in ((axes[0], "chunks_per_s", f"rollout: chunks/s (batch {setup['rollout_batch']})"),
                            (axes[1], "samples_per_s", "GRPO step: samples/s"),
-                           (axes[2], "log_prob_gap_mean", "rollout vs training log-prob gap, mean |Δ| (bfloat16: 0)")):
+                           (axes[2], "log_prob_gap_mean", gap_title)):
         for offset, precision in ((-0.2, "float32"), (0.2, "bfloat16")):
             values = [r[key] for r in rows if r["precision"] == precision]
             ax.bar(np.arange(len(values)) + offset, values, 0.4, label=precision)
