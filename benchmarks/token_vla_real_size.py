@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS  # noqa: E402
+from sft_rl import embodied  # noqa: E402
 
 from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
 from embodied.runtime.wire import published_weights  # noqa: E402
@@ -287,8 +287,7 @@ def cli_end_to_end(checkpoint: Path, scratch: Path, device: torch.device) -> dic
             command = [*CLI_COMMON, f"policy.backbone={checkpoint}", f"runtime.device={device.type}", *arguments,
                        f"total_env_steps={iterations * steps_per_iteration}", f"run_dir={run_dir}"]
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "from embodied.cli import main; main()", "train", *command], check=True,
-                       cwd=ROOT)
+        embodied("train", *command)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         metrics = [m for m in metrics if m["train/iteration"] > done]
         last = metrics[-1]

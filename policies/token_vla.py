@@ -148,8 +148,8 @@ class TokenVLAPolicy(Policy):
     def _run(self, observation: Observation, inputs: torch.Tensor | None, keep: int,
              use_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
         """The backbone over [prefix, inputs]: the action tokens' logits at the last `keep`
-        positions, the hidden state of the prefix's last position (the state's, which the value head reads), and the
-        keys and values (with `use_cache`) and attention mask to decode on from."""
+        positions, the hidden state of the prefix's last position (the state's, which the value
+        head reads), and the keys and values (with `use_cache`) and attention mask to decode on from."""
         with self._autocast():
             if self.shares_instruction:
                 cache, mask = self._instruction_cache(observation)  # the mask covers the cached positions
