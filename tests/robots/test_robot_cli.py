@@ -82,7 +82,9 @@ def server(trained):
     assert line.startswith("serving mlp_gaussian"), line + process.stdout.read()
     yield endpoint
     process.send_signal(signal.SIGINT)
-    process.wait(10)
+    # Ctrl-C ends the server in about a second; with other test workers loading the machine
+    # (a Ray cluster starting beside it) 10 s once was not enough.
+    assert process.wait(60) == 130
 
 
 def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
