@@ -1,7 +1,9 @@
 """`runtime=ray` end to end on a local Ray instance: the roles of `runtime=procs` as actors."""
 
+import os
 import subprocess
 import sys
+import uuid
 
 import psutil
 from safetensors.torch import load_file
@@ -15,14 +17,37 @@ RAY = ["runtime=ray", "runtime.num_cpus=2", "runtime.rollout_device=cpu", "runti
        "runtime.peer_timeout_s=10", "runtime.env_worker.num_cpus=0.5"]  # 2 CPUs: rollout 1, workers 0.5 each
 
 
-def train(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "embodied.cli", "train", *TINY, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+# Every process this module starts, and everything those start (the Ray cluster, its actors, their
+# simulators), inherits this variable: the checks below count only this module's processes, not
+# those of tests running beside it on another pytest worker.
+MARK = "EMBODIED_TEST_RUN"
+RUN_ID = uuid.uuid4().hex
+
+
+def run_cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "embodied.cli", *args], env={**os.environ, MARK: RUN_ID},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def train(*args: str) -> subprocess.Popen:
+    return run_cli("train", *TINY, *args)
+
+
+def ours(text: str) -> list[psutil.Process]:
+    """Live processes started under this module whose command line contains `text`."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if text in " ".join(process.info["cmdline"] or []) and process.environ().get(MARK) == RUN_ID:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass  # ended meanwhile, or not ours to read
+    return found
 
 
 def actors(role: str) -> list[psutil.Process]:
     """The processes of live Ray actors of `role` (Ray titles them ray::<class>)."""
-    return [p for p in psutil.process_iter(["cmdline"]) if f"ray::{role}" in " ".join(p.info["cmdline"] or [])]
+    return ours(f"ray::{role}")
 
 
 def train_killing_one(role: str, expected: int, run_dir) -> list[dict]:
@@ -96,14 +121,13 @@ def test_libero_env_workers_run_as_actors_under_their_own_virtualenv(tmp_path):
     """LIBERO lives in .venv-libero (env.python): its worker actor runs it in a child process
     under that interpreter, and nothing of it outlives the run."""
     run_dir = tmp_path / "run"
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", "train", *RAY, "env=libero_goal", "env.cameras=[]", "env.num_workers=1",
-         "env.settle_steps=0", "env.num_envs=2", "env.task_ids=[0,1]", "algo.rollout_steps=4", "algo.num_minibatches=2",
-         "total_env_steps=16", "eval_episodes=0", "eval_every=0", "checkpoint_every=0", "runtime.device=cpu",
-         "logger.progress_bar=false", f"run_dir={run_dir}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = run_cli(
+        "train", *RAY, "env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.settle_steps=0",
+        "env.num_envs=2", "env.task_ids=[0,1]", "algo.rollout_steps=4", "algo.num_minibatches=2", "total_env_steps=16",
+        "eval_episodes=0", "eval_every=0", "checkpoint_every=0", "runtime.device=cpu", "logger.progress_bar=false",
+        f"run_dir={run_dir}")
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
     assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]
-    left = [p for p in psutil.process_iter(["cmdline"]) if "sim.worker" in " ".join(p.info["cmdline"] or [])
-            and "libero" in " ".join(p.info["cmdline"] or [])]
-    assert not left and not actors("EnvWorkerRole")
+    assert not [p for p in ours("sim.worker") if "libero" in " ".join(p.info["cmdline"] or [])]
+    assert not actors("EnvWorkerRole")
