@@ -17,6 +17,7 @@ batches whose average gradient points the right way as much as it points at nois
 
     python benchmarks/gradient_snr.py                       # SFT policy of multitask_vla.py
     python benchmarks/gradient_snr.py --checkpoint runs/... --batches 32 --temperature 1 2
+    (a run adds its temperatures to the summary's when the checkpoint and batches are the same)
     python benchmarks/gradient_snr.py report                # rebuild the summary"""
 
 from __future__ import annotations
@@ -213,8 +214,13 @@ def main() -> None:
         checkpoint = resolve_checkpoint(args.checkpoint)
         summary = {"checkpoint": str(Path(args.checkpoint).resolve().relative_to(ROOT)
                                      if Path(args.checkpoint).resolve().is_relative_to(ROOT) else args.checkpoint),
-                   "batches": args.batches,
-                   "by_temperature": measure(checkpoint, args.temperature, args.batches)}
+                   "batches": args.batches, "by_temperature": {}}
+        if SUMMARY.is_file():  # temperatures measured before on the same checkpoint and batches stay
+            earlier = json.loads(SUMMARY.read_text())
+            if (earlier["checkpoint"], earlier["batches"]) == (summary["checkpoint"], summary["batches"]):
+                summary["by_temperature"] = earlier["by_temperature"]
+        summary["by_temperature"].update(measure(checkpoint, args.temperature, args.batches))
+        summary["by_temperature"] = dict(sorted(summary["by_temperature"].items(), key=lambda item: float(item[0])))
         SUMMARY.write_text(json.dumps(summary, indent=2))
     report()
 
