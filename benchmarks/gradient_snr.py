@@ -47,7 +47,7 @@ SUMMARY = RESULTS / "gradient_snr.json"
 
 def load_policy(checkpoint: Path, temperature: float):
     from embodied.build import build_policy
-    from embodied.checkpoint import load_checkpoint
+    from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.config import checkpoint_config
     from embodied.types import EnvSpec
 
@@ -55,7 +55,7 @@ def load_policy(checkpoint: Path, temperature: float):
     weights, saved = load_checkpoint(checkpoint)
     policy = build_policy(replace(config.policy, temperature=temperature), EnvSpec.from_dict(saved["spec"]),
                           torch.device("cpu"))
-    policy.load_state_dict(weights)
+    load_policy_weights(policy, weights, saved)
     return policy, config.env
 
 

@@ -7,15 +7,21 @@ rest of the state (optimizer layout, counters, RNG, env replay log) to JSON.
         state.safetensors     every other tensor (optimizer moments, RNG, env actions...)
         state.json            the structure around those tensors
         config.yaml           the resolved config
-    <run>/checkpoints/latest  name of the newest complete checkpoint"""
+    <run>/checkpoints/latest  name of the newest complete checkpoint
+
+A policy's frozen pretrained weights (`Policy.pretrained_frozen`, e.g. a LoRA run's backbone)
+stay out of weights.safetensors: state.json records their source and a SHA-256 of them, and
+`load_policy_weights` checks that the policy, built from that source, has the same ones."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -149,3 +155,58 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     weights = load_file(str(files[0]))
     state = unflatten(json.loads(files[2].read_text()), load_file(str(files[1])))
     return weights, state
+
+
+# ---- the policy's weights without its frozen pretrained ones --------------------------------
+_fingerprints: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # policy -> SHA-256 (they never change)
+
+
+def _fingerprint(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def without_pretrained_frozen(policy: torch.nn.Module, weights: dict[str, torch.Tensor]
+                              ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """`weights` (the policy's whole state) less its frozen pretrained entries, and the record
+    a checkpoint keeps of them: their source, count and SHA-256 (None when nothing is left out)."""
+    frozen = policy.pretrained_frozen()
+    if frozen is None:
+        return weights, None
+    source, names = frozen
+    if policy not in _fingerprints:
+        _fingerprints[policy] = _fingerprint({name: weights[name] for name in names})
+    kept = {name: value for name, value in weights.items() if name not in set(names)}
+    return kept, {"source": source, "count": len(names), "sha256": _fingerprints[policy]}
+
+
+def load_policy_weights(policy: torch.nn.Module, weights: dict[str, torch.Tensor], state: dict[str, Any],
+                        may_miss: Callable[[str], bool] = lambda name: False) -> None:
+    """A checkpoint's weights into `policy`, every entry accounted for: those the checkpoint
+    left out must be the policy's frozen pretrained ones, built from the same source with the
+    same values; `may_miss` names others the caller lets start fresh. A mismatch of names or
+    shapes raises RuntimeError, as `load_state_dict` does; other pretrained weights than the
+    checkpoint's, CheckpointError."""
+    record = state.get("pretrained_frozen")
+    frozen = policy.pretrained_frozen() if record else None
+    if record and (frozen is None or len(frozen[1]) != record["count"]):
+        raise RuntimeError(f"the checkpoint left out {record['count']} frozen weights of {record['source']}, "
+                           f"which this policy does not load frozen")
+    left_out = set(frozen[1]) if frozen else set()
+    missing, unexpected = policy.load_state_dict(weights, strict=False)
+    missing = [name for name in missing if name not in left_out and not may_miss(name)]
+    if missing or unexpected:
+        raise RuntimeError(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                           f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+    if frozen:
+        state_dict = policy.state_dict()
+        found = _fingerprint({name: state_dict[name] for name in frozen[1]})
+        if found != record["sha256"]:
+            raise CheckpointError(f"the pretrained weights at '{frozen[0]}' are not those this checkpoint was "
+                                  f"trained on: it keeps only what training changed and needs the frozen rest "
+                                  f"as it was (SHA-256 {record['sha256'][:12]}..., found {found[:12]}...)")
+        _fingerprints[policy] = found

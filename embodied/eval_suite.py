@@ -168,7 +168,7 @@ def evaluate_suite(config: Any) -> Path:
         env = build_env(dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))),
                         seed=config.seed, stream=1)
         try:
-            policy = load_policy(trained.policy, weights, env, label)
+            policy = load_policy(trained.policy, weights, state, env, label)
             instruction = env.instructions[0]
 
             def record(results: dict[int, EpisodeStats]) -> None:

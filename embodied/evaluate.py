@@ -136,14 +136,17 @@ def write_videos(output: Path, videos: list[list[np.ndarray]], fps: int = 20,
     return paths
 
 
-def load_policy(policy_cfg: Any, weights: dict[str, torch.Tensor], env: BatchedEnv, label: str) -> Policy:
-    """The checkpoint's policy, built for `env`, in eval mode; a mismatch names the env."""
+def load_policy(policy_cfg: Any, weights: dict[str, torch.Tensor], state: dict[str, Any], env: BatchedEnv,
+                label: str) -> Policy:
+    """The checkpoint's policy (its weights and state), built for `env`, in eval mode; a
+    mismatch names the env."""
     from embodied.build import build_policy
+    from embodied.checkpoint import load_policy_weights
     from embodied.errors import ConfigError
 
     policy = build_policy(policy_cfg, env.spec, torch.device("cpu"))
     try:
-        policy.load_state_dict(weights)
+        load_policy_weights(policy, weights, state)
     except RuntimeError as error:
         raise ConfigError(f"the checkpoint's policy does not fit {label}: {error}") from None
     return policy.eval()
@@ -171,7 +174,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     env = build_env(env_cfg, seed=config.seed, stream=1)
     instructions = dict(zip(env.tasks, env.instructions))
     try:
-        policy = load_policy(trained.policy, weights, env, f"env '{label}'")
+        policy = load_policy(trained.policy, weights, state, env, f"env '{label}'")
         results, videos = run_episodes(env, policy, config.episodes, config.deterministic,
                                        config.video_episodes, config.progress_bar)
     finally:

@@ -358,7 +358,7 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
     import torch
 
     from embodied.build import build_env, build_policy, resolve_device
-    from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+    from embodied.checkpoint import load_checkpoint, load_policy_weights, resolve_checkpoint
     from embodied.config import checkpoint_config
 
     if not config.checkpoint:
@@ -376,7 +376,7 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
     device = resolve_device(config.device)
     policy = build_policy(trained.policy, spec, device)
     try:
-        policy.load_state_dict(weights)
+        load_policy_weights(policy, weights, state)
     except RuntimeError as error:
         raise ConfigError(f"the checkpoint's weights do not fit its policy config: {error}") from None
     policy.eval()

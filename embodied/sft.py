@@ -30,7 +30,8 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from embodied.build import build_env, build_policy, in_this_process, resolve_device
-from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
+from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
+                                 without_pretrained_frozen)
 from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
 from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.errors import ConfigError
@@ -172,7 +173,7 @@ def run_sft(config: SFTConfig) -> Path:
     step = 0
     if config.resume:
         weights, saved = load_checkpoint(resolve_checkpoint(run_dir))
-        policy.load_state_dict(weights)
+        load_policy_weights(policy, weights, saved)
         optimizer.load_state_dict(saved["sft"]["optimizer"])
         generator.bit_generator.state = saved["sft"]["sampler"]
         step = int(saved["sft"]["step"])
@@ -187,11 +188,13 @@ def run_sft(config: SFTConfig) -> Path:
     features = frozen_features(policy, demos, config.batch_size, device)
 
     def save() -> None:
+        weights, left_out = without_pretrained_frozen(policy, {k: v.detach().cpu() for k, v in
+                                                               policy.state_dict().items()})
         state = {"sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
                  "rng": get_rng_state(), "iteration": step, "env_steps": 0, "learner": {"policy_version": 0},
-                 "spec": spec.to_dict(), "episodes": []}
-        save_checkpoint(run_dir / "checkpoints", f"iter_{step:06d}", {k: v.detach().cpu() for k, v in
-                        policy.state_dict().items()}, state, config_yaml, keep=config.keep_checkpoints)
+                 "spec": spec.to_dict(), "episodes": [], "pretrained_frozen": left_out}
+        save_checkpoint(run_dir / "checkpoints", f"iter_{step:06d}", weights, state, config_yaml,
+                        keep=config.keep_checkpoints)
 
     metrics_log = MetricLogger(run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)),
                                step_key="sft_step")

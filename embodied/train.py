@@ -15,7 +15,8 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint
+from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
+                                 without_pretrained_frozen)
 from embodied.config import GROUPS, TrainConfig, load_yaml, to_schema, to_yaml
 from embodied.errors import ConfigError
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
@@ -61,18 +62,16 @@ def load_init_weights(policy: Policy, init: str, policy_name: str) -> Path:
     train it, and RL may ask for a different one. Anything else that does not fit is a
     ConfigError naming `init`."""
     checkpoint = resolve_checkpoint(init)
-    weights, _ = load_checkpoint(checkpoint)
+    weights, state = load_checkpoint(checkpoint)
     try:
         try:
-            policy.load_state_dict(weights)
+            load_policy_weights(policy, weights, state)
         except RuntimeError:
             value_ids = {id(p) for p in policy.value_parameters()}
             value_modules = {name.split(".")[0] for name, p in policy.named_parameters() if id(p) in value_ids}
             in_value = lambda key: key.split(".")[0] in value_modules  # noqa: E731
-            missing, unexpected = policy.load_state_dict({k: v for k, v in weights.items() if not in_value(k)},
-                                                         strict=False)
-            if unexpected or not all(in_value(key) for key in missing):
-                raise RuntimeError(f"missing {missing}, unexpected {unexpected}") from None
+            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_value(k)}, state,
+                                may_miss=in_value)
             logger.info("init=%s: the value function (%s) starts fresh: its shape differs", init,
                         ", ".join(sorted(value_modules)))
     except RuntimeError as error:
@@ -185,7 +184,7 @@ class TrainSession:
         self._last_steps = self.env_steps
         self.episodes.extend(EpisodeStats(**e) for e in saved["episodes"])
         drop_metrics_after(self.run_dir, "env_steps", self.env_steps)
-        learner.load_weights(weights)
+        learner.load_weights(weights, saved)
         learner.load_state_dict(saved["learner"])
         if rollout is not None:
             if self.config.env_resume == "fresh":
@@ -220,9 +219,9 @@ class TrainSession:
             "episodes": [vars(e) for e in self.episodes],
             **(extra or {}),
         }
+        weights, saved["pretrained_frozen"] = without_pretrained_frozen(learner.policy, learner.get_weights())
         self.checkpoint_path = save_checkpoint(self.run_dir / "checkpoints", f"iter_{self.iteration:06d}",
-                                               learner.get_weights(), saved, self.config_yaml,
-                                               keep=self.config.keep_checkpoints)
+                                               weights, saved, self.config_yaml, keep=self.config.keep_checkpoints)
         return self.checkpoint_path
 
     def should_checkpoint(self, finished: bool) -> bool:

@@ -50,6 +50,9 @@ class PretrainedTokenizer:
         return _left_padded(rows, length, pad=self.pad)
 
 
+TINY_BACKBONES = ("tiny", "tiny_vlm")  # built with random weights; any other name is loaded pretrained
+
+
 def build_backbone(cfg: Any) -> tuple[nn.Module, Any]:
     """The causal LM or vision-language model and the instruction tokenizer that goes with it,
     from a policy config's `backbone` (and, for the tiny ones, `vocab_size`, `hidden_size`,
@@ -57,7 +60,7 @@ def build_backbone(cfg: Any) -> tuple[nn.Module, Any]:
     from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
                               Qwen2Config, Qwen2ForCausalLM)
 
-    if cfg.backbone not in ("tiny", "tiny_vlm"):
+    if cfg.backbone not in TINY_BACKBONES:
         try:
             vision = hasattr(AutoConfig.from_pretrained(cfg.backbone), "vision_config")
             model = (AutoModelForImageTextToText if vision else AutoModelForCausalLM).from_pretrained(cfg.backbone)

@@ -56,6 +56,13 @@ class Policy(nn.Module, ABC):
         without frozen encoders."""
         return None
 
+    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
+        """(source, names): the state-dict entries this policy loads from a pretrained `source`
+        (a local path or hub id) when it is built and never trains, such as a LoRA run's
+        backbone. Checkpoints leave them out (`embodied.checkpoint`); a load rebuilds them from
+        the source and checks they are the same. None by default: everything is saved."""
+        return None
+
     def fsdp_units(self) -> list[nn.Module]:
         """Submodules to shard as units of their own under `runtime.learner_sharding=fsdp`,
         each gathered only while it runs (its `forward` must be what runs it); the rest of the

@@ -42,7 +42,7 @@ from embodied.registry import POLICIES
 from embodied.types import ActionChunk, EnvSpec, Observation
 from policies.action_tokens import NUM_BINS, ActionTokenizer
 from policies.base import Policy, PolicyEval
-from policies.backbones import build_backbone, prefix_embeddings, vision_prefix
+from policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
 from policies.mlp import mlp
 from policies.normalization import RunningNormalizer
 from policies.vlm import is_vision_language
@@ -114,6 +114,16 @@ class TokenVLAPolicy(Policy):
             self.value_head = mlp([value_inputs, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
         else:
             self.value_head = nn.Linear(hidden, 1)  # the issue's value head, as OpenVLA-based PPO has it
+
+    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
+        """With LoRA on a backbone loaded from a path or hub id, the frozen backbone: a
+        checkpoint then holds the adapters, heads and statistics (megabytes, not gigabytes)."""
+        if self.cfg.lora_rank <= 0 or self.cfg.backbone in TINY_BACKBONES:
+            return None
+        frozen = {id(p) for p in self.backbone.parameters() if not p.requires_grad}
+        # by identity: a tied embedding is one parameter under two state-dict names
+        names = [name for name, value in self.state_dict(keep_vars=True).items() if id(value) in frozen]
+        return self.cfg.backbone, names
 
     # ---- pieces -----------------------------------------------------------------------------
     def _token_embeddings(self) -> nn.Module:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from embodied.buffers import Trajectory
+from embodied.checkpoint import load_policy_weights
 from embodied.distributed import (DataParallel, full_optimizer_state, full_weights, optimizer_parameter_names,
                                   shard_with_optimizer)
 from embodied.offload import Offloader
@@ -78,9 +79,11 @@ class Learner:
             return published_weights(self.policy, self.get_weights())
         return published_weights(self.policy)
 
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, weights: dict[str, torch.Tensor], checkpoint_state: dict[str, Any] | None = None) -> None:
+        """The policy's whole state, or a checkpoint's weights with its state (which says what
+        it left out: `embodied.checkpoint.load_policy_weights`)."""
         self._check_unsharded()
-        self.policy.load_state_dict(weights)
+        load_policy_weights(self.policy, weights, checkpoint_state or {})
 
     def state_dict(self) -> dict[str, Any]:
         self._check_loaded()

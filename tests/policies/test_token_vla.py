@@ -99,17 +99,23 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
     assert (run_dir / "eval" / "PushCube-v1" / "report.md").is_file()
 
 
-def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
+def save_tiny_causal_lm(path, seed=0):
+    """A one-layer random Llama and a word-level tokenizer, saved as a user's checkpoint is."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     words = ["[PAD]", "[UNK]", "push", "the", "cube", "lift", "it"]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(tmp_path)
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(path)
     config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2)
-    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(path)
+
+
+def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
+    save_tiny_causal_lm(tmp_path)
 
     torch.manual_seed(0)
     policy = TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path), decoder="causal"), SPEC)
@@ -120,6 +126,90 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
     torch.testing.assert_close(policy.evaluate(observation(batch=2), chunk).log_prob, chunk.log_prob)
     with pytest.raises(Exception, match="could not be loaded"):
         TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path / "missing")), SPEC)
+
+
+def test_a_lora_checkpoint_keeps_what_training_changes_and_checks_the_frozen_rest(tmp_path):
+    from embodied.checkpoint import load_checkpoint, load_policy_weights, save_checkpoint, without_pretrained_frozen
+    from embodied.errors import CheckpointError
+
+    base = tmp_path / "base"
+    save_tiny_causal_lm(base)
+    config = TokenVLAConfig(backbone=str(base), lora_rank=4)
+    torch.manual_seed(1)
+    trained = TokenVLAPolicy(config, SPEC)
+    trained.update_normalization(observation())
+    with torch.no_grad():  # as training would: every trainable weight moves
+        for parameter in trained.parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.1)
+    whole = {name: value.detach().clone() for name, value in trained.state_dict().items()}
+    weights, record = without_pretrained_frozen(trained, whole)
+    frozen = {name for name, p in trained.named_parameters() if not p.requires_grad}
+    assert record["source"] == str(base) and record["count"] == len(whole) - len(weights) >= len(frozen) > 0
+    assert not frozen & weights.keys() and any("lora_" in name for name in weights)
+    assert {"normalizer.mean", "state_embedding.weight", "action_queries"} <= weights.keys()
+    size = lambda tensors: sum(t.numel() * t.element_size() for t in tensors.values())  # noqa: E731
+    assert size(weights) < 0.2 * size(whole)
+    checkpoint = save_checkpoint(tmp_path / "checkpoints", "iter_000001", weights, {"pretrained_frozen": record}, "")
+
+    saved_weights, state = load_checkpoint(checkpoint)
+    torch.manual_seed(2)  # other adapters and heads until the load
+    restored = TokenVLAPolicy(config, SPEC)
+    load_policy_weights(restored, saved_weights, state)
+    assert restored.state_dict().keys() == whole.keys()
+    for name, value in restored.state_dict().items():
+        assert torch.equal(value, whole[name]), name
+
+    with pytest.raises(RuntimeError, match="missing.*action_queries"):
+        load_policy_weights(TokenVLAPolicy(config, SPEC),
+                            {k: v for k, v in saved_weights.items() if k != "action_queries"}, state)
+    with pytest.raises(RuntimeError, match="does not load frozen"):  # a full fine-tune has nothing frozen
+        load_policy_weights(TokenVLAPolicy(TokenVLAConfig(backbone=str(base)), SPEC), saved_weights, state)
+    save_tiny_causal_lm(base, seed=5)  # the base at that path changed since training
+    with pytest.raises(CheckpointError, match="not those this checkpoint was trained on"):
+        load_policy_weights(TokenVLAPolicy(config, SPEC), saved_weights, state)
+
+
+def test_tiny_backbones_and_full_fine_tunes_keep_every_weight_in_checkpoints(tmp_path):
+    from embodied.checkpoint import without_pretrained_frozen
+
+    save_tiny_causal_lm(tmp_path)
+    for config in (TokenVLAConfig(lora_rank=4), TokenVLAConfig(backbone=str(tmp_path))):
+        policy = TokenVLAPolicy(config, SPEC)
+        whole = policy.state_dict()
+        weights, record = without_pretrained_frozen(policy, whole)
+        assert record is None and weights is whole
+
+
+def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapter_checkpoints(tmp_path):
+    import subprocess
+    import sys
+
+    from safetensors import safe_open
+
+    base = tmp_path / "base"
+    save_tiny_causal_lm(base)
+    run_dir = tmp_path / "run"
+    quiet = ["logger.progress_bar=false", "eval_episodes=0"]
+
+    def cli(*args):
+        result = subprocess.run([sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True,
+                                timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+    cli("train", *quiet, "env=mujoco_invertedpendulum", "env.num_envs=2", "policy=token_vla", f"policy.backbone={base}",
+        "policy.lora_rank=4", "algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]",
+        "algo.rollout_steps=4", "algo.num_minibatches=1", "total_env_steps=8", "checkpoint_every=1",
+        f"run_dir={run_dir}")
+    cli("train", *quiet, f"resume={run_dir}", "total_env_steps=16")
+    checkpoint = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert checkpoint.name == "iter_000002"
+    with safe_open(str(checkpoint / "weights.safetensors"), "pt") as saved:
+        names = list(saved.keys())
+    assert any("lora_" in name for name in names)
+    assert not any("base_layer" in name or "mlp.up_proj" in name or "embed_tokens" in name for name in names)
+    cli("eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false", f"output={tmp_path / 'eval'}")
+    assert (tmp_path / "eval" / "report.json").is_file()
 
 
 @pytest.mark.parametrize("decoder", ["causal", "parallel"])
