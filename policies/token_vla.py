@@ -120,10 +120,9 @@ class TokenVLAPolicy(Policy):
         checkpoint then holds the adapters, heads and statistics (megabytes, not gigabytes)."""
         if self.cfg.lora_rank <= 0 or self.cfg.backbone in TINY_BACKBONES:
             return None
-        frozen = {id(p) for p in self.backbone.parameters() if not p.requires_grad}
-        # by identity: a tied embedding is one parameter under two state-dict names
-        names = [name for name, value in self.state_dict(keep_vars=True).items() if id(value) in frozen]
-        return self.cfg.backbone, names
+        # every name of each frozen parameter: a tied embedding is one parameter under two names
+        names = [name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad]
+        return (self.cfg.backbone, names) if names else None
 
     # ---- pieces -----------------------------------------------------------------------------
     def _token_embeddings(self) -> nn.Module:
