@@ -180,7 +180,8 @@ def without_pretrained_frozen(policy: torch.nn.Module, weights: dict[str, torch.
     source, names = frozen
     if policy not in _fingerprints:
         _fingerprints[policy] = _fingerprint({name: weights[name] for name in names})
-    kept = {name: value for name, value in weights.items() if name not in set(names)}
+    left_out = set(names)
+    kept = {name: value for name, value in weights.items() if name not in left_out}
     return kept, {"source": source, "count": len(names), "sha256": _fingerprints[policy]}
 
 
