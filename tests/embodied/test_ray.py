@@ -50,6 +50,13 @@ def actors(role: str) -> list[psutil.Process]:
     return ours(f"ray::{role}")
 
 
+def still_running(processes: list[psutil.Process], timeout_s: float = 30.0) -> list[psutil.Process]:
+    """Those of `processes` still alive after `timeout_s`. Ray's worker processes exit once they
+    notice their node is gone, a moment after `ray.shutdown()` returns in the run."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    return alive
+
+
 def train_killing_one(role: str, expected: int, run_dir) -> list[dict]:
     """Train, kill one `role` actor after two updates, and return the run's updates."""
     trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=2", f"run_dir={run_dir}")
@@ -109,7 +116,7 @@ def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path)
 def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
     updates = train_killing_one("EnvWorkerRole", 2, tmp_path / "run")
     assert updates[-1]["train/env_worker_restarts"] == 1
-    assert not actors("EnvWorkerRole")  # the actors ended with the run
+    assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
 
 
 def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
@@ -129,5 +136,5 @@ def test_libero_env_workers_run_as_actors_under_their_own_virtualenv(tmp_path):
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
     assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]
-    assert not [p for p in ours("sim.worker") if "libero" in " ".join(p.info["cmdline"] or [])]
-    assert not actors("EnvWorkerRole")
+    assert not still_running([p for p in ours("sim.worker") if "libero" in " ".join(p.info["cmdline"] or [])])
+    assert not still_running(actors("EnvWorkerRole"))
