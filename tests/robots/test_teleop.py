@@ -52,9 +52,12 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
     finally:
         shutdown()
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    operated = [line for line in lines if line["source"] == "teleop"]
-    assert summary["teleop_ticks"] == len(operated) > 30  # the oracle drove after its patience ran out
-    assert all(line["intervened"] and line["executed_action"] == [1.5] for line in operated)
+    # A stall skips ticks rather than catching up, so a loaded machine logs fewer than 40.
+    assert len(lines) == 40 - summary["overrun_ticks"] > 20
+    operated = lines[2:]  # the oracle drove from its third look on (patience 3) to the end
+    assert summary["teleop_ticks"] == len(operated)
+    assert all(line["source"] == "teleop" and line["intervened"] and line["executed_action"] == [1.5]
+               for line in operated)
     # The policy's action is logged beside the operator's on ticks where the policy had one
     # (a reply that misses its tick leaves none, so a loaded machine may skip a few).
     with_policy = [line["policy_action"] for line in operated if "policy_action" in line]
@@ -235,7 +238,7 @@ def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
                                safety=SafetyConfig(safe_action="zero"))
     summary = RobotClient(robot, NoPolicy(), config, tmp_path, teleop=teleop).run()
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert summary["teleop_ticks"] == 10
+    assert summary["teleop_ticks"] == len(lines) == 10 - summary["overrun_ticks"] > 0  # a stall skips ticks
     assert all(line["source"] == "teleop" and line["executed_action"] == [1.25] for line in lines)
 
 
