@@ -63,6 +63,11 @@ class Policy(nn.Module, ABC):
         the source and checks they are the same. None by default: everything is saved."""
         return None
 
+    def frozen_parameter_names(self) -> list[str]:
+        """Every state-dict name of the parameters that do not train: a tied weight is one
+        parameter under two names, and a checkpoint that leaves it out must leave out both."""
+        return [name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad]
+
     def fsdp_units(self) -> list[nn.Module]:
         """Submodules to shard as units of their own under `runtime.learner_sharding=fsdp`,
         each gathered only while it runs (its `forward` must be what runs it); the rest of the

@@ -29,7 +29,7 @@ from torch import nn
 from embodied.errors import ConfigError
 from embodied.registry import POLICIES
 from embodied.types import EnvSpec, Observation
-from policies.backbones import build_backbone, prefix_embeddings, vision_prefix
+from policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
 from policies.denoising import time_embedding
 from policies.flow import FlowPolicy, FlowPolicyConfig
 from policies.mlp import mlp
@@ -101,6 +101,13 @@ class FlowVLMPolicy(FlowPolicy):
         self.state_embedding = nn.Linear(spec.state_dim, self.prefix_dim)
         if cfg.freeze_backbone:
             self.backbone.requires_grad_(False)
+
+    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
+        """With `freeze_backbone` on a VLM loaded from a path or hub id, that backbone: a
+        checkpoint then holds the action expert, the heads and the statistics."""
+        if not self.cfg.freeze_backbone or self.cfg.backbone in TINY_BACKBONES:
+            return None  # random tiny weights are saved: nothing could rebuild them
+        return self.cfg.backbone, self.frozen_parameter_names()
 
     def _build_heads(self, context_dim: int) -> None:
         cfg = self.cfg

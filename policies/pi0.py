@@ -380,6 +380,13 @@ class Pi0Policy(FlowPolicy):
         if cfg.freeze_vision:
             model.vision.requires_grad_(False)
 
+    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
+        """What `train_expert_only` or `freeze_vision` freezes of a model loaded from
+        `checkpoint`: a checkpoint of the run then holds what trains (gigabytes less at the
+        real sizes). Without a checkpoint the frozen weights are random and are saved."""
+        names = self.frozen_parameter_names() if self.cfg.checkpoint else []
+        return (self.cfg.checkpoint, names) if names else None
+
     def fsdp_units(self) -> list[nn.Module]:
         """Each is run through its own forward: the vision tower, the token embedding, the VLM
         and the action expert (the embedding first: it lies inside the VLM's module)."""

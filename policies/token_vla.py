@@ -120,8 +120,7 @@ class TokenVLAPolicy(Policy):
         checkpoint then holds the adapters, heads and statistics (megabytes, not gigabytes)."""
         if self.cfg.lora_rank <= 0 or self.cfg.backbone in TINY_BACKBONES:
             return None
-        # every name of each frozen parameter: a tied embedding is one parameter under two names
-        names = [name for name, p in self.named_parameters(remove_duplicate=False) if not p.requires_grad]
+        names = self.frozen_parameter_names()
         return (self.cfg.backbone, names) if names else None
 
     # ---- pieces -----------------------------------------------------------------------------

@@ -71,6 +71,45 @@ def test_flow_matching_sft_moves_the_vlm_and_the_expert_unless_the_backbone_is_f
         assert moved == (not frozen)
 
 
+def save_tiny_vlm(path, seed=0):
+    """A small random PaliGemma and a word-level tokenizer, saved as a user's checkpoint is."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from policies.vlm import tiny_paligemma
+
+    words = ["[PAD]", "[UNK]", "pick", "the", "cube"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(path)
+    torch.manual_seed(seed)
+    tiny_paligemma(300, 32, 1, 2, 32, 8, image_token_index=257).save_pretrained(path)
+
+
+def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on_load(tmp_path):
+    from embodied.checkpoint import load_checkpoint, load_policy_weights, without_pretrained_frozen
+    from embodied.errors import CheckpointError
+    from tests.policies.checkpoints import save_and_restore
+
+    base = tmp_path / "vlm"
+    save_tiny_vlm(base)
+    make = lambda **overrides: FlowVLMPolicy(  # noqa: E731
+        FlowVLMConfig(backbone=str(base), critic_hidden=[16], **{"freeze_backbone": True, **overrides}), SPEC)
+    weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
+    assert record["source"] == str(base)
+    assert not any(name.startswith("backbone.") for name in weights)
+    assert "state_embedding.weight" in weights and any(name.startswith("expert.") for name in weights)
+    assert record["count"] == sum(name.startswith("backbone.") for name in whole)
+
+    for vla in (make(freeze_backbone=False), policy(freeze_backbone=True)):  # trained, or random tiny weights
+        everything = vla.state_dict()
+        kept, left_out = without_pretrained_frozen(vla, everything)
+        assert left_out is None and kept is everything
+    save_tiny_vlm(base, seed=5)  # the VLM at that path changed since training
+    with pytest.raises(CheckpointError, match="not those this checkpoint was trained on"):
+        load_policy_weights(make(), *load_checkpoint(checkpoint))
+
+
 def test_state_observations_and_unknown_value_heads_are_refused():
     with pytest.raises(ConfigError, match="env.obs_mode=rgb"):
         FlowVLMPolicy(FlowVLMConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0,) * 2,

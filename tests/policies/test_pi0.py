@@ -216,6 +216,40 @@ def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm(model)
         assert moved == (not expert_only)
 
 
+def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_checked_on_load(tmp_path,
+                                                                                       lerobot_checkpoint):
+    import shutil
+
+    from embodied.checkpoint import load_checkpoint, load_policy_weights, without_pretrained_frozen
+    from embodied.errors import CheckpointError
+    from tests.policies.checkpoints import save_and_restore, size
+
+    base = tmp_path / "pi0"
+    shutil.copytree(lerobot_checkpoint / "checkpoint", base)
+    spec = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3,
+                   image_shapes=SPEC.image_shapes)
+    make = lambda **frozen: Pi0Policy(Pi0Config(**REFERENCE, checkpoint=str(base), critic_hidden=[16],  # noqa: E731
+                                                **(frozen or {"train_expert_only": True})), spec)
+    weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
+    parts = lambda names: {name.split(".")[1] for name in names if name.startswith("model.")}  # noqa: E731
+    vlm = {"vision", "projector", "vlm"}
+    assert record["source"] == str(base) and vlm <= parts(whole) and not vlm & parts(weights)
+    assert "expert" in parts(weights) and size(weights) < 0.5 * size(whole)
+    vision_frozen, _, _, _ = save_and_restore(lambda: make(freeze_vision=True), tmp_path / "vision_frozen")
+    assert "vision" not in parts(vision_frozen) and {"projector", "vlm", "expert"} <= parts(vision_frozen)
+
+    for pi0 in (make(train_expert_only=False), policy(train_expert_only=True)):  # trained, or random tiny weights
+        everything = pi0.state_dict()
+        kept, left_out = without_pretrained_frozen(pi0, everything)
+        assert left_out is None and kept is everything
+    weights_file = base / "model.safetensors"
+    tensors = load_file(str(weights_file))
+    name = next(name for name in tensors if "vision_tower" in name)
+    save_file({**tensors, name: tensors[name] + 1}, str(weights_file))  # the checkpoint changed since training
+    with pytest.raises(CheckpointError, match="not those this checkpoint was trained on"):
+        load_policy_weights(make(), *load_checkpoint(checkpoint))
+
+
 def test_prompts_as_pi0_and_pi05_write_them():
     assert prompts(["pick_up the\ncube "], None) == ["pick up the cube\n"]
     state = torch.tensor([[-1.0, -0.999, 0.0, 0.5, 1.0]])  # bins of width 2/256

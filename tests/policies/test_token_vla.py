@@ -129,37 +129,27 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
 
 
 def test_a_lora_checkpoint_keeps_what_training_changes_and_checks_the_frozen_rest(tmp_path):
-    from embodied.checkpoint import load_checkpoint, load_policy_weights, save_checkpoint, without_pretrained_frozen
+    from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.errors import CheckpointError
+    from tests.policies.checkpoints import save_and_restore, size
 
     base = tmp_path / "base"
     save_tiny_causal_lm(base)
     config = TokenVLAConfig(backbone=str(base), lora_rank=4)
-    torch.manual_seed(1)
-    trained = TokenVLAPolicy(config, SPEC)
-    trained.update_normalization(observation())
-    with torch.no_grad():  # as training would: every trainable weight moves
-        for parameter in trained.parameters():
-            if parameter.requires_grad:
-                parameter.add_(0.1)
-    whole = {name: value.detach().clone() for name, value in trained.state_dict().items()}
-    weights, record = without_pretrained_frozen(trained, whole)
-    frozen = {name for name, p in trained.named_parameters() if not p.requires_grad}
-    assert record["source"] == str(base) and record["count"] == len(whole) - len(weights) >= len(frozen) > 0
+
+    def make():
+        policy = TokenVLAPolicy(config, SPEC)
+        policy.update_normalization(observation())
+        return policy
+
+    weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
+    frozen = {name for name, p in make().named_parameters() if not p.requires_grad}
+    assert record["source"] == str(base) and record["count"] >= len(frozen) > 0
     assert not frozen & weights.keys() and any("lora_" in name for name in weights)
     assert {"normalizer.mean", "state_embedding.weight", "action_queries"} <= weights.keys()
-    size = lambda tensors: sum(t.numel() * t.element_size() for t in tensors.values())  # noqa: E731
     assert size(weights) < 0.2 * size(whole)
-    checkpoint = save_checkpoint(tmp_path / "checkpoints", "iter_000001", weights, {"pretrained_frozen": record}, "")
 
     saved_weights, state = load_checkpoint(checkpoint)
-    torch.manual_seed(2)  # other adapters and heads until the load
-    restored = TokenVLAPolicy(config, SPEC)
-    load_policy_weights(restored, saved_weights, state)
-    assert restored.state_dict().keys() == whole.keys()
-    for name, value in restored.state_dict().items():
-        assert torch.equal(value, whole[name]), name
-
     with pytest.raises(RuntimeError, match="missing.*action_queries"):
         load_policy_weights(TokenVLAPolicy(config, SPEC),
                             {k: v for k, v in saved_weights.items() if k != "action_queries"}, state)
