@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import psutil
@@ -51,9 +52,18 @@ def actors(role: str) -> list[psutil.Process]:
 
 
 def still_running(processes: list[psutil.Process], timeout_s: float = 30.0) -> list[psutil.Process]:
-    """Those of `processes` still alive after `timeout_s`. Ray's worker processes exit once they
-    notice their node is gone, a moment after `ray.shutdown()` returns in the run."""
-    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    """Those of `processes` still running after `timeout_s` (an exited one that nobody has
+    reaped yet counts as ended). Ray's worker processes exit once they notice their node is
+    gone, a moment after `ray.shutdown()` returns in the run."""
+    def running(process: psutil.Process) -> bool:
+        try:
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + timeout_s
+    while (alive := [process for process in processes if running(process)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
     return alive
 
 
