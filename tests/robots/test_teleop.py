@@ -53,7 +53,7 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
         shutdown()
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     # A stall skips ticks rather than catching up, so a loaded machine logs fewer than 40.
-    assert len(lines) == 40 - summary["overrun_ticks"] > 20
+    assert len(lines) == 40 - summary["overrun_ticks"] > 3
     operated = lines[2:]  # the oracle drove from its third look on (patience 3) to the end
     assert summary["teleop_ticks"] == len(operated)
     assert all(line["source"] == "teleop" and line["intervened"] and line["executed_action"] == [1.5]
