@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import threading
+from itertools import accumulate
 
 import numpy as np
 import pytest
@@ -194,11 +195,7 @@ def learn_from_a_robot(arguments, run_dir, output, episodes=5):
 
 def cumulative(summary) -> list[int]:
     """The transitions the learner had after each episode the robot sent."""
-    totals, total = [], 0
-    for episode in summary["episodes"]:
-        total += episode["steps"]
-        totals.append(total)
-    return totals
+    return list(accumulate(episode["steps"] for episode in summary["episodes"]))
 
 
 def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_with_its_replay(tmp_path):

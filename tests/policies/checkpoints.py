@@ -1,5 +1,6 @@
-"""A policy's checkpoint without its frozen pretrained weights, saved and loaded back, for the
-policies whose `pretrained_frozen` names some."""
+"""Pretrained backbones saved as a user has them, and a policy's checkpoint without its frozen
+pretrained weights, saved and loaded back, for the policies whose `pretrained_frozen` names
+some."""
 
 from pathlib import Path
 from typing import Callable
@@ -8,6 +9,23 @@ import torch
 
 from embodied.checkpoint import load_checkpoint, load_policy_weights, save_checkpoint, without_pretrained_frozen
 from policies.base import Policy
+
+
+def save_word_tokenizer(path: Path, words: list[str]) -> None:
+    """A word-level tokenizer over `words` (ids in that order; "[PAD]" and "[UNK]" among them)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(path)
+
+
+def saves_whole(policy: Policy) -> bool:
+    """Whether a checkpoint of `policy` keeps every weight (leaves nothing out as pretrained)."""
+    everything = policy.state_dict()
+    kept, left_out = without_pretrained_frozen(policy, everything)
+    return left_out is None and kept is everything
 
 
 def save_and_restore(make_policy: Callable[[], Policy], directory: Path

@@ -101,13 +101,11 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
 
 def save_tiny_causal_lm(path, seed=0):
     """A one-layer random Llama and a word-level tokenizer, saved as a user's checkpoint is."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
-    words = ["[PAD]", "[UNK]", "push", "the", "cube", "lift", "it"]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(path)
+    from tests.policies.checkpoints import save_word_tokenizer
+
+    save_word_tokenizer(path, ["[PAD]", "[UNK]", "push", "the", "cube", "lift", "it"])
     config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2)
     torch.manual_seed(seed)
@@ -161,14 +159,11 @@ def test_a_lora_checkpoint_keeps_what_training_changes_and_checks_the_frozen_res
 
 
 def test_tiny_backbones_and_full_fine_tunes_keep_every_weight_in_checkpoints(tmp_path):
-    from embodied.checkpoint import without_pretrained_frozen
+    from tests.policies.checkpoints import saves_whole
 
     save_tiny_causal_lm(tmp_path)
     for config in (TokenVLAConfig(lora_rank=4), TokenVLAConfig(backbone=str(tmp_path))):
-        policy = TokenVLAPolicy(config, SPEC)
-        whole = policy.state_dict()
-        weights, record = without_pretrained_frozen(policy, whole)
-        assert record is None and weights is whole
+        assert saves_whole(TokenVLAPolicy(config, SPEC))
 
 
 def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapter_checkpoints(tmp_path):
