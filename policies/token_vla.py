@@ -67,6 +67,10 @@ class TokenVLAConfig:
     patch_size: int = 8
     max_instruction_tokens: int = 48
     temperature: float = 1.0
+    # SFT targets: 0 puts all of a demonstrated action's mass on its bin; > 0 spreads it over
+    # the neighbouring bins as a Gaussian of this width (in bins), so the SFT policy samples
+    # local noise of about that scale, rather than a sharp mode with a thin spread of far bins.
+    label_sigma_bins: float = 0.0
     # float32 | bfloat16: the backbone's arithmetic under autocast (its output logits included).
     # Weights, optimizer state, the residual stream's input, the action log-softmax and the value
     # head stay float32 either way.
@@ -90,6 +94,8 @@ class TokenVLAPolicy(Policy):
             raise ConfigError(f"policy.precision must be one of {tuple(PRECISIONS)}, got '{cfg.precision}'")
         if cfg.temperature <= 0:
             raise ConfigError(f"policy.temperature must be > 0, got {cfg.temperature}")
+        if cfg.label_sigma_bins < 0:
+            raise ConfigError(f"policy.label_sigma_bins must be >= 0, got {cfg.label_sigma_bins}")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.backbone, self.instructions = build_backbone(cfg)
         self.cameras = sorted(spec.image_shapes)
@@ -259,13 +265,23 @@ class TokenVLAPolicy(Policy):
         bins = torch.as_tensor(tokens - self.actions.first_token, device=self.action_queries.device)
         bins = bins.reshape(actions.shape[0], self.positions)
         log_probs, _ = self._score(observation, bins)
-        return -log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1).mean()
+        if self.cfg.label_sigma_bins == 0:
+            return -log_probs.gather(-1, bins[..., None]).squeeze(-1).sum(-1).mean()
+        return -(smoothed_targets(bins, self.cfg.label_sigma_bins) * log_probs).sum(-1).sum(-1).mean()
 
     def value_parameters(self) -> list[nn.Parameter]:
         return list(self.value_head.parameters())
 
     def update_normalization(self, observation: Observation) -> None:
         self.normalizer.update(observation.state.to(self.action_queries.device))
+
+
+def smoothed_targets(bins: torch.Tensor, sigma: float) -> torch.Tensor:
+    """(..., 256) distributions: a Gaussian over bin positions around each of `bins`, truncated
+    to the 256 action tokens and normalised. Neighbouring positions are neighbouring actions."""
+    positions = torch.arange(NUM_BINS, device=bins.device, dtype=torch.float32)
+    weights = torch.exp(-0.5 * ((positions - bins[..., None].float()) / sigma) ** 2)
+    return weights / weights.sum(-1, keepdim=True)
 
 
 @POLICIES.register("token_vla", TokenVLAConfig)

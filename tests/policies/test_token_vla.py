@@ -378,3 +378,47 @@ def test_an_unknown_precision_is_refused_by_name():
 
     with pytest.raises(ConfigError, match="policy.precision must be one of .* got 'float16'"):
         TokenVLAPolicy(TokenVLAConfig(precision="float16"), SPEC)
+
+
+def test_smoothed_sft_targets_are_gaussians_over_neighbouring_bins_cut_at_the_ends():
+    from policies.token_vla import smoothed_targets
+
+    targets = smoothed_targets(torch.tensor([[100, 0, 255]]), sigma=2.0)
+    torch.testing.assert_close(targets.sum(-1), torch.ones(1, 3))
+    assert targets.argmax(-1).tolist() == [[100, 0, 255]]
+    middle = targets[0, 0]
+    assert float(middle[102] / middle[100]) == pytest.approx(np.exp(-0.5), rel=1e-5)
+    assert float(middle[98]) == pytest.approx(float(middle[102]))
+    assert float(middle[110]) < 1e-5
+    assert float(targets[0, 1, 0]) > float(middle[100])  # the cut-off half's mass goes to the rest
+
+
+def test_smoothed_sft_spreads_the_policy_over_neighbouring_bins_and_keeps_its_mode():
+    obs, actions = observation(), torch.tensor([[[0.5, -1.0, 0.2]], [[0.1, 1.5, 0.9]], [[-0.5, 0.0, 0.5]], [[0.5, -1.0, 0.2]]])
+    fitted = {}
+    for sigma in (0.0, 4.0):
+        torch.manual_seed(0)
+        policy = TokenVLAPolicy(TokenVLAConfig(decoder="parallel", label_sigma_bins=sigma), SPEC)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+        for _ in range(150):
+            loss = policy.bc_loss(obs, actions)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            log_probs, _ = policy._score(obs, None)
+        fitted[sigma] = log_probs
+    demonstrated = policy.actions.encode(actions.reshape(4, 3).numpy()) - policy.actions.first_token
+    for log_probs in fitted.values():
+        np.testing.assert_array_equal(log_probs.argmax(-1).numpy(), demonstrated)
+    # the entropy of a discretised Gaussian of width 4 is about 2.8 nats; hard targets approach 0
+    entropy = {sigma: float(-(lp.exp() * lp).sum(-1).mean()) for sigma, lp in fitted.items()}
+    assert entropy[4.0] == pytest.approx(0.5 * np.log(2 * np.pi * np.e * 16), abs=0.3)
+    assert entropy[0.0] < 1.0
+
+
+def test_a_negative_label_width_is_refused_by_name():
+    from embodied.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="policy.label_sigma_bins must be >= 0, got -1"):
+        TokenVLAPolicy(TokenVLAConfig(label_sigma_bins=-1.0), SPEC)
