@@ -203,7 +203,7 @@ def report() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
-    parser.add_argument("--checkpoint", default=str(RUNS / "multitask-sft-h128"))
+    parser.add_argument("--checkpoint", default=str(RUNS / "multitask-sft-h128-s4"))
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0, 2.0])
     args = parser.parse_args()
