@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
+from multitask_vla import SFT  # noqa: E402
 from ppo import RESULTS, RUNS  # noqa: E402
 
 GROUP_SIZE = 4
@@ -203,7 +204,7 @@ def report() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
-    parser.add_argument("--checkpoint", default=str(RUNS / "multitask-sft-h128-s4"))
+    parser.add_argument("--checkpoint", default=str(SFT))
     parser.add_argument("--batches", type=int, default=16)
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0, 2.0])
     args = parser.parse_args()

@@ -65,12 +65,18 @@ def test_behaviour_cloning_loss_falls():
     obs, actions = observation(), torch.tensor([[[0.5, -1.0, 0.2]], [[0.1, 1.5, 0.9]], [[-0.5, 0.0, 0.5]], [[0.5, -1.0, 0.2]]])
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
     first = float(policy.bc_loss(obs, actions))
-    for _ in range(30):
+    loss = fit_by_behaviour_cloning(policy, optimizer, obs, actions, steps=30)
+    assert float(loss) < 0.5 * first
+
+
+def fit_by_behaviour_cloning(policy, optimizer, obs, actions, steps):
+    """`steps` Adam steps on the BC loss; the last step's loss."""
+    for _ in range(steps):
         loss = policy.bc_loss(obs, actions)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert float(loss) < 0.5 * first
+    return loss
 
 
 def test_lora_publishes_only_adapters_heads_and_buffers():
@@ -399,12 +405,7 @@ def test_smoothed_sft_spreads_the_policy_over_neighbouring_bins_and_keeps_its_mo
     for sigma in (0.0, 4.0):
         torch.manual_seed(0)
         policy = TokenVLAPolicy(TokenVLAConfig(decoder="parallel", label_sigma_bins=sigma), SPEC)
-        optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
-        for _ in range(150):
-            loss = policy.bc_loss(obs, actions)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+        fit_by_behaviour_cloning(policy, torch.optim.Adam(policy.parameters(), lr=3e-3), obs, actions, steps=150)
         with torch.no_grad():
             log_probs, _ = policy._score(obs, None)
         fitted[sigma] = log_probs
