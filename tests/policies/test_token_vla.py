@@ -17,6 +17,11 @@ def observation(batch=4, seed=0):
                        instruction=["push the cube", "lift it", "", "push the cube"][:batch])
 
 
+def demonstrated_actions():
+    """(4, 1, 3) actions for `observation()`'s four rows; the first and last rows agree."""
+    return torch.tensor([[[0.5, -1.0, 0.2]], [[0.1, 1.5, 0.9]], [[-0.5, 0.0, 0.5]], [[0.5, -1.0, 0.2]]])
+
+
 @pytest.mark.parametrize("decoder", ["causal", "parallel"])
 def test_sampled_log_prob_equals_the_training_recomputation(decoder):
     torch.manual_seed(0)
@@ -62,7 +67,7 @@ def test_deterministic_act_takes_the_most_likely_tokens():
 def test_behaviour_cloning_loss_falls():
     torch.manual_seed(0)
     policy = TokenVLAPolicy(TokenVLAConfig(decoder="causal"), SPEC)
-    obs, actions = observation(), torch.tensor([[[0.5, -1.0, 0.2]], [[0.1, 1.5, 0.9]], [[-0.5, 0.0, 0.5]], [[0.5, -1.0, 0.2]]])
+    obs, actions = observation(), demonstrated_actions()
     optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
     first = float(policy.bc_loss(obs, actions))
     loss = fit_by_behaviour_cloning(policy, optimizer, obs, actions, steps=30)
@@ -400,7 +405,7 @@ def test_smoothed_sft_targets_are_gaussians_over_neighbouring_bins_cut_at_the_en
 
 
 def test_smoothed_sft_spreads_the_policy_over_neighbouring_bins_and_keeps_its_mode():
-    obs, actions = observation(), torch.tensor([[[0.5, -1.0, 0.2]], [[0.1, 1.5, 0.9]], [[-0.5, 0.0, 0.5]], [[0.5, -1.0, 0.2]]])
+    obs, actions = observation(), demonstrated_actions()
     fitted = {}
     for sigma in (0.0, 4.0):
         torch.manual_seed(0)
