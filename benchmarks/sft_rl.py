@@ -67,13 +67,15 @@ def dataset_episodes(root: Path) -> int | None:
     return json.loads(info.read_text())["total_episodes"] if info.is_file() else None
 
 
-def main(doc: str, arms: list[str], run: Callable[[int, int, int, list[str]], None], report: Callable[[], None],
-         demos: int, sft_steps: int, steps: int) -> None:
+def main(doc: str, arms: list[str], run: Callable[[int, int, int | None, list[str]], None],
+         report: Callable[[], None], demos: int, sft_steps: int, steps: int | None) -> None:
+    """`steps` None: each arm's own total_env_steps, unless --steps is given."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
     parser.add_argument("--demos", type=int, default=demos, help="scripted-expert episodes")
     parser.add_argument("--sft-steps", type=int, default=sft_steps)
-    parser.add_argument("--steps", type=int, default=steps, help="RL env steps per arm")
+    parser.add_argument("--steps", type=int, default=steps,
+                        help="RL env steps per arm" + ("" if steps else " (default: each arm's own)"))
     parser.add_argument("--only", nargs="*", default=arms, choices=arms)
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))

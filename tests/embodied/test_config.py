@@ -27,6 +27,15 @@ def test_experiment_overrides_groups_and_values():
     assert config.policy.actor_hidden == [64, 64] and config.total_env_steps == 1_000_000
 
 
+def test_token_vla_ppo_experiment_composes_the_multitask_recipe():
+    config = load("experiment=multitask_token_vla_ppo", "init=runs/sft")
+    assert config.env.tasks == ["PushCube-v1", "PickCube-v1", "StackCube-v1"] and config.env.reward_mode == "sparse"
+    assert config.policy.name == "token_vla" and config.policy.critic_hidden == [256, 256]
+    assert config.policy.value_reads_state and config.algo.name == "ppo" and config.algo.ratio == "term"
+    assert (config.algo.rollout_steps, config.algo.update_epochs, config.algo.gamma) == (50, 1, 0.99)
+    assert config.time_limit_s == 3600
+
+
 def test_unknown_env_name_lists_known_ones_and_the_closest():
     with pytest.raises(UnknownNameError, match=r"unknown env 'maniskil'; known: gymnasium, libero, maniskill, robosuite\. Did you mean 'maniskill'"):
         load("env.name=maniskil")
