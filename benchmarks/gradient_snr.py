@@ -9,6 +9,8 @@ advantage estimators:
   grpo-return    GRPO on the episode's return
   ppo-lambda-L   PPO's GAE (gamma 0.8, lambda L) on the dense reward, with an MLP critic on
                  the state fitted to the batches' discounted returns (explained variance shown)
+  ppo-success    PPO's GAE (gamma 0.99, lambda 0.95) on the success reward (1 at each step the
+                 task is solved), as the PPO arm of multitask_vla.py trains, with its own critic
 
 For gradients g_1..g_n of n batches, |E g|^2 is estimated without bias by the mean of the
 off-diagonal dot products g_i . g_j and the noise by the mean |g_i|^2 minus that; their
@@ -43,6 +45,7 @@ NUM_ENVS = 24
 EPISODE_STEPS = 50
 GAMMA = 0.8
 LAMBDAS = (0.0, 0.5, 0.9)
+SUCCESS_GAMMA, SUCCESS_LAMBDA = 0.99, 0.95  # the multitask PPO arm's (configs/experiment/multitask_token_vla_ppo.yaml)
 SUMMARY = RESULTS / "gradient_snr.json"
 
 
@@ -89,18 +92,23 @@ def policy_gradient(policy, trajectory, step_advantage: torch.Tensor) -> torch.T
     return torch.cat([p.grad.reshape(-1) for p in policy.parameters() if p.grad is not None]).clone()
 
 
-def fit_state_critic(trajectories: list) -> tuple:
-    """An MLP on the state fitted to the discounted dense returns of all batches."""
+def step_reward(trajectory, estimator: str) -> torch.Tensor:
+    """The dense reward the batches were collected with, or the success reward (ManiSkill's sparse)."""
+    return trajectory.success.float() if estimator == "ppo-success" else trajectory.reward
+
+
+def fit_state_critic(trajectories: list, estimator: str, gamma: float) -> tuple:
+    """An MLP on the state fitted to the discounted returns of all batches."""
     from torch import nn
 
     from embodied.advantages import explained_variance, gae
 
     states, returns = [], []
     for trajectory in trajectories:
-        zeros = torch.zeros_like(trajectory.reward)
+        reward = step_reward(trajectory, estimator)
+        zeros = torch.zeros_like(reward)
         # with values of 0 and lambda 1, GAE's returns are the discounted returns-to-go
-        _, discounted = gae(trajectory.reward, zeros, trajectory.terminated, trajectory.truncated, zeros, zeros[-1],
-                            GAMMA, 1.0)
+        _, discounted = gae(reward, zeros, trajectory.terminated, trajectory.truncated, zeros, zeros[-1], gamma, 1.0)
         states.append(trajectory.observation.state.reshape(-1, trajectory.observation.state.shape[-1]))
         returns.append(discounted.reshape(-1))
     x, y = torch.cat(states).float(), torch.cat(returns).float()
@@ -119,7 +127,7 @@ def fit_state_critic(trajectories: list) -> tuple:
     return (lambda state: net((state.float() - mean) / std).squeeze(-1)), explained
 
 
-def advantages(trajectory, estimator: str, critic=None) -> torch.Tensor:
+def advantages(trajectory, estimator: str, critics: dict) -> torch.Tensor:
     from embodied.advantages import gae, group_normalized
 
     groups = torch.arange(trajectory.num_envs) // GROUP_SIZE
@@ -127,12 +135,15 @@ def advantages(trajectory, estimator: str, critic=None) -> torch.Tensor:
         outcome = (trajectory.success.any(0).float() if estimator == "grpo-success"
                    else trajectory.reward.sum(0))
         return group_normalized(outcome, groups)[None].expand(trajectory.num_steps, -1)
-    lam = float(estimator.removeprefix("ppo-lambda-"))
+    success = estimator == "ppo-success"
+    gamma, lam = (SUCCESS_GAMMA, SUCCESS_LAMBDA) if success else (GAMMA, float(estimator.removeprefix("ppo-lambda-")))
+    critic = critics["success" if success else "dense"]
+    reward = step_reward(trajectory, estimator)
     with torch.no_grad():
         value = critic(trajectory.observation.state)
         last = critic(trajectory.next_state[-1])
-    bootstrap = torch.zeros_like(trajectory.reward) + last  # the episode is cut at its time limit after the last step
-    advantage, _ = gae(trajectory.reward, value, trajectory.terminated, trajectory.truncated, bootstrap, last, GAMMA, lam)
+    bootstrap = torch.zeros_like(reward) + last  # the episode is cut at its time limit after the last step
+    advantage, _ = gae(reward, value, trajectory.terminated, trajectory.truncated, bootstrap, last, gamma, lam)
     return (advantage - advantage.mean()) / (advantage.std() + 1e-8)
 
 
@@ -152,11 +163,14 @@ def measure(checkpoint: Path, temperatures: list[float], batches: int) -> dict:
         policy, env_config = load_policy(checkpoint, temperature)
         trajectories = collect(policy, env_config, temperature, batches)
         policy.train()
-        critic, explained = fit_state_critic(trajectories)
+        dense_critic, explained = fit_state_critic(trajectories, "dense", GAMMA)
+        success_critic, success_explained = fit_state_critic(trajectories, "ppo-success", SUCCESS_GAMMA)
+        critics = {"dense": dense_critic, "success": success_critic}
         row = {"success": float(torch.stack([t.success.any(0).float().mean() for t in trajectories]).mean()),
-               "critic_explained_variance": explained, "estimators": {}}
-        for estimator in ("grpo-success", "grpo-return", *(f"ppo-lambda-{lam:g}" for lam in LAMBDAS)):
-            gradients = [policy_gradient(policy, t, advantages(t, estimator, critic)) for t in trajectories]
+               "critic_explained_variance": explained, "success_critic_explained_variance": success_explained,
+               "estimators": {}}
+        for estimator in ("grpo-success", "grpo-return", *(f"ppo-lambda-{lam:g}" for lam in LAMBDAS), "ppo-success"):
+            gradients = [policy_gradient(policy, t, advantages(t, estimator, critics)) for t in trajectories]
             row["estimators"][estimator] = signal_to_noise(gradients)
             print(f"T={temperature} {estimator}: SNR^2 per batch {row['estimators'][estimator]['snr2_per_batch']:.4f}",
                   flush=True)
@@ -172,11 +186,12 @@ def report() -> None:
 
     summary = json.loads(SUMMARY.read_text())
     temperatures = list(summary["by_temperature"])
-    estimators = list(next(iter(summary["by_temperature"].values()))["estimators"])
+    estimators = list(dict.fromkeys(e for row in summary["by_temperature"].values() for e in row["estimators"]))
     fig, ax = plt.subplots(figsize=(7, 3.8))
     width = 0.8 / len(temperatures)
     for k, temperature in enumerate(temperatures):
-        values = [summary["by_temperature"][temperature]["estimators"][e]["snr2_per_batch"] for e in estimators]
+        measured = summary["by_temperature"][temperature]["estimators"]
+        values = [measured[e]["snr2_per_batch"] if e in measured else float("nan") for e in estimators]
         ax.bar([i + k * width for i in range(len(estimators))], values, width, label=f"temperature {temperature}")
     ax.set_xticks([i + width * (len(temperatures) - 1) / 2 for i in range(len(estimators))], estimators, fontsize=8)
     ax.set_ylabel(f"SNR^2 of one batch ({NUM_ENVS} episodes)")
@@ -189,12 +204,15 @@ def report() -> None:
              f"{GROUP_SIZE} from one initial state, {EPISODE_STEPS} steps). SNR^2: |mean gradient|^2 over the "
              "variance of one batch's gradient (unbiased, from the pairwise dot products); 1 / SNR^2 batches "
              "average to SNR 1; a negative estimate means no signal measurable above the noise of this many batches. "
-             "PPO's critic: an MLP on the state fitted to the same batches' returns.", "",
-             "| temperature | sampled success | critic EV | " + " | ".join(estimators) + " |",
-             "| ---: | ---: | ---: | " + " | ".join("---:" for _ in estimators) + " |"]
+             "PPO's critics: MLPs on the state fitted to the same batches' returns, dense (gamma 0.8) and success "
+             "(gamma 0.99); EV: the fraction of the return's variance each explains.", "",
+             "| temperature | sampled success | dense critic EV | success critic EV | " + " | ".join(estimators) + " |",
+             "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in estimators) + " |"]
     for temperature, row in summary["by_temperature"].items():
-        cells = [f"{row['estimators'][e]['snr2_per_batch']:.4f}" for e in estimators]
+        cells = [f"{row['estimators'][e]['snr2_per_batch']:.4f}" if e in row["estimators"] else "-" for e in estimators]
+        success_ev = row.get("success_critic_explained_variance")
         lines.append(f"| {temperature} | {row['success']:.2f} | {row['critic_explained_variance']:.2f} | "
+                     f"{'-' if success_ev is None else f'{success_ev:.2f}'} | "
                      + " | ".join(cells) + " |")
     lines += ["", "![SNR](gradient_snr.png)"]
     (RESULTS / "gradient_snr.md").write_text("\n".join(lines) + "\n")
