@@ -45,8 +45,8 @@ LAST_ITERATION_S = 300.0  # a run stops at the end of the iteration in which its
 PERIODIC_EPISODES = 48
 COMMON = [f"periodic_eval_episodes={PERIODIC_EPISODES}", f"time_limit_s={CPU_HOUR_S:.0f}"]
 ARMS = {
-    "grpo": ["total_env_steps=2000000", "eval_every=5", "checkpoint_every=10", "algo=grpo", "algo.group_size=4", "algo.rollout_steps=50",
-             "algo.lr=5e-5", "algo.num_minibatches=2", "algo.groups_per_batch=6"],
+    "grpo": ["total_env_steps=2000000", "eval_every=5", "checkpoint_every=10", "algo=grpo", "algo.group_size=4",
+             "algo.rollout_steps=50", "algo.lr=5e-5", "algo.num_minibatches=2", "algo.groups_per_batch=6"],
     # the recipe in configs/experiment/multitask_token_vla_ppo.yaml (its comments say why)
     "ppo": ["experiment=multitask_token_vla_ppo"],
     # the same at lr 3e-5, annealed over 2M env steps (to 0.76 of it by the hour's end), evals
@@ -146,15 +146,16 @@ def report() -> None:
                      "demos": dataset_episodes(DEMOS), "arms": {}, "runs": {}}
     fig, (by_steps, by_time, sampled) = plt.subplots(1, 3, figsize=(14, 3.8))
     rows = []
-    for name, overrides in ARMS.items():
+    for arm_index, (name, overrides) in enumerate(ARMS.items()):
         runs = []
         for seed in SEEDS[name]:
             label = name if seed == 1 else f"{name}-seed{seed}"
             run_dir = seed_run_dir(name, seed)
+            style = {"color": f"C{arm_index}", "linestyle": ("-", "--", ":")[(seed - 1) % 3]}  # a colour per arm
             curve, kept = eval_curve(run_dir), False
             if curve is not None:
                 s1 = {"greedy": final_success(run_dir, True), "sampled": final_success(run_dir, False)}
-                sampled.plot(*zip(*rollout_success(run_dir)), label=label)
+                sampled.plot(*zip(*rollout_success(run_dir)), label=label, linewidth=1, **style)
             elif label in earlier:  # a run from before, whose run directory is not here: its committed figures
                 curve, s1, kept = committed_curve(earlier[label]), earlier[label]["final_success"], True
             else:
@@ -167,7 +168,7 @@ def report() -> None:
                 "env_steps": curve.env_steps, "in_time": in_time,
                 "overrides": [*RL_ENV, *POLICY, *COMMON, *overrides, f"seed={seed}"],
                 "curve": curve.as_json(), "from_committed_results": kept}))
-            sft_rl.plot_curve(by_steps, by_time, curve, label)
+            sft_rl.plot_curve(by_steps, by_time, curve, label, **style)
             single = len(SEEDS[name]) == 1
             for mode in ("greedy", "sampled"):
                 result = s1[mode]

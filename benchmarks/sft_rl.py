@@ -84,8 +84,10 @@ def main(doc: str, arms: list[str], run: Callable[[int, int, int | None, list[st
     report()
 
 
-def plot_curve(by_steps, by_time, curve: Curve, label: str) -> None:
-    """One run's periodic evaluations against env steps (left) and training minutes (right)."""
-    line, = by_steps.plot([n for n, _, _ in curve.points], [s for _, _, s in curve.points], label=label)
+def plot_curve(by_steps, by_time, curve: Curve, label: str, **style) -> None:
+    """One run's periodic evaluations against env steps (left) and training minutes (right);
+    `style`: matplotlib line keywords, e.g. a colour shared by runs of one arm."""
+    line, = by_steps.plot([n for n, _, _ in curve.points], [s for _, _, s in curve.points], label=label, **style)
     timed = [(t, s) for _, t, s in curve.points if t is not None]
-    by_time.plot([t / 60 for t, _ in timed], [s for _, s in timed], label=label, color=line.get_color())
+    by_time.plot([t / 60 for t, _ in timed], [s for _, s in timed], label=label,
+                 **{**style, "color": line.get_color(), "linestyle": line.get_linestyle()})
