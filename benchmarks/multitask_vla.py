@@ -147,7 +147,7 @@ def report() -> None:
     fig, (by_steps, by_time, sampled) = plt.subplots(1, 3, figsize=(14, 3.8))
     rows = []
     for arm_index, (name, overrides) in enumerate(ARMS.items()):
-        runs = []
+        runs, single = [], len(SEEDS[name]) == 1
         for seed in SEEDS[name]:
             label = name if seed == 1 else f"{name}-seed{seed}"
             run_dir = seed_run_dir(name, seed)
@@ -169,10 +169,9 @@ def report() -> None:
                 "overrides": [*RL_ENV, *POLICY, *COMMON, *overrides, f"seed={seed}"],
                 "curve": curve.as_json(), "from_committed_results": kept}))
             sft_rl.plot_curve(by_steps, by_time, curve, label, **style)
-            single = len(SEEDS[name]) == 1
+            met = lift["greedy"] is not None and lift["greedy"] >= 20 and in_time
             for mode in ("greedy", "sampled"):
                 result = s1[mode]
-                met = lift["greedy"] is not None and lift["greedy"] >= 20 and in_time
                 rows.append(f"| {label}{' (committed)' if kept else ''} | {mode} | {' / '.join(f'{result[t]:.2f}' for t in TASKS)} "
                             f"| {result['mean']:.2f} | {lift[mode]:+.0f} | {curve.env_steps:,} | {curve.wall_time_s / 60:.0f} min | "
                             f"{('yes' if met else 'no') if mode == 'greedy' and single else ''} |"
@@ -184,7 +183,7 @@ def report() -> None:
         met = (mean_lift["greedy"] is not None and mean_lift["greedy"] >= 20 and len(runs) == len(SEEDS[name])
                and all(run["in_time"] for run in runs))
         summary["arms"][name] = {"seeds": [run["seed"] for run in runs], "mean_lift_points": mean_lift, "goal_met": met}
-        if len(SEEDS[name]) > 1:
+        if not single:
             for mode in ("greedy", "sampled"):
                 mean = None if mean_lift[mode] is None else s0[mode]["mean"] + mean_lift[mode] / 100
                 rows.append(f"| **{name}, mean of {len(runs)} seeds** | {mode} | | "
