@@ -18,7 +18,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
-from embodied.transport.codec import decode, encode, pack, unpack
+from embodied.core.codec import decode, encode, pack, unpack
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = (64, 224, 224, 3)

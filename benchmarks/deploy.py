@@ -6,7 +6,7 @@ An observation of two uint8 224x224x3 images, a float32 (8,) state and an instru
 to a policy server, which answers with a float32 50x7 action chunk.
 
     ours     `embodied.serve.PolicyServer` (ZeroMQ ROUTER, requests that arrive together answered
-             by one batched forward pass) and `robots.policy_client.PolicyClient`
+             by one batched forward pass) and `embodied.robots.policy_client.PolicyClient`
     openpi   openpi-client's `WebsocketClientPolicy` (msgpack-numpy over a websocket) against
              the server below, written to openpi's documented protocol: the policy's metadata on
              connect, then per message unpack, call the policy, send back the packed actions.
@@ -52,7 +52,7 @@ LEROBOT_REASON = (
 
 
 def env_spec():
-    from embodied.types import EnvSpec
+    from embodied.core.types import EnvSpec
 
     return EnvSpec(state_dim=STATE_DIM, action_dim=ACTION_DIM, action_low=(-1.0,) * ACTION_DIM,
                    action_high=(1.0,) * ACTION_DIM, image_shapes={name: IMAGE_SHAPE for name in IMAGES},
@@ -132,8 +132,8 @@ def observation_arrays(seed: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
 
 class OursClient:
     def __init__(self, address: str, seed: int):
-        from robots.base import RobotObservation
-        from robots.policy_client import PolicyClient
+        from embodied.robots.base import RobotObservation
+        from embodied.robots.policy_client import PolicyClient
 
         self.client = PolicyClient(address, env_spec(), name=f"bench{seed}", request_timeout_s=120.0)
         self.client.connect(timeout_s=60.0)
@@ -403,7 +403,7 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
              f"Latency is measured in the client, from handing over the observation to holding the decoded "
              f"actions, so encoding and decoding on both ends count.", "",
              "- **ours**: `embodied.serve.PolicyServer` (one ZeroMQ ROUTER socket; requests that arrive together "
-             "are answered by one batched forward pass, batch window 2 ms) and `robots.policy_client.PolicyClient` "
+             "are answered by one batched forward pass, batch window 2 ms) and `embodied.robots.policy_client.PolicyClient` "
              "(frames: arrays travel as raw buffers, no copies in the codec).",
              f"- **openpi**: openpi-client {setup['openpi_client']} `WebsocketClientPolicy.infer` (msgpack-numpy "
              f"over a websocket, websockets {setup['websockets']}) against a server written here to openpi's "

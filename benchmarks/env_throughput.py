@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
-from sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -53,7 +53,7 @@ def load_policy(checkpoint: Path, temperature: float):
     from embodied.build import build_policy
     from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.config import checkpoint_config
-    from embodied.types import EnvSpec
+    from embodied.core.types import EnvSpec
 
     config = checkpoint_config(checkpoint)
     weights, saved = load_checkpoint(checkpoint)
@@ -101,7 +101,7 @@ def fit_state_critic(trajectories: list, estimator: str, gamma: float) -> tuple:
     """An MLP on the state fitted to the discounted returns of all batches."""
     from torch import nn
 
-    from embodied.advantages import explained_variance, gae
+    from embodied.algos.advantages import explained_variance, gae
 
     states, returns = [], []
     for trajectory in trajectories:
@@ -128,7 +128,7 @@ def fit_state_critic(trajectories: list, estimator: str, gamma: float) -> tuple:
 
 
 def advantages(trajectory, estimator: str, critics: dict) -> torch.Tensor:
-    from embodied.advantages import gae, group_normalized
+    from embodied.algos.advantages import gae, group_normalized
 
     groups = torch.arange(trajectory.num_envs) // GROUP_SIZE
     if estimator.startswith("grpo"):

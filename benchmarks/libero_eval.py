@@ -43,7 +43,7 @@ def eval_rate(args: argparse.Namespace, checkpoint: Path, workers: int, output: 
 
 
 def raw_camera_rate(args: argparse.Namespace, workers: int, steps: int = 60) -> float:
-    from sim.libero import LiberoConfig, make_libero
+    from embodied.sim.libero import LiberoConfig, make_libero
 
     env = make_libero(LiberoConfig(suite=args.suite, task_ids=[0], num_envs=2 * workers, num_workers=workers), seed=0)
     try:

@@ -56,7 +56,7 @@ def ours(work: Path, model: str, runs: int) -> None:
     """This project's side, in a process of its own: load lerobot's checkpoint, time the chunk."""
     import torch
 
-    from policies.pi0 import Pi05Config, Pi0Config, Pi0Model, load_checkpoint, resolve_architecture
+    from embodied.policies.pi0 import Pi05Config, Pi0Config, Pi0Model, load_checkpoint, resolve_architecture
 
     config = (Pi0Config if model == "pi0" else Pi05Config)(checkpoint=str(work / "checkpoint"), horizon=HORIZON,
                                                           denoise_steps=STEPS)

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from embodied.runtime.rollout import Rollout
-from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
-from sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

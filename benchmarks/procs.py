@@ -27,8 +27,8 @@ from embodied.runtime.learner_link import LearnerLink
 from embodied.runtime.procs import RolloutSupervisor
 from embodied.runtime.rollout import Rollout
 from embodied.runtime.wire import published_weights, tensors_to_wire
-from embodied.transport.protocol import PROTOCOL_VERSION
-from embodied.types import EnvSpec
+from embodied.core.protocol import PROTOCOL_VERSION
+from embodied.core.types import EnvSpec
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -49,9 +49,9 @@ from sft_rl import embodied  # noqa: E402
 
 from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
 from embodied.runtime.wire import published_weights  # noqa: E402
-from embodied.types import ActionChunk, EnvSpec, Observation  # noqa: E402
-from policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
-from sim.maniskill import INSTRUCTIONS  # noqa: E402
+from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
+from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
+from embodied.sim.maniskill import INSTRUCTIONS  # noqa: E402
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]

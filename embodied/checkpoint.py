@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from embodied.errors import CheckpointError
+from embodied.core.errors import CheckpointError
 
 TENSOR, NDARRAY, TUPLE = "__tensor__", "__ndarray__", "__tuple__"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from embodied.errors import EmbodiedError
+from embodied.core.errors import EmbodiedError
 
 VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft", "reward")
 
@@ -32,7 +32,7 @@ def train(overrides: list[str]) -> int:
 
     from embodied.config import EvalConfig, TrainConfig, compose, to_schema
     from embodied.evaluate import evaluate_checkpoint
-    from embodied.registry import RUNTIMES
+    from embodied.core.registry import RUNTIMES
     from embodied.train import resume_config
 
     # The framework's own progress messages (connections, offline pretraining); libraries' warnings only.
@@ -126,13 +126,13 @@ def serve(overrides: list[str]) -> int:
 
 
 def robot(overrides: list[str], mode: str = "robot") -> int:
-    from robots.cli import run
+    from embodied.robots.cli import run
 
     return run(overrides, mode)
 
 
 def keys(arguments: list[str]) -> int:
-    from embodied.transport.security import describe, generate_keys
+    from embodied.core.security import describe, generate_keys
 
     if len(arguments) != 1:
         print("usage: embodied keys <directory>", file=sys.stderr)
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     verb, overrides = args[0], args[1:]
     if verb not in VERBS:
-        from embodied.registry import unknown_name_message
+        from embodied.core.registry import unknown_name_message
 
         print(f"error: {unknown_name_message('command', verb, list(VERBS))}", file=sys.stderr)
         return 2

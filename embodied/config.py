@@ -7,16 +7,17 @@ type fails here with the full key in the message, before anything is built."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from embodied.errors import ConfigError
-from embodied.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(str(resources.files("embodied.configs")))  # package data: a checkout's configs/ or the wheel's
 GROUPS: dict[str, Registry] = {"env": ENVS, "policy": POLICIES, "algo": ALGOS, "runtime": RUNTIMES}
 
 

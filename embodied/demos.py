@@ -1,5 +1,5 @@
-"""Demonstrations from a scripted expert (`sim.experts`) in a ManiSkill env, written as a
-LeRobotDataset v3 through the robot client's recorder (`robots.recording`): every frame is
+"""Demonstrations from a scripted expert (`embodied.sim.experts`) in a ManiSkill env, written as a
+LeRobotDataset v3 through the robot client's recorder (`embodied.robots.recording`): every frame is
 the operator's (intervention set, no policy action), as in `embodied collect`.
 
 The dataset grows to `episodes` successful episodes. `meta/demos.json` keeps the next
@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from tqdm import tqdm
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 SIDECAR = Path("meta") / "demos.json"
 
@@ -47,9 +47,9 @@ class DemosResult:
 
 
 def generate_demos(config: DemosConfig) -> DemosResult:
-    from robots.recording import DatasetRecorder, RecordingConfig
-    from sim.experts import make_expert
-    from sim.worker import single_env_factory
+    from embodied.robots.recording import DatasetRecorder, RecordingConfig
+    from embodied.sim.experts import make_expert
+    from embodied.sim.worker import single_env_factory
 
     if not config.root:
         raise ConfigError("demos need root=<dataset folder>")
@@ -57,7 +57,7 @@ def generate_demos(config: DemosConfig) -> DemosResult:
         raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
     if config.env.name != "maniskill":
         raise ConfigError(f"the scripted experts drive ManiSkill envs, not env '{config.env.name}'")
-    from sim.maniskill import ManiSkillConfig, task_of, with_state_padding
+    from embodied.sim.maniskill import ManiSkillConfig, task_of, with_state_padding
 
     env_config = with_state_padding(ManiSkillConfig(**asdict(config.env)))
     tasks = env_config.tasks or [env_config.task]

@@ -4,7 +4,7 @@ trials each, by the standard protocol, resumable.
     embodied eval checkpoint=runs/x suite=libero_spatial,libero_goal trials=50 env.num_workers=4
 
 Trial k of a task is reset with seed k: for LIBERO that is the task's standard init state k
-(see `sim.libero`), so every harness that follows the protocol evaluates the same scenes. Each
+(see `embodied.sim.libero`), so every harness that follows the protocol evaluates the same scenes. Each
 task's trials run in waves across the env's parallel envs. Every finished trial is appended
 to `<output>/episodes.jsonl` (flushed to disk) before the next wave: a killed evaluation
 started again with the same arguments continues where it stopped and never counts a trial
@@ -22,18 +22,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.evaluate import load_policy, write_report, write_videos
-from embodied.types import EpisodeStats
-from policies.base import Policy
-from sim.base import BatchedEnv
+from embodied.core.types import EpisodeStats
+from embodied.core.policy import Policy
+from embodied.core.env import BatchedEnv
 
 MANISKILL_SUITE = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
 
 
 def _libero_tasks(suite: str) -> Callable[[Any], list[tuple[str, Any]]]:
     def tasks(base: Any) -> list[tuple[str, Any]]:
-        from sim.libero import SUITE_TASK_COUNTS
+        from embodied.sim.libero import SUITE_TASK_COUNTS
 
         return [(f"{suite}/{t}", dataclasses.replace(base, suite=suite, task_ids=[t]))
                 for t in range(SUITE_TASK_COUNTS[suite])]
@@ -57,7 +57,7 @@ def suite_tasks(suites: list[str], config_env: Any, trained_env: Any,
     """(suite, task label, env config) for every task to evaluate. The base env config is
     `env=` from the command line, else the training env if it is the suite's kind of env,
     else that env's defaults."""
-    from embodied.registry import ENVS, unknown_name_message
+    from embodied.core.registry import ENVS, unknown_name_message
 
     tasks = []
     for suite in suites:

@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from embodied.types import EpisodeStats
-from policies.base import Policy
-from sim.base import BatchedEnv
+from embodied.core.types import EpisodeStats
+from embodied.core.policy import Policy
+from embodied.core.env import BatchedEnv
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -142,7 +142,7 @@ def load_policy(policy_cfg: Any, weights: dict[str, torch.Tensor], state: dict[s
     mismatch names the env."""
     from embodied.build import build_policy
     from embodied.checkpoint import load_policy_weights
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     policy = build_policy(policy_cfg, env.spec, torch.device("cpu"))
     try:
@@ -158,7 +158,7 @@ def evaluate_checkpoint(config: Any) -> Path:
     from embodied.build import build_env
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
     from embodied.config import checkpoint_config
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     if config.suite:
         from embodied.eval_suite import evaluate_suite

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 
 from embodied.config import InterventionConfig
-from embodied.errors import ConfigError
-from embodied.types import Observation
-from robots.teleop import OracleRule
+from embodied.core.errors import ConfigError
+from embodied.core.types import Observation
+from embodied.robots.teleop import OracleRule
 
 OFF_POLICY_ALGOS = ("sac_rlpd",)
 

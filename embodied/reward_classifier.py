@@ -11,7 +11,7 @@ env's success), every other frame is negative: the operator marks when the task 
 the frames just before that look done too.
 
 The model is HIL-SERL's recipe with this project's pretrained encoder: frozen
-EfficientNet-Lite0 features of each camera (`policies.encoders`), concatenated, and a small
+EfficientNet-Lite0 features of each camera (`embodied.policies.encoders`), concatenated, and a small
 trainable MLP giving one logit. The encoder's features are computed once per frame, so
 training the head takes seconds on a CPU. Positives are weighted by the class ratio.
 
@@ -34,10 +34,10 @@ from torch import nn
 
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from embodied.config import RewardConfig
-from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
-from embodied.errors import ConfigError
-from embodied.types import Observation, StepResult
-from sim.base import BatchedEnv
+from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
+from embodied.core.errors import ConfigError
+from embodied.core.types import Observation, StepResult
+from embodied.core.env import BatchedEnv
 
 logger = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ class RewardClassifierConfig:
 class RewardClassifier(nn.Module):
     def __init__(self, camera_names: list[str], hidden: list[int]):
         super().__init__()
-        from policies.encoders import EfficientNetLite0
-        from policies.mlp import mlp
+        from embodied.policies.encoders import EfficientNetLite0
+        from embodied.policies.mlp import mlp
 
         self.cameras = list(camera_names)
         object.__setattr__(self, "encoder", EfficientNetLite0.pretrained())  # frozen, from its package

@@ -34,11 +34,11 @@ from typing import Any, Callable, Optional
 import numpy as np
 import zmq
 
-from embodied.errors import ConfigError
-from embodied.transport.episodes import EpisodeNotTaken
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, plain
-from embodied.transport.sockets import bind, receive, send
-from embodied.types import EnvSpec, Observation
+from embodied.core.errors import ConfigError
+from embodied.core.episodes import EpisodeNotTaken
+from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, plain
+from embodied.core.sockets import bind, receive, send
+from embodied.core.types import EnvSpec, Observation
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ class PolicyServer:
         self.context = zmq.Context.instance()
         self.curve = None
         if config.keys_dir is not None:
-            from embodied.transport.security import CurveServer
+            from embodied.core.security import CurveServer
 
             self.curve = CurveServer(self.context, config.keys_dir)
         self.socket = self.context.socket(zmq.ROUTER)

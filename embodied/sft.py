@@ -33,12 +33,12 @@ from embodied.build import build_env, build_policy, in_this_process, resolve_dev
 from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
                                  without_pretrained_frozen)
 from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
-from embodied.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
-from embodied.errors import ConfigError
+from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
+from embodied.core.errors import ConfigError
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 from embodied.train import get_rng_state, load_init_weights, set_rng_state, start_process
-from embodied.types import EnvSpec, Observation
-from policies.base import Policy
+from embodied.core.types import EnvSpec, Observation
+from embodied.core.policy import Policy
 
 logger = logging.getLogger(__name__)
 

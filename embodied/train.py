@@ -18,13 +18,13 @@ from tqdm import tqdm
 from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
                                  without_pretrained_frozen)
 from embodied.config import GROUPS, TrainConfig, load_yaml, to_schema, to_yaml
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
-from embodied.types import EpisodeStats
-from policies.base import Policy
-from sim.base import BatchedEnv
+from embodied.core.types import EpisodeStats
+from embodied.core.policy import Policy
+from embodied.core.env import BatchedEnv
 
 logger = logging.getLogger(__name__)
 

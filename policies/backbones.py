@@ -10,10 +10,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.types import Observation
-from policies.action_tokens import NUM_BINS
-from policies.vlm import DEFAULT_MEAN, DEFAULT_STD, ImageTokens, image_normalization, is_vision_language, tiny_paligemma
+from embodied.core.errors import ConfigError
+from embodied.core.types import Observation
+from embodied.policies.action_tokens import NUM_BINS
+from embodied.policies.vlm import DEFAULT_MEAN, DEFAULT_STD, ImageTokens, image_normalization, is_vision_language, tiny_paligemma
 
 
 def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 # (expansion, kernel, stride, output channels, repeats) per stage of EfficientNet-Lite0
 LITE0_STAGES = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),

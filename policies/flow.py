@@ -34,14 +34,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import ActionChunk, EnvSpec, Observation
-from policies.base import Policy, PolicyEval
-from policies.mlp import mlp
-from policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.policy import Policy, PolicyEval
+from embodied.policies.mlp import mlp
+from embodied.policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
                                 time_frequencies, to_unit)
-from policies.normalization import RunningNormalizer
+from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
 

@@ -1,6 +1,6 @@
 """The built-in VLA: a flow-matching action expert conditioned on camera images, the
 instruction and the robot state, with real pretrained encoders that install offline
-(`policies.encoders`: EfficientNet-Lite0 for images, all-MiniLM-L6-v2 for language).
+(`embodied.policies.encoders`: EfficientNet-Lite0 for images, all-MiniLM-L6-v2 for language).
 
     context = [normalised state, LayerNorm(W_img f_img) per camera, LayerNorm(W_txt f_txt)]
     flow / noise head / critic: as `policy=flow`, conditioned on the context
@@ -17,12 +17,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import ActionChunk, EnvSpec, Observation
-from policies.base import PolicyEval
-from policies.encoders import EfficientNetLite0, SentenceEncoder
-from policies.flow import FlowPolicy, FlowPolicyConfig
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.policy import PolicyEval
+from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
+from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 
 
 @dataclass

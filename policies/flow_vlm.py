@@ -26,13 +26,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import EnvSpec, Observation
-from policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
-from policies.denoising import time_embedding
-from policies.flow import FlowPolicy, FlowPolicyConfig
-from policies.mlp import mlp
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
+from embodied.policies.denoising import time_embedding
+from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.mlp import mlp
 
 VALUE_FROM = ("prefix", "expert")
 

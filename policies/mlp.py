@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import ActionChunk, EnvSpec, Observation
-from policies.base import Policy, PolicyEval
-from policies.normalization import RunningNormalizer
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.policy import Policy, PolicyEval
+from embodied.policies.normalization import RunningNormalizer
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}

@@ -45,13 +45,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import EnvSpec, Observation
-from policies.backbones import ByteTokenizer
-from policies.flow import FlowPolicy, FlowPolicyConfig
-from policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
-from policies.mlp import mlp
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.backbones import ByteTokenizer
+from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
+from embodied.policies.mlp import mlp
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),

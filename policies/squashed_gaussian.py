@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import ActionChunk, EnvSpec, Observation
-from policies.base import Policy, PolicyEval
-from policies.mlp import ACTIVATIONS
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.policy import Policy, PolicyEval
+from embodied.policies.mlp import ACTIVATIONS
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 EDGE = 1 - 1e-6  # stored actions at the bounds are pulled in by this much before atanh

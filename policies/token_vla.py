@@ -2,10 +2,10 @@
 vision-language model.
 
 The prefix is each camera's image tokens (vision-language backbones: their own vision tower
-and projector, `policies.vlm`), the instruction's tokens, then one embedding of the
+and projector, `embodied.policies.vlm`), the instruction's tokens, then one embedding of the
 (normalised) state;
 then come C x A action positions whose tokens are the last 256 vocabulary ids
-(`policies.action_tokens`). Without images in front, the instruction's positions depend on
+(`embodied.policies.action_tokens`). Without images in front, the instruction's positions depend on
 the instruction alone, so they run once per distinct instruction of a batch and every row
 reads their keys and values (a multi-task batch holds a few instructions: most of the
 sequence is computed a few times instead of once per row). Two decoders:
@@ -37,15 +37,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from embodied.errors import ConfigError
-from embodied.registry import POLICIES
-from embodied.types import ActionChunk, EnvSpec, Observation
-from policies.action_tokens import NUM_BINS, ActionTokenizer
-from policies.base import Policy, PolicyEval
-from policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
-from policies.mlp import mlp
-from policies.normalization import RunningNormalizer
-from policies.vlm import is_vision_language
+from embodied.core.errors import ConfigError
+from embodied.core.registry import POLICIES
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
+from embodied.core.policy import Policy, PolicyEval
+from embodied.policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
+from embodied.policies.mlp import mlp
+from embodied.policies.normalization import RunningNormalizer
+from embodied.policies.vlm import is_vision_language
 
 DECODERS = ("causal", "parallel")
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from embodied.errors import EmbodiedError
-from embodied.types import EnvSpec
+from embodied.core.errors import EmbodiedError
+from embodied.core.types import EnvSpec
 
 
 @dataclass

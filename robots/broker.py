@@ -18,7 +18,7 @@ import collections
 
 import numpy as np
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 MODES = ("chunk", "ensemble")
 

@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import numpy as np
 
-from embodied.errors import EmbodiedError
+from embodied.core.errors import EmbodiedError
 
 logger = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from embodied.config import _validate, compose
-from embodied.errors import ConfigError
-from embodied.registry import ROBOTS
-from robots.client import RobotClient, RobotClientConfig, build_robot
-from robots.policy_client import NoPolicy, PolicyClient
-from robots.teleop import KeyboardTeleop, build_teleop
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ROBOTS
+from embodied.robots.client import RobotClient, RobotClientConfig, build_robot
+from embodied.robots.policy_client import NoPolicy, PolicyClient
+from embodied.robots.teleop import KeyboardTeleop, build_teleop
 
 
 def load_client_config(overrides: list[str]) -> RobotClientConfig:
-    import robots.components  # noqa: F401  (fills the registry)
+    import embodied.robots.components  # noqa: F401  (fills the registry)
 
     cfg = compose("robot", overrides)
     robot_section = cfg.get("robot")

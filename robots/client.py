@@ -23,14 +23,14 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.transport.episodes import Episode
-from robots.base import Robot, RobotObservation
-from robots.broker import ChunkBroker, check_mode
-from robots.policy_client import ActionReply, PolicyClient, ServerError
-from robots.safety import SafetyConfig, SafetyLayer
-from robots.recording import DatasetRecorder, RecordingConfig, RecordingError
-from robots.teleop import Teleop
+from embodied.core.errors import ConfigError
+from embodied.core.episodes import Episode
+from embodied.robots.base import Robot, RobotObservation
+from embodied.robots.broker import ChunkBroker, check_mode
+from embodied.robots.policy_client import ActionReply, PolicyClient, ServerError
+from embodied.robots.safety import SafetyConfig, SafetyLayer
+from embodied.robots.recording import DatasetRecorder, RecordingConfig, RecordingError
+from embodied.robots.teleop import Teleop
 
 logger = logging.getLogger(__name__)
 
@@ -439,8 +439,8 @@ def check_client_config(config: RobotClientConfig) -> None:
 
 
 def build_robot(robot_cfg: Any) -> Robot:
-    from embodied.registry import ROBOTS
+    from embodied.core.registry import ROBOTS
 
-    import robots.components  # noqa: F401  (fills the registry)
+    import embodied.robots.components  # noqa: F401  (fills the registry)
 
     return ROBOTS.get(robot_cfg.name).factory(robot_cfg)

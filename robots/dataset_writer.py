@@ -1,7 +1,7 @@
 """The process that writes a robot's episodes into a LeRobotDataset v3, fed by
-`robots.recording.DatasetRecorder` over a pipe.
+`embodied.robots.recording.DatasetRecorder` over a pipe.
 
-    python -m robots.dataset_writer     # reads requests on stdin, answers on stdout
+    python -m embodied.robots.dataset_writer     # reads requests on stdin, answers on stdout
 
 It runs apart from the control loop for two reasons: image encoding and parquet writes never
 delay a tick, and the robot client stays free of torch (the dataset library imports it).
@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from robots.recording import (
+from embodied.robots.recording import (
     WriterRequest,
     array_from_wire,
     dataset_features,
@@ -32,7 +32,7 @@ from robots.recording import (
     write_message,
 )
 
-logger = logging.getLogger("robots.dataset_writer")
+logger = logging.getLogger("embodied.robots.dataset_writer")
 
 IMAGE_WRITER_THREADS = 4  # PNG encoding off the request loop
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from robots.base import Robot
-from robots.teleop import EpisodeLabels, HeldOrToggled, Teleop, TeleopCommand
+from embodied.core.errors import ConfigError
+from embodied.robots.base import Robot
+from embodied.robots.teleop import EpisodeLabels, HeldOrToggled, Teleop, TeleopCommand
 
 logger = logging.getLogger(__name__)
 

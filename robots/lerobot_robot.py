@@ -19,11 +19,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.registry import ROBOTS
-from embodied.types import EnvSpec
-from robots.base import Robot, RobotError, RobotObservation
-from robots.cameras import Camera, CameraError, fit_image
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ROBOTS
+from embodied.core.types import EnvSpec
+from embodied.robots.base import Robot, RobotError, RobotObservation
+from embodied.robots.cameras import Camera, CameraError, fit_image
 
 
 @dataclass

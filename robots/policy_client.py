@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from embodied.errors import EmbodiedError
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, plain
-from embodied.transport.sockets import connect, receive, send
-from embodied.types import EnvSpec
-from robots.base import RobotObservation
+from embodied.core.errors import EmbodiedError
+from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, plain
+from embodied.core.sockets import connect, receive, send
+from embodied.core.types import EnvSpec
+from embodied.robots.base import RobotObservation
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class PolicyClient:
         return bool(self.metadata and self.metadata.get("learning"))
 
     def send_episode(self, episode: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        """Hand a finished episode (`embodied.transport.episodes`) to a learning server and wait
+        """Hand a finished episode (`embodied.core.episodes`) to a learning server and wait
         for its ack; ServerError says why it was not taken (refused, no answer, not connected)."""
         if not self.connected:
             raise ServerError("not connected to the policy server")

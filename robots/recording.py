@@ -1,6 +1,6 @@
 """Recording a robot's episodes as a LeRobotDataset v3, from the robot client.
 
-`DatasetRecorder` (no torch here) hands frames to a writer process (`robots.dataset_writer`)
+`DatasetRecorder` (no torch here) hands frames to a writer process (`embodied.robots.dataset_writer`)
 over a pipe: length-prefixed msgpack, arrays as raw bytes. Each frame holds
 
     observation.state          float32 (S,)
@@ -37,8 +37,9 @@ from typing import Any, BinaryIO, Optional
 import msgpack
 import numpy as np
 
-from embodied.errors import EmbodiedError
-from embodied.types import EnvSpec
+from embodied.core.errors import EmbodiedError
+from embodied.core.paths import checkout_root
+from embodied.core.types import EnvSpec
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +129,6 @@ def dataset_features(spec: dict[str, Any], use_videos: bool) -> dict[str, dict[s
 
 
 # ---- the client's side ------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PYTHON = ROOT / ".venv-dataset" / "bin" / "python"  # made by tools/setup.sh
 
 
 def writer_python(config: RecordingConfig) -> str:
@@ -139,7 +138,9 @@ def writer_python(config: RecordingConfig) -> str:
         if not Path(config.python).is_file():
             raise RecordingError(f"record.python={config.python} does not exist")
         return config.python
-    return str(DEFAULT_PYTHON) if DEFAULT_PYTHON.is_file() else sys.executable
+    checkout = checkout_root()
+    dataset_python = checkout / ".venv-dataset" / "bin" / "python" if checkout is not None else None
+    return str(dataset_python) if dataset_python is not None and dataset_python.is_file() else sys.executable
 
 class DatasetRecorder:
     """Writes episodes through a writer process. Frames of the episode in progress are held
@@ -175,10 +176,8 @@ class DatasetRecorder:
 
     def open(self) -> int:
         """Start the writer and open (or create) the dataset; returns its episode count."""
-        command = [writer_python(self.config), "-m", "robots.dataset_writer"]
-        source = str(ROOT)  # this package, also for another interpreter
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
-                       "HF_HUB_OFFLINE": "1"}  # a local dataset: never ask a hub
+        command = [writer_python(self.config), "-m", "embodied.robots.dataset_writer"]
+        environment = {**os.environ, "HF_HUB_OFFLINE": "1"}  # a local dataset: never ask a hub
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment,
                                         start_new_session=True)  # Ctrl-C is the client's to handle
         self._sender = threading.Thread(target=self._send_loop, args=(self.process.stdin,), name="dataset-sender",

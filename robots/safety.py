@@ -21,8 +21,8 @@ from typing import Optional
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.types import EnvSpec
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec
 
 logger = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.registry import ROBOTS
-from embodied.types import EnvSpec
-from robots.base import EpisodeOutcome, Robot, RobotObservation
-from sim.base import SingleObservation
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ROBOTS
+from embodied.core.types import EnvSpec
+from embodied.robots.base import EpisodeOutcome, Robot, RobotObservation
+from embodied.core.env import SingleObservation
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def env_config_of(cfg: SimRobotConfig) -> dict[str, Any]:
 
 class SimRobot(Robot):
     def __init__(self, cfg: SimRobotConfig):
-        from sim.worker import single_env_factory
+        from embodied.sim.worker import single_env_factory
 
         self.cfg = cfg
         env_config = env_config_of(cfg)

@@ -28,8 +28,8 @@ from typing import Callable
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from robots.base import Robot
+from embodied.core.errors import ConfigError
+from embodied.robots.base import Robot
 
 EVENTS = ("success", "failure", "rerecord")
 
@@ -326,7 +326,7 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     """A trained policy as the oracle's expert, acting on the robot's observation: for
     simulation, where a state-based expert may coach an image-based policy. Loads torch."""
     from embodied.serve import ServeConfig, load_checkpoint_policy
-    from embodied.types import Observation
+    from embodied.core.types import Observation
 
     infer, _, _ = load_checkpoint_policy(ServeConfig(checkpoint=checkpoint, device="cpu"))
 
@@ -359,7 +359,7 @@ def build_teleop(config: object, action_dim: int, driving: bool = False,
         return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
                             config.patience, config.release, config.max_takeover)  # type: ignore[attr-defined]
     if name == "leader":
-        from robots.leader_arm import LeaderArmTeleop, open_leader_arm
+        from embodied.robots.leader_arm import LeaderArmTeleop, open_leader_arm
 
         return LeaderArmTeleop(open_leader_arm(config.leader), action_dim, action_names,  # type: ignore[attr-defined]
                                config.engage_tolerance, driving)  # type: ignore[attr-defined]

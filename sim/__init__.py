@@ -1,1 +1,1 @@
-"""Simulator adapters behind the batched env interface (`sim.base.BatchedEnv`)."""
+"""Simulator adapters behind the batched env interface (`embodied.core.env.BatchedEnv`)."""

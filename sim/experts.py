@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 CONTROL_MODE = "pd_ee_delta_pos"
 STEP_M = 0.1  # an action of 1 moves the end-effector target this far (the controller's bound)

@@ -1,6 +1,6 @@
 """A group of single envs in one process: executes action chunks, auto-resets, keeps
 per-episode bookkeeping. Results are plain dicts of numpy arrays so that a group can answer
-from another process through `embodied.transport.codec`."""
+from another process through `embodied.core.codec`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from sim.base import SingleEnv, SingleObservation, episode_seed
+from embodied.core.env import SingleEnv, SingleObservation, episode_seed
 
 
 class EnvGroup:

@@ -9,10 +9,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.registry import ENVS, unknown_name_message
-from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ENVS, unknown_name_message
+from embodied.core.types import EnvSpec
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 
 @dataclass
@@ -79,7 +79,7 @@ class GymnasiumEnv(SingleEnv):
 @ENVS.register("gymnasium", GymnasiumConfig)
 def make_gymnasium(cfg: GymnasiumConfig, seed: int, stream: int = 0,
                    env_ids: Sequence[int] | None = None) -> BatchedEnv:
-    from sim.vector import vectorize
+    from embodied.sim.vector import vectorize
 
     return vectorize(partial(GymnasiumEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
                      cfg.transport, asdict(cfg))

@@ -27,13 +27,12 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.registry import ENVS, unknown_name_message
-from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.errors import ConfigError
+from embodied.core.paths import checkout_root
+from embodied.core.registry import ENVS, unknown_name_message
+from embodied.core.types import EnvSpec
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PYTHON = ROOT / ".venv-libero" / "bin" / "python"
 
 SUITE_TASK_COUNTS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 SUITE_STEP_LIMITS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
@@ -81,7 +80,15 @@ def check_config(cfg: LiberoConfig) -> None:
 
 
 def libero_python(cfg: LiberoConfig) -> str:
-    python = Path(cfg.python) if cfg.python else DEFAULT_PYTHON
+    """`env.python`, else the .venv-libero that tools/setup.sh makes in a checkout."""
+    checkout = checkout_root()
+    if cfg.python:
+        python = Path(cfg.python)
+    elif checkout is not None:
+        python = checkout / ".venv-libero" / "bin" / "python"
+    else:
+        raise ConfigError("LIBERO runs under its own interpreter: create a virtualenv for it, "
+                          "`pip install 'embodied-rl[libero]'` there, and pass env.python=<its bin/python>")
     if not python.is_file():
         raise ConfigError(f"no LIBERO interpreter at {python}: run `bash tools/setup.sh install` "
                           f"(it creates .venv-libero) or set env.python")
@@ -173,7 +180,7 @@ class LiberoEnv(SingleEnv):
 @ENVS.register("libero", LiberoConfig)
 def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0,
                 env_ids: Sequence[int] | None = None) -> BatchedEnv:
-    from sim.vector import vectorize
+    from embodied.sim.vector import vectorize
 
     check_config(cfg)
     config = {**asdict(cfg), "python": libero_python(cfg)}

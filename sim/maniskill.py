@@ -2,7 +2,7 @@
 
 - `backend: cpu` runs physx_cpu, one env per simulator instance (ManiSkill's CPU backend
   takes num_envs=1), vectorised by `VectorizedEnv`, optionally over worker processes.
-- `backend: gpu` runs physx_cuda with `num_envs` envs in one batched scene (`sim.maniskill_batched`).
+- `backend: gpu` runs physx_cuda with `num_envs` envs in one batched scene (`embodied.sim.maniskill_batched`).
 
 Observations: `obs_mode: state` gives ManiSkill's flat state vector; `obs_mode: rgb` gives
 camera images plus the robot's proprioception and task extras as `state`.
@@ -20,10 +20,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.registry import ENVS, unknown_name_message
-from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ENVS, unknown_name_message
+from embodied.core.types import EnvSpec
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 # Tasks whose assets ship inside the mani-skill wheel (others download assets at run time).
 INSTRUCTIONS = {
@@ -233,7 +233,7 @@ def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0,
     if cfg.backend == "gpu":
         import torch
 
-        from sim.maniskill_batched import ManiSkillBatchedEnv
+        from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
 
         if not torch.cuda.is_available():
             raise ConfigError("env.backend=gpu runs physx_cuda and needs an NVIDIA GPU with CUDA; "
@@ -242,7 +242,7 @@ def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0,
                                    env_ids=select_env_ids(cfg.num_envs, env_ids))
     from functools import partial
 
-    from sim.vector import vectorize
+    from embodied.sim.vector import vectorize
 
     cfg = with_state_padding(cfg)
     return vectorize(partial(ManiSkillEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,

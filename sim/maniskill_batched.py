@@ -16,9 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from embodied.types import EpisodeStats, Observation, StepResult
-from sim.base import BatchedEnv, episode_seed
-from sim.maniskill import INSTRUCTIONS, ManiSkillConfig, camera_images, env_spec, flatten_state, make_gym_env
+from embodied.core.types import EpisodeStats, Observation, StepResult
+from embodied.core.env import BatchedEnv, episode_seed
+from embodied.sim.maniskill import INSTRUCTIONS, ManiSkillConfig, camera_images, env_spec, flatten_state, make_gym_env
 
 
 class ManiSkillBatchedEnv(BatchedEnv):

@@ -1,5 +1,5 @@
 """The rollout's side of env workers over ZeroMQ: one ROUTER socket (`EnvHub`) that worker
-processes (`python -m sim.worker`) connect to, and one group handle per worker with the same
+processes (`python -m embodied.sim.worker`) connect to, and one group handle per worker with the same
 send/receive shape as in-process and pipe groups, so `VectorizedEnv` drives all three alike.
 
 Every reply has a deadline; a worker that exits or goes silent is reported as an
@@ -20,11 +20,10 @@ from typing import Any, Callable, Optional
 
 import zmq
 
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
-from embodied.transport.sockets import bind, receive, send
-from sim.group import EnvWorkerError, unwrap_reply
+from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
+from embodied.core.sockets import bind, receive, send
+from embodied.sim.group import EnvWorkerError, unwrap_reply
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -48,11 +47,10 @@ def worker_command(endpoint: str, env_config: dict[str, Any], env_ids: list[int]
     """The command line and environment of an env worker process, under `env.python` where the
     env lives in its own virtualenv (LIBERO), else this interpreter."""
     python = env_config.get("python") or sys.executable
-    command = [python, "-m", "sim.worker", "--endpoint", endpoint, "--env", json.dumps(env_config),
+    command = [python, "-m", "embodied.sim.worker", "--endpoint", endpoint, "--env", json.dumps(env_config),
                "--env-ids", *map(str, env_ids), "--seed", str(base_seed), "--stream", str(stream),
                "--worker-id", worker_id, *(["--keys-dir", keys_dir] if keys_dir else [])]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                   "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return command, environment
 
 
@@ -74,7 +72,7 @@ class EnvHub:
         keys_dir = self.placement.keys_dir if self.placement is not None else None
         self.curve = None
         if keys_dir is not None:
-            from embodied.transport.security import CurveServer
+            from embodied.core.security import CurveServer
 
             self.curve = CurveServer(zmq.Context.instance(), keys_dir)
         self.socket = zmq.Context.instance().socket(zmq.ROUTER)

@@ -17,10 +17,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from embodied.errors import ConfigError
-from embodied.registry import ENVS, unknown_name_message
-from embodied.types import EnvSpec
-from sim.base import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ENVS, unknown_name_message
+from embodied.core.types import EnvSpec
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 INSTRUCTIONS = {
     "Lift": "lift the cube",
@@ -125,7 +125,7 @@ class RobosuiteEnv(SingleEnv):
 @ENVS.register("robosuite", RobosuiteConfig)
 def make_robosuite(cfg: RobosuiteConfig, seed: int, stream: int = 0,
                    env_ids: Sequence[int] | None = None) -> BatchedEnv:
-    from sim.vector import vectorize
+    from embodied.sim.vector import vectorize
 
     check_config(cfg)
     return vectorize(partial(RobosuiteEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,

@@ -10,11 +10,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from embodied.errors import CheckpointError, ConfigError
-from embodied.transport import codec
-from embodied.types import EnvSpec, EpisodeStats, Observation, StepResult
-from sim.base import BatchedEnv, SingleEnv
-from sim.group import EnvGroup, EnvWorkerError, run_command, unwrap_reply
+from embodied.core.errors import CheckpointError, ConfigError
+from embodied.core import codec
+from embodied.core.types import EnvSpec, EpisodeStats, Observation, StepResult
+from embodied.core.env import BatchedEnv, SingleEnv
+from embodied.sim.group import EnvGroup, EnvWorkerError, run_command, unwrap_reply
 
 
 class _LocalGroup:
@@ -117,7 +117,7 @@ def vectorize(make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], num_
         return VectorizedEnv(lambda ids: _ProcessGroup(make_env, ids, base_seed, stream, worker_timeout_s),
                              env_ids, num_workers)
     if transport == "zmq":
-        from sim.remote import EnvHub
+        from embodied.sim.remote import EnvHub
 
         hub = EnvHub(env_config or {}, base_seed, stream, worker_timeout_s)
         return VectorizedEnv(hub.start_worker, env_ids, num_workers, on_close=hub.close)

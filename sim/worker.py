@@ -1,6 +1,6 @@
 """An env worker process: a group of single envs served over ZeroMQ to the rollout.
 
-    python -m sim.worker --endpoint ipc:///tmp/x --env '{"name": "gymnasium", ...}' --env-ids 0 1 --seed 1
+    python -m embodied.sim.worker --endpoint ipc:///tmp/x --env '{"name": "gymnasium", ...}' --env-ids 0 1 --seed 1
 
 Imports numpy, pyzmq, msgpack and the simulator only: never torch (simulators that use torch
 internally import it themselves), so it can run under another Python interpreter, e.g. the
@@ -19,28 +19,28 @@ from typing import Any, Callable
 
 import zmq
 
-from embodied.transport.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
-from embodied.transport.sockets import connect, receive, send
-from sim.base import SingleEnv
-from sim.group import EnvGroup, run_command
+from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
+from embodied.core.sockets import connect, receive, send
+from embodied.core.env import SingleEnv
+from embodied.sim.group import EnvGroup, run_command
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
     """Builds single envs from a plain config dict, without the training-side registries."""
     name = env_config.get("name")
     if name == "maniskill":
-        from sim.maniskill import ManiSkillConfig, ManiSkillEnv
+        from embodied.sim.maniskill import ManiSkillConfig, ManiSkillEnv
 
         return partial(ManiSkillEnv, ManiSkillConfig(**env_config))
     if name == "gymnasium":
-        from sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv
+        from embodied.sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv
 
         return partial(GymnasiumEnv, GymnasiumConfig(**env_config))
     if name == "libero":
-        from sim.libero import LiberoConfig, LiberoEnv
+        from embodied.sim.libero import LiberoConfig, LiberoEnv
 
         return partial(LiberoEnv, LiberoConfig(**env_config))
     if name == "robosuite":
-        from sim.robosuite_env import RobosuiteConfig, RobosuiteEnv
+        from embodied.sim.robosuite_env import RobosuiteConfig, RobosuiteEnv
 
         return partial(RobosuiteEnv, RobosuiteConfig(**env_config))
     raise ValueError(f"no env worker for env '{name}'; known: gymnasium, libero, maniskill, robosuite")

@@ -47,7 +47,7 @@ ensure_virtualenv() {
 
 ensure_venv() {
     ensure_virtualenv "$venv" "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
-        -c constraints.txt -e ".[train,robot,ray,maniskill,mujoco,video,vla,dev]"
+        -c constraints.txt -e ".[train,robot,ray,sim,video,vla,dev]"
 }
 
 vulkan_works() {
@@ -90,10 +90,11 @@ SRC
 libero_venv="${EMBODIED_LIBERO_VENV:-$root/.venv-libero}"
 
 # LIBERO (robosuite 1.4, mujoco 2.3.7) gets a virtualenv of its own; its env workers run
-# under that interpreter (sim/libero.py).
+# `python -m embodied.sim.worker` under that interpreter (sim/libero.py), so the package is
+# installed there too, with its `libero` extra.
 ensure_libero_venv() {
-    ensure_virtualenv "$libero_venv" "LIBERO and its assets (about 650 MB)" tools/libero-requirements.txt -- \
-        -r tools/libero-requirements.txt
+    ensure_virtualenv "$libero_venv" "LIBERO and its assets (about 650 MB)" tools/libero-requirements.txt pyproject.toml -- \
+        -r tools/libero-requirements.txt -e ".[libero]"
 }
 
 dataset_venv="${EMBODIED_DATASET_VENV:-$root/.venv-dataset}"
@@ -103,6 +104,12 @@ dataset_venv="${EMBODIED_DATASET_VENV:-$root/.venv-dataset}"
 ensure_dataset_venv() {
     ensure_virtualenv "$dataset_venv" "the LeRobotDataset writer's packages" tools/dataset-requirements.txt -- \
         -r tools/dataset-requirements.txt
+    # The writer is `python -m embodied.robots.dataset_writer`: the package without its
+    # dependencies, since lerobot-dataset brings its own numpy (2.x) and the writer needs only
+    # numpy and msgpack.
+    if ! "$dataset_venv/bin/python" -c "import embodied.robots.recording" 2>/dev/null; then
+        "$dataset_venv/bin/pip" install -q --no-deps -e .
+    fi
 }
 
 pi0_reference_venv="${EMBODIED_PI0_REFERENCE_VENV:-$root/.venv-pi0ref}"

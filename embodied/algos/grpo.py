@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from embodied.advantages import group_normalized
+from embodied.algos.advantages import group_normalized
 from embodied.algos.ppo import LossAverages, check_ratio, ratio_log_probs, term_advantages
-from embodied.buffers import Trajectory
-from embodied.distributed import DataParallel
-from embodied.errors import ConfigError
-from embodied.registry import ALGOS
-from policies.base import Policy
+from embodied.algos.buffers import Trajectory
+from embodied.algos.distributed import DataParallel
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ALGOS
+from embodied.core.policy import Policy
 
 
 @dataclass

@@ -16,13 +16,13 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from embodied.advantages import explained_variance, gae
+from embodied.algos.advantages import explained_variance, gae
 from embodied.algos.reward_scaling import ReturnScaler
-from embodied.buffers import Trajectory
-from embodied.distributed import DataParallel
-from embodied.errors import ConfigError
-from embodied.registry import ALGOS
-from policies.base import Policy
+from embodied.algos.buffers import Trajectory
+from embodied.algos.distributed import DataParallel
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ALGOS
+from embodied.core.policy import Policy
 
 
 @dataclass

@@ -32,11 +32,11 @@ from typing import Any, Optional
 import torch
 
 from embodied.algos.critics import CriticEnsemble, HLGauss
-from embodied.buffers import Trajectory
-from embodied.errors import ConfigError
-from embodied.registry import ALGOS
-from embodied.replay import ReplayBuffer, Transitions, concat, from_dataset, from_trajectory
-from policies.base import Policy
+from embodied.algos.buffers import Trajectory
+from embodied.core.errors import ConfigError
+from embodied.core.registry import ALGOS
+from embodied.algos.replay import ReplayBuffer, Transitions, concat, from_dataset, from_trajectory
+from embodied.core.policy import Policy
 
 logger = logging.getLogger(__name__)
 

@@ -6,13 +6,13 @@ from typing import Any
 
 import torch
 
-from embodied.buffers import Trajectory
+from embodied.algos.buffers import Trajectory
 from embodied.checkpoint import load_policy_weights
-from embodied.distributed import (DataParallel, full_optimizer_state, full_weights, optimizer_parameter_names,
+from embodied.algos.distributed import (DataParallel, full_optimizer_state, full_weights, optimizer_parameter_names,
                                   shard_with_optimizer)
 from embodied.offload import Offloader
 from embodied.runtime.wire import published_weights
-from policies.base import Policy
+from embodied.core.policy import Policy
 
 
 class Learner:

@@ -27,11 +27,11 @@ from typing import Any
 
 import zmq
 
-from embodied.errors import EmbodiedError
-from embodied.transport.protocol import (PROTOCOL_VERSION, Message, ProtocolError, encode_message_single, error_message,
+from embodied.core.errors import EmbodiedError
+from embodied.core.protocol import (PROTOCOL_VERSION, Message, ProtocolError, encode_message_single, error_message,
                                          hello_mismatch, plain)
-from embodied.transport.security import CurveServer
-from embodied.transport.sockets import bind, receive, send
+from embodied.core.security import CurveServer
+from embodied.core.sockets import bind, receive, send
 
 logger = logging.getLogger(__name__)
 

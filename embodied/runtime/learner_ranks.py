@@ -6,7 +6,7 @@ nodes included (each on the GPU Ray gives it).
 
 Rank 0 alone talks to the rollout, saves checkpoints and publishes weights. For every batch it
 sends the trajectory to the other ranks; all of them run the same update, each on its shard
-of every minibatch, with gradients averaged across ranks (`embodied.distributed`), so the
+of every minibatch, with gradients averaged across ranks (`embodied.algos.distributed`), so the
 replicas stay identical. Messages between ranks use the project's codec (no pickle).
 
 With `runtime.learner_sharding=fsdp` no rank holds the whole policy: rank 0 gathers it to
@@ -33,14 +33,13 @@ from typing import Any
 import torch
 
 from embodied.checkpoint import flatten, unflatten
-from embodied.distributed import SHARDINGS, DataParallel
-from embodied.errors import ConfigError
+from embodied.algos.distributed import SHARDINGS, DataParallel
+from embodied.core.errors import ConfigError
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import tensors_from_wire, tensors_to_wire, trajectory_from_wire, trajectory_to_wire
-from embodied.transport import codec
+from embodied.core import codec
 
 logger = logging.getLogger(__name__)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 # Between the ranks of one run on one machine: a model's weights and optimizer moments are
@@ -116,12 +115,11 @@ class RankProcesses:
         self.log_dir = log_dir
 
     def start(self, rank: int, world: int, address: str, spec: dict[str, Any]) -> subprocess.Popen:
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         with open(self.log_dir / f"learner-rank-{rank}.log", "ab") as log:
             return subprocess.Popen(
                 [sys.executable, "-m", "embodied.runtime.learner_ranks", "--config", str(self.config_path),
                  "--rank", str(rank), "--world", str(world), "--address", address, "--spec", json.dumps(spec)],
-                stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True)
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 class LearnerRanks:
@@ -225,7 +223,7 @@ def follow(config: Any, rank: int, world: int, address: str, spec: dict[str, Any
     """Ranks 1..N-1: mirror rank 0's updates until it says stop."""
     from embodied.build import build_algo, build_policy
     from embodied.train import start_process
-    from embodied.types import EnvSpec
+    from embodied.core.types import EnvSpec
 
     sharded = getattr(config.runtime, "learner_sharding", "replicate") == "fsdp"
     start_process(config.seed, config.runtime.torch_threads)

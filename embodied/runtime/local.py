@@ -1,7 +1,7 @@
 """`runtime=local`: env side, rollout and learner in one process and one loop.
 
 Deterministic on CPU for a given seed; a resumed run reproduces the uninterrupted one
-(env state comes back by replaying each episode's seed and actions, see `sim.group`)."""
+(env state comes back by replaying each episode's seed and actions, see `embodied.sim.group`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Optional
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.intervention import build_operator
-from embodied.registry import RUNTIMES
+from embodied.core.registry import RUNTIMES
 from embodied.reward_classifier import with_reward
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout

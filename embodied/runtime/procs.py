@@ -28,11 +28,11 @@ from typing import Any, Optional
 
 import torch
 
-from embodied.buffers import concat_envs
+from embodied.algos.buffers import concat_envs
 from embodied.build import build_algo, build_policy, resolve_device
 from embodied.config import TrainConfig
-from embodied.errors import ConfigError
-from embodied.registry import RUNTIMES
+from embodied.core.errors import ConfigError
+from embodied.core.registry import RUNTIMES
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import Delivery, LearnerLink, LinkError
 from embodied.runtime.learner_ranks import LearnerRanks, RankProcesses, check_learner_ranks
@@ -40,13 +40,12 @@ from embodied.runtime.rollout import env_share
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL, rollout_name
 from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
-from embodied.transport.protocol import PROTOCOL_VERSION
-from embodied.types import EnvSpec, EpisodeStats
-from policies.base import Policy
+from embodied.core.protocol import PROTOCOL_VERSION
+from embodied.core.types import EnvSpec, EpisodeStats
+from embodied.core.policy import Policy
 
 logger = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[2]
 PLACEMENTS = ("disaggregated", "collocated")
 
 
@@ -198,9 +197,8 @@ class RolloutSupervisor:
         command = [sys.executable, "-m", "embodied.runtime.rollout_process", "--config", str(self.config_path),
                    "--trajectory-endpoint", endpoints["trajectory"], "--weights-endpoint", endpoints["weights"],
                    "--index", str(self.index)]
-        environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
                                             # Ctrl-C stops the learner, which then tells the
                                             # rollout to finish, rather than killing it mid-batch.
                                             start_new_session=True)

@@ -1,4 +1,4 @@
-"""Ray actors for roles, without torch: env worker actors import only what `sim.worker`
+"""Ray actors for roles, without torch: env worker actors import only what `embodied.sim.worker`
 does, so the env side stays free of torch under `runtime=ray` too.
 
 `ActorProcess` gives a role's actor the shape of `subprocess.Popen` (pid, poll, returncode,
@@ -73,14 +73,14 @@ class Role:
 
 
 class EnvWorkerRole(Role):
-    """One env worker (`sim.worker.serve`) as a Ray actor. An env that lives in its own
+    """One env worker (`embodied.sim.worker.serve`) as a Ray actor. An env that lives in its own
     virtualenv (`env.python`: LIBERO) runs in a child process under that interpreter, which
     must exist on the actor's node."""
 
     def serve(self, arguments: dict[str, Any]) -> int:
         if arguments["env_config"].get("python"):
             return self._serve_in_child(arguments)
-        from sim.worker import serve, single_env_factory
+        from embodied.sim.worker import serve, single_env_factory
 
         serve(arguments["endpoint"], single_env_factory(arguments["env_config"]), arguments["env_ids"],
               arguments["base_seed"], arguments["stream"], arguments["worker_id"], keys_dir=arguments["keys_dir"])
@@ -88,7 +88,7 @@ class EnvWorkerRole(Role):
 
     @staticmethod
     def _serve_in_child(arguments: dict[str, Any]) -> int:
-        from sim.remote import worker_command
+        from embodied.sim.remote import worker_command
 
         command, environment = worker_command(arguments["endpoint"], arguments["env_config"], arguments["env_ids"],
                                               arguments["base_seed"], arguments["stream"], arguments["worker_id"],

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from embodied.config import TrainConfig
-from embodied.errors import ConfigError
-from embodied.registry import RUNTIMES
+from embodied.core.errors import ConfigError
+from embodied.core.registry import RUNTIMES
 from embodied.runtime.procs import ProcsRuntime, ProcsRuntimeConfig, RolloutSupervisor, check_config
 from embodied.runtime.ray_actors import LOOPBACK_HOSTS, EnvWorkerRole, Role, RoleResources, start_actor
 from embodied.train import TrainSession
@@ -52,7 +52,7 @@ class RolloutRole(Role):
               host: str, keys_dir: Optional[str], log_path: str, startup_timeout_s: float) -> int:
         import ray
 
-        import sim.remote
+        import embodied.sim.remote
         from embodied.runtime.rollout_process import serve_rollout
 
         if Path(log_path).parent.is_dir():  # same machine or a shared run directory
@@ -60,7 +60,7 @@ class RolloutRole(Role):
                                 format="%(asctime)s %(name)s %(levelname)s: %(message)s")
         # The env hub lives here: on a cluster it binds on this actor's node, wherever Ray put it.
         hub_host = host if host in LOOPBACK_HOSTS else ray.util.get_node_ip_address()
-        sim.remote.PLACEMENT = sim.remote.WorkerPlacement(
+        embodied.sim.remote.PLACEMENT = embodied.sim.remote.WorkerPlacement(
             launch=lambda worker_id, arguments: start_actor(EnvWorkerRole, RoleResources(**env_worker),
                                                             startup_timeout_s, arguments),
             host=hub_host, keys_dir=keys_dir)

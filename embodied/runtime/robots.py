@@ -42,17 +42,17 @@ import numpy as np
 import torch
 
 from embodied.build import build_algo, build_env, build_policy, resolve_device
-from embodied.buffers import Trajectory
+from embodied.algos.buffers import Trajectory
 from embodied.config import RewardConfig, TrainConfig
-from embodied.errors import ConfigError
-from embodied.registry import RUNTIMES
+from embodied.core.errors import ConfigError
+from embodied.core.registry import RUNTIMES
 from embodied.reward_classifier import load_reward_classifier
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import load_published_weights, published_weights
 from embodied.serve import ClientState, PolicyServer, ServeConfig
 from embodied.train import PeriodicEvaluation, TrainSession, start_process
-from embodied.transport.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
-from embodied.types import EnvSpec, EpisodeStats, Observation
+from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
+from embodied.core.types import EnvSpec, EpisodeStats, Observation
 
 logger = logging.getLogger(__name__)
 

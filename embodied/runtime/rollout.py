@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.buffers import Trajectory, TrajectoryBuilder, concat_envs
+from embodied.algos.buffers import Trajectory, TrajectoryBuilder, concat_envs
 from embodied.intervention import SimOperator
 from embodied.offload import Offloader
-from embodied.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
-from policies.base import Policy
-from sim.base import BatchedEnv, episode_seed
-from sim.group import EnvWorkerError
+from embodied.core.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
+from embodied.core.policy import Policy
+from embodied.core.env import BatchedEnv, episode_seed
+from embodied.sim.group import EnvWorkerError
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,9 @@ from typing import Any, Callable
 import zmq
 
 from embodied.runtime.learner_link import EPHEMERAL_HELLO_KEYS, POLL_MS, LinkError
-from embodied.transport.protocol import (PROTOCOL_VERSION, Message, ProtocolError, decode_message_single, encode_message,
+from embodied.core.protocol import (PROTOCOL_VERSION, Message, ProtocolError, decode_message_single, encode_message,
                                          hello_mismatch, plain)
-from embodied.transport.sockets import connect, receive
+from embodied.core.sockets import connect, receive
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from embodied.build import build_env, build_policy, resolve_device
 from embodied.config import TrainConfig, load_yaml, to_schema
-from embodied.errors import EmbodiedError
+from embodied.core.errors import EmbodiedError
 from embodied.intervention import build_operator
 from embodied.reward_classifier import with_reward
 from embodied.runtime.rollout import Rollout, env_share

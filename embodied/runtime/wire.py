@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.buffers import Trajectory
-from embodied.types import Observation
+from embodied.algos.buffers import Trajectory
+from embodied.core.types import Observation
 
 _RAW16 = {"bfloat16": torch.bfloat16}
 

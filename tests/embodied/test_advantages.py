@@ -1,6 +1,6 @@
 import torch
 
-from embodied.advantages import explained_variance, gae
+from embodied.algos.advantages import explained_variance, gae
 
 
 def reference_gae(reward, value, terminated, truncated, bootstrap, last_value, gamma, lam):

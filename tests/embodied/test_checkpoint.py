@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from embodied.checkpoint import flatten, load_checkpoint, resolve_checkpoint, save_checkpoint, unflatten
-from embodied.errors import CheckpointError
+from embodied.core.errors import CheckpointError
 
 
 def test_nested_state_round_trips_through_tensors_and_json():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embodied.transport.codec import CodecError, Limits, decode, encode, pack, unpack
+from embodied.core.codec import CodecError, Limits, decode, encode, pack, unpack
 
 
 def test_nested_messages_with_arrays_round_trip_exactly():

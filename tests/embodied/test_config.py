@@ -4,10 +4,10 @@ import pytest
 
 from embodied.cli import main
 from embodied.config import TrainConfig, compose, to_schema
-from embodied.errors import ConfigError, UnknownNameError
-from embodied.registry import Registry
-from policies.mlp import MLPPolicyConfig
-from sim.maniskill import ManiSkillConfig
+from embodied.core.errors import ConfigError, UnknownNameError
+from embodied.core.registry import Registry
+from embodied.policies.mlp import MLPPolicyConfig
+from embodied.sim.maniskill import ManiSkillConfig
 
 
 def load(*overrides):

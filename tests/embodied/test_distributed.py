@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
-from embodied.distributed import DataParallel
-from embodied.types import EnvSpec
-from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.algos.distributed import DataParallel
+from embodied.core.types import EnvSpec
+from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from tests.embodied.test_ppo import _batch
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -29,8 +29,8 @@ def policy_batch_and_grpo():
     import numpy as np
 
     from embodied.algos.grpo import GRPO, GRPOConfig
-    from embodied.buffers import TrajectoryBuilder
-    from embodied.types import Observation, StepResult
+    from embodied.algos.buffers import TrajectoryBuilder
+    from embodied.core.types import Observation, StepResult
 
     torch.manual_seed(0)
     policy = MLPGaussianPolicy(MLPPolicyConfig(), SPEC)
@@ -50,7 +50,7 @@ def policy_batch_and_grpo():
 
 def pi0_batch_and_ppo():
     """The tiny pi0 (state only): its vision tower, VLM and action expert are FSDP units."""
-    from policies.pi0 import Pi0Config, Pi0Policy
+    from embodied.policies.pi0 import Pi0Config, Pi0Policy
 
     torch.manual_seed(0)
     policy = Pi0Policy(Pi0Config(paligemma_variant="tiny", expert_variant="tiny_expert", vocab_size=300,
@@ -112,7 +112,7 @@ def test_two_gloo_ranks_take_the_step_one_process_takes_on_the_whole_minibatch(a
 
 
 def test_a_minibatch_that_does_not_split_evenly_is_refused():
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="does not split evenly over 3 learner ranks"):
         DataParallel(0, 3).shard(8)
@@ -168,7 +168,7 @@ def test_a_learners_whole_state_travels_to_another_rank():
     normalisation statistics; here for a model with more arrays than outside peers may send."""
     from embodied.runtime.learner import Learner
     from embodied.runtime.learner_ranks import RANK_LIMITS, load_state_from_wire, state_to_wire
-    from embodied.transport import codec
+    from embodied.core import codec
 
     def learner():
         torch.manual_seed(0)
@@ -191,7 +191,7 @@ def test_a_learners_whole_state_travels_to_another_rank():
 def test_learner_ranks_are_checked_before_any_process_starts():
 
     from embodied.config import TrainConfig, compose, to_schema
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
     from embodied.runtime.learner_ranks import check_learner_ranks
 
     config = to_schema(TrainConfig, compose("train", ["runtime=procs", "algo=sac_rlpd", "policy=squashed_gaussian"]))
@@ -210,7 +210,7 @@ def test_learner_ranks_are_checked_before_any_process_starts():
 
 
 def fsdp_rank(rank: int, world: int, address: str, results) -> None:
-    from embodied.distributed import full_optimizer_state, optimizer_parameter_names, shard_with_optimizer
+    from embodied.algos.distributed import full_optimizer_state, optimizer_parameter_names, shard_with_optimizer
 
     torch.set_num_threads(1)
     policy, batch, ppo = pi0_batch_and_ppo()
@@ -314,7 +314,7 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
                                  f"total_env_steps={steps}", *ranks], capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
     assert [u["train/iteration"] for u in updates_of(tmp_path / "fsdp")] == [1, 2, 3, 4]
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
     from embodied.train import resume_config
 
     with pytest.raises(ConfigError, match="cannot change 'runtime.max_policy_lag'"):  # the rest of the runtime stays

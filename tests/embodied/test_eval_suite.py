@@ -10,7 +10,7 @@ import time
 import pytest
 
 from embodied.config import EvalConfig
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.eval_suite import evaluate_suite
 
 LIBERO_STATE = ["env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.settle_steps=0"]

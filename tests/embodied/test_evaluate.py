@@ -1,7 +1,7 @@
 import pytest
 
 from embodied.evaluate import summarize, wilson_interval, write_report
-from embodied.types import EpisodeStats
+from embodied.core.types import EpisodeStats
 
 
 @pytest.mark.parametrize("successes,trials,low,high", [

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.advantages import group_normalized
+from embodied.algos.advantages import group_normalized
 from embodied.algos.grpo import DynamicSampling, Group, grpo_loss
 
 
@@ -78,8 +78,8 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
     import torch
 
     from embodied.runtime.rollout import Rollout
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
-    from sim.maniskill import ManiSkillConfig, make_maniskill
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
 
     env = make_maniskill(ManiSkillConfig(num_envs=4), seed=0)
     try:
@@ -98,8 +98,8 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
 
 def _episodes(instructions, steps=3, ends_at=2, success=None):
     """A batch of one short episode per env, ending at step `ends_at` (None: never)."""
-    from embodied.buffers import TrajectoryBuilder
-    from embodied.types import ActionChunk, Observation, StepResult
+    from embodied.algos.buffers import TrajectoryBuilder
+    from embodied.core.types import ActionChunk, Observation, StepResult
 
     envs = len(instructions)
     builder = TrajectoryBuilder()
@@ -117,9 +117,9 @@ def _episodes(instructions, steps=3, ends_at=2, success=None):
 
 def test_grpo_refuses_groups_that_mix_tasks_or_episodes_that_did_not_end():
     from embodied.algos.grpo import GRPO, GRPOConfig
-    from embodied.errors import ConfigError
-    from embodied.types import EnvSpec
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.core.errors import ConfigError
+    from embodied.core.types import EnvSpec
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     policy = MLPGaussianPolicy(MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0),
                                                           action_high=(1.0, 1.0)))
@@ -137,8 +137,8 @@ def test_resampling_collects_batches_until_enough_informative_groups_and_survive
 
     from embodied.algos.grpo import GRPO, GRPOConfig
     from embodied.checkpoint import flatten, unflatten
-    from embodied.types import EnvSpec
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.core.types import EnvSpec
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     def make():
         torch.manual_seed(0)

@@ -9,8 +9,8 @@ import torch
 from embodied.runtime.learner_link import LearnerLink, LinkError
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import tensors_from_wire, tensors_to_wire
-from embodied.transport.security import generate_keys
-from embodied.transport.sockets import EndpointError
+from embodied.core.security import generate_keys
+from embodied.core.sockets import EndpointError
 from tests.netproxy import DropProxy
 
 HELLO = {"policy": "mlp_gaussian", "chunk_size": 1, "spec": {"state_dim": 3, "action_low": (-1.0, -1.0)}}
@@ -218,7 +218,7 @@ def test_curve_link_refuses_a_rollout_without_keys(tmp_path):
 def test_learner_answers_malformed_frames_with_typed_errors_and_keeps_serving(learner):
     import zmq
 
-    from embodied.transport.protocol import decode_message
+    from embodied.core.protocol import decode_message
 
     context = zmq.Context()
     peer = context.socket(zmq.DEALER)

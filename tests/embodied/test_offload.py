@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.offload import Offloader
 from embodied.runtime.learner import Learner
 from embodied.runtime.procs import ProcsRuntimeConfig, check_config
-from embodied.types import EnvSpec, Observation
-from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
 SPEC = EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
 

@@ -3,9 +3,9 @@ import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig, ppo_loss, ratio_log_probs, term_advantages
-from embodied.buffers import TrajectoryBuilder
-from embodied.types import EnvSpec, Observation, StepResult
-from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.algos.buffers import TrajectoryBuilder
+from embodied.core.types import EnvSpec, Observation, StepResult
+from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
 
 def reference_terms(new_lp, old_lp, adv, new_v, old_v, ret, ent, clip, vf_coef, ent_coef):
@@ -104,7 +104,7 @@ def test_first_minibatch_of_an_update_sees_ratio_one_and_logs_diagnostics():
 def test_out_of_range_hyperparameters_are_config_errors():
     import pytest
 
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
     policy = MLPGaussianPolicy(MLPPolicyConfig(), spec)

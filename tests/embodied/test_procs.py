@@ -35,7 +35,7 @@ def rollout_pid(run_dir: Path, index: int = 0) -> int:
 
 
 def env_workers(process: psutil.Process) -> list[psutil.Process]:
-    return [p for p in process.children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+    return [p for p in process.children(recursive=True) if "embodied.sim.worker" in " ".join(p.cmdline())]
 
 
 def train_interrupted(trainer: subprocess.Popen, run_dir: Path, interrupt, after_updates: int = 2) -> list[dict]:

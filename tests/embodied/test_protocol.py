@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from embodied.transport.codec import pack
-from embodied.transport.protocol import (KINDS, PROTOCOL_VERSION, Message, ProtocolError, decode_message,
+from embodied.core.codec import pack
+from embodied.core.protocol import (KINDS, PROTOCOL_VERSION, Message, ProtocolError, decode_message,
                                          encode_message, error_message)
 
 BODIES = {

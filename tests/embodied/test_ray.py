@@ -146,5 +146,5 @@ def test_libero_env_workers_run_as_actors_under_their_own_virtualenv(tmp_path):
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
     assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]
-    assert not still_running([p for p in ours("sim.worker") if "libero" in " ".join(p.info["cmdline"] or [])])
+    assert not still_running([p for p in ours("embodied.sim.worker") if "libero" in " ".join(p.info["cmdline"] or [])])
     assert not still_running(actors("EnvWorkerRole"))

@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from embodied.config import TrainConfig, compose, to_schema
-from embodied.errors import ConfigError
-from embodied.replay import from_trajectory
+from embodied.core.errors import ConfigError
+from embodied.algos.replay import from_trajectory
 from embodied.config import RewardConfig
 from embodied.reward_classifier import load_reward_classifier
 from embodied.runtime.robots import LatestWeights, OutcomeReward, RobotsRuntime, RobotsRuntimeConfig, episode_trajectory
 from embodied.serve import PolicyServer, ServeConfig
-from embodied.transport.episodes import Episode, EpisodeNotTaken, parse_episode
-from embodied.types import EnvSpec
-from robots.policy_client import PolicyClient, ServerError
+from embodied.core.episodes import Episode, EpisodeNotTaken, parse_episode
+from embodied.core.types import EnvSpec
+from embodied.robots.policy_client import PolicyClient, ServerError
 from tests.embodied.test_reward_classifier import classifier_checkpoint
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
@@ -249,10 +249,10 @@ def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learn
 def test_a_recording_robot_sends_the_state_its_last_action_led_to(tmp_path):
     """Saving the recorded episode holds the robot (a simulator steps on it): the episode's
     last state is read before that, so replaying the executed actions ends in it."""
-    from robots.client import RobotClient, RobotClientConfig
-    from robots.recording import RecordingConfig
-    from robots.safety import SafetyConfig
-    from robots.sim_robot import SimRobot, SimRobotConfig
+    from embodied.robots.client import RobotClient, RobotClientConfig
+    from embodied.robots.recording import RecordingConfig
+    from embodied.robots.safety import SafetyConfig
+    from embodied.robots.sim_robot import SimRobot, SimRobotConfig
 
     pendulum = SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"})
     robot = SimRobot(pendulum)

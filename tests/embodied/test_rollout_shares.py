@@ -9,11 +9,11 @@ from embodied.algos.grpo import GRPOConfig
 from embodied.algos.ppo import PPOConfig
 from embodied.build import build_env
 from embodied.config import TrainConfig
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.runtime.procs import check_rollouts
 from embodied.runtime.rollout import Rollout, env_share, sampling_seed
-from sim.base import episode_seed
-from sim.maniskill import ManiSkillConfig
+from embodied.core.env import episode_seed
+from embodied.sim.maniskill import ManiSkillConfig
 
 
 @pytest.mark.parametrize("num_envs,num_workers,num_rollouts,group_size",
@@ -61,7 +61,7 @@ def test_shares_of_a_maniskill_env_reset_to_the_whole_envs_episodes_and_tasks():
 
 def test_a_share_of_the_batched_scene_seeds_from_its_first_env():
     """The physx_cuda path (run on physx_cpu, one env): a share starts from its own env's seed."""
-    from sim.maniskill_batched import ManiSkillBatchedEnv
+    from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
 
     env = ManiSkillBatchedEnv(ManiSkillConfig(task="PushCube-v1", num_envs=4), base_seed=2,
                               sim_backend="physx_cpu", env_ids=[3])

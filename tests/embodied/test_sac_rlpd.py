@@ -14,12 +14,12 @@ from scipy.stats import norm
 from embodied.algos.critics import HLGauss
 from embodied.algos.sac_rlpd import SACConfig, SACRLPD
 from embodied.checkpoint import load_checkpoint, save_checkpoint
-from embodied.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
+from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
 from embodied.runtime.rollout import Rollout
-from embodied.types import EnvSpec, Observation
-from policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
-from robots.recording import DatasetRecorder, RecordingConfig
-from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
+from embodied.robots.recording import DatasetRecorder, RecordingConfig
+from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0), control_hz=10.0)
 SMALL = dict(batch_size=32, num_critics=4, critic_subset=2, critic_hidden=[32, 32], utd_ratio=2)
@@ -286,8 +286,8 @@ def test_resume_restores_critics_optimizers_buffers_and_counters(tmp_path):
 
 
 def test_a_policy_without_a_squashed_distribution_is_refused():
-    from embodied.errors import ConfigError
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.core.errors import ConfigError
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     with pytest.raises(ConfigError, match="squashed_gaussian"):
         SACRLPD(SACConfig(**SMALL), MLPGaussianPolicy(MLPPolicyConfig(), SPEC))

@@ -3,9 +3,9 @@
 import zmq
 
 from embodied.cli import main
-from embodied.transport.protocol import Message
-from embodied.transport.security import CurveServer, apply_client_keys, generate_keys
-from embodied.transport.sockets import check_endpoint, receive, send
+from embodied.core.protocol import Message
+from embodied.core.security import CurveServer, apply_client_keys, generate_keys
+from embodied.core.sockets import check_endpoint, receive, send
 
 
 def _server(context, keys_dir):
@@ -65,7 +65,7 @@ def test_non_loopback_endpoints_need_authentication():
 def test_keys_are_never_overwritten(tmp_path):
     import pytest
 
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     generate_keys(tmp_path)
     with pytest.raises(ConfigError, match="already holds keys"):

@@ -11,16 +11,16 @@ from embodied.build import build_policy
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.cli import main
 from embodied.config import SFTConfig, TrainConfig, compose, to_schema
-from embodied.datasets import read_frames
+from embodied.algos.datasets import read_frames
 from embodied.demos import DemosConfig, generate_demos
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.runtime.learner import Learner
 from embodied.sft import Demonstrations, run_sft, sft_config
 from embodied.train import TrainSession
-from embodied.types import EnvSpec
-from robots.recording import DatasetRecorder, RecordingConfig
-from sim.experts import make_expert
-from sim.maniskill import ManiSkillConfig, ManiSkillEnv, with_state_padding
+from embodied.core.types import EnvSpec
+from embodied.robots.recording import DatasetRecorder, RecordingConfig
+from embodied.sim.experts import make_expert
+from embodied.sim.maniskill import ManiSkillConfig, ManiSkillEnv, with_state_padding
 
 EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
 

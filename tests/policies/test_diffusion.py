@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 from embodied.runtime.wire import published_weights
-from embodied.types import EnvSpec, Observation
-from policies.denoising import gaussian_log_prob
-from policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.denoising import gaussian_log_prob
+from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
 from tests.embodied.test_ppo import _batch
 from tests.policies.sft import bc_losses
 
@@ -77,7 +77,7 @@ def test_chunk_log_prob_is_the_sum_of_floored_step_gaussians_recomputed_by_evalu
 
 
 def _time(policy, t, batch):
-    from policies.denoising import time_embedding
+    from embodied.policies.denoising import time_embedding
 
     return time_embedding(torch.full((batch,), t / policy.cfg.train_timesteps), policy.frequencies)
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.errors import ConfigError
-from embodied.types import EnvSpec, Observation
-from policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))

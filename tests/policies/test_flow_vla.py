@@ -11,7 +11,7 @@ import torch
 
 from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, compose, to_schema
-from policies.encoders import EfficientNetLite0, SentenceEncoder
+from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
 from tests.embodied.test_cli import embodied, latest
 
 MILITARY_UNIFORM = 652  # ImageNet class of the photograph of Grace Hopper that matplotlib ships

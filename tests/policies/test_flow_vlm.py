@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.errors import ConfigError
-from embodied.types import EnvSpec, Observation
-from policies.flow_vlm import FlowVLMConfig, FlowVLMPolicy
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.flow_vlm import FlowVLMConfig, FlowVLMPolicy
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
@@ -73,7 +73,7 @@ def test_flow_matching_sft_moves_the_vlm_and_the_expert_unless_the_backbone_is_f
 
 def save_tiny_vlm(path, seed=0):
     """A small random PaliGemma and a word-level tokenizer, saved as a user's checkpoint is."""
-    from policies.vlm import tiny_paligemma
+    from embodied.policies.vlm import tiny_paligemma
     from tests.policies.checkpoints import save_word_tokenizer
 
     save_word_tokenizer(path, ["[PAD]", "[UNK]", "pick", "the", "cube"])
@@ -83,7 +83,7 @@ def save_tiny_vlm(path, seed=0):
 
 def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on_load(tmp_path):
     from embodied.checkpoint import load_checkpoint, load_policy_weights
-    from embodied.errors import CheckpointError
+    from embodied.core.errors import CheckpointError
     from tests.policies.checkpoints import save_and_restore, saves_whole
 
     base = tmp_path / "vlm"

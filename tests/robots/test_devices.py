@@ -9,11 +9,11 @@ import cv2
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from robots.base import RobotError
-from robots.cameras import CameraConfig, CameraError, OpenCVCamera, fit_image
-from robots.cli import KeyboardMonitor
-from robots.lerobot_robot import LeRobotConfig, LeRobotRobot
+from embodied.core.errors import ConfigError
+from embodied.robots.base import RobotError
+from embodied.robots.cameras import CameraConfig, CameraError, OpenCVCamera, fit_image
+from embodied.robots.cli import KeyboardMonitor
+from embodied.robots.lerobot_robot import LeRobotConfig, LeRobotRobot
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ class StandInLeRobotCamera:
 
 
 def test_a_lerobot_camera_reads_through_our_camera_interface():
-    from robots.lerobot_robot import LeRobotCamera
+    from embodied.robots.lerobot_robot import LeRobotCamera
 
     camera = LeRobotCamera(StandInLeRobotCamera([np.full((60, 80, 3), 9, np.uint8)]), "wrist", size=(30, 30))
     camera.connect()

@@ -11,13 +11,13 @@ import numpy as np
 import psutil
 import pytest
 
-from embodied.types import EnvSpec
-from robots.client import RobotClient, RobotClientConfig
-from robots.policy_client import PolicyClient
-from robots.recording import ROOT, DatasetRecorder, RecordingConfig, RecordingError, writer_python
-from robots.safety import SafetyConfig
-from robots.sim_robot import SimRobot, SimRobotConfig
-from robots.teleop import OracleTeleop
+from embodied.core.types import EnvSpec
+from embodied.robots.client import RobotClient, RobotClientConfig
+from embodied.robots.policy_client import PolicyClient
+from embodied.robots.recording import DatasetRecorder, RecordingConfig, RecordingError, writer_python
+from embodied.robots.safety import SafetyConfig
+from embodied.robots.sim_robot import SimRobot, SimRobotConfig
+from embodied.robots.teleop import OracleTeleop
 from tests.robots.test_deploy import start_server
 
 CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
@@ -27,7 +27,7 @@ CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action
 READ = """
 import sys
 import numpy as np
-from robots.dataset_writer import import_lerobot_dataset
+from embodied.robots.dataset_writer import import_lerobot_dataset
 dataset = import_lerobot_dataset()("local/robot", root=sys.argv[1])
 frames = [dataset[i] for i in range(dataset.num_frames)]
 out = {"num_episodes": np.array(dataset.num_episodes), "num_frames": np.array(dataset.num_frames)}
@@ -49,7 +49,7 @@ class Reloaded:
         out = Path(tempfile.mkdtemp()) / "frames.npz"
         python = writer_python(RecordingConfig(root=str(root)))
         result = subprocess.run([python, "-c", READ, str(root), str(out)], capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
+                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
         assert result.returncode == 0, result.stderr
         self.arrays = dict(np.load(out))
         self.num_episodes = int(self.arrays["num_episodes"])
@@ -146,7 +146,7 @@ KILLED_CLIENT = """
 import os, signal, sys
 import numpy as np
 from tests.robots.test_recording import CAMERA_SPEC
-from robots.recording import DatasetRecorder, RecordingConfig
+from embodied.robots.recording import DatasetRecorder, RecordingConfig
 recorder = DatasetRecorder(RecordingConfig(root=sys.argv[1], partial=sys.argv[2], finalize_every=int(sys.argv[3])),
                            CAMERA_SPEC, 10.0, "stack")
 recorder.open()

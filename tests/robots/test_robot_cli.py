@@ -38,10 +38,10 @@ def robot_command(*args):
 
 
 def test_the_robot_side_imports_without_torch():
-    modules = ["robots.client", "robots.cli", "robots.policy_client", "robots.safety", "robots.broker",
-               "robots.cameras", "robots.sim_robot", "robots.lerobot_robot", "robots.components", "robots.recording",
-               "robots.teleop", "sim.worker",
-               "sim.gymnasium_env", "embodied.cli", "embodied.transport.security"]
+    modules = ["embodied.robots.client", "embodied.robots.cli", "embodied.robots.policy_client", "embodied.robots.safety", "embodied.robots.broker",
+               "embodied.robots.cameras", "embodied.robots.sim_robot", "embodied.robots.lerobot_robot", "embodied.robots.components", "embodied.robots.recording",
+               "embodied.robots.teleop", "embodied.sim.worker",
+               "embodied.sim.gymnasium_env", "embodied.cli", "embodied.core.security"]
     script = NO_TORCH + f"""
 import importlib
 for name in {modules!r}:
@@ -133,9 +133,9 @@ def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, ser
 def test_a_trained_run_serves_as_the_oracles_expert(trained):
     import numpy as np
 
-    from robots.client import TeleopConfig
-    from robots.sim_robot import SimRobot, SimRobotConfig
-    from robots.teleop import OracleTeleop, build_teleop
+    from embodied.robots.client import TeleopConfig
+    from embodied.robots.sim_robot import SimRobot, SimRobotConfig
+    from embodied.robots.teleop import OracleTeleop, build_teleop
 
     oracle = build_teleop(TeleopConfig(name="oracle", expert=str(trained), threshold=0.05, patience=1), 1)
     assert isinstance(oracle, OracleTeleop)
@@ -147,7 +147,7 @@ def test_a_trained_run_serves_as_the_oracles_expert(trained):
 
 
 def test_operator_and_recording_are_chosen_from_the_command_line():
-    from robots.cli import load_client_config
+    from embodied.robots.cli import load_client_config
 
     config = load_client_config(["teleop=gamepad", "teleop.intervention=toggle", "record.root=/data/pick"])
     assert (config.teleop.name, config.teleop.intervention) == ("gamepad", "toggle")

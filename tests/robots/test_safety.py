@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from embodied.types import EnvSpec
-from robots.safety import SafetyConfig, SafetyLayer, WorkspaceConfig
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec
+from embodied.robots.safety import SafetyConfig, SafetyLayer, WorkspaceConfig
 
 SPEC = EnvSpec(state_dim=3, action_dim=4, action_low=(-1.0,) * 4, action_high=(1.0,) * 4, control_hz=20.0)
 

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from robots.client import RobotClient, RobotClientConfig
-from robots.policy_client import PolicyClient
-from robots.safety import SafetyConfig
-from robots.sim_robot import SimRobot, SimRobotConfig
-from robots.teleop import KeyboardTeleop, OracleTeleop
+from embodied.core.errors import ConfigError
+from embodied.robots.client import RobotClient, RobotClientConfig
+from embodied.robots.policy_client import PolicyClient
+from embodied.robots.safety import SafetyConfig
+from embodied.robots.sim_robot import SimRobot, SimRobotConfig
+from embodied.robots.teleop import KeyboardTeleop, OracleTeleop
 from tests.robots.test_deploy import start_server
 
 
@@ -80,7 +80,7 @@ class StandInGamepad:
 
 
 def test_gamepad_hold_intervenes_only_while_held_and_maps_the_sticks():
-    from robots.teleop import GamepadTeleop
+    from embodied.robots.teleop import GamepadTeleop
 
     pad = StandInGamepad()
     gamepad = GamepadTeleop(pad, action_dim=4, intervention="hold", scale=0.5)
@@ -95,7 +95,7 @@ def test_gamepad_hold_intervenes_only_while_held_and_maps_the_sticks():
 
 
 def test_gamepad_toggle_flips_on_each_press_and_events_fire_once_per_press():
-    from robots.teleop import GamepadTeleop
+    from embodied.robots.teleop import GamepadTeleop
 
     pad = StandInGamepad()
     gamepad = GamepadTeleop(pad, action_dim=2, intervention="toggle")
@@ -111,7 +111,7 @@ def test_gamepad_toggle_flips_on_each_press_and_events_fire_once_per_press():
 
 
 def test_an_oracle_with_a_takeover_limit_corrects_and_lets_go_per_env():
-    from robots.teleop import OracleRule
+    from embodied.robots.teleop import OracleRule
 
     rule = OracleRule(threshold=0.5, patience=2, release=100, envs=2, max_takeover=3)
     policy, expert = np.array([[1.0], [0.0]]), np.zeros((2, 1))  # env 0 always drifts, env 1 agrees
@@ -133,7 +133,7 @@ class StandInSpaceMouse:
 
 
 def test_spacemouse_intervenes_while_moved_and_lingers_then_hands_back():
-    from robots.teleop import SpaceMouseTeleop
+    from embodied.robots.teleop import SpaceMouseTeleop
 
     mouse = StandInSpaceMouse()
     teleop = SpaceMouseTeleop(mouse, action_dim=7, intervention="motion", scale=0.5, linger=2)
@@ -152,7 +152,7 @@ def test_spacemouse_intervenes_while_moved_and_lingers_then_hands_back():
 
 
 def test_spacemouse_with_a_button_toggles_and_a_4d_action_moves_only_position():
-    from robots.teleop import SpaceMouseTeleop
+    from embodied.robots.teleop import SpaceMouseTeleop
 
     mouse = StandInSpaceMouse()
     teleop = SpaceMouseTeleop(mouse, action_dim=4, intervention="toggle")
@@ -168,8 +168,8 @@ def test_spacemouse_with_a_button_toggles_and_a_4d_action_moves_only_position():
 
 
 def test_a_spacemouse_that_cannot_be_opened_is_a_clear_error():
-    from robots.client import TeleopConfig
-    from robots.teleop import build_teleop
+    from embodied.robots.client import TeleopConfig
+    from embodied.robots.teleop import build_teleop
 
     with pytest.raises(ConfigError, match="(?i)spacemouse"):
         build_teleop(TeleopConfig(name="spacemouse", intervention="motion"), action_dim=7)
@@ -199,7 +199,7 @@ class FollowerAt:
 
 
 def test_a_leader_arm_takes_over_only_once_it_matches_the_follower_and_drives_by_joint_name():
-    from robots.leader_arm import LeaderArmTeleop
+    from embodied.robots.leader_arm import LeaderArmTeleop
 
     leader = StandInLeader({"shoulder.pos": 40.0, "elbow.pos": 0.0, "gripper.pos": 10.0})
     names = ["elbow.pos", "shoulder.pos", "gripper.pos"]  # the follower's order, not the leader's
@@ -227,8 +227,8 @@ def test_a_leader_arm_takes_over_only_once_it_matches_the_follower_and_drives_by
 
 
 def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
-    from robots.leader_arm import LeaderArmTeleop
-    from robots.policy_client import NoPolicy
+    from embodied.robots.leader_arm import LeaderArmTeleop
+    from embodied.robots.policy_client import NoPolicy
 
     robot = SimRobot(SimRobotConfig(env={"name": "gymnasium", "task": "Pendulum-v1"}))
     leader = StandInLeader({"shoulder.pos": 1.25, "elbow.pos": 0.0, "gripper.pos": 0.0})
@@ -243,8 +243,8 @@ def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
 
 
 def test_a_leader_arm_without_lerobot_is_a_clear_error():
-    from robots.client import TeleopConfig
-    from robots.teleop import build_teleop
+    from embodied.robots.client import TeleopConfig
+    from embodied.robots.teleop import build_teleop
 
     with pytest.raises(ConfigError, match="teleop=leader needs lerobot"):
         build_teleop(TeleopConfig(name="leader", leader={"type": "so101_leader", "port": "/dev/null"}), action_dim=6)

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from embodied.core.errors import ConfigError
+from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 
 
 def test_mujoco_task_steps_in_chunks_with_auto_reset():
@@ -45,8 +45,8 @@ class GonePipe:
 def test_an_env_worker_whose_parent_is_gone_exits_quietly(capfd):
     from functools import partial
 
-    from sim.gymnasium_env import GymnasiumEnv
-    from sim.vector import _worker_main
+    from embodied.sim.gymnasium_env import GymnasiumEnv
+    from embodied.sim.vector import _worker_main
 
     make_env = partial(GymnasiumEnv, GymnasiumConfig(task="InvertedPendulum-v4"))
     _worker_main(GonePipe(), make_env, [0], 0, 0)  # returns: no exception, no traceback

@@ -7,17 +7,15 @@ import textwrap
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from sim.libero import SUITE_STEP_LIMITS, LiberoConfig, libero_python, make_libero
+from embodied.core.errors import ConfigError
+from embodied.sim.libero import SUITE_STEP_LIMITS, LiberoConfig, libero_python, make_libero
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def run_in_libero(code: str) -> dict:
     """Run `code` under LIBERO's interpreter; it prints one JSON line with its findings."""
     result = subprocess.run([libero_python(LiberoConfig()), "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=300, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "MUJOCO_GL": "egl",
-                                                                    "PATH": "/usr/bin:/bin"})
+                            text=True, timeout=300, env={"MUJOCO_GL": "egl", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -70,7 +68,7 @@ def test_success_fires_on_a_state_that_satisfies_the_goal():
     found = run_in_libero("""
         import json
         import numpy as np
-        from sim.libero import LiberoConfig, LiberoEnv
+        from embodied.sim.libero import LiberoConfig, LiberoEnv
 
         env = LiberoEnv(LiberoConfig(suite="libero_goal", task_ids=[0], cameras=[], settle_steps=0))
         env.reset(0)
@@ -90,7 +88,7 @@ def test_success_fires_on_a_state_that_satisfies_the_goal():
 def test_the_libero_worker_never_imports_torch():
     found = run_in_libero("""
         import json, sys
-        from sim.worker import single_env_factory
+        from embodied.sim.worker import single_env_factory
         env = single_env_factory({"name": "libero", "suite": "libero_object", "task_ids": [0], "cameras": [],
                                   "settle_steps": 0})(0)
         env.reset(0)

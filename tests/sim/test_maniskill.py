@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import sapien
 
-from embodied.errors import ConfigError
-from sim.group import EnvGroup
-from sim.maniskill import ManiSkillConfig, ManiSkillEnv, make_maniskill
+from embodied.core.errors import ConfigError
+from embodied.sim.group import EnvGroup
+from embodied.sim.maniskill import ManiSkillConfig, ManiSkillEnv, make_maniskill
 
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
 
@@ -152,7 +152,7 @@ def test_unknown_task_names_the_closest_known_one():
 
 def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
     """The physx_cuda code path, exercised on physx_cpu (where ManiSkill allows one env)."""
-    from sim.maniskill_batched import ManiSkillBatchedEnv
+    from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
 
     env = ManiSkillBatchedEnv(ManiSkillConfig(task="PushCube-v1", num_envs=1, max_episode_steps=5),
                               base_seed=0, sim_backend="physx_cpu")
@@ -174,7 +174,7 @@ def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
 
 
 def test_a_killed_env_worker_is_reported_not_waited_on():
-    from sim.group import EnvWorkerError
+    from embodied.sim.group import EnvWorkerError
 
     env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=2), seed=0)
     try:
@@ -188,8 +188,8 @@ def test_a_killed_env_worker_is_reported_not_waited_on():
 
 
 def test_an_mlp_policy_refuses_camera_observations_it_would_ignore():
-    from embodied.types import EnvSpec
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.core.types import EnvSpec
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     spec = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
                    image_shapes={"base_camera": (64, 64, 3)})
@@ -214,7 +214,7 @@ def test_rewind_replays_the_same_episode_sequence(pushcube):
 
 
 def test_several_tasks_run_in_blocks_of_envs_with_padded_states_and_their_own_instructions():
-    from sim.maniskill import INSTRUCTIONS
+    from embodied.sim.maniskill import INSTRUCTIONS
 
     tasks = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
     env = make_maniskill(ManiSkillConfig(tasks=tasks, num_envs=6, control_mode="pd_ee_delta_pos"), seed=0)

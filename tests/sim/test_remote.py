@@ -7,10 +7,10 @@ import sys
 import numpy as np
 import pytest
 
-from embodied.transport.sockets import EndpointError, check_endpoint
-from sim.gymnasium_env import GymnasiumConfig, make_gymnasium
-from sim.maniskill import ManiSkillConfig, make_maniskill
-from sim.group import EnvWorkerError
+from embodied.core.sockets import EndpointError, check_endpoint
+from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.group import EnvWorkerError
 
 
 @pytest.mark.parametrize("transport", ["pipe", "zmq"])
@@ -44,7 +44,7 @@ def test_a_killed_zmq_worker_is_reported_promptly():
 def test_an_env_worker_with_other_envs_is_refused_on_both_ends():
     from dataclasses import asdict
 
-    from sim.remote import EnvHub
+    from embodied.sim.remote import EnvHub
 
     pendulum = asdict(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=1))
     hopper_spec = {"state_dim": 11, "action_dim": 3, "action_low": [-1.0] * 3, "action_high": [1.0] * 3,
@@ -69,9 +69,9 @@ def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
         "            raise ImportError('torch is blocked in this test')\n"
         "sys.meta_path.insert(0, Block())\n"
         "import runpy\n"
-        "assert sys.argv[1:3] == ['-m', 'sim.worker']\n"
-        "sys.argv = ['sim.worker'] + sys.argv[3:]\n"
-        "runpy.run_module('sim.worker', run_name='__main__')\n"
+        "assert sys.argv[1:3] == ['-m', 'embodied.sim.worker']\n"
+        "sys.argv = ['embodied.sim.worker'] + sys.argv[3:]\n"
+        "runpy.run_module('embodied.sim.worker', run_name='__main__')\n"
     )
     wrapper = tmp_path / "python"
     wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
@@ -105,7 +105,7 @@ def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transpo
     import torch
 
     from embodied.runtime.rollout import Rollout
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2,
                                          transport=transport), seed=0)
@@ -144,7 +144,7 @@ def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
         while not (metrics.exists() and metrics.read_text()) and time.monotonic() < deadline:
             assert trainer.poll() is None, trainer.communicate()[1]
             time.sleep(0.2)
-        workers = [p for p in psutil.Process(trainer.pid).children(recursive=True) if "sim.worker" in " ".join(p.cmdline())]
+        workers = [p for p in psutil.Process(trainer.pid).children(recursive=True) if "embodied.sim.worker" in " ".join(p.cmdline())]
         assert len(workers) == 2, "expected two env worker processes"
         workers[0].kill()
         out, err = trainer.communicate(timeout=300)
@@ -159,7 +159,7 @@ def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one()
     import torch
 
     from embodied.runtime.rollout import Rollout
-    from policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     batches = []
     for pipeline in (False, True):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from embodied.errors import ConfigError
-from sim.robosuite_env import RobosuiteConfig, RobosuiteEnv, make_robosuite
+from embodied.core.errors import ConfigError
+from embodied.sim.robosuite_env import RobosuiteConfig, RobosuiteEnv, make_robosuite
 
 
 @pytest.mark.parametrize("obs_mode", ["state", "rgb"])

@@ -26,7 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 SHARDINGS = ("replicate", "fsdp")
 

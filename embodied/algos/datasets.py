@@ -1,7 +1,7 @@
 """Reading a LeRobotDataset v3 folder straight from its parquet files, for learners: SFT
-(`embodied.sft`) and offline RL (`embodied.replay.from_dataset`). The learner needs neither
+(`embodied.sft`) and offline RL (`embodied.algos.replay.from_dataset`). The learner needs neither
 the dataset library nor torchvision (they live in the writer's virtualenv, see
-`robots.recording`).
+`embodied.robots.recording`).
 
 Frames come back in the dataset's global order as numpy arrays, one per column; camera
 images stored as images (PNG in the parquet files) are decoded to uint8 (N, H, W, 3)."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 IMAGE_PREFIX = "observation.images."
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from embodied.types import ActionChunk, EnvSpec, Observation
+from embodied.core.types import ActionChunk, EnvSpec, Observation
 
 
 @dataclass

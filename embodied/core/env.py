@@ -3,7 +3,7 @@
 - `SingleEnv`: one simulator instance stepping one action at a time (a ManiSkill CPU env,
   a gymnasium task, later a LIBERO task or a robot).
 - `BatchedEnv`: what the rollout talks to: B envs, one action chunk each per step, with
-  auto-reset, summed rewards and kept final observations (see `embodied.types.StepResult`).
+  auto-reset, summed rewards and kept final observations (see `embodied.core.types.StepResult`).
 
 Env-side code imports numpy, never torch, so it can run in another interpreter."""
 
@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from embodied.types import EnvSpec, Observation, StepResult
+from embodied.core.types import EnvSpec, Observation, StepResult
 
 
 @dataclass

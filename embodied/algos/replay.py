@@ -18,9 +18,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from embodied.buffers import Trajectory
-from embodied.datasets import read_frames
-from embodied.errors import ConfigError
+from embodied.algos.buffers import Trajectory
+from embodied.algos.datasets import read_frames
+from embodied.core.errors import ConfigError
 
 
 @dataclass

@@ -16,7 +16,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from embodied.errors import ConfigError
+from embodied.core.errors import ConfigError
 
 
 def generate_keys(directory: str | Path) -> dict[str, Path]:

@@ -7,7 +7,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
-from embodied.errors import UnknownNameError
+from embodied.core.errors import UnknownNameError
 
 T = TypeVar("T")
 

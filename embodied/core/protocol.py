@@ -1,5 +1,5 @@
 """The envelope every socket message travels in: `{v, kind, seq, body}` packed by
-`embodied.transport.codec` (msgpack header + raw array frames).
+`embodied.core.codec` (msgpack header + raw array frames).
 
 Decoding checks the protocol version, the kind and the sequence number as well as the codec's
 bounds, and raises `ProtocolError` with a machine-readable code, which a server answers with
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import msgpack
 
-from embodied.transport.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, decode, encode, pack, unpack
+from embodied.core.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, decode, encode, pack, unpack
 
 PROTOCOL_VERSION = 1
 

@@ -2,7 +2,7 @@
 
 Loopback endpoints (tcp://127.0.0.1, tcp://localhost, tcp://[::1], ipc://, inproc://) are
 always allowed; any other address only with CURVE authentication on (`authenticated=True`,
-see `embodied.transport.security`). Anything else is refused before a socket opens."""
+see `embodied.core.security`). Anything else is refused before a socket opens."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import zmq
 
-from embodied.errors import ConfigError
-from embodied.transport.codec import DEFAULT_LIMITS, Limits
-from embodied.transport.protocol import Message, decode_message, encode_message
+from embodied.core.errors import ConfigError
+from embodied.core.codec import DEFAULT_LIMITS, Limits
+from embodied.core.protocol import Message, decode_message, encode_message
 
 
 class EndpointError(ConfigError):
@@ -54,7 +54,7 @@ def bind(socket: zmq.Socket, endpoint: str, curve: Any = None) -> str:
 
 def connect(socket: zmq.Socket, endpoint: str, keys_dir: Any = None) -> None:
     """Connect after the endpoint check, as a CURVE client when `keys_dir` is given."""
-    from embodied.transport.security import apply_client_keys
+    from embodied.core.security import apply_client_keys
 
     check_endpoint(endpoint, authenticated=keys_dir is not None)
     if keys_dir is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.types import ActionChunk, Observation, StepResult
+from embodied.core.types import ActionChunk, Observation, StepResult
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from embodied.types import EnvSpec
+from embodied.core.types import EnvSpec
 
 MAX_INSTRUCTION_CHARS = 4096
 ACTION_TOLERANCE = 1e-4  # executed actions are clipped to the bounds; allow float rounding

@@ -1,0 +1,1 @@
+"""The Hydra configs (YAML), shipped inside the package as `embodied.configs`."""

@@ -1,1 +1,0 @@
-"""Wire formats between roles. No pickle anywhere: msgpack plus raw numpy buffers."""
