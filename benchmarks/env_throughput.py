@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
-from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.maniskill import make_maniskill
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

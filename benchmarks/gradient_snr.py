@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
 from multitask_vla import SFT  # noqa: E402
-from ppo import RESULTS, RUNS  # noqa: E402
+from ppo import RESULTS  # noqa: E402
 
 GROUP_SIZE = 4
 NUM_ENVS = 24
@@ -86,7 +86,7 @@ def policy_gradient(policy, trajectory, step_advantage: torch.Tensor) -> torch.T
     """Gradient of the token-mean policy-gradient loss for (T, B) advantages."""
     rows = torch.arange(trajectory.num_steps * trajectory.num_envs)
     policy.zero_grad()
-    evaluation = policy.evaluate(trajectory.flat_observation(rows), trajectory.chunk(rows))
+    evaluation = policy.recompute(trajectory.flat_observation(rows), trajectory.chunk(rows))
     advantage = step_advantage.reshape(-1)[:, None].to(evaluation.term_log_prob.dtype)
     (-(evaluation.term_log_prob * advantage).mean()).backward()
     return torch.cat([p.grad.reshape(-1) for p in policy.parameters() if p.grad is not None]).clone()

@@ -29,7 +29,8 @@ import torch
 from embodied.runtime.rollout import Rollout
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
-from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.maniskill import make_maniskill
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from embodied.build import build_env, build_policy
-from embodied.config import TrainConfig, compose, to_schema, to_yaml
+from embodied.config import TrainConfig, to_schema, to_yaml
+from embodied.core.compose import compose
 from embodied.runtime.learner_link import LearnerLink
 from embodied.runtime.procs import RolloutSupervisor
 from embodied.runtime.rollout import Rollout

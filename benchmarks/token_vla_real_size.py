@@ -10,7 +10,7 @@ instructions). For full fine-tuning and for LoRA (rank 32), each in float32 and 
 (`precision`), with the parallel decoder (and the causal one for Qwen at full fine-tuning):
 
 - rollout: one `act` over 256 envs (sampled actions), chunks per second;
-- training: one GRPO step on a minibatch (`evaluate`, the clipped loss, backward, AdamW),
+- training: one GRPO step on a minibatch (`recompute`, the clipped loss, backward, AdamW),
   samples per second, and the peak GPU memory;
 - the log-prob gap between rollout (one batch of 256, no gradient) and the training forward
   pass (minibatches, with gradient), per action token: with the same arithmetic the first
@@ -51,7 +51,7 @@ from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
 from embodied.runtime.wire import published_weights  # noqa: E402
 from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
-from embodied.sim.maniskill import INSTRUCTIONS  # noqa: E402
+from embodied.sim.maniskill_common import INSTRUCTIONS  # noqa: E402
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
@@ -166,8 +166,8 @@ def log_prob_gap(policy: TokenVLAPolicy, obs: Observation, recorded: Callable[[s
     gaps = []
     for start in range(0, obs.batch_size, minibatch):
         rows = slice(start, start + minibatch)
-        evaluated = policy.evaluate(obs.select(rows), recorded(rows))
-        gaps.append((evaluated.term_log_prob.detach() - rollout_log_probs[rows]).flatten().cpu())
+        recomputed = policy.recompute(obs.select(rows), recorded(rows))
+        gaps.append((recomputed.term_log_prob.detach() - rollout_log_probs[rows]).flatten().cpu())
     return torch.cat(gaps)
 
 
@@ -211,8 +211,8 @@ def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: st
         torch.cuda.reset_peak_memory_stats(device)
 
     def update() -> float:
-        evaluated = policy.evaluate(obs.select(rows), recorded(rows))
-        loss = grpo_loss(evaluated.term_log_prob, old[rows], advantages, torch.ones_like(old[rows]))
+        recomputed = policy.recompute(obs.select(rows), recorded(rows))
+        loss = grpo_loss(recomputed.term_log_prob, old[rows], advantages, torch.ones_like(old[rows]))
         loss.total.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -336,7 +336,7 @@ def report(results_json: Path) -> None:
              "Qwen2.5-0.5B (state and instruction) and SmolVLM-256M (also one 128 px camera, 64 image tokens) at "
              "their published architectures with random weights, loaded from a local checkpoint "
              "(`policy.backbone=<path>`). Rollout: one `act` over "
-             f"{setup['rollout_batch']} envs without gradient. GRPO step: `evaluate`, the clipped loss, backward "
+             f"{setup['rollout_batch']} envs without gradient. GRPO step: `recompute`, the clipped loss, backward "
              f"and AdamW on one minibatch. Median of {setup['timed_runs']} after a warm-up. Gap: per action token, "
              "|rollout log-prob − training-pass log-prob| over the same rows (training pass in minibatches of at most 64); "
              f"outside clip: tokens whose first ratio is already outside [0.8, 1.28]. LoRA: rank {setup['lora_rank']} "

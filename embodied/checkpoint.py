@@ -148,13 +148,17 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    state = load_checkpoint_state(path)
+    return load_file(str(path / "weights.safetensors")), state
+
+
+def load_checkpoint_state(path: Path) -> dict[str, Any]:
+    """A checkpoint's saved state without its weights (counters, versions, rng, optimizer)."""
     files = [path / name for name in ("weights.safetensors", "state.safetensors", "state.json")]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise CheckpointError(f"checkpoint {path} is incomplete: missing {', '.join(missing)}")
-    weights = load_file(str(files[0]))
-    state = unflatten(json.loads(files[2].read_text()), load_file(str(files[1])))
-    return weights, state
+    return unflatten(json.loads(files[2].read_text()), load_file(str(files[1])))
 
 
 # ---- the policy's weights without its frozen pretrained ones --------------------------------

@@ -30,7 +30,9 @@ VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos"
 def train(overrides: list[str]) -> int:
     import logging
 
-    from embodied.config import EvalConfig, TrainConfig, compose, to_schema
+    from embodied.config import EvalConfig, TrainConfig, to_schema
+
+    from embodied.core.compose import compose
     from embodied.evaluate import evaluate_checkpoint
     from embodied.core.registry import RUNTIMES
     from embodied.train import resume_config
@@ -58,7 +60,9 @@ def train(overrides: list[str]) -> int:
 def demos(overrides: list[str]) -> int:
     import logging
 
-    from embodied.config import compose, to_schema
+    from embodied.config import to_schema
+
+    from embodied.core.compose import compose
     from embodied.demos import DemosConfig, generate_demos
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -92,7 +96,8 @@ def sft(overrides: list[str]) -> int:
 
 
 def reward(overrides: list[str]) -> int:
-    from embodied.config import compose, to_schema
+    from embodied.config import to_schema
+    from embodied.core.compose import compose
     from embodied.reward_classifier import RewardClassifierConfig, train_reward_classifier
 
     run_dir, metrics = train_reward_classifier(to_schema(RewardClassifierConfig, compose("reward", overrides)))
@@ -104,7 +109,8 @@ def reward(overrides: list[str]) -> int:
 
 
 def evaluate(overrides: list[str]) -> int:
-    from embodied.config import EvalConfig, compose, to_schema
+    from embodied.config import EvalConfig, to_schema
+    from embodied.core.compose import compose
     from embodied.evaluate import evaluate_checkpoint
 
     config = to_schema(EvalConfig, compose("eval", overrides))
@@ -117,7 +123,9 @@ def evaluate(overrides: list[str]) -> int:
 def serve(overrides: list[str]) -> int:
     import logging
 
-    from embodied.config import compose, to_schema
+    from embodied.config import to_schema
+
+    from embodied.core.compose import compose
     from embodied.serve import ServeConfig, serve_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -126,7 +134,7 @@ def serve(overrides: list[str]) -> int:
 
 
 def robot(overrides: list[str], mode: str = "robot") -> int:
-    from embodied.robots.cli import run
+    from embodied.robot_cli import run
 
     return run(overrides, mode)
 

@@ -1,13 +1,11 @@
-"""Imports every built-in component so that its registry entry exists. Modules import their
+"""Imports every built-in component so that its registry entry exists: the simulators, the
+policies, the algorithms and the runtimes' schemas. The application imports it where it
+validates a config (`embodied.config`); components never import it. Modules import their
 heavy dependencies (simulators) lazily, so this stays cheap."""
 
 import embodied.algos.grpo  # noqa: F401
 import embodied.algos.ppo  # noqa: F401
 import embodied.algos.sac_rlpd  # noqa: F401
-import embodied.runtime.local  # noqa: F401
-import embodied.runtime.procs  # noqa: F401
-import embodied.runtime.ray_runtime  # noqa: F401
-import embodied.runtime.robots  # noqa: F401
 import embodied.policies.diffusion  # noqa: F401
 import embodied.policies.flow  # noqa: F401
 import embodied.policies.flow_vla  # noqa: F401
@@ -16,6 +14,7 @@ import embodied.policies.mlp  # noqa: F401
 import embodied.policies.pi0  # noqa: F401
 import embodied.policies.squashed_gaussian  # noqa: F401
 import embodied.policies.token_vla  # noqa: F401
+import embodied.runtime.configs  # noqa: F401
 import embodied.sim.gymnasium_env  # noqa: F401
 import embodied.sim.libero  # noqa: F401
 import embodied.sim.maniskill  # noqa: F401

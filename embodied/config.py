@@ -7,17 +7,16 @@ type fails here with the full key in the message, before anything is built."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
+import embodied.components  # noqa: F401  (fills the registries the groups are validated against)
+from embodied.core.compose import load_yaml, validate
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
 
-CONFIG_DIR = Path(str(resources.files("embodied.configs")))  # package data: a checkout's configs/ or the wheel's
 GROUPS: dict[str, Registry] = {"env": ENVS, "policy": POLICIES, "algo": ALGOS, "runtime": RUNTIMES}
 
 
@@ -133,16 +132,6 @@ def check_values(config: Any) -> None:
             raise ConfigError(f"'{key}' must be >= 0, got {getattr(config, key)}")
 
 
-def _validate(schema: type, section: Any, where: str) -> Any:
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), section)
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as error:
-        key = getattr(error, "full_key", None) or "?"
-        message = str(error).splitlines()[0]
-        raise ConfigError(f"config error at '{where}{key}': {message}") from None
-
-
 def validate_group(group: str, section: Any) -> Any:
     if section is None:
         raise ConfigError(f"no '{group}' config selected; pass {group}=<name>")
@@ -152,17 +141,15 @@ def validate_group(group: str, section: Any) -> Any:
     if name is None:
         raise ConfigError(f"config group '{group}' has no 'name' key naming which {group} to use")
     entry = GROUPS[group].get(name)
-    return _validate(entry.schema, section, f"{group}.")
+    return validate(entry.schema, section, f"{group}.")
 
 
 def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
     """Validate the top level, then each component group against its registered schema."""
-    import embodied.components  # noqa: F401  (fills the registries)
-
     cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
     group_names = [f.name for f in fields(schema) if f.name in GROUPS]
     top = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in group_names])
-    config = _validate(schema, top, "")
+    config = validate(schema, top, "")
     check_values(config)
     for group in group_names:
         section = cfg.get(group)
@@ -170,20 +157,6 @@ def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
             continue
         setattr(config, group, validate_group(group, section))
     return config
-
-
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-
-    try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            return hydra_compose(config_name=config_name, overrides=overrides)
-    except HydraException as error:
-        raise ConfigError(str(error)) from None
-    except OmegaConfBaseException as error:
-        raise ConfigError(f"config error: {error}") from None
 
 
 def to_yaml(config: Any) -> str:
@@ -195,9 +168,3 @@ def checkpoint_config(checkpoint: Path) -> Any:
     the env and the policy, which is what loading the policy needs."""
     saved = load_yaml(checkpoint / "config.yaml")
     return to_schema(SFTConfig if "dataset" in saved else TrainConfig, saved)
-
-
-def load_yaml(path: Path) -> DictConfig:
-    if not path.is_file():
-        raise ConfigError(f"no config file at {path}")
-    return OmegaConf.load(path)

@@ -57,7 +57,8 @@ def generate_demos(config: DemosConfig) -> DemosResult:
         raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
     if config.env.name != "maniskill":
         raise ConfigError(f"the scripted experts drive ManiSkill envs, not env '{config.env.name}'")
-    from embodied.sim.maniskill import ManiSkillConfig, task_of, with_state_padding
+    from embodied.sim.maniskill import task_of, with_state_padding
+    from embodied.sim.maniskill_common import ManiSkillConfig
 
     env_config = with_state_padding(ManiSkillConfig(**asdict(config.env)))
     tasks = env_config.tasks or [env_config.task]

@@ -22,8 +22,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from embodied.build import build_env
+from embodied.checkpoint import load_checkpoint_state, resolve_checkpoint, run_dir_of
+from embodied.config import checkpoint_config
 from embodied.core.errors import ConfigError
-from embodied.evaluate import load_policy, write_report, write_videos
+from embodied.eval_episodes import write_report, write_videos
+from embodied.policy_loading import load_run_policy
 from embodied.core.types import EpisodeStats
 from embodied.core.policy import Policy
 from embodied.core.env import BatchedEnv
@@ -144,10 +148,6 @@ def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic
 
 
 def evaluate_suite(config: Any) -> Path:
-    from embodied.build import build_env
-    from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
-    from embodied.config import checkpoint_config
-
     if not config.checkpoint:
         raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
     checkpoint = resolve_checkpoint(config.checkpoint)
@@ -155,7 +155,7 @@ def evaluate_suite(config: Any) -> Path:
     suites = [s.strip() for s in config.suite.split(",") if s.strip()]
     tasks = suite_tasks(suites, config.env, trained.env, config.task_ids)
     output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / "+".join(suites)
-    weights, state = load_checkpoint(checkpoint)
+    state = load_checkpoint_state(checkpoint)
     meta = {"checkpoint": str(checkpoint), "suites": suites, "trials": config.trials, "task_ids": config.task_ids,
             "deterministic": config.deterministic, "env": [dataclasses.asdict(e) for _, _, e in tasks[:1]]}
     log = TrialLog(output, meta)
@@ -168,7 +168,7 @@ def evaluate_suite(config: Any) -> Path:
         env = build_env(dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))),
                         seed=config.seed, stream=1)
         try:
-            policy = load_policy(trained.policy, weights, state, env, label)
+            policy = load_run_policy(checkpoint, spec=env.spec, label=label).policy
             instruction = env.instructions[0]
 
             def record(results: dict[int, EpisodeStats]) -> None:

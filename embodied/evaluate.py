@@ -1,181 +1,35 @@
-"""Policy evaluation: success rate with a 95% Wilson interval, return and length per task;
-JSON + Markdown report; optional videos of the first episodes."""
+"""`embodied eval`: a run's policy on its training env (or another), or on whole suites."""
 
 from __future__ import annotations
 
-import json
-import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from tqdm import tqdm
-
-from embodied.core.types import EpisodeStats
-from embodied.core.policy import Policy
-from embodied.core.env import BatchedEnv
-
-
-def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
-    """Score interval for a binomial proportion; sensible at 0% and 100%, unlike mean +- 2 sd."""
-    if trials == 0:
-        return 0.0, 1.0
-    p = successes / trials
-    denominator = 1 + z**2 / trials
-    centre = (p + z**2 / (2 * trials)) / denominator
-    half = z * math.sqrt(p * (1 - p) / trials + z**2 / (4 * trials**2)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
-@dataclass
-class TaskResult:
-    task: str
-    episodes: int
-    successes: int
-    success_rate: float
-    success_ci95: tuple[float, float]
-    mean_return: float
-    mean_length: float
-
-
-def summarize(task: str, episodes: list[EpisodeStats]) -> TaskResult:
-    successes = sum(e.success for e in episodes)
-    n = len(episodes)
-    return TaskResult(
-        task=task,
-        episodes=n,
-        successes=successes,
-        success_rate=successes / n if n else 0.0,
-        success_ci95=wilson_interval(successes, n),
-        mean_return=float(np.mean([e.episode_return for e in episodes])) if n else 0.0,
-        mean_length=float(np.mean([e.length for e in episodes])) if n else 0.0,
-    )
-
-
-@torch.no_grad()
-def run_episodes(env: BatchedEnv, policy: Policy, episodes: int, deterministic: bool = True,
-                 video_episodes: int = 0, progress: bool = True) -> tuple[list[EpisodeStats], list[list[np.ndarray]]]:
-    """Run the env's fixed evaluation set (it is rewound first) until `episodes` ended.
-
-    Each env gets a fixed share of the episodes, fixed in advance, so that envs whose
-    episodes end sooner do not bias the sample toward short (often failing) episodes."""
-    quota = np.full(env.num_envs, episodes // env.num_envs)
-    quota[: episodes % env.num_envs] += 1
-    finished = np.zeros(env.num_envs, dtype=np.int64)
-    results: list[EpisodeStats] = []
-    videos: list[list[np.ndarray]] = []
-    frames: list[np.ndarray] = []
-    record = video_episodes > 0
-    observation = env.rewind()
-    if record:
-        frames.append(env.render(0))
-    device = policy.device
-    bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress)
-    while (finished < quota).any():
-        chunk = policy.act(observation.to_torch(device), deterministic=deterministic)
-        result = env.step(chunk.actions.cpu().numpy())
-        observation = result.observation
-        for episode in result.episodes:
-            if finished[episode.env_id] < quota[episode.env_id]:
-                finished[episode.env_id] += 1
-                results.append(episode)
-                bar.update(1)
-        if record:
-            if result.done[0]:
-                videos.append(frames)
-                frames = []
-                record = len(videos) < video_episodes
-            if record:
-                frames.append(env.render(0))
-    bar.close()
-    return results, videos
-
-
-def write_report(output: Path, results: list[EpisodeStats], meta: dict[str, Any],
-                 groups: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """report.json and report.md: per task, per group of tasks (e.g. a suite) and overall."""
-    output.mkdir(parents=True, exist_ok=True)
-    tasks = sorted({e.task for e in results})
-    per_task = [summarize(task, [e for e in results if e.task == task]) for task in tasks]
-    per_group = [summarize(name, [e for e in results if e.task in members]) for name, members in (groups or {}).items()]
-    overall = summarize("all", results)
-    report = {**meta, "overall": asdict(overall), "tasks": [asdict(t) for t in per_task],
-              "groups": [asdict(g) for g in per_group], "episodes": [asdict(e) for e in results]}
-    (output / "report.json").write_text(json.dumps(report, indent=2))
-    lines = [
-        f"# Evaluation: {meta.get('checkpoint', '')}",
-        "",
-        f"policy_version {meta.get('policy_version')}, env steps trained {meta.get('env_steps')}, "
-        f"{'deterministic' if meta.get('deterministic') else 'sampled'} actions, seed {meta.get('seed')}",
-        "",
-        "| task | episodes | success | 95% CI | mean return | mean length | instruction |",
-        "| --- | ---: | ---: | --- | ---: | ---: | --- |",
-    ]
-    instructions = meta.get("instructions", {})
-    several_groups = len(per_group) > 1
-    for t in per_task + (per_group if several_groups else []) + ([overall] if len(per_task) > 1 else []):
-        low, high = t.success_ci95
-        lines.append(f"| {t.task} | {t.episodes} | {t.success_rate:.1%} | [{low:.1%}, {high:.1%}] "
-                     f"| {t.mean_return:.2f} | {t.mean_length:.1f} | {instructions.get(t.task, '')} |")
-    (output / "report.md").write_text("\n".join(lines) + "\n")
-    return report
-
-
-def write_videos(output: Path, videos: list[list[np.ndarray]], fps: int = 20,
-                 names: list[str] | None = None) -> list[Path]:
-    import imageio.v2 as imageio
-
-    output.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i, frames in enumerate(videos):
-        path = output / f"{names[i] if names else f'episode_{i:03d}'}.mp4"
-        imageio.mimwrite(path, frames, fps=fps, macro_block_size=1)
-        paths.append(path)
-    return paths
-
-
-def load_policy(policy_cfg: Any, weights: dict[str, torch.Tensor], state: dict[str, Any], env: BatchedEnv,
-                label: str) -> Policy:
-    """The checkpoint's policy (its weights and state), built for `env`, in eval mode; a
-    mismatch names the env."""
-    from embodied.build import build_policy
-    from embodied.checkpoint import load_policy_weights
-    from embodied.core.errors import ConfigError
-
-    policy = build_policy(policy_cfg, env.spec, torch.device("cpu"))
-    try:
-        load_policy_weights(policy, weights, state)
-    except RuntimeError as error:
-        raise ConfigError(f"the checkpoint's policy does not fit {label}: {error}") from None
-    return policy.eval()
+from embodied.build import build_env
+from embodied.checkpoint import resolve_checkpoint, run_dir_of
+from embodied.config import checkpoint_config
+from embodied.core.errors import ConfigError
+from embodied.eval_episodes import run_episodes, write_report, write_videos
+from embodied.eval_suite import evaluate_suite
+from embodied.policy_loading import load_run_policy
 
 
 def evaluate_checkpoint(config: Any) -> Path:
     """`embodied eval`: load a checkpoint, run episodes on the training env (or
     `config.env`), write report.json / report.md (and videos) and return the output dir."""
-    from embodied.build import build_env
-    from embodied.checkpoint import load_checkpoint, resolve_checkpoint, run_dir_of
-    from embodied.config import checkpoint_config
-    from embodied.core.errors import ConfigError
-
     if config.suite:
-        from embodied.eval_suite import evaluate_suite
-
         return evaluate_suite(config)
     if not config.checkpoint:
         raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
     checkpoint = resolve_checkpoint(config.checkpoint)
     trained = checkpoint_config(checkpoint)
     env_cfg = config.env or trained.env
-    weights, state = load_checkpoint(checkpoint)
     label = getattr(env_cfg, "task", None) or getattr(env_cfg, "suite", env_cfg.name)
     env = build_env(env_cfg, seed=config.seed, stream=1)
     instructions = dict(zip(env.tasks, env.instructions))
     try:
-        policy = load_policy(trained.policy, weights, state, env, f"env '{label}'")
-        results, videos = run_episodes(env, policy, config.episodes, config.deterministic,
+        loaded = load_run_policy(checkpoint, spec=env.spec, label=f"env '{label}'")
+        results, videos = run_episodes(env, loaded.policy, config.episodes, config.deterministic,
                                        config.video_episodes, config.progress_bar)
     finally:
         env.close()
@@ -183,8 +37,8 @@ def evaluate_checkpoint(config: Any) -> Path:
     write_report(output, results, {
         "checkpoint": str(checkpoint),
         "env": env_cfg.name,
-        "policy_version": state.get("learner", {}).get("policy_version"),
-        "env_steps": state.get("env_steps"),
+        "policy_version": loaded.state.get("learner", {}).get("policy_version"),
+        "env_steps": loaded.state.get("env_steps"),
         "deterministic": config.deterministic,
         "seed": config.seed,
         "instructions": instructions,

@@ -16,6 +16,7 @@ import numpy as np
 from embodied.config import InterventionConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
+from embodied.policy_loading import load_run_policy, numpy_infer
 from embodied.robots.teleop import OracleRule
 
 OFF_POLICY_ALGOS = ("sac_rlpd",)
@@ -23,9 +24,7 @@ OFF_POLICY_ALGOS = ("sac_rlpd",)
 
 class SimOperator:
     def __init__(self, cfg: InterventionConfig, num_envs: int, chunk_size: int):
-        from embodied.serve import ServeConfig, load_checkpoint_policy
-
-        self.infer, _, _ = load_checkpoint_policy(ServeConfig(checkpoint=cfg.expert, device="cpu"))
+        self.infer = numpy_infer(load_run_policy(cfg.expert).policy)
         self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs, max_takeover=cfg.max_takeover)
         self.chunk_size = chunk_size
 

@@ -355,57 +355,31 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
     the weights; their hash is the `normalization_id` clients see."""
     import hashlib
 
-    import torch
-
-    from embodied.build import build_env, build_policy, resolve_device
-    from embodied.checkpoint import load_checkpoint, load_policy_weights, resolve_checkpoint
-    from embodied.config import checkpoint_config
+    from embodied.build import resolve_device
+    from embodied.policy_loading import load_run_policy, numpy_infer
 
     if not config.checkpoint:
         raise ConfigError("serve needs checkpoint=<run dir or checkpoint dir>")
-    checkpoint = resolve_checkpoint(config.checkpoint)
-    trained = checkpoint_config(checkpoint)
-    weights, state = load_checkpoint(checkpoint)
-    if "spec" in state:
-        spec = EnvSpec.from_dict(state["spec"])
-    else:  # checkpoints written before the spec was stored: ask the training env once
-        logger.info("the checkpoint does not record its env spec; reading it from env '%s'", trained.env.name)
-        env = build_env(trained.env, seed=0, stream=1)
-        spec = env.spec
-        env.close()
-    device = resolve_device(config.device)
-    policy = build_policy(trained.policy, spec, device)
-    try:
-        load_policy_weights(policy, weights, state)
-    except RuntimeError as error:
-        raise ConfigError(f"the checkpoint's weights do not fit its policy config: {error}") from None
-    policy.eval()
+    loaded = load_run_policy(config.checkpoint, device=resolve_device(config.device))
+    policy = loaded.policy
     digest = hashlib.sha256()
     for name, buffer in sorted(policy.state_dict().items()):
         if name not in dict(policy.named_parameters()):
             digest.update(name.encode())
             digest.update(buffer.detach().cpu().contiguous().numpy().tobytes())
-    generator = torch.Generator(device=device)
-    generator.manual_seed(0)
-
-    @torch.no_grad()
-    def infer(observation: Observation) -> np.ndarray:
-        chunk = policy.act(observation.to_torch(device), deterministic=config.deterministic, generator=generator)
-        return chunk.actions.float().cpu().numpy()
-
     metadata = {
-        "policy": trained.policy.name,
-        "policy_version": int(state.get("learner", {}).get("policy_version", 0)),
-        "checkpoint": checkpoint.name,
+        "policy": loaded.config.policy.name,
+        "policy_version": loaded.policy_version,
+        "checkpoint": loaded.checkpoint.name,
         "chunk_size": int(policy.chunk_size),
         "normalization_id": digest.hexdigest()[:16],
         "deterministic": config.deterministic,
     }
-    return infer, spec, metadata
+    return numpy_infer(policy, config.deterministic), loaded.spec, metadata
 
 
 def serve_checkpoint(config: ServeConfig, should_stop: Callable[[], bool] = lambda: False) -> None:
-    from embodied.train import start_process
+    from embodied.process import start_process
 
     start_process(seed=0, torch_threads=config.torch_threads)
     infer, spec, metadata = load_checkpoint_policy(config)

@@ -32,11 +32,13 @@ from tqdm import tqdm
 from embodied.build import build_env, build_policy, in_this_process, resolve_device
 from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
                                  without_pretrained_frozen)
-from embodied.config import SFTConfig, load_yaml, to_schema, to_yaml
+from embodied.config import SFTConfig, to_schema, to_yaml
+from embodied.core.compose import load_yaml
 from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.core.errors import ConfigError
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
-from embodied.train import get_rng_state, load_init_weights, set_rng_state, start_process
+from embodied.policy_loading import load_run_policy
+from embodied.process import get_rng_state, set_rng_state, start_process
 from embodied.core.types import EnvSpec, Observation
 from embodied.core.policy import Policy
 
@@ -136,7 +138,7 @@ def policy_horizon(policy: Policy) -> int:
 
 
 def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
-    from embodied.config import compose
+    from embodied.core.compose import compose
 
     if not resume:
         return to_schema(SFTConfig, compose("sft", overrides))
@@ -180,7 +182,7 @@ def run_sft(config: SFTConfig) -> Path:
         set_rng_state(saved["rng"])
         drop_metrics_after(run_dir, "sft_step", step)
     elif config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
-        load_init_weights(policy, config.init, config.policy.name)
+        load_run_policy(config.init, into=policy, label=f"policy '{config.policy.name}' on this env")
     else:  # input statistics from the demonstrations, once: the policy meets these states first
         policy.update_normalization(Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device)))
     logger.info("SFT on %d frames of %d episodes (%d held out), %s", len(train_samples), len(demos.episodes),

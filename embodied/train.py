@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,15 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
+from embodied.checkpoint import (load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint,
                                  without_pretrained_frozen)
-from embodied.config import GROUPS, TrainConfig, load_yaml, to_schema, to_yaml
+from embodied.build import build_env, in_this_process
+from embodied.config import GROUPS, TrainConfig, to_schema, to_yaml
+from embodied.core.compose import load_yaml
 from embodied.core.errors import ConfigError
+from embodied.eval_episodes import run_episodes, summarize
+from embodied.policy_loading import load_run_policy
+from embodied.process import get_rng_state, set_rng_state
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
@@ -29,54 +33,6 @@ from embodied.core.env import BatchedEnv
 logger = logging.getLogger(__name__)
 
 EPISODE_WINDOW = 100  # episodes behind the success rate and return shown while training
-
-
-def start_process(seed: int, torch_threads: int | None) -> None:
-    """What every role's process does first: torch's thread count, and Python's, numpy's
-    and torch's generators seeded with the run seed."""
-    if torch_threads:
-        torch.set_num_threads(torch_threads)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def get_rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def load_init_weights(policy: Policy, init: str, policy_name: str) -> Path:
-    """Another run's policy weights (`init=`, for RL or SFT) into `policy`; returns the
-    checkpoint they came from. A value function of another shape starts fresh: SFT does not
-    train it, and RL may ask for a different one. Anything else that does not fit is a
-    ConfigError naming `init`."""
-    checkpoint = resolve_checkpoint(init)
-    weights, state = load_checkpoint(checkpoint)
-    try:
-        try:
-            load_policy_weights(policy, weights, state)
-        except RuntimeError:
-            value_ids = {id(p) for p in policy.value_parameters()}
-            value_modules = {name.split(".")[0] for name, p in policy.named_parameters() if id(p) in value_ids}
-            in_value = lambda key: key.split(".")[0] in value_modules  # noqa: E731
-            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_value(k)}, state,
-                                may_miss=in_value)
-            logger.info("init=%s: the value function (%s) starts fresh: its shape differs", init,
-                        ", ".join(sorted(value_modules)))
-    except RuntimeError as error:
-        raise ConfigError(f"init={init}: its weights do not fit policy '{policy_name}' on this env: {error}") from None
-    return checkpoint
 
 
 # How many learner ranks hold the policy, and how: a checkpoint is the same either way (whole
@@ -122,9 +78,6 @@ class PeriodicEvaluation:
         return self.config.eval_every > 0 and iteration % self.config.eval_every == 0
 
     def run(self, policy: Policy) -> dict[str, float]:
-        from embodied.build import build_env, in_this_process
-        from embodied.evaluate import run_episodes, summarize
-
         if self.env is None:
             self.env = build_env(in_this_process(self.config.env), seed=self.config.seed, stream=1)
         episodes, _ = run_episodes(self.env, policy, self.config.periodic_eval_episodes, progress=False)
@@ -202,7 +155,8 @@ class TrainSession:
         The weights come with their input statistics, which stay fixed from then on;
         optimizer state and counters start fresh."""
         assert self.config.init is not None
-        checkpoint = load_init_weights(learner.policy, self.config.init, self.config.policy.name)
+        checkpoint = load_run_policy(self.config.init, into=learner.policy,
+                                     label=f"policy '{self.config.policy.name}' on this env").checkpoint
         learner.normalization_frozen = True
         logger.info("policy weights from %s (input statistics fixed)", checkpoint)
 

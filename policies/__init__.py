@@ -1,1 +1,1 @@
-"""Policies behind one contract (`embodied.core.policy.Policy`): act, evaluate, value, bc_loss."""
+"""Policies behind one contract (`embodied.core.policy.Policy`): act, recompute, value, bc_loss."""

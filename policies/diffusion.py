@@ -26,7 +26,7 @@ earlier steps' advantages less. `finetune_steps` = k < K fine-tunes only the las
 the first K - k run a frozen copy of the denoiser (the weights RL started from), and their
 transitions are not part of the likelihood. That copy is kept in buffers, so it travels with
 every weight update and checkpoint; it is taken from the denoiser whenever weights that do
-not carry a pinned copy are loaded (an SFT checkpoint), and pinned by RL's first `evaluate`."""
+not carry a pinned copy are loaded (an SFT checkpoint), and pinned by RL's first `recompute`."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from torch.func import functional_call
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, PolicyEval
+from embodied.core.policy import Policy, Recomputed
 from embodied.policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
                                 time_frequencies, to_unit)
 from embodied.policies.mlp import mlp
@@ -132,7 +132,7 @@ def check_config(cfg: DiffusionPolicyConfig) -> None:
         raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
 
 
-class DiffusionPolicy(Policy):
+class DiffusionPolicy(nn.Module, Policy):
     def __init__(self, cfg: DiffusionPolicyConfig, spec: EnvSpec):
         super().__init__()
         check_config(cfg)
@@ -237,12 +237,12 @@ class DiffusionPolicy(Policy):
     def _total(self, terms: torch.Tensor) -> torch.Tensor:
         return terms.mean(-1) if self.cfg.log_prob_reduction == "mean" else terms.sum(-1)
 
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         if self.base_names and not self.base_pinned:
             self.base_pinned.fill_(True)  # RL has begun: from now on the base is what it started from
         state = self._state(observation)
         terms = self._terms(state, chunk.record["chain"].to(state.device))
-        return PolicyEval(log_prob=self._total(terms), entropy=self._entropy(state), value=self.critic(state).squeeze(-1),
+        return Recomputed(log_prob=self._total(terms), entropy=self._entropy(state), value=self.critic(state).squeeze(-1),
                           term_log_prob=terms)
 
     def _entropy(self, state: torch.Tensor) -> torch.Tensor:

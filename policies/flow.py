@@ -37,7 +37,7 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, PolicyEval
+from embodied.core.policy import Policy, Recomputed
 from embodied.policies.mlp import mlp
 from embodied.policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
                                 time_frequencies, to_unit)
@@ -74,7 +74,7 @@ def sde_step(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: flo
     return mean, math.sqrt(dt) * sigma_t
 
 
-class FlowPolicy(Policy):
+class FlowPolicy(nn.Module, Policy):
     accepts_images = False  # this one conditions on the state alone; the VLA adds encoders
 
     def __init__(self, cfg: FlowPolicyConfig, spec: EnvSpec, context_dim: int | None = None):
@@ -222,14 +222,14 @@ class FlowPolicy(Policy):
         per_term = float(self.dim) if self.cfg.log_prob_reduction == "mean" else 1.0
         return (start + terms.sum(-1)) / self._reduction(), terms / per_term
 
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
-        return self._evaluate_on(self._state(observation), chunk)
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
+        return self._recompute_on(self._state(observation), chunk)
 
-    def _evaluate_on(self, state: torch.Tensor, chunk: ActionChunk) -> PolicyEval:
+    def _recompute_on(self, state: torch.Tensor, chunk: ActionChunk) -> Recomputed:
         chain = chunk.record["chain"].to(state.device)
         log_prob, terms = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
         entropy = self._entropy(state, chain) / self._reduction()
-        return PolicyEval(log_prob=log_prob, entropy=entropy, value=self._value(state),
+        return Recomputed(log_prob=log_prob, entropy=entropy, value=self._value(state),
                           term_log_prob=terms)
 
     def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import PolicyEval
+from embodied.core.policy import Recomputed
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 
@@ -81,11 +81,11 @@ class FlowVLA(FlowPolicy):
         chunk.record["features"] = features
         return chunk
 
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         features = chunk.record.get("features")
         if features is None:
-            return super().evaluate(observation, chunk)
-        return self._evaluate_on(self._context(observation, features), chunk)
+            return super().recompute(observation, chunk)
+        return self._recompute_on(self._context(observation, features), chunk)
 
     def frozen_features(self, observation: Observation) -> torch.Tensor:
         return self._features(observation)

@@ -14,7 +14,7 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, PolicyEval
+from embodied.core.policy import Policy, Recomputed
 from embodied.policies.normalization import RunningNormalizer
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -45,7 +45,7 @@ def mlp(sizes: list[int], activation: type[nn.Module], out_gain: float) -> nn.Se
     return nn.Sequential(*layers)
 
 
-class MLPGaussianPolicy(Policy):
+class MLPGaussianPolicy(nn.Module, Policy):
     def __init__(self, cfg: MLPPolicyConfig, spec: EnvSpec):
         super().__init__()
         if cfg.activation not in ACTIVATIONS:
@@ -95,10 +95,10 @@ class MLPGaussianPolicy(Policy):
             value=self.critic(features).squeeze(-1),
         )
 
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         features = self._features(observation)
         flat = chunk.actions.reshape(features.shape[0], -1)
-        return PolicyEval(
+        return Recomputed(
             log_prob=self._log_prob(self.actor(features), flat),
             entropy=self._entropy(features.shape[0]),
             value=self.critic(features).squeeze(-1),

@@ -19,7 +19,7 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, PolicyEval
+from embodied.core.policy import Policy, Recomputed
 from embodied.policies.mlp import ACTIVATIONS
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -57,7 +57,7 @@ def squash_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) 
     return (gaussian - jacobian).sum(-1)
 
 
-class SquashedGaussianPolicy(Policy):
+class SquashedGaussianPolicy(nn.Module, Policy):
     def __init__(self, cfg: SquashedGaussianConfig, spec: EnvSpec):
         super().__init__()
         if spec.image_shapes:
@@ -117,9 +117,9 @@ class SquashedGaussianPolicy(Policy):
         return ActionChunk(actions=self.to_env(squashed).unsqueeze(1), log_prob=log_prob,
                            value=torch.zeros_like(log_prob))
 
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         log_prob = self.log_prob(observation.state, self.to_squashed(chunk.actions[:, 0]))
-        return PolicyEval(log_prob=log_prob, entropy=-log_prob, value=torch.zeros_like(log_prob))
+        return Recomputed(log_prob=log_prob, entropy=-log_prob, value=torch.zeros_like(log_prob))
 
     def value(self, observation: Observation) -> torch.Tensor:
         """No state value here: SAC's targets come from the critics and the stored next state."""

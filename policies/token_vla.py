@@ -41,7 +41,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
 from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
-from embodied.core.policy import Policy, PolicyEval
+from embodied.core.policy import Policy, Recomputed
 from embodied.policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
 from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -85,7 +85,7 @@ class TokenVLAConfig:
     value_reads_state: bool = False
 
 
-class TokenVLAPolicy(Policy):
+class TokenVLAPolicy(nn.Module, Policy):
     def __init__(self, cfg: TokenVLAConfig, spec: EnvSpec):
         super().__init__()
         if cfg.decoder not in DECODERS:
@@ -249,12 +249,12 @@ class TokenVLAPolicy(Policy):
                                                                logits_to_keep=1).logits)
         return torch.cat(picked, 1), value
 
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         bins = chunk.record["action_tokens"].to(self.action_queries.device) - self.actions.first_token
         log_probs, value = self._score(observation, bins)
         per_token = log_probs.gather(-1, bins[..., None]).squeeze(-1)
         entropy = -(log_probs.exp() * log_probs).sum(-1).sum(-1)
-        return PolicyEval(log_prob=per_token.sum(-1), entropy=entropy, value=value, term_log_prob=per_token)
+        return Recomputed(log_prob=per_token.sum(-1), entropy=entropy, value=value, term_log_prob=per_token)
 
     def value(self, observation: Observation) -> torch.Tensor:
         return self._value(self._run(observation, None, keep=1)[1], observation)

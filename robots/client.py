@@ -436,11 +436,3 @@ def check_client_config(config: RobotClientConfig) -> None:
     for key in ("request_timeout_s", "connect_timeout_s", "episode_timeout_s"):
         if getattr(config, key) <= 0:
             raise ConfigError(f"'{key}' must be > 0, got {getattr(config, key)}")
-
-
-def build_robot(robot_cfg: Any) -> Robot:
-    from embodied.core.registry import ROBOTS
-
-    import embodied.robots.components  # noqa: F401  (fills the registry)
-
-    return ROBOTS.get(robot_cfg.name).factory(robot_cfg)

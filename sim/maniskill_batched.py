@@ -18,7 +18,7 @@ import numpy as np
 
 from embodied.core.types import EpisodeStats, Observation, StepResult
 from embodied.core.env import BatchedEnv, episode_seed
-from embodied.sim.maniskill import INSTRUCTIONS, ManiSkillConfig, camera_images, env_spec, flatten_state, make_gym_env
+from embodied.sim.maniskill_common import INSTRUCTIONS, ManiSkillConfig, camera_images, env_spec, flatten_state, make_gym_env
 
 
 class ManiSkillBatchedEnv(BatchedEnv):

@@ -28,7 +28,8 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
     """Builds single envs from a plain config dict, without the training-side registries."""
     name = env_config.get("name")
     if name == "maniskill":
-        from embodied.sim.maniskill import ManiSkillConfig, ManiSkillEnv
+        from embodied.sim.maniskill import ManiSkillEnv
+        from embodied.sim.maniskill_common import ManiSkillConfig
 
         return partial(ManiSkillEnv, ManiSkillConfig(**env_config))
     if name == "gymnasium":

@@ -66,7 +66,7 @@ class Trajectory:
         return cls(**{**state, "observation": Observation(**state["observation"])})
 
     def chunk(self, index: Any) -> ActionChunk:
-        """The stored action chunks of flat (T*B) rows `index`, for `Policy.evaluate`."""
+        """The stored action chunks of flat (T*B) rows `index`, for `Policy.recompute`."""
         return ActionChunk(
             actions=_flat(self.actions)[index],
             log_prob=_flat(self.log_prob)[index],

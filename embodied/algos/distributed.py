@@ -7,14 +7,14 @@ minibatch, so N ranks take the step one process would take on the whole minibatc
 
 Two ways to hold the policy (`runtime.learner_sharding`):
 - replicate: every rank has all of it. The average is taken explicitly (one flat all-reduce)
-  because policies are driven through `evaluate()`, not `forward()`, and some of their
+  because policies are driven through `recompute()`, not `forward()`, and some of their
   parameters get no gradient in some steps (critic warm-up, frozen backbones), which DDP's
   forward hooks do not allow for.
 - fsdp: PyTorch's FSDP2 (`fully_shard`). Each rank keeps 1/N of every parameter, gradient and
   optimizer moment; a unit's parameters are gathered for its forward and backward, and the
   gradients are averaged as they are scattered back. The units are the policy's
   `fsdp_units()` (e.g. pi0's vision tower, VLM and action expert), then the policy itself; its
-  `evaluate`, `value`, `act` and `bc_loss` gather what the units leave. Whole weights and
+  `recompute`, `value`, `act` and `bc_loss` gather what the units leave. Whole weights and
   optimizer state exist only where they are asked for (publishing, checkpoints), on rank 0,
   in the same layout as a replicated run's, so a run resumes either way."""
 
@@ -115,7 +115,7 @@ class DataParallel:
 
 # ---- fsdp ------------------------------------------------------------------------------------
 
-FORWARD_METHODS = ("evaluate", "value", "act", "bc_loss")  # what gathers the policy's own parameters
+FORWARD_METHODS = ("recompute", "value", "act", "bc_loss")  # what gathers the policy's own parameters
 
 
 def shard_policy(policy: torch.nn.Module, parallel: DataParallel) -> None:

@@ -268,8 +268,8 @@ class GRPO:
             if mine.numel() == 0:
                 continue
             chunk = k.batch.chunk(mine)
-            evaluated = self.policy.evaluate(k.batch.flat_observation(mine), chunk)
-            new.append(ratio_log_probs(evaluated.log_prob, evaluated.term_log_prob, cfg.ratio))
+            recomputed = self.policy.recompute(k.batch.flat_observation(mine), chunk)
+            new.append(ratio_log_probs(recomputed.log_prob, recomputed.term_log_prob, cfg.ratio))
             old.append(ratio_log_probs(chunk.log_prob, chunk.record.get("term_log_prob"), cfg.ratio).to(new[-1].device))
             env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
             advantages.append(term_advantages(k.advantages[env_of_row].to(new[-1].device), new[-1].shape[1],

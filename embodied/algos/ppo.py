@@ -263,11 +263,11 @@ class PPO:
                 for part in self._accumulation_parts(len(rows)):
                     part_rows = rows[part]
                     chunk = batch.chunk(part_rows)
-                    evaluated = self.policy.evaluate(batch.flat_observation(part_rows), chunk)
-                    new_log_prob = ratio_log_probs(evaluated.log_prob, evaluated.term_log_prob, cfg.ratio)
+                    recomputed = self.policy.recompute(batch.flat_observation(part_rows), chunk)
+                    new_log_prob = ratio_log_probs(recomputed.log_prob, recomputed.term_log_prob, cfg.ratio)
                     part_advantages = term_advantages(advantages[part], new_log_prob.shape[1], cfg.denoise_discount)
-                    loss = ppo_loss(new_log_prob, old_log_prob[part_rows], part_advantages, evaluated.value,
-                                    chunk.value, flat_ret[part_rows], evaluated.entropy, self._loss_cfg,
+                    loss = ppo_loss(new_log_prob, old_log_prob[part_rows], part_advantages, recomputed.value,
+                                    chunk.value, flat_ret[part_rows], recomputed.entropy, self._loss_cfg,
                                     None if behaviour_weight is None else behaviour_weight[part_rows])
                     objective = cfg.vf_coef * loss.value_loss if warming_up else loss.total
                     (objective / cfg.gradient_accumulation_steps).backward()
@@ -309,7 +309,7 @@ class PPO:
     @torch.no_grad()
     def _log_prob(self, batch: Trajectory, minibatch: int) -> torch.Tensor:
         rows = torch.arange(batch.num_steps * batch.num_envs)
-        parts = [self.policy.evaluate(batch.flat_observation(r), batch.chunk(r)) for r in rows.split(minibatch)]
+        parts = [self.policy.recompute(batch.flat_observation(r), batch.chunk(r)) for r in rows.split(minibatch)]
         return torch.cat([ratio_log_probs(e.log_prob, e.term_log_prob, self.cfg.ratio) for e in parts])
 
     def state_dict(self) -> dict:

@@ -1,25 +1,31 @@
 """The policy contract shared by every model family.
 
 - `act(observation)` samples an `ActionChunk` (with log-prob, value and the sampling record);
-- `evaluate(observation, chunk)` recomputes log-prob, entropy and value of stored samples,
+- `recompute(observation, chunk)` recomputes log-prob, entropy and value of stored samples,
   which is what on-policy RL needs after the weights moved;
 - `bc_loss(observation, actions)` is the supervised loss for SFT on demonstrations;
 - `update_normalization(observation)` folds a batch into the input statistics, which live in
-  the module's buffers so they travel with the weights and the checkpoint."""
+  the module's buffers so they travel with the weights and the checkpoint.
+
+The contract imports no torch, so the core stays light for env workers and robot clients.
+Every policy is also a `torch.nn.Module` (`class MyPolicy(nn.Module, Policy)`): the methods
+below that look at parameters rely on that."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from embodied.core.types import ActionChunk, EnvSpec, Observation
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
 
 @dataclass
-class PolicyEval:
+class Recomputed:
     log_prob: torch.Tensor  # (B,)
     entropy: torch.Tensor  # (B,)
     value: torch.Tensor  # (B,)
@@ -28,9 +34,10 @@ class PolicyEval:
     term_log_prob: torch.Tensor | None = None
 
 
-class Policy(nn.Module, ABC):
+class Policy(ABC):
     chunk_size: int
     spec: EnvSpec
+    critic: Any  # the value function's module
 
     @abstractmethod
     def act(self, observation: Observation, deterministic: bool = False,
@@ -39,7 +46,7 @@ class Policy(nn.Module, ABC):
         come from `generator` (default: torch's global one)."""
 
     @abstractmethod
-    def evaluate(self, observation: Observation, chunk: ActionChunk) -> PolicyEval:
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         """Log-prob, entropy and value of `chunk` under the current weights."""
 
     @abstractmethod

@@ -4,6 +4,7 @@ by a `name` in its config; each entry carries the dataclass schema its config mu
 from __future__ import annotations
 
 import difflib
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -15,8 +16,15 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Entry(Generic[T]):
     name: str
-    factory: Callable[..., T]
+    target: Callable[..., T] | str  # the factory, or its "module:attribute", imported on first use
     schema: type
+
+    @property
+    def factory(self) -> Callable[..., T]:
+        if callable(self.target):
+            return self.target
+        module, _, attribute = self.target.partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
 
 class Registry(Generic[T]):
@@ -28,12 +36,18 @@ class Registry(Generic[T]):
         """Decorator: `@ENVS.register("maniskill", ManiSkillConfig)`."""
 
         def add(factory: Callable[..., T]) -> Callable[..., T]:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} '{name}' is registered twice")
-            self._entries[name] = Entry(name, factory, schema)
+            self.add(name, schema, factory)
             return factory
 
         return add
+
+    def add(self, name: str, schema: type, target: Callable[..., T] | str) -> None:
+        """An entry whose factory is `target`, or a "module:attribute" string naming it: a
+        component of the application (a runtime) is registered without importing it, so
+        validating a config never loads the code that runs it."""
+        if name in self._entries:
+            raise ValueError(f"{self.kind} '{name}' is registered twice")
+        self._entries[name] = Entry(name, target, schema)
 
     def get(self, name: str) -> Entry[T]:
         if name not in self._entries:

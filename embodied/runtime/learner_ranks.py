@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -222,7 +221,7 @@ class LearnerRanks:
 def follow(config: Any, rank: int, world: int, address: str, spec: dict[str, Any], device: torch.device) -> None:
     """Ranks 1..N-1: mirror rank 0's updates until it says stop."""
     from embodied.build import build_algo, build_policy
-    from embodied.train import start_process
+    from embodied.process import start_process
     from embodied.core.types import EnvSpec
 
     sharded = getattr(config.runtime, "learner_sharding", "replicate") == "fsdp"
@@ -262,7 +261,8 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     from embodied.build import resolve_device
-    from embodied.config import TrainConfig, load_yaml, to_schema
+    from embodied.config import TrainConfig, to_schema
+    from embodied.core.compose import load_yaml
 
     config = to_schema(TrainConfig, load_yaml(Path(args.config)))
     device = rank_device(resolve_device(config.runtime.device), args.rank, args.world)

@@ -6,29 +6,18 @@ Deterministic on CPU for a given seed; a resumed run reproduces the uninterrupte
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Optional
 
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.intervention import build_operator
-from embodied.core.registry import RUNTIMES
+from embodied.runtime.configs import LocalRuntimeConfig
 from embodied.reward_classifier import with_reward
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
-from embodied.train import PeriodicEvaluation, TrainSession, start_process
+from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.process import start_process
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class LocalRuntimeConfig:
-    name: str = "local"
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    torch_threads: Optional[int] = None  # None: torch's default
-    # Overlap policy inference for one env worker group with simulation in the others
-    # (needs env.num_workers >= 2).
-    pipeline: bool = False
 
 
 class LocalRuntime:
@@ -75,8 +64,4 @@ class LocalRuntime:
             env.close()
         return session
 
-
-@RUNTIMES.register("local", LocalRuntimeConfig)
-def make_local_runtime(cfg: LocalRuntimeConfig) -> LocalRuntime:
-    return LocalRuntime(cfg)
 

@@ -22,9 +22,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -32,14 +31,15 @@ from embodied.algos.buffers import concat_envs
 from embodied.build import build_algo, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.core.errors import ConfigError
-from embodied.core.registry import RUNTIMES
+from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import Delivery, LearnerLink, LinkError
 from embodied.runtime.learner_ranks import LearnerRanks, RankProcesses, check_learner_ranks
 from embodied.runtime.rollout import env_share
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL, rollout_name
 from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
-from embodied.train import PeriodicEvaluation, TrainSession, start_process
+from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.process import start_process
 from embodied.core.protocol import PROTOCOL_VERSION
 from embodied.core.types import EnvSpec, EpisodeStats
 from embodied.core.policy import Policy
@@ -47,39 +47,6 @@ from embodied.core.policy import Policy
 logger = logging.getLogger(__name__)
 
 PLACEMENTS = ("disaggregated", "collocated")
-
-
-@dataclass
-class ProcsRuntimeConfig:
-    name: str = "procs"
-    device: str = "auto"  # the learner's: auto | cpu | cuda | cuda:N
-    rollout_device: str = "auto"  # the rollout's policy inference
-    torch_threads: Optional[int] = None  # per process; None: torch's default
-    pipeline: bool = False  # overlap inference for one env worker group with simulation in others
-    # 0: synchronous, every sample from the current policy. k > 0: the rollout keeps acting
-    # with weights up to k updates old; older samples are dropped and counted, the rest are
-    # corrected with their behaviour log-prob (decoupled PPO).
-    max_policy_lag: int = 0
-    trajectory_endpoint: str = "tcp://127.0.0.1:*"  # '*': a free port, recorded in the run dir
-    weights_endpoint: str = "tcp://127.0.0.1:*"
-    keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); needed off loopback
-    heartbeat_s: float = 1.0
-    peer_timeout_s: float = 30.0  # a peer silent this long is taken for dead
-    reconnect_timeout_s: float = 120.0  # a rollout without a learner this long exits
-    startup_timeout_s: float = 600.0  # for the rollout to build its envs and connect
-    max_rollout_restarts: int = 3  # in a row without a batch in between
-    # Rollout processes, each with a contiguous share of env.num_envs and env.num_workers (its
-    # own policy copy, on runtime.rollout_device); every update learns from all of them.
-    num_rollouts: int = 1
-    # disaggregated: the roles keep their devices | collocated: the rollout and the learner
-    # take turns on one device, the idle one's policy (and optimizer state) in CPU memory.
-    placement: str = "disaggregated"
-    # Data-parallel learner processes on this machine (gloo on CPU, nccl on GPUs), each
-    # training on its shard of every minibatch; 1: the learner alone.
-    learner_ranks: int = 1
-    # How the ranks hold the policy: replicate (each all of it) | fsdp (each 1/N of the
-    # parameters, gradients and optimizer state; FSDP2), for VLAs too large to replicate.
-    learner_sharding: str = "replicate"
 
 
 def check_config(cfg: ProcsRuntimeConfig) -> None:
@@ -497,7 +464,3 @@ class RolloutRounds:
         for delivery in deliveries:
             self.link.consumed(delivery, policy_version, durable=durable)
 
-
-@RUNTIMES.register("procs", ProcsRuntimeConfig)
-def make_procs_runtime(cfg: ProcsRuntimeConfig) -> ProcsRuntime:
-    return ProcsRuntime(cfg)

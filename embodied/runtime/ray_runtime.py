@@ -20,29 +20,17 @@ import math
 import os
 import subprocess
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from embodied.config import TrainConfig
 from embodied.core.errors import ConfigError
-from embodied.core.registry import RUNTIMES
-from embodied.runtime.procs import ProcsRuntime, ProcsRuntimeConfig, RolloutSupervisor, check_config
+from embodied.runtime.configs import RayRuntimeConfig
+from embodied.runtime.procs import ProcsRuntime, RolloutSupervisor, check_config
 from embodied.runtime.ray_actors import LOOPBACK_HOSTS, EnvWorkerRole, Role, RoleResources, start_actor
 from embodied.train import TrainSession
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RayRuntimeConfig(ProcsRuntimeConfig):
-    name: str = "ray"
-    address: Optional[str] = None  # null: start a Ray instance on this machine; "auto" or "<head>:6379": join
-    num_cpus: Optional[int] = None  # a local instance's CPUs; default: what the roles ask for, at least the cores
-    host: str = "127.0.0.1"  # where the learner and env hubs bind; on a cluster this node's address (+ keys_dir)
-    rollout: RoleResources = field(default_factory=RoleResources)
-    env_worker: RoleResources = field(default_factory=RoleResources)
-    learner_rank: RoleResources = field(default_factory=RoleResources)  # ranks 1..N-1 (runtime.learner_ranks)
 
 
 class RolloutRole(Role):
@@ -191,7 +179,3 @@ class RayRuntime(ProcsRuntime):
             if started_here:
                 ray.shutdown()
 
-
-@RUNTIMES.register("ray", RayRuntimeConfig)
-def make_ray_runtime(cfg: RayRuntimeConfig) -> RayRuntime:
-    return RayRuntime(cfg)

@@ -20,14 +20,15 @@ import sys
 from pathlib import Path
 
 from embodied.build import build_env, build_policy, resolve_device
-from embodied.config import TrainConfig, load_yaml, to_schema
+from embodied.config import TrainConfig, to_schema
+from embodied.core.compose import load_yaml
 from embodied.core.errors import EmbodiedError
 from embodied.intervention import build_operator
 from embodied.reward_classifier import with_reward
 from embodied.runtime.rollout import Rollout, env_share
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
-from embodied.train import start_process
+from embodied.process import start_process
 
 logger = logging.getLogger("embodied.rollout")
 

@@ -3,11 +3,12 @@
 import pytest
 
 from embodied.cli import main
-from embodied.config import TrainConfig, compose, to_schema
+from embodied.config import TrainConfig, to_schema
+from embodied.core.compose import compose
 from embodied.core.errors import ConfigError, UnknownNameError
 from embodied.core.registry import Registry
 from embodied.policies.mlp import MLPPolicyConfig
-from embodied.sim.maniskill import ManiSkillConfig
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 
 def load(*overrides):
@@ -81,7 +82,10 @@ def test_gpu_env_config_extends_the_cpu_one():
 
 
 def test_procs_runtime_shares_the_config_and_checks_its_values():
-    from embodied.runtime.procs import ProcsRuntimeConfig, make_procs_runtime
+    from embodied.core.registry import RUNTIMES
+    from embodied.runtime.configs import ProcsRuntimeConfig
+
+    make_procs_runtime = RUNTIMES.get("procs").factory
 
     config = load("runtime=procs", "runtime.max_policy_lag=2")
     assert isinstance(config.runtime, ProcsRuntimeConfig) and config.runtime.max_policy_lag == 2

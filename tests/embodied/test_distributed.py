@@ -190,7 +190,9 @@ def test_a_learners_whole_state_travels_to_another_rank():
 
 def test_learner_ranks_are_checked_before_any_process_starts():
 
-    from embodied.config import TrainConfig, compose, to_schema
+    from embodied.config import TrainConfig, to_schema
+
+    from embodied.core.compose import compose
     from embodied.core.errors import ConfigError
     from embodied.runtime.learner_ranks import check_learner_ranks
 

@@ -1,6 +1,6 @@
 import pytest
 
-from embodied.evaluate import summarize, wilson_interval, write_report
+from embodied.eval_episodes import summarize, wilson_interval, write_report
 from embodied.core.types import EpisodeStats
 
 

@@ -79,7 +79,8 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
 
     from embodied.runtime.rollout import Rollout
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
-    from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
+    from embodied.sim.maniskill import make_maniskill
+    from embodied.sim.maniskill_common import ManiSkillConfig
 
     env = make_maniskill(ManiSkillConfig(num_envs=4), seed=0)
     try:

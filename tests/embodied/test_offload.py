@@ -10,7 +10,8 @@ from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.errors import ConfigError
 from embodied.offload import Offloader
 from embodied.runtime.learner import Learner
-from embodied.runtime.procs import ProcsRuntimeConfig, check_config
+from embodied.runtime.configs import ProcsRuntimeConfig
+from embodied.runtime.procs import check_config
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 

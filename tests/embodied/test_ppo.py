@@ -93,8 +93,8 @@ def test_first_minibatch_of_an_update_sees_ratio_one_and_logs_diagnostics():
     policy = MLPGaussianPolicy(MLPPolicyConfig(chunk_size=2), spec)
     batch = _batch(policy)
     rows = torch.arange(8)
-    evaluated = policy.evaluate(batch.flat_observation(rows), batch.chunk(rows))
-    torch.testing.assert_close(evaluated.log_prob, batch.chunk(rows).log_prob)
+    recomputed = policy.recompute(batch.flat_observation(rows), batch.chunk(rows))
+    torch.testing.assert_close(recomputed.log_prob, batch.chunk(rows).log_prob)
     metrics = PPO(PPOConfig(update_epochs=2, num_minibatches=4), policy).update(batch, progress=0.0)
     for key in ("loss/policy_loss", "loss/value_loss", "loss/approx_kl", "loss/clipfrac", "loss/explained_variance"):
         assert np.isfinite(metrics[key]), key

@@ -10,7 +10,8 @@ from pathlib import Path
 import psutil
 
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint
-from embodied.runtime.procs import ProcsRuntimeConfig, RolloutSupervisor
+from embodied.runtime.configs import ProcsRuntimeConfig
+from embodied.runtime.procs import RolloutSupervisor
 
 PROCS = ["runtime=procs", "runtime.device=cpu", "runtime.rollout_device=cpu", "runtime.heartbeat_s=0.2",
          "runtime.peer_timeout_s=5", "logger.progress_bar=false"]

@@ -11,7 +11,8 @@ from embodied.core.errors import ConfigError
 from embodied.reward_classifier import RewardClassifier, frame_labels, load_reward_classifier, with_reward
 from embodied.core.types import EnvSpec
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
-from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.maniskill import make_maniskill
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 SPEC = EnvSpec(state_dim=1, action_dim=1, action_low=(-1.0,), action_high=(1.0,),
                image_shapes={"front": (32, 32, 3)}, control_hz=10.0)

@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.config import TrainConfig, compose, to_schema
+from embodied.config import TrainConfig, to_schema
+
+from embodied.core.compose import compose
 from embodied.core.errors import ConfigError
 from embodied.algos.replay import from_trajectory
 from embodied.config import RewardConfig
 from embodied.reward_classifier import load_reward_classifier
-from embodied.runtime.robots import LatestWeights, OutcomeReward, RobotsRuntime, RobotsRuntimeConfig, episode_trajectory
+from embodied.runtime.configs import RobotsRuntimeConfig
+from embodied.runtime.robot_learner import LatestWeights, OutcomeReward, RobotsRuntime, episode_trajectory
 from embodied.serve import PolicyServer, ServeConfig
 from embodied.core.episodes import Episode, EpisodeNotTaken, parse_episode
 from embodied.core.types import EnvSpec

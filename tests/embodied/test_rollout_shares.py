@@ -13,7 +13,7 @@ from embodied.core.errors import ConfigError
 from embodied.runtime.procs import check_rollouts
 from embodied.runtime.rollout import Rollout, env_share, sampling_seed
 from embodied.core.env import episode_seed
-from embodied.sim.maniskill import ManiSkillConfig
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 
 @pytest.mark.parametrize("num_envs,num_workers,num_rollouts,group_size",

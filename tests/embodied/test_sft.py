@@ -10,7 +10,8 @@ import torch
 from embodied.build import build_policy
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.cli import main
-from embodied.config import SFTConfig, TrainConfig, compose, to_schema
+from embodied.config import SFTConfig, TrainConfig, to_schema
+from embodied.core.compose import compose
 from embodied.algos.datasets import read_frames
 from embodied.demos import DemosConfig, generate_demos
 from embodied.core.errors import ConfigError
@@ -20,7 +21,8 @@ from embodied.train import TrainSession
 from embodied.core.types import EnvSpec
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
 from embodied.sim.experts import make_expert
-from embodied.sim.maniskill import ManiSkillConfig, ManiSkillEnv, with_state_padding
+from embodied.sim.maniskill import ManiSkillEnv, with_state_padding
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
 

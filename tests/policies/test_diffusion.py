@@ -52,13 +52,13 @@ def test_each_step_is_the_diffusers_scheduler_step(scheduler):
 
 
 @pytest.mark.parametrize("scheduler", ["ddpm", "ddim"])
-def test_chunk_log_prob_is_the_sum_of_floored_step_gaussians_recomputed_by_evaluate(scheduler):
+def test_chunk_log_prob_is_the_sum_of_floored_step_gaussians_recomputed_by_recompute(scheduler):
     torch.manual_seed(0)
     policy = DiffusionPolicy(small(scheduler=scheduler, min_std=0.2), SPEC)
     observation = Observation(state=torch.randn(6, 4))
     with torch.no_grad():
         chunk = policy.act(observation, generator=torch.Generator().manual_seed(1))
-        evaluated = policy.evaluate(observation, chunk)
+        recomputed = policy.recompute(observation, chunk)
         state = policy._state(observation)
         chain = chunk.record["chain"]
         expected = []
@@ -70,8 +70,8 @@ def test_chunk_log_prob_is_the_sum_of_floored_step_gaussians_recomputed_by_evalu
     expected = torch.stack(expected, 1)
     torch.testing.assert_close(chunk.record["term_log_prob"], expected)
     torch.testing.assert_close(chunk.log_prob, expected.sum(-1))
-    torch.testing.assert_close(evaluated.term_log_prob, expected)
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
+    torch.testing.assert_close(recomputed.term_log_prob, expected)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)
     assert chunk.actions.shape == (6, 1, 2)
     assert (chunk.actions[..., 1].abs() <= 2.0).all()
 
@@ -125,10 +125,10 @@ def test_last_k_fine_tuning_keeps_the_early_steps_on_the_weights_rl_started_from
     with torch.no_grad():
         chunk = policy.act(observation, generator=torch.Generator().manual_seed(0))
     assert chunk.record["term_log_prob"].shape == (8, 2)  # only the last two steps are terms
-    evaluated = policy.evaluate(observation, chunk)
+    recomputed = policy.recompute(observation, chunk)
     assert bool(policy.base_pinned)
     optimizer = torch.optim.SGD(policy.parameters(), lr=0.5)
-    (-evaluated.log_prob.mean()).backward()
+    (-recomputed.log_prob.mean()).backward()
     optimizer.step()
 
     state, x = policy._state(observation), chunk.record["chain"][:, 0]

@@ -48,8 +48,8 @@ def test_sampled_log_prob_equals_the_recomputation_from_the_recorded_chain(sampl
     observation = Observation(state=torch.randn(6, 4))
     chunk = policy.act(observation, generator=torch.Generator().manual_seed(1))
     assert chunk.record["chain"].shape == (6, steps + 1, 6) and chunk.actions.shape == (6, 2, 2)
-    evaluated = policy.evaluate(observation, chunk)
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
+    recomputed = policy.recompute(observation, chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)
     assert torch.isfinite(chunk.log_prob).all()
     low, high = torch.tensor(SPEC.action_low), torch.tensor(SPEC.action_high)
     assert ((chunk.actions >= low) & (chunk.actions <= high)).all()
@@ -73,7 +73,7 @@ def test_flow_noise_log_prob_has_k_plus_one_terms():
     torch.testing.assert_close(chunk.log_prob, start + sum(steps))
     # each denoising step is one term (ReinFlow-style ratios); the parameter-free start is none
     torch.testing.assert_close(chunk.record["term_log_prob"], torch.stack(steps, 1))
-    torch.testing.assert_close(policy.evaluate(observation, chunk).term_log_prob, torch.stack(steps, 1))
+    torch.testing.assert_close(policy.recompute(observation, chunk).term_log_prob, torch.stack(steps, 1))
 
 
 def test_single_step_or_noiseless_flow_sde_is_refused_with_the_reason():
@@ -129,7 +129,7 @@ def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():
         policy = FlowPolicy(FlowPolicyConfig(sampler="flow_noise", denoise_steps=3, hidden=[16],
                                              log_prob_reduction=reduction), SPEC)
         chunk = policy.act(observation, generator=torch.Generator().manual_seed(0))
-        results[reduction] = (chunk.log_prob, policy.evaluate(observation, chunk).entropy)
+        results[reduction] = (chunk.log_prob, policy.recompute(observation, chunk).entropy)
     torch.testing.assert_close(results["mean"][0], results["sum"][0] / (4 * policy.dim))
     torch.testing.assert_close(results["mean"][1], results["sum"][1] / (4 * policy.dim))  # entropy on the same scale
 

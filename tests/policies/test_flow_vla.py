@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from embodied.build import build_env, build_policy
-from embodied.config import TrainConfig, compose, to_schema
+from embodied.config import TrainConfig, to_schema
+from embodied.core.compose import compose
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
 from tests.embodied.test_cli import embodied, latest
 
@@ -48,9 +49,9 @@ def test_the_log_prob_of_a_sample_is_recomputed_from_its_record_and_from_its_ima
     policy, observation = vla_and_observation
     chunk = policy.act(observation, generator=torch.Generator().manual_seed(1))
     assert chunk.actions.shape == (2, 1, policy.spec.action_dim)
-    from_record = policy.evaluate(observation, chunk)
+    from_record = policy.recompute(observation, chunk)
     features = chunk.record.pop("features")
-    from_images = policy.evaluate(observation, chunk)
+    from_images = policy.recompute(observation, chunk)
     chunk.record["features"] = features
     torch.testing.assert_close(from_record.log_prob, chunk.log_prob)
     torch.testing.assert_close(from_images.log_prob, chunk.log_prob)
@@ -62,7 +63,7 @@ def test_the_encoders_stay_frozen_and_in_eval_mode(vla_and_observation):
     assert not policy.image_encoder.training
     assert not any(p.requires_grad for p in policy.image_encoder.parameters())
     chunk = policy.act(observation)
-    loss = policy.evaluate(observation, chunk).log_prob.sum() + policy.value(observation).sum()
+    loss = policy.recompute(observation, chunk).log_prob.sum() + policy.value(observation).sum()
     loss.backward()
     assert all(p.grad is None for p in policy.image_encoder.parameters())
     assert policy.text_projection[0].weight.grad is not None  # the projections do learn

@@ -33,10 +33,10 @@ def policy(**overrides) -> FlowVLMPolicy:
 def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(sampler):
     vla, seen = policy(sampler=sampler), camera_observation()
     chunk = vla.act(seen, generator=torch.Generator().manual_seed(1))
-    evaluated = vla.evaluate(seen, chunk)
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
+    recomputed = vla.recompute(seen, chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)
     if sampler == "flow_noise":  # one term per denoising step, for per-step ratios
-        torch.testing.assert_close(evaluated.term_log_prob, chunk.record["term_log_prob"])
+        torch.testing.assert_close(recomputed.term_log_prob, chunk.record["term_log_prob"])
     assert chunk.actions.shape == (3, 1, 2) and (chunk.actions.abs() <= 1).all()
 
 

@@ -14,10 +14,10 @@ def test_act_returns_chunks_whose_log_prob_evaluate_recomputes():
     observation = Observation(state=torch.randn(6, 5))
     chunk = policy.act(observation)
     assert chunk.actions.shape == (6, 4, 3) and chunk.log_prob.shape == (6,) and chunk.value.shape == (6,)
-    evaluated = policy.evaluate(observation, chunk)
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
-    torch.testing.assert_close(evaluated.value, chunk.value)
-    assert (evaluated.entropy > 0).all()
+    recomputed = policy.recompute(observation, chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)
+    torch.testing.assert_close(recomputed.value, chunk.value)
+    assert (recomputed.entropy > 0).all()
 
 
 def test_deterministic_actions_are_the_mean_and_repeatable():

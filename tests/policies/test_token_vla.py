@@ -28,13 +28,13 @@ def test_sampled_log_prob_equals_the_training_recomputation(decoder):
     policy = TokenVLAPolicy(TokenVLAConfig(decoder=decoder, chunk_size=2, temperature=0.7), SPEC)
     policy.train()
     chunk = policy.act(observation(), generator=torch.Generator().manual_seed(1))
-    evaluated = policy.evaluate(observation(), chunk)
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
-    torch.testing.assert_close(evaluated.value, chunk.value)
+    recomputed = policy.recompute(observation(), chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)
+    torch.testing.assert_close(recomputed.value, chunk.value)
     assert chunk.actions.shape == (4, 2, 3) and chunk.record["action_tokens"].shape == (4, 6)
     low, high = torch.tensor(SPEC.action_low), torch.tensor(SPEC.action_high)
     assert ((chunk.actions >= low) & (chunk.actions <= high)).all()
-    assert (evaluated.entropy > 0).all() and (chunk.log_prob < 0).all()
+    assert (recomputed.entropy > 0).all() and (chunk.log_prob < 0).all()
 
 
 def test_causal_log_prob_is_the_sum_of_term_log_probs_under_the_restricted_softmax():
@@ -132,7 +132,7 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
     ids, mask = policy.instructions(["push the cube", "lift it now"], 4)
     assert ids.tolist() == [[0, 2, 3, 4], [0, 5, 6, 1]] and mask.tolist() == [[0, 1, 1, 1], [0, 1, 1, 1]]
     chunk = policy.act(observation(batch=2), generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(policy.evaluate(observation(batch=2), chunk).log_prob, chunk.log_prob)
+    torch.testing.assert_close(policy.recompute(observation(batch=2), chunk).log_prob, chunk.log_prob)
     with pytest.raises(Exception, match="could not be loaded"):
         TokenVLAPolicy(TokenVLAConfig(backbone=str(tmp_path / "missing")), SPEC)
 
@@ -220,7 +220,7 @@ def test_an_mlp_value_head_reads_the_hidden_state_before_the_actions_and_the_sta
         expected = policy.value_head(torch.cat([hidden, policy.normalizer(obs.state)], -1)).squeeze(-1)
         torch.testing.assert_close(policy.value(obs), expected)
         torch.testing.assert_close(chunk.value, expected)
-        torch.testing.assert_close(policy.evaluate(obs, chunk).value, expected)
+        torch.testing.assert_close(policy.recompute(obs, chunk).value, expected)
     assert [p.shape for p in policy.value_parameters()] == [(16, 64 + 5), (16,), (1, 16), (1,)]
 
 
@@ -268,10 +268,10 @@ def test_a_vision_language_backbone_reads_every_camera(decoder):
     policy = TokenVLAPolicy(TokenVLAConfig(backbone="tiny_vlm", decoder=decoder, chunk_size=2), RGB)
     seen = camera_observation()
     chunk = policy.act(seen, generator=torch.Generator().manual_seed(1))
-    evaluated = policy.evaluate(seen, chunk)
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)  # rollout and training agree
+    recomputed = policy.recompute(seen, chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)  # rollout and training agree
     # other images, same everything else: another distribution over the same action
-    assert not torch.allclose(policy.evaluate(camera_observation(invert=True), chunk).log_prob, chunk.log_prob)
+    assert not torch.allclose(policy.recompute(camera_observation(invert=True), chunk).log_prob, chunk.log_prob)
     loss = policy.bc_loss(seen, torch.zeros(3, 2, 3))
     loss.backward()
     patches = [p.grad for name, p in policy.backbone.named_parameters() if "patch_embedding" in name]
@@ -300,7 +300,7 @@ def test_a_smolvlm_and_its_tokenizer_load_from_a_local_path(tmp_path):
     assert policy.image_tokens(camera_observation().images["base"]).shape == (3, 4, 64)  # 16 patches, shuffled by 2
     seen = camera_observation()
     chunk = policy.act(seen, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(policy.evaluate(seen, chunk).log_prob, chunk.log_prob)
+    torch.testing.assert_close(policy.recompute(seen, chunk).log_prob, chunk.log_prob)
 
 
 def test_cameras_need_a_backbone_that_reads_images():
@@ -346,9 +346,9 @@ def test_instructions_shared_by_rows_run_once_with_the_same_result_and_gradients
     for shared in (True, False):
         policy.shares_instruction = shared
         policy.zero_grad()
-        evaluated = policy.evaluate(obs, chunk)
-        (evaluated.log_prob.sum() + evaluated.value.sum()).backward()
-        results[shared] = (evaluated, {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None})
+        recomputed = policy.recompute(obs, chunk)
+        (recomputed.log_prob.sum() + recomputed.value.sum()).backward()
+        results[shared] = (recomputed, {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None})
     (shared, shared_grads), (plain, plain_grads) = results[True], results[False]
     torch.testing.assert_close(shared.log_prob, plain.log_prob)
     torch.testing.assert_close(shared.value, plain.value)
@@ -368,17 +368,17 @@ def test_bfloat16_runs_the_backbone_in_bfloat16_and_keeps_weights_log_probs_and_
     hook = halved.backbone.model.layers[0].mlp.register_forward_hook(lambda *args: seen.append(args[2].dtype))
     obs = observation()
     chunk = halved.act(obs, generator=torch.Generator().manual_seed(1))
-    evaluated = halved.evaluate(obs, chunk)
+    recomputed = halved.recompute(obs, chunk)
     hook.remove()
     assert set(seen) == {torch.bfloat16}
-    assert chunk.log_prob.dtype == evaluated.log_prob.dtype == evaluated.value.dtype == torch.float32
+    assert chunk.log_prob.dtype == recomputed.log_prob.dtype == recomputed.value.dtype == torch.float32
     # the same arithmetic at rollout and in training; bfloat16 rounding moves it off float32's
-    torch.testing.assert_close(evaluated.log_prob, chunk.log_prob)
-    torch.testing.assert_close(evaluated.value, chunk.value)  # the causal decoder's comes from its own pass
-    torch.testing.assert_close(halved.value(obs), evaluated.value.detach())
-    reference = exact.evaluate(obs, chunk).log_prob.detach()
-    assert 0 < (evaluated.log_prob.detach() - reference).abs().max() < 0.5
-    evaluated.log_prob.sum().backward()
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob)
+    torch.testing.assert_close(recomputed.value, chunk.value)  # the causal decoder's comes from its own pass
+    torch.testing.assert_close(halved.value(obs), recomputed.value.detach())
+    reference = exact.recompute(obs, chunk).log_prob.detach()
+    assert 0 < (recomputed.log_prob.detach() - reference).abs().max() < 0.5
+    recomputed.log_prob.sum().backward()
     assert all(p.dtype == torch.float32 for p in halved.parameters())
     grad = halved.state_embedding.weight.grad
     assert grad.dtype == torch.float32 and torch.isfinite(grad).all() and grad.abs().sum() > 0

@@ -12,7 +12,7 @@ import pytest
 from embodied.core.errors import ConfigError
 from embodied.robots.base import RobotError
 from embodied.robots.cameras import CameraConfig, CameraError, OpenCVCamera, fit_image
-from embodied.robots.cli import KeyboardMonitor
+from embodied.robot_cli import KeyboardMonitor
 from embodied.robots.lerobot_robot import LeRobotConfig, LeRobotRobot
 
 

@@ -38,7 +38,7 @@ def robot_command(*args):
 
 
 def test_the_robot_side_imports_without_torch():
-    modules = ["embodied.robots.client", "embodied.robots.cli", "embodied.robots.policy_client", "embodied.robots.safety", "embodied.robots.broker",
+    modules = ["embodied.robots.client", "embodied.robot_cli", "embodied.robots.policy_client", "embodied.robots.safety", "embodied.robots.broker",
                "embodied.robots.cameras", "embodied.robots.sim_robot", "embodied.robots.lerobot_robot", "embodied.robots.components", "embodied.robots.recording",
                "embodied.robots.teleop", "embodied.sim.worker",
                "embodied.sim.gymnasium_env", "embodied.cli", "embodied.core.security"]
@@ -135,7 +135,8 @@ def test_a_trained_run_serves_as_the_oracles_expert(trained):
 
     from embodied.robots.client import TeleopConfig
     from embodied.robots.sim_robot import SimRobot, SimRobotConfig
-    from embodied.robots.teleop import OracleTeleop, build_teleop
+    from embodied.robot_cli import build_teleop
+    from embodied.robots.teleop import OracleTeleop
 
     oracle = build_teleop(TeleopConfig(name="oracle", expert=str(trained), threshold=0.05, patience=1), 1)
     assert isinstance(oracle, OracleTeleop)
@@ -147,7 +148,7 @@ def test_a_trained_run_serves_as_the_oracles_expert(trained):
 
 
 def test_operator_and_recording_are_chosen_from_the_command_line():
-    from embodied.robots.cli import load_client_config
+    from embodied.robot_cli import load_client_config
 
     config = load_client_config(["teleop=gamepad", "teleop.intervention=toggle", "record.root=/data/pick"])
     assert (config.teleop.name, config.teleop.intervention) == ("gamepad", "toggle")

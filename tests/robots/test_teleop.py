@@ -169,7 +169,7 @@ def test_spacemouse_with_a_button_toggles_and_a_4d_action_moves_only_position():
 
 def test_a_spacemouse_that_cannot_be_opened_is_a_clear_error():
     from embodied.robots.client import TeleopConfig
-    from embodied.robots.teleop import build_teleop
+    from embodied.robot_cli import build_teleop
 
     with pytest.raises(ConfigError, match="(?i)spacemouse"):
         build_teleop(TeleopConfig(name="spacemouse", intervention="motion"), action_dim=7)
@@ -244,7 +244,7 @@ def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
 
 def test_a_leader_arm_without_lerobot_is_a_clear_error():
     from embodied.robots.client import TeleopConfig
-    from embodied.robots.teleop import build_teleop
+    from embodied.robot_cli import build_teleop
 
     with pytest.raises(ConfigError, match="teleop=leader needs lerobot"):
         build_teleop(TeleopConfig(name="leader", leader={"type": "so101_leader", "port": "/dev/null"}), action_dim=6)

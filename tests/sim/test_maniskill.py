@@ -8,7 +8,8 @@ import sapien
 
 from embodied.core.errors import ConfigError
 from embodied.sim.group import EnvGroup
-from embodied.sim.maniskill import ManiSkillConfig, ManiSkillEnv, make_maniskill
+from embodied.sim.maniskill import ManiSkillEnv, make_maniskill
+from embodied.sim.maniskill_common import ManiSkillConfig
 
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
 
@@ -214,7 +215,7 @@ def test_rewind_replays_the_same_episode_sequence(pushcube):
 
 
 def test_several_tasks_run_in_blocks_of_envs_with_padded_states_and_their_own_instructions():
-    from embodied.sim.maniskill import INSTRUCTIONS
+    from embodied.sim.maniskill_common import INSTRUCTIONS
 
     tasks = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
     env = make_maniskill(ManiSkillConfig(tasks=tasks, num_envs=6, control_mode="pd_ee_delta_pos"), seed=0)

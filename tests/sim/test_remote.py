@@ -9,7 +9,8 @@ import pytest
 
 from embodied.core.sockets import EndpointError, check_endpoint
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
-from embodied.sim.maniskill import ManiSkillConfig, make_maniskill
+from embodied.sim.maniskill import make_maniskill
+from embodied.sim.maniskill_common import ManiSkillConfig
 from embodied.sim.group import EnvWorkerError
 
 

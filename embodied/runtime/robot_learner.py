@@ -35,7 +35,6 @@ import dataclasses
 import logging
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -45,12 +44,13 @@ from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.algos.buffers import Trajectory
 from embodied.config import RewardConfig, TrainConfig
 from embodied.core.errors import ConfigError
-from embodied.core.registry import RUNTIMES
+from embodied.runtime.configs import RobotsRuntimeConfig
 from embodied.reward_classifier import load_reward_classifier
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import load_published_weights, published_weights
 from embodied.serve import ClientState, PolicyServer, ServeConfig
-from embodied.train import PeriodicEvaluation, TrainSession, start_process
+from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.process import start_process
 from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
 from embodied.core.types import EnvSpec, EpisodeStats, Observation
 
@@ -58,22 +58,6 @@ logger = logging.getLogger(__name__)
 
 APPLY_WEIGHTS = ("episode", "immediate")
 OFF_POLICY_ALGOS = ("sac_rlpd",)
-
-
-@dataclass
-class RobotsRuntimeConfig:
-    name: str = "robots"
-    device: str = "auto"  # the learner's (inference runs beside it)
-    torch_threads: Optional[int] = None
-    endpoint: str = "tcp://127.0.0.1:5555"
-    keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); required off loopback
-    max_clients: int = 8
-    batch_window_ms: float = 2.0
-    client_timeout_s: float = 30.0
-    apply_weights: str = "episode"  # episode | immediate
-    deterministic: bool = False  # robots act on the policy's samples (exploration) or its mode
-    max_queued_episodes: int = 64  # episodes waiting for the learner; beyond, robots are told to wait
-    max_episode_ticks: int = 10_000  # the longest episode taken
 
 
 def check_config(cfg: RobotsRuntimeConfig, config: TrainConfig) -> None:
@@ -298,7 +282,3 @@ class RobotsRuntime:
             raise thread.error
         return session
 
-
-@RUNTIMES.register("robots", RobotsRuntimeConfig)
-def make_robots_runtime(cfg: RobotsRuntimeConfig) -> RobotsRuntime:
-    return RobotsRuntime(cfg)

@@ -18,24 +18,28 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from embodied.config import _validate, compose
+import numpy as np
+
+import embodied.robots.components  # noqa: F401  (fills the robot registry)
+from embodied.core.compose import compose, validate
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ROBOTS
-from embodied.robots.client import RobotClient, RobotClientConfig, build_robot
+from embodied.robots.base import Robot
+from embodied.robots.client import RobotClient, RobotClientConfig
+from embodied.robots.leader_arm import LeaderArmTeleop, open_leader_arm
 from embodied.robots.policy_client import NoPolicy, PolicyClient
-from embodied.robots.teleop import KeyboardTeleop, build_teleop
+from embodied.robots.teleop import (GamepadTeleop, KeyboardTeleop, OracleTeleop, SpaceMouseTeleop, Teleop, open_gamepad,
+                                    open_spacemouse)
 
 
 def load_client_config(overrides: list[str]) -> RobotClientConfig:
-    import embodied.robots.components  # noqa: F401  (fills the registry)
-
     cfg = compose("robot", overrides)
     robot_section = cfg.get("robot")
     if robot_section is None or robot_section.get("name") is None:
         raise ConfigError("no robot selected; pass robot=<name> (configs/robot/)")
     top = {key: value for key, value in cfg.items() if key != "robot"}
-    config = _validate(RobotClientConfig, top, "")
-    config.robot = _validate(ROBOTS.get(robot_section.name).schema, robot_section, "robot.")
+    config = validate(RobotClientConfig, top, "")
+    config.robot = validate(ROBOTS.get(robot_section.name).schema, robot_section, "robot.")
     if config.episodes < 1:
         raise ConfigError(f"'episodes' must be >= 1, got {config.episodes}")
     return config
@@ -87,6 +91,48 @@ class KeyboardMonitor:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
 
 
+def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
+    """A trained policy as the oracle's expert, acting on the robot's observation: for
+    simulation, where a state-based expert may coach an image-based policy. Loads torch."""
+    from embodied.core.types import Observation
+    from embodied.policy_loading import load_run_policy, numpy_infer
+
+    infer = numpy_infer(load_run_policy(checkpoint).policy)
+
+    def expert(robot: Robot) -> np.ndarray:
+        seen = robot.get_observation()
+        observation = Observation(state=seen.state[None], images={k: v[None] for k, v in seen.images.items()},
+                                  instruction=[robot.instruction])
+        return infer(observation)[0, 0]
+
+    return expert
+
+
+def build_teleop(config: object, action_dim: int, driving: bool = False,
+                 action_names: list[str] | None = None) -> Teleop:
+    """`driving`: no policy runs, the operator is in charge from the start. `action_names`:
+    the robot's names for its action dimensions, where it has them (a leader arm matches
+    its joints to them)."""
+    name = getattr(config, "name")
+    if name == "keyboard":
+        return KeyboardTeleop(action_dim, config.step, driving)  # type: ignore[attr-defined]
+    if name == "gamepad":
+        return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
+                             driving=driving)
+    if name == "spacemouse":
+        return SpaceMouseTeleop(open_spacemouse(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
+                                driving=driving)
+    if name == "oracle":
+        if not config.expert:  # type: ignore[attr-defined]
+            raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
+        return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
+                            config.patience, config.release, config.max_takeover)  # type: ignore[attr-defined]
+    if name == "leader":
+        return LeaderArmTeleop(open_leader_arm(config.leader), action_dim, action_names,  # type: ignore[attr-defined]
+                               config.engage_tolerance, driving)  # type: ignore[attr-defined]
+    raise ConfigError(f"teleop must be keyboard, gamepad, spacemouse, leader or oracle (configs/teleop/), got '{name}'")
+
+
 MODES = ("robot", "teleop", "collect")  # a policy drives | an operator drives | ... and every episode is recorded
 
 
@@ -99,7 +145,7 @@ def run(overrides: list[str], mode: str = "robot") -> int:
     if mode == "collect" and not config.record.root:
         raise ConfigError("embodied collect needs record.root=<dataset folder>")
     output = Path(config.output) if config.output else Path("runs") / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
-    robot = build_robot(config.robot)
+    robot = ROBOTS.get(config.robot.name).factory(config.robot)
     policy = (NoPolicy() if operated else
               PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s))
     teleop = (build_teleop(config.teleop, robot.spec.action_dim, driving=operated,

@@ -1,0 +1,103 @@
+"""A run's policy, loaded again: the one way every verb does it. `embodied eval`, `embodied
+serve`, a new run's `init=` (RL or SFT), the scripted operator (`intervention.expert`) and
+the oracle teleop (`teleop.expert`) all call `load_run_policy`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from embodied.build import build_env, build_policy
+from embodied.checkpoint import load_checkpoint, load_policy_weights, resolve_checkpoint
+from embodied.config import checkpoint_config
+from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
+from embodied.core.types import EnvSpec, Observation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunPolicy:
+    policy: Policy
+    spec: EnvSpec  # what the policy was built for
+    config: Any  # the run's config (a training or an SFT run's)
+    checkpoint: Path  # the checkpoint directory the weights came from
+    state: dict[str, Any]  # the checkpoint's saved state (policy_version, env_steps, ...)
+
+    @property
+    def policy_version(self) -> int:
+        return int(self.state.get("learner", {}).get("policy_version", 0))
+
+
+def load_run_policy(source: str | Path, spec: EnvSpec | None = None, device: str | torch.device = "cpu",
+                    into: Policy | None = None, label: str = "") -> RunPolicy:
+    """The policy of a run directory (its latest checkpoint) or a checkpoint directory.
+
+    Built from the run's own policy config for `spec` (default: the spec the checkpoint
+    recorded) on `device`, in eval mode. With `into` (a new run's policy, built from its own
+    config: `init=`), the weights go into that policy instead, and a value function of another
+    shape starts fresh, since SFT does not train it and RL may ask for another one. Weights
+    that do not fit are a ConfigError naming `label` (what they were meant for)."""
+    checkpoint = resolve_checkpoint(source)
+    config = checkpoint_config(checkpoint)
+    weights, state = load_checkpoint(checkpoint)
+    if into is not None:
+        _load_keeping_a_fresh_value_function(into, weights, state, f"init={source}", label or "this run's policy")
+        return RunPolicy(into, into.spec, config, checkpoint, state)
+    if spec is None:
+        spec = _recorded_spec(state, config)
+    policy = build_policy(config.policy, spec, torch.device(device))
+    try:
+        load_policy_weights(policy, weights, state)
+    except RuntimeError as error:
+        fits = label or f"its own policy config ({config.policy.name})"
+        raise ConfigError(f"{checkpoint}: its policy does not fit {fits}: {error}") from None
+    return RunPolicy(policy.eval(), spec, config, checkpoint, state)
+
+
+def _recorded_spec(state: dict[str, Any], config: Any) -> EnvSpec:
+    if "spec" in state:
+        return EnvSpec.from_dict(state["spec"])
+    logger.info("the checkpoint does not record its env spec; reading it from env '%s'", config.env.name)
+    env = build_env(config.env, seed=0, stream=1)  # checkpoints written before the spec was stored
+    try:
+        return env.spec
+    finally:
+        env.close()
+
+
+def _load_keeping_a_fresh_value_function(policy: Policy, weights: dict[str, torch.Tensor], state: dict[str, Any],
+                                         origin: str, label: str) -> None:
+    try:
+        try:
+            load_policy_weights(policy, weights, state)
+        except RuntimeError:
+            value_ids = {id(p) for p in policy.value_parameters()}
+            value_modules = {name.split(".")[0] for name, p in policy.named_parameters() if id(p) in value_ids}
+            in_value = lambda key: key.split(".")[0] in value_modules  # noqa: E731
+            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_value(k)}, state,
+                                may_miss=in_value)
+            logger.info("%s: the value function (%s) starts fresh: its shape differs", origin,
+                        ", ".join(sorted(value_modules)))
+    except RuntimeError as error:
+        raise ConfigError(f"{origin}: its weights do not fit {label}: {error}") from None
+
+
+def numpy_infer(policy: Policy, deterministic: bool = True, seed: int = 0) -> Callable[[Observation], np.ndarray]:
+    """`policy` as `infer(observation) -> actions (B, C, A)` on numpy observations, drawing
+    from a generator of its own (`seed`) where it samples."""
+    generator = torch.Generator(device=policy.device)
+    generator.manual_seed(seed)
+
+    @torch.no_grad()
+    def infer(observation: Observation) -> np.ndarray:
+        chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic, generator=generator)
+        return chunk.actions.float().cpu().numpy()
+
+    return infer

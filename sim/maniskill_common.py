@@ -1,0 +1,133 @@
+"""What ManiSkill's CPU and GPU adapters share: the config, the tasks and their
+instructions, building ManiSkill's gym env, and reading its observations and spec."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from embodied.core.errors import ConfigError
+from embodied.core.registry import unknown_name_message
+from embodied.core.types import EnvSpec
+
+# Tasks whose assets ship inside the mani-skill wheel (others download assets at run time).
+INSTRUCTIONS = {
+    "PushCube-v1": "push the cube to the goal region",
+    "PickCube-v1": "pick up the cube and move it to the goal position",
+    "StackCube-v1": "stack the red cube on top of the green cube",
+    "PegInsertionSide-v1": "insert the peg into the hole on the side of the box",
+    "PushT-v1": "push the T-shaped block onto the target",
+    "PullCube-v1": "pull the cube to the goal region",
+    "LiftPegUpright-v1": "lift the peg and stand it upright",
+    "PokeCube-v1": "use the peg to poke the cube to the goal",
+    "RollBall-v1": "roll the ball to the goal region",
+}
+OBS_MODES = ("state", "rgb")
+
+
+@dataclass
+class ManiSkillConfig:
+    name: str = "maniskill"
+    task: str = "PushCube-v1"
+    num_envs: int = 16
+    num_workers: int = 0  # cpu backend: worker processes holding the envs (0: this process)
+    transport: str = "pipe"  # to worker processes: pipe | zmq
+    python: Optional[str] = None  # zmq workers: interpreter to run them (default: this one)
+    backend: str = "cpu"  # cpu (physx_cpu) | gpu (physx_cuda)
+    obs_mode: str = "state"  # state | rgb
+    control_mode: str = "pd_joint_delta_pos"
+    reward_mode: str = "normalized_dense"
+    image_size: int = 128  # camera width and height for obs_mode=rgb
+    max_episode_steps: Optional[int] = None  # None: the task's own limit
+    # Run every episode to the time limit instead of ending it at success (success still
+    # counts if reached at any step). With dense rewards, ending at success teaches the
+    # agent to hover just short of it, where reward keeps coming.
+    ignore_terminations: bool = True
+    instruction: Optional[str] = None  # None: the built-in instruction for the task
+    render_size: int = 256  # frames for videos
+    tasks: Optional[list[str]] = None  # several tasks in blocks of envs (replaces `task`; see above)
+    state_dim: Optional[int] = None  # pad every state to this length (null: set for `tasks`, else unpadded)
+
+
+def check_config(cfg: ManiSkillConfig) -> None:
+    for task in cfg.tasks or [cfg.task]:
+        if task not in INSTRUCTIONS:
+            name = "env.tasks" if cfg.tasks else "env.task"
+            raise ConfigError(unknown_name_message(f"ManiSkill task ({name})", task, sorted(INSTRUCTIONS)))
+    if cfg.tasks is not None:
+        if not cfg.tasks:
+            raise ConfigError("env.tasks is empty: name at least one task (or null for env.task)")
+        if cfg.backend != "cpu":
+            raise ConfigError("env.tasks runs on the cpu backend (a physx_cuda scene holds one task)")
+        if cfg.num_envs < len(cfg.tasks):
+            raise ConfigError(f"env.num_envs={cfg.num_envs} cannot give each of {len(cfg.tasks)} tasks an env")
+        if cfg.instruction is not None:
+            raise ConfigError("env.instruction names one task's instruction; with env.tasks each task has its own")
+    if cfg.obs_mode not in OBS_MODES:
+        raise ConfigError(f"env.obs_mode must be one of {OBS_MODES}, got '{cfg.obs_mode}'")
+    if cfg.backend not in ("cpu", "gpu"):
+        raise ConfigError(f"env.backend must be 'cpu' or 'gpu', got '{cfg.backend}'")
+    if cfg.num_envs < 1:
+        raise ConfigError(f"env.num_envs must be >= 1, got {cfg.num_envs}")
+
+
+def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra: Any) -> Any:
+    import gymnasium as gym
+    import mani_skill.envs  # noqa: F401  (registers the tasks)
+    import torch
+
+    kwargs: dict[str, Any] = dict(
+        obs_mode=cfg.obs_mode,
+        num_envs=num_envs,
+        sim_backend=sim_backend,
+        control_mode=cfg.control_mode,
+        reward_mode=cfg.reward_mode,
+        render_mode="rgb_array",
+        # Without CUDA, render with SAPIEN's CPU (Vulkan llvmpipe) device directly instead
+        # of asking for a CUDA one and falling back with a warning per env.
+        render_backend="gpu" if torch.cuda.is_available() else "cpu",
+        human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size),
+        **extra,
+    )
+    if cfg.obs_mode == "rgb":
+        kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
+    if cfg.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = cfg.max_episode_steps
+    try:
+        return gym.make(cfg.task, **kwargs)
+    except Exception as error:
+        raise ConfigError(f"ManiSkill could not build {cfg.task} with {kwargs}: {error}") from error
+
+
+def flatten_state(observation: Any) -> np.ndarray:
+    """ManiSkill observation (tensor, or dict of agent/extra tensors) -> float32 (B, S)."""
+    if not isinstance(observation, dict):
+        return observation.detach().cpu().numpy().astype(np.float32)
+    parts = []
+    for section in ("agent", "extra"):
+        for value in observation.get(section, {}).values():
+            array = value.detach().cpu().numpy().astype(np.float32)
+            parts.append(array.reshape(array.shape[0], -1))
+    return np.concatenate(parts, axis=1)
+
+
+def camera_images(observation: Any) -> dict[str, np.ndarray]:
+    if not isinstance(observation, dict):
+        return {}
+    return {name: data["rgb"].detach().cpu().numpy() for name, data in observation["sensor_data"].items()}
+
+
+def env_spec(gym_env: Any, cfg: ManiSkillConfig, state: np.ndarray, images: dict[str, np.ndarray]) -> EnvSpec:
+    space = gym_env.unwrapped.single_action_space
+    limit = cfg.max_episode_steps or getattr(gym_env, "_max_episode_steps", None)  # ManiSkill's TimeLimitWrapper
+    return EnvSpec(
+        state_dim=int(state.shape[-1]),
+        action_dim=int(space.shape[0]),
+        action_low=tuple(float(x) for x in space.low),
+        action_high=tuple(float(x) for x in space.high),
+        image_shapes={name: tuple(image.shape[-3:]) for name, image in images.items()},
+        max_episode_steps=int(limit) if limit else None,
+        control_hz=float(gym_env.unwrapped.control_freq),
+    )
