@@ -98,6 +98,8 @@ class PolicyClient:
         self.first_metadata: dict[str, Any] | None = None  # what a reconnect must find again
         self.session = uuid.uuid4().hex  # one per robot run: the server replaces our old slot on reconnect
         self.seq = 0
+        self.tick = 0  # infer()'s own count of requests
+        self.last_error = ""  # the server's last error reply, "code: message"
         self.in_flight: tuple[int, int, float] | None = None  # (seq, tick, sent at)
         self._hello_seq = 0
         self._hello_sent = 0.0
@@ -192,6 +194,36 @@ class PolicyClient:
         self.in_flight = (self._send("infer", body), tick, time.monotonic())
         return True
 
+    def infer(self, observation: RobotObservation | dict[str, Any], instruction: str = "",
+              timeout_s: float | None = None) -> np.ndarray:
+        """One call from an observation to an action chunk, float32 (C, A): connects on first
+        use, sends the observation and blocks for its answer. For scripts and evaluation
+        harnesses; a control loop uses `request` and `poll` so that it never blocks.
+        `observation`: a RobotObservation or `{state, images}`. A refused request, or a server
+        that does not answer within `timeout_s` (default `request_timeout_s`), is a
+        ServerError; the next call reconnects."""
+        if isinstance(observation, dict):
+            observation = RobotObservation(state=np.asarray(observation["state"], dtype=np.float32),
+                                           images=dict(observation.get("images", {})))
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        if not self.connected:
+            self.connect(timeout_s)
+        self.cancel()  # an answer to an earlier, abandoned request is not this one's
+        self.tick += 1
+        if not self.request(observation, self.tick, instruction):
+            raise ServerError(f"the policy server at {self.endpoint} is not connected")
+        deadline = time.monotonic() + timeout_s
+        while (remaining := deadline - time.monotonic()) > 0:
+            reply = self.poll(remaining)
+            if reply is not None:
+                return reply.actions
+            if self.in_flight is None:  # answered by an error, or the connection was reset
+                raise ServerError(f"the policy server at {self.endpoint} did not answer with an action: "
+                                  f"{self.last_error or 'the connection was reset'}")
+        self.counts["timeouts"] += 1
+        self.close()
+        raise ServerError(f"the policy server at {self.endpoint} gave no action within {timeout_s:.1f} s")
+
     def poll(self, timeout_s: float) -> ActionReply | None:
         """Handle what arrives within `timeout_s`; returns a valid answer to the request in
         flight, if one came. Anything malformed is counted, logged and dropped."""
@@ -226,6 +258,7 @@ class PolicyClient:
             if code in ("mismatch", "full", "version"):
                 raise ServerError(f"the policy server at {self.endpoint} refused this robot: {text}")
             self.counts["server_errors"] += 1
+            self.last_error = f"{code}: {text}"
             logger.warning("policy server error (%s): %s", code, text)
             if code == "hello":
                 self._reconnect("the server does not know this client")
