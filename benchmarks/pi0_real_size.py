@@ -58,7 +58,7 @@ def ours(work: Path, model: str, runs: int) -> None:
 
     from embodied.policies.pi0 import Pi05Config, Pi0Config, Pi0Model, load_checkpoint, resolve_architecture
 
-    config = (Pi0Config if model == "pi0" else Pi05Config)(checkpoint=str(work / "checkpoint"), horizon=HORIZON,
+    config = (Pi0Config if model == "pi0" else Pi05Config)(pretrained=str(work / "checkpoint"), horizon=HORIZON,
                                                           denoise_steps=STEPS)
     config = resolve_architecture(config)
     started = time.perf_counter()

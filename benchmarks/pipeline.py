@@ -8,7 +8,7 @@ batch, the regime where overlapping them pays most, in two ways:
                        cores to the envs, as a throughput-bound accelerator does (this machine
                        may have none, so the wait stands in for it)
 
-With k worker groups the pipeline can at best turn (inference + step) into max(inference,
+With k env workers the pipeline can at best turn (inference + step) into max(inference,
 step + inference / k): 1.33x for k=2, 1.6x for k=4, 2x in the limit.
 
     python benchmarks/pipeline.py [--task PushCube-v1] [--num-envs 16] [--workers 2 4] [--steps 60]
@@ -121,7 +121,7 @@ def main() -> None:
              "sized to that, on the same cores as the envs. Off-CPU inference: a wait proportional to the rows, "
              f"leaving the cores to the envs, standing in for an accelerator. Best of two interleaved runs of "
              f"{args.steps} chunk steps each.", "",
-             "| worker groups | env step (ms) | inference | sequential env steps/s | pipelined env steps/s | speed-up |",
+             "| env workers | env step (ms) | inference | sequential env steps/s | pipelined env steps/s | speed-up |",
              "| ---: | ---: | --- | ---: | ---: | ---: |"]
     bars = {}
     for run in runs:
@@ -131,7 +131,7 @@ def main() -> None:
             bars[f"{run['workers']}w {name.split()[0]}"] = run["speedup"][name]
     (RESULTS / "pipeline.md").write_text("\n".join(lines) + "\n\n![pipeline](pipeline.png)\n")
     bar_chart(RESULTS / "pipeline.png", bars, "pipelined / sequential", f"{args.task}: pipelining speed-up",
-              xlabel="worker groups, inference")
+              xlabel="env workers, inference")
     print("\n".join(lines))
 
 

@@ -7,7 +7,7 @@ run holds at its peak.
                     waits in CPU memory (`runtime.placement=collocated`)
 
     python benchmarks/placement.py                                   # the default: a 45M token VLA
-    python benchmarks/placement.py --updates 6 -- policy=pi0 policy.checkpoint=/models/pi0 \\
+    python benchmarks/placement.py --updates 6 -- policy=pi0 policy.pretrained=/models/pi0 \\
         policy.tokenizer=/models/paligemma env.obs_mode=rgb        # a real-size VLA on a GPU
 
 Memory is sampled from the device itself (`torch.cuda.mem_get_info`, every 0.1 s), so it

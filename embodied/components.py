@@ -9,7 +9,7 @@ import embodied.algos.sac_rlpd  # noqa: F401
 import embodied.policies.diffusion  # noqa: F401
 import embodied.policies.flow  # noqa: F401
 import embodied.policies.flow_vla  # noqa: F401
-import embodied.policies.flow_vlm  # noqa: F401
+import embodied.policies.vlm_expert  # noqa: F401
 import embodied.policies.mlp  # noqa: F401
 import embodied.policies.pi0  # noqa: F401
 import embodied.policies.squashed_gaussian  # noqa: F401

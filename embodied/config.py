@@ -13,7 +13,7 @@ from typing import Any, Optional
 from omegaconf import DictConfig, OmegaConf
 
 import embodied.components  # noqa: F401  (fills the registries the groups are validated against)
-from embodied.core.compose import load_yaml, validate
+from embodied.core.compose import RENAMED, load_yaml, renamed, validate
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
 
@@ -68,6 +68,7 @@ class TrainConfig:
     periodic_eval_episodes: int = 16
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     intervention: InterventionConfig = field(default_factory=InterventionConfig)  # a scripted operator
+    # The env's reward, or a success classifier's on camera images.
     reward: RewardConfig = field(default_factory=RewardConfig)
 
 
@@ -112,7 +113,7 @@ class EvalConfig:
     # Suite mode: every task of these suites (comma-separated, e.g. libero_spatial,libero_goal),
     # `trials` each, trial k reset with seed k; resumable. `episodes` is then unused.
     suite: Optional[str] = None
-    trials: int = 50
+    trials: int = 50  # per task in suite mode; trial k is reset with seed k (LIBERO: init state k)
     task_ids: Optional[list[int]] = None  # a subset of each suite's tasks
 
 
@@ -140,6 +141,10 @@ def validate_group(group: str, section: Any) -> Any:
     name = section.get("name") if isinstance(section, (dict, DictConfig)) else None
     if name is None:
         raise ConfigError(f"config group '{group}' has no 'name' key naming which {group} to use")
+    message = renamed(f"{group}={name}")
+    if message:
+        raise ConfigError(f"{message}: change '{group}.name' in the config (a saved run's config.yaml) to "
+                          f"'{RENAMED[f'{group}={name}'].split('=', 1)[1]}'")
     entry = GROUPS[group].get(name)
     return validate(entry.schema, section, f"{group}.")
 

@@ -26,14 +26,14 @@ SIDECAR = Path("meta") / "demos.json"
 class DemosConfig:
     env: Any = None
     root: Optional[str] = None
-    episodes: int = 50
-    max_attempts: Optional[int] = None
-    action_noise: float = 0.0
-    keep_failures: bool = False
-    seed: int = 0
+    episodes: int = 50  # successful episodes the dataset should hold
+    max_attempts: Optional[int] = None  # episodes tried at most (default: 2 x episodes)
+    action_noise: float = 0.0  # Gaussian noise on the expert's motion (diversity for SFT; 0.1 is plenty)
+    keep_failures: bool = False  # also keep episodes the expert failed
+    seed: int = 0  # episode k of a new dataset is reset with seed + k
     repo_id: str = "local/demos"
-    use_videos: bool = False
-    python: Optional[str] = None
+    use_videos: bool = False  # camera frames as images (what learners here read) or video
+    python: Optional[str] = None  # the dataset writer's interpreter (default: .venv-dataset, see README)
     finalize_every: int = 25  # saved episodes per finalize: reopening reloads the whole dataset
     progress_bar: bool = True
 

@@ -50,7 +50,7 @@ MAX_INSTRUCTION_CHARS = 4096
 @dataclass
 class ServeConfig:
     checkpoint: Optional[str] = None  # a run directory or one checkpoint directory
-    endpoint: str = "tcp://127.0.0.1:5555"
+    endpoint: str = "tcp://127.0.0.1:5555"  # another address needs keys_dir (CURVE)
     keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); required off loopback
     device: str = "auto"
     torch_threads: Optional[int] = None
@@ -58,7 +58,7 @@ class ServeConfig:
     max_clients: int = 32
     max_batch: int = 64
     batch_window_ms: float = 2.0  # after the first request, wait this long for the others
-    client_timeout_s: float = 30.0
+    client_timeout_s: float = 30.0  # a silent client loses its slot
     stats_every_s: float = 10.0  # log clients, requests/s and mean batch size; 0: never
 
 

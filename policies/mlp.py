@@ -24,7 +24,7 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiL
 @dataclass
 class MLPPolicyConfig:
     name: str = "mlp_gaussian"
-    chunk_size: int = 1
+    chunk_size: int = 1  # actions predicted and executed per env step
     actor_hidden: list[int] = field(default_factory=lambda: [64, 64])
     critic_hidden: list[int] = field(default_factory=lambda: [64, 64])
     activation: str = "tanh"

@@ -86,10 +86,10 @@ LM_HEADS = ("paligemma_with_expert.paligemma.lm_head.weight", "paligemma_with_ex
 @dataclass
 class Pi0Config(FlowPolicyConfig):
     name: str = "pi0"  # pi0 | pi05
-    checkpoint: str = ""  # a local folder with model.safetensors (and config.json), or a .safetensors file
+    pretrained: str = ""  # a local folder with model.safetensors (and config.json), or a .safetensors file
     paligemma_variant: str = "auto"  # auto: the checkpoint's config.json, else tiny | gemma_2b | gemma_300m
     expert_variant: str = "auto"  # auto: the checkpoint's config.json, else tiny_expert | gemma_300m | gemma_2b
-    vocab_size: int = PALIGEMMA_VOCAB
+    vocab_size: int = PALIGEMMA_VOCAB  # PaliGemma's
     max_state_dim: int = 0  # state and actions are zero-padded to these; 0: the checkpoint's, else 32
     max_action_dim: int = 0
     image_size: int = 0  # 0: 224 for the real variants, 32 for tiny
@@ -105,15 +105,15 @@ class Pi0Config(FlowPolicyConfig):
 class Pi05Config(Pi0Config):
     name: str = "pi05"
     max_instruction_tokens: int = 200  # the prompt carries the state
-    value_from: str = "prefix"
+    value_from: str = "prefix"  # prefix: mean VLM output + state | expert: the action tokens' mean output
 
 
 def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     """`cfg` with the variants (and padded sizes) a checkpoint's config.json names, where they
     are `auto`; refused when anything the checkpoint fixes disagrees with what was asked."""
-    saved = checkpoint_config(cfg.checkpoint) if cfg.checkpoint else {}
+    saved = checkpoint_config(cfg.pretrained) if cfg.pretrained else {}
     if saved and saved.get("type", cfg.name) != cfg.name:
-        raise ConfigError(f"{cfg.checkpoint} holds a '{saved.get('type')}' policy; policy={cfg.name} loads "
+        raise ConfigError(f"{cfg.pretrained} holds a '{saved.get('type')}' policy; policy={cfg.name} loads "
                           f"{cfg.name} checkpoints")
     defaults = {"paligemma_variant": "tiny", "expert_variant": "tiny_expert"}
     resolved = {}
@@ -126,7 +126,7 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     for name in ("max_state_dim", "max_action_dim"):
         asked = getattr(cfg, name)
         if asked and name in saved and saved[name] != asked:
-            raise ConfigError(f"{cfg.checkpoint} was trained with {name}={saved[name]}; policy.{name} is {asked}")
+            raise ConfigError(f"{cfg.pretrained} was trained with {name}={saved[name]}; policy.{name} is {asked}")
         resolved[name] = asked or saved.get(name, 32)
     vlm, expert = GEMMA_SIZES[resolved["paligemma_variant"]], GEMMA_SIZES[resolved["expert_variant"]]
     if (vlm.depth, vlm.num_heads, vlm.num_kv_heads, vlm.head_dim) != (
@@ -145,7 +145,7 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
 def checkpoint_config(path: str) -> dict:
     folder = Path(path)
     if not folder.exists():
-        raise ConfigError(f"policy.checkpoint {path} does not exist")
+        raise ConfigError(f"policy.pretrained {path} does not exist")
     config = (folder if folder.is_dir() else folder.parent) / "config.json"
     if not config.is_file():
         return {}
@@ -272,7 +272,7 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
 
     file = Path(path) / "model.safetensors" if Path(path).is_dir() else Path(path)
     if not file.is_file():
-        raise ConfigError(f"policy.checkpoint: no {file}")
+        raise ConfigError(f"policy.pretrained: no {file}")
     saved = load_file(str(file))
     renamed, tied_embedding = {}, None
     for key, tensor in saved.items():
@@ -365,10 +365,10 @@ class Pi0Policy(FlowPolicy):
             raise ConfigError(f"policy.tokenizer: a {cfg.paligemma_variant} VLM reads PaliGemma's tokens; give the "
                               f"local path of a PaliGemma tokenizer (e.g. google/paligemma-3b-pt-224's files)")
         tokenizer = PaliGemmaPrompt(cfg.tokenizer) if cfg.tokenizer else ByteTokenizer()
-        if cfg.checkpoint:  # no random init of weights about to be replaced (billions, for the real sizes)
+        if cfg.pretrained:  # no random init of weights about to be replaced (billions, for the real sizes)
             with torch.device("meta"):
                 model = Pi0Model(cfg)
-            load_checkpoint(model, cfg.checkpoint)
+            load_checkpoint(model, cfg.pretrained)
         else:
             model = Pi0Model(cfg)
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
@@ -384,8 +384,8 @@ class Pi0Policy(FlowPolicy):
         """What `train_expert_only` or `freeze_vision` freezes of a model loaded from
         `checkpoint`: a checkpoint of the run then holds what trains (gigabytes less at the
         real sizes). Without a checkpoint the frozen weights are random and are saved."""
-        names = self.frozen_parameter_names() if self.cfg.checkpoint else []
-        return (self.cfg.checkpoint, names) if names else None
+        names = self.frozen_parameter_names() if self.cfg.pretrained else []
+        return (self.cfg.pretrained, names) if names else None
 
     def fsdp_units(self) -> list[nn.Module]:
         """Each is run through its own forward: the vision tower, the token embedding, the VLM

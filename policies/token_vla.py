@@ -66,7 +66,7 @@ class TokenVLAConfig:
     image_size: int = 32  # tiny_vlm: the vision tower's input (camera frames are resized to it)
     patch_size: int = 8
     max_instruction_tokens: int = 48
-    temperature: float = 1.0
+    temperature: float = 1.0  # the same at rollout and in the training forward pass
     # SFT targets: 0 puts all of a demonstrated action's mass on its bin; > 0 spreads it over
     # the neighbouring bins as a Gaussian of this width (in bins), so the SFT policy samples
     # local noise of about that scale, rather than a sharp mode with a thin spread of far bins.
@@ -82,7 +82,7 @@ class TokenVLAConfig:
     # with value_reads_state it also reads the normalised state, so the critic need not rely
     # on what a backbone tuned to predict actions keeps of it (values depend on progress).
     critic_hidden: list[int] = field(default_factory=list)
-    value_reads_state: bool = False
+    value_reads_state: bool = False  # the value head also reads the normalised state
 
 
 class TokenVLAPolicy(nn.Module, Policy):

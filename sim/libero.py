@@ -56,7 +56,7 @@ class LiberoConfig:
     python: Optional[str] = None  # the LIBERO virtualenv's interpreter (default: .venv-libero)
     image_size: int = 128  # 128 | 224 | 256, square
     cameras: list[str] = field(default_factory=lambda: ["agentview", "wrist"])  # [] for state only
-    settle_steps: int = 10
+    settle_steps: int = 10  # no-op steps after the init state, as the standard evaluation does
     max_episode_steps: Optional[int] = None  # None: the suite's standard limit
     render_size: int = 256  # frames for videos
     mujoco_gl: str = "egl"  # offscreen rendering backend: egl | osmesa

@@ -1,6 +1,6 @@
 """The rollout's side of env workers over ZeroMQ: one ROUTER socket (`EnvHub`) that worker
-processes (`python -m embodied.sim.worker`) connect to, and one group handle per worker with the same
-send/receive shape as in-process and pipe groups, so `VectorizedEnv` drives all three alike.
+processes (`python -m embodied.sim.worker`) connect to, and one handle per worker with the same
+send/receive shape as in-process and pipe workers, so `VectorizedEnv` drives all three alike.
 
 Every reply has a deadline; a worker that exits or goes silent is reported as an
 `EnvWorkerError` naming it, never waited on forever."""
@@ -21,7 +21,7 @@ import zmq
 
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
 from embodied.core.sockets import bind, receive, send
-from embodied.sim.group import EnvWorkerError, unwrap_reply
+from embodied.sim.worker_envs import EnvWorkerError, unwrap_reply
 
 
 
@@ -84,7 +84,7 @@ class EnvHub:
         self.seq = 0
         self.count = 0
 
-    def start_worker(self, env_ids: list[int]) -> "SocketGroup":
+    def start_worker(self, env_ids: list[int]) -> "SocketWorker":
         identity = f"env-worker-{self.count}".encode()
         self.count += 1
         if self.placement is not None:
@@ -97,29 +97,29 @@ class EnvHub:
                                               identity.decode())
         return self._adopt(identity, subprocess.Popen(command, env=environment))
 
-    def _adopt(self, identity: bytes, process: Any) -> "SocketGroup":
+    def _adopt(self, identity: bytes, process: Any) -> "SocketWorker":
         self.known.add(identity)
-        group = SocketGroup(self, identity, process)
+        worker = SocketWorker(self, identity, process)
         try:
-            self._handshake(group)
+            self._handshake(worker)
         except BaseException:
-            group.close()
+            worker.close()
             raise
-        return group
+        return worker
 
-    def _handshake(self, group: "SocketGroup") -> None:
+    def _handshake(self, worker: "SocketWorker") -> None:
         """Every worker must serve envs of one spec (observation and action space, control
         rate): the first worker's, or `expected_spec`. A mismatch fails on both ends."""
-        hello = group.wait_for("hello")  # the envelope check has already matched protocol versions
+        hello = worker.wait_for("hello")  # the envelope check has already matched protocol versions
         spec = plain(hello.body.get("spec")) if isinstance(hello.body, dict) else None
         if self.spec is None:
             self.spec = spec
         differences = hello_mismatch(self.spec, spec) if isinstance(spec, dict) else ["spec: missing"]
         if differences:
-            text = f"{group.name} serves envs that do not match the others: " + "; ".join(differences)
-            send(self.socket, Message("error", 0, {"code": "mismatch", "message": text}), group.identity)
+            text = f"{worker.name} serves envs that do not match the others: " + "; ".join(differences)
+            send(self.socket, Message("error", 0, {"code": "mismatch", "message": text}), worker.identity)
             raise EnvWorkerError(text)
-        send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION, "spec": self.spec}), group.identity)
+        send(self.socket, Message("welcome", 0, {"protocol": PROTOCOL_VERSION, "spec": self.spec}), worker.identity)
 
     def next_seq(self) -> int:
         self.seq += 1
@@ -149,7 +149,7 @@ class EnvHub:
             self._tmp.cleanup()
 
 
-class SocketGroup:
+class SocketWorker:
     def __init__(self, hub: EnvHub, identity: bytes, process: Any):  # a Popen or a placement's handle
         self.hub = hub
         self.identity = identity

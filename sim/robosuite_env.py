@@ -48,7 +48,7 @@ class RobosuiteConfig:
     control_freq: int = 20
     max_episode_steps: int = 200
     reward_shaping: bool = True
-    terminate_on_success: bool = False
+    terminate_on_success: bool = False  # run to the time limit; success counts at any step
     render_size: int = 256
     mujoco_gl: str = "egl"  # offscreen rendering backend for rgb and videos: egl | osmesa
     instruction: Optional[str] = None

@@ -1,5 +1,5 @@
 """`VectorizedEnv`: B single envs behind the batched interface, either in this process or
-spread over worker processes (one group of envs each), so CPU simulators use every core."""
+spread over worker processes (each steps its share of the envs), so CPU simulators use every core."""
 
 from __future__ import annotations
 
@@ -14,49 +14,49 @@ from embodied.core.errors import CheckpointError, ConfigError
 from embodied.core import codec
 from embodied.core.types import EnvSpec, EpisodeStats, Observation, StepResult
 from embodied.core.env import BatchedEnv, SingleEnv
-from embodied.sim.group import EnvGroup, EnvWorkerError, run_command, unwrap_reply
+from embodied.sim.worker_envs import WorkerEnvs, EnvWorkerError, run_command, unwrap_reply
 
 
-class _LocalGroup:
-    """Runs a group in this process with the same send/receive shape as a worker."""
+class _LocalWorker:
+    """Runs a share of the envs in this process with the same send/receive shape as a worker."""
 
     def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int):
-        self.group = EnvGroup(make_env, env_ids, base_seed, stream)
+        self.envs = WorkerEnvs(make_env, env_ids, base_seed, stream)
         self._pending: Any = None
 
     def send(self, command: str, **args: Any) -> None:
-        self._pending = getattr(self.group, command)(**args)
+        self._pending = getattr(self.envs, command)(**args)
 
     def receive(self) -> Any:
         result, self._pending = self._pending, None
         return result
 
     def close(self) -> None:
-        self.group.close()
+        self.envs.close()
 
 
 def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int, stream: int) -> None:
     # Simulators that use torch or BLAS internally get one thread per worker process.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    group = None
+    envs = None
     try:
-        group = EnvGroup(make_env, env_ids, base_seed, stream)
+        envs = WorkerEnvs(make_env, env_ids, base_seed, stream)
         connection.send_bytes(codec.encode({"ok": None}))
         while True:
             request = codec.decode(connection.recv_bytes())
             if request.get("command") == "close":
                 break
-            connection.send_bytes(codec.encode(run_command(group, request)))
+            connection.send_bytes(codec.encode(run_command(envs, request)))
     except (EOFError, ConnectionError, KeyboardInterrupt):
         pass  # the parent closed the pipe or died (e.g. killed): nobody is left to tell
     except Exception:
         connection.send_bytes(codec.encode({"error": traceback.format_exc()}))
     finally:
-        if group is not None:
-            group.close()
+        if envs is not None:
+            envs.close()
 
 
-class _ProcessGroup:
+class _PipeWorker:
     def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int,
                  timeout_s: float):
         self.timeout_s = timeout_s
@@ -112,9 +112,9 @@ def vectorize(make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], num_
     process (num_workers=0) or in worker processes reached over pipes (`transport=pipe`) or
     ZeroMQ (`transport=zmq`, needs the env's config dict)."""
     if num_workers == 0:
-        return VectorizedEnv(lambda ids: _LocalGroup(make_env, ids, base_seed, stream), env_ids, 1)
+        return VectorizedEnv(lambda ids: _LocalWorker(make_env, ids, base_seed, stream), env_ids, 1)
     if transport == "pipe":
-        return VectorizedEnv(lambda ids: _ProcessGroup(make_env, ids, base_seed, stream, worker_timeout_s),
+        return VectorizedEnv(lambda ids: _PipeWorker(make_env, ids, base_seed, stream, worker_timeout_s),
                              env_ids, num_workers)
     if transport == "zmq":
         from embodied.sim.remote import EnvHub
@@ -125,23 +125,23 @@ def vectorize(make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], num_
 
 
 class VectorizedEnv(BatchedEnv):
-    def __init__(self, make_group: Callable[[list[int]], Any], env_ids: Sequence[int], num_groups: int,
+    def __init__(self, make_worker: Callable[[list[int]], Any], env_ids: Sequence[int], num_workers: int,
                  on_close: Callable[[], None] | None = None):
         if len(env_ids) < 1:
             raise ValueError("a vectorized env needs at least one env")
         self.env_ids = [int(i) for i in env_ids]
         self.num_envs = len(self.env_ids)
         self._on_close = on_close
-        self._make_group = make_group
-        self._failed: set[int] = set()  # groups whose worker died or stopped answering
-        self._awaiting: set[int] = set()  # groups with a stage step sent and not yet received
-        splits = np.array_split(np.asarray(self.env_ids), max(min(num_groups, self.num_envs), 1))
+        self._make_worker = make_worker
+        self._failed: set[int] = set()  # workers that died or stopped answering
+        self._awaiting: set[int] = set()  # workers with a stage step sent and not yet received
+        splits = np.array_split(np.asarray(self.env_ids), max(min(num_workers, self.num_envs), 1))
         self._splits = [ids.tolist() for ids in splits]
-        self._starts = np.cumsum([0] + [len(ids) for ids in splits])  # first env index of each group
-        self.groups: list[Any] = []
+        self._starts = np.cumsum([0] + [len(ids) for ids in splits])  # first env index of each worker
+        self.workers: list[Any] = []
         try:
             for ids in self._splits:
-                self.groups.append(make_group(ids))
+                self.workers.append(make_worker(ids))
             descriptions = self._all("describe")
         except BaseException:
             self.close()
@@ -150,13 +150,13 @@ class VectorizedEnv(BatchedEnv):
         self.tasks = [t for d in descriptions for t in d["tasks"]]
         self.instructions = [t for d in descriptions for t in d["instructions"]]
 
-    def _all(self, command: str, per_group: list[dict[str, Any]] | None = None) -> list[Any]:
-        """Send to every group, then collect every reply before raising the first failure,
+    def _all(self, command: str, per_worker: list[dict[str, Any]] | None = None) -> list[Any]:
+        """Send to every worker, then collect every reply before raising the first failure,
         so no stale reply is left in a pipe."""
         sent, failure = [], None
-        for k, group in enumerate(self.groups):
+        for k, worker in enumerate(self.workers):
             try:
-                group.send(command, **(per_group[k] if per_group else {}))
+                worker.send(command, **(per_worker[k] if per_worker else {}))
                 sent.append(k)
             except EnvWorkerError as error:
                 self._failed.add(k)
@@ -164,7 +164,7 @@ class VectorizedEnv(BatchedEnv):
         replies = []
         for k in sent:
             try:
-                replies.append(self.groups[k].receive())
+                replies.append(self.workers[k].receive())
             except EnvWorkerError as error:
                 self._failed.add(k)
                 failure = failure or error
@@ -189,7 +189,7 @@ class VectorizedEnv(BatchedEnv):
             raise ValueError(f"got {seeds_arr.size} seeds for {env_idx.size} envs")
         starts = self._starts
         args = []
-        for k in range(len(self.groups)):
+        for k in range(len(self.workers)):
             mine = (env_idx >= starts[k]) & (env_idx < starts[k + 1])
             args.append({
                 "local_idx": (env_idx[mine] - starts[k]).tolist(),
@@ -202,23 +202,23 @@ class VectorizedEnv(BatchedEnv):
 
     def drain(self) -> None:
         """Read and drop the replies of stage steps still in flight, so the next request to
-        each group gets its own reply (after a failure that interrupted a pipelined rollout)."""
+        each worker gets its own reply (after a failure that interrupted a pipelined rollout)."""
         for k in sorted(self._awaiting - self._failed):
             try:
-                self.groups[k].receive()
+                self.workers[k].receive()
             except EnvWorkerError:
                 self._failed.add(k)
         self._awaiting.clear()
 
     def recover(self) -> Observation:
-        """Replace every group whose worker failed with a fresh one (its envs start new
+        """Replace every worker that failed with a fresh one (its envs start new
         episodes; the others carry on) and return the full batch of observations."""
         self.drain()
         for k in sorted(self._failed):
-            self.groups[k].close()
-            self.groups[k] = self._make_group(self._splits[k])
-            self.groups[k].send("reset")
-            self.groups[k].receive()
+            self.workers[k].close()
+            self.workers[k] = self._make_worker(self._splits[k])
+            self.workers[k].send("reset")
+            self.workers[k].receive()
             self._failed.discard(k)
         return self._observation(self._all("observe"))
 
@@ -244,18 +244,18 @@ class VectorizedEnv(BatchedEnv):
             episodes=[EpisodeStats(int(e[0]), str(e[1]), float(e[2]), int(e[3]), bool(e[4])) for p in parts for e in p["episodes"]],
         )
 
-    # ---- stages: one group each, stepped independently so that inference for one group
+    # ---- stages: one worker each, stepped independently so that inference for one worker
     # ---- overlaps simulation in the others (pipelined rollout)
     @property
     def num_stages(self) -> int:
-        return len(self.groups)
+        return len(self.workers)
 
     def stage_rows(self, stage: int) -> slice:
         return slice(int(self._starts[stage]), int(self._starts[stage + 1]))
 
     def send_stage_step(self, stage: int, actions: np.ndarray) -> None:
         try:
-            self.groups[stage].send("step", chunk=np.asarray(actions, dtype=np.float32))
+            self.workers[stage].send("step", chunk=np.asarray(actions, dtype=np.float32))
         except EnvWorkerError:
             self._failed.add(stage)
             raise
@@ -264,7 +264,7 @@ class VectorizedEnv(BatchedEnv):
     def receive_stage_step(self, stage: int) -> StepResult:
         self._awaiting.discard(stage)
         try:
-            part = self.groups[stage].receive()
+            part = self.workers[stage].receive()
         except EnvWorkerError:
             self._failed.add(stage)
             raise
@@ -272,8 +272,8 @@ class VectorizedEnv(BatchedEnv):
 
     def render(self, env_idx: int = 0) -> np.ndarray:
         k = int(np.searchsorted(self._starts, env_idx, side="right") - 1)
-        self.groups[k].send("render", local_idx=int(env_idx - self._starts[k]))
-        return self.groups[k].receive()
+        self.workers[k].send("render", local_idx=int(env_idx - self._starts[k]))
+        return self.workers[k].receive()
 
     def resume_state(self) -> dict[str, Any]:
         """Per env, independent of how envs are spread over workers."""
@@ -290,16 +290,16 @@ class VectorizedEnv(BatchedEnv):
             return self.reset()
         if len(state["seed"]) != self.num_envs:
             raise ValueError(f"the saved env state has {len(state['seed'])} envs, this env has {self.num_envs}")
-        per_group = []
-        for k in range(len(self.groups)):
+        per_worker = []
+        for k in range(len(self.workers)):
             rows = self.stage_rows(k)
-            per_group.append({"saved": {
+            per_worker.append({"saved": {
                 "episode": np.asarray(state["episode"])[rows],
                 "seed": np.asarray(state["seed"])[rows],
                 "actions": list(state["actions"][rows]),
                 "observation_state": np.asarray(state["observation_state"])[rows],
             }})
-        observation = self._observation(self._all("restore", per_group))
+        observation = self._observation(self._all("restore", per_worker))
         if not np.array_equal(np.asarray(observation.state), np.asarray(state["observation_state"])):
             raise CheckpointError(
                 "replaying the episodes in progress at the checkpoint did not reproduce their observations: this "
@@ -308,9 +308,9 @@ class VectorizedEnv(BatchedEnv):
         return observation
 
     def close(self) -> None:
-        for group in self.groups:
-            group.close()
-        self.groups = []
+        for worker in self.workers:
+            worker.close()
+        self.workers = []
         if self._on_close is not None:
             self._on_close()
             self._on_close = None

@@ -1,4 +1,4 @@
-"""An env worker process: a group of single envs served over ZeroMQ to the rollout.
+"""An env worker process: its share of the single envs, served over ZeroMQ to the rollout.
 
     python -m embodied.sim.worker --endpoint ipc:///tmp/x --env '{"name": "gymnasium", ...}' --env-ids 0 1 --seed 1
 
@@ -22,7 +22,7 @@ import zmq
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
 from embodied.core.sockets import connect, receive, send
 from embodied.core.env import SingleEnv
-from embodied.sim.group import EnvGroup, run_command
+from embodied.sim.worker_envs import WorkerEnvs, run_command
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
     """Builds single envs from a plain config dict, without the training-side registries."""
@@ -55,9 +55,9 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.IDENTITY, (worker_id or f"env-{os.getpid()}").encode())
     connect(socket, endpoint, keys_dir)  # a CURVE client where the hub is off loopback
-    group = EnvGroup(make_env, env_ids, base_seed, stream)
+    envs = WorkerEnvs(make_env, env_ids, base_seed, stream)
     try:
-        description = group.describe()
+        description = envs.describe()
         spec = plain(description["spec"])
         send(socket, Message("hello", 0, {"protocol": PROTOCOL_VERSION, "role": "env", "env_ids": env_ids,
                                           **description}))
@@ -81,9 +81,9 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
             if request.kind == "error":
                 raise SystemExit(f"env worker {worker_id}: the rollout refused it: {request.body.get('message')}")
             if request.kind == "command":
-                send(socket, Message("result", request.seq, run_command(group, request.body)))
+                send(socket, Message("result", request.seq, run_command(envs, request.body)))
     finally:
-        group.close()
+        envs.close()
         socket.close()
 
 

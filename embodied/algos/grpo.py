@@ -136,7 +136,7 @@ class GRPOConfig:
     # One ratio per term of the policy's log-prob (action token, trained denoising step) or
     # per chunk; with terms, denoising step j of P weighs denoise_discount^(P - 1 - j).
     ratio: str = "term"
-    denoise_discount: float = 1.0
+    denoise_discount: float = 1.0  # with ratio=term: denoising step j of P weighs this^(P-1-j)
 
 
 def check_config(cfg: GRPOConfig) -> None:

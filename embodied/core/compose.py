@@ -14,6 +14,40 @@ from embodied.core.errors import ConfigError
 
 CONFIG_DIR = Path(str(resources.files("embodied.configs")))  # a checkout's configs/, or the installed wheel's
 
+# Names that were changed: an old one is refused with its new name, never taken silently.
+# "group=option" for a config group's option, "group.key" for a key.
+RENAMED = {
+    "policy=flow_vlm": "policy=vlm_expert",  # one letter from flow_vla, a different model
+    "policy.checkpoint": "policy.pretrained",  # pi0 / pi0.5's pretrained model, not one of our checkpoints
+}
+
+
+def renamed(name: str) -> str | None:
+    """The message for an old name (`group=option` or `group.key`), or None."""
+    new = RENAMED.get(name)
+    return f"'{name}' was renamed '{new}'" if new else None
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse a command line that uses an old name, saying the new one."""
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        if f"{key}={value}" in RENAMED:
+            raise ConfigError(f"'{key}={value}' was renamed: pass {RENAMED[f'{key}={value}']}")
+        if key in RENAMED:
+            raise ConfigError(f"'{key}' was renamed: pass {RENAMED[key]}={value}")
+
+
+def setting(override: str) -> str:
+    """A command-line `key=value` as Hydra's add-or-override `++key=value`. The YAML files hold
+    only what differs from their schema's defaults (the dataclasses are the one source of
+    them), so a key may be absent until validation fills it in; validation still refuses a
+    key the schema lacks. Choosing a group's option (`env=...`) stays as it is."""
+    key, equals, _ = override.partition("=")
+    if not equals or override.startswith(("+", "~")) or "@" in key or (CONFIG_DIR / key).is_dir():
+        return override
+    return "++" + override
+
 
 def compose(config_name: str, overrides: list[str]) -> DictConfig:
     """`configs/<config_name>.yaml` with its defaults and the command line's overrides."""
@@ -21,9 +55,10 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
+    check_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            return hydra_compose(config_name=config_name, overrides=overrides)
+            return hydra_compose(config_name=config_name, overrides=[setting(o) for o in overrides])
     except HydraException as error:
         raise ConfigError(str(error)) from None
     except OmegaConfBaseException as error:
@@ -38,7 +73,7 @@ def validate(schema: type, section: Any, where: str = "") -> Any:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "?"
-        message = str(error).splitlines()[0]
+        message = renamed(f"{where}{key}") or str(error).splitlines()[0]
         raise ConfigError(f"config error at '{where}{key}': {message}") from None
 
 

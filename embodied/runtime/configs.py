@@ -16,7 +16,7 @@ class LocalRuntimeConfig:
     name: str = "local"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     torch_threads: Optional[int] = None  # None: torch's default
-    # Overlap policy inference for one env worker group with simulation in the others
+    # Overlap policy inference for one env worker with simulation in the others
     # (needs env.num_workers >= 2).
     pipeline: bool = False
 
@@ -27,7 +27,7 @@ class ProcsRuntimeConfig:
     device: str = "auto"  # the learner's: auto | cpu | cuda | cuda:N
     rollout_device: str = "auto"  # the rollout's policy inference
     torch_threads: Optional[int] = None  # per process; None: torch's default
-    pipeline: bool = False  # overlap inference for one env worker group with simulation in others
+    pipeline: bool = False  # overlap inference for one env worker with simulation in others
     # 0: synchronous, every sample from the current policy. k > 0: the rollout keeps acting
     # with weights up to k updates old; older samples are dropped and counted, the rest are
     # corrected with their behaviour log-prob (decoupled PPO).
@@ -61,7 +61,7 @@ class RayRuntimeConfig(ProcsRuntimeConfig):
     num_cpus: Optional[int] = None  # a local instance's CPUs; default: what the roles ask for, at least the cores
     host: str = "127.0.0.1"  # where the learner and env hubs bind; on a cluster this node's address (+ keys_dir)
     rollout: RoleResources = field(default_factory=RoleResources)
-    env_worker: RoleResources = field(default_factory=RoleResources)
+    env_worker: RoleResources = field(default_factory=RoleResources)  # one actor per env worker (env.num_workers)
     learner_rank: RoleResources = field(default_factory=RoleResources)  # ranks 1..N-1 (runtime.learner_ranks)
 
 
@@ -70,7 +70,7 @@ class RobotsRuntimeConfig:
     name: str = "robots"
     device: str = "auto"  # the learner's (inference runs beside it)
     torch_threads: Optional[int] = None
-    endpoint: str = "tcp://127.0.0.1:5555"
+    endpoint: str = "tcp://127.0.0.1:5555"  # where robots connect (off this machine: a public address + keys_dir)
     keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); required off loopback
     max_clients: int = 8
     batch_window_ms: float = 2.0

@@ -1,7 +1,7 @@
 """`runtime=local`: env side, rollout and learner in one process and one loop.
 
 Deterministic on CPU for a given seed; a resumed run reproduces the uninterrupted one
-(env state comes back by replaying each episode's seed and actions, see `embodied.sim.group`)."""
+(env state comes back by replaying each episode's seed and actions, see `embodied.sim.worker_envs`)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from embodied.offload import Offloader
 from embodied.core.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from embodied.core.policy import Policy
 from embodied.core.env import BatchedEnv, episode_seed
-from embodied.sim.group import EnvWorkerError
+from embodied.sim.worker_envs import EnvWorkerError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ class Rollout:
                  offload: bool = False):
         self.env = env
         self.operator = operator  # a scripted operator that may take over envs (embodied/intervention.py)
-        # Pipelining needs an env whose worker groups step independently (VectorizedEnv with workers).
+        # Pipelining needs an env whose env workers step independently (VectorizedEnv with workers).
         self.pipeline = pipeline and getattr(env, "num_stages", 1) > 1
         self.policy = policy
         self.device = device
@@ -141,8 +141,8 @@ class Rollout:
 
     @torch.no_grad()
     def _collect_pipelined(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
-        """Each worker group is a stage: while one group simulates its chunk, the policy runs
-        for the next group, so inference and simulation overlap (SEED RL / RLinf style)."""
+        """Each env worker is a stage: while one worker simulates its chunk, the policy runs
+        for the next one, so inference and simulation overlap (SEED RL / RLinf style)."""
         env = self.env
         stages = range(env.num_stages)
         observations = [self.observation.select(env.stage_rows(k)) for k in stages]

@@ -94,3 +94,76 @@ def test_procs_runtime_shares_the_config_and_checks_its_values():
         make_procs_runtime(load("runtime=procs", "runtime.max_policy_lag=-1").runtime)
     with pytest.raises(ConfigError, match="peer_timeout_s"):
         make_procs_runtime(load("runtime=procs", "runtime.peer_timeout_s=1", "runtime.heartbeat_s=1").runtime)
+
+
+# ---- one source of defaults: the schemas -------------------------------------------------------
+
+def schema_defaults(schema) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(schema))
+
+
+def restated(section: dict, defaults: dict, where: str, skip=()) -> list[str]:
+    """The keys of a YAML section whose value is its schema's default (nested sections too)."""
+    found = []
+    for key, value in section.items():
+        if key in ("defaults", "name", *skip) or key not in defaults:
+            continue
+        if isinstance(value, dict) and isinstance(defaults[key], dict):
+            found += restated(value, defaults[key], f"{where}{key}.")
+        elif value == defaults[key]:
+            found.append(f"{where}{key}: {value!r}")
+    return found
+
+
+def test_no_yaml_file_restates_a_default_of_its_schema():
+    """The dataclasses hold every default; a YAML file says only what differs, so the two
+    cannot drift apart. Every key can still be set on the command line."""
+    from omegaconf import OmegaConf
+
+    import embodied.robots.components  # noqa: F401  (the robot registry)
+    from embodied.config import GROUPS, EvalConfig, SFTConfig
+    from embodied.core.compose import CONFIG_DIR
+    from embodied.core.registry import ROBOTS
+    from embodied.demos import DemosConfig
+    from embodied.reward_classifier import RewardClassifierConfig
+    from embodied.robots.client import RobotClientConfig, TeleopConfig
+    from embodied.serve import ServeConfig
+
+    registries = {**GROUPS, "robot": ROBOTS}
+    found = []
+    for path in sorted(CONFIG_DIR.glob("*/*.yaml")):
+        group = path.parent.name
+        if group == "experiment":  # named runs: every value in them is the point
+            continue
+        section = OmegaConf.to_container(OmegaConf.load(path))
+        name = section.get("name") or compose("train", [f"{group}={path.stem}"])[group].name
+        schema = TeleopConfig if group == "teleop" else registries[group].get(name).schema
+        found += restated(section, schema_defaults(schema), f"{group}/{path.name}: ")
+    tops = {"train": (TrainConfig, GROUPS), "sft": (SFTConfig, GROUPS), "eval": (EvalConfig, GROUPS),
+            "serve": (ServeConfig, ()), "demos": (DemosConfig, ("env",)), "reward": (RewardClassifierConfig, ()),
+            "robot": (RobotClientConfig, ("robot", "teleop"))}
+    for name, (schema, groups) in tops.items():
+        section = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / f"{name}.yaml"))
+        found += restated(section, schema_defaults(schema), f"{name}.yaml: ", skip=tuple(groups))
+    assert not found, "restated defaults (drop them from the YAML):\n" + "\n".join(found)
+
+
+def test_a_key_no_yaml_file_names_is_still_set_from_the_command_line():
+    config = load("algo.clip_coef=0.3", "policy.init_log_std=-1.0", "intervention.patience=7", "total_env_steps=99")
+    assert (config.algo.clip_coef, config.policy.init_log_std) == (0.3, -1.0)
+    assert (config.intervention.patience, config.total_env_steps) == (7, 99)
+    with pytest.raises(ConfigError, match=r"'algo\.clip_coeff'"):  # a typo is still refused, by the schema
+        load("algo.clip_coeff=0.3")
+
+
+def test_old_names_are_refused_with_the_new_ones():
+    with pytest.raises(ConfigError, match="'policy=flow_vlm' was renamed: pass policy=vlm_expert"):
+        load("policy=flow_vlm")
+    with pytest.raises(ConfigError, match=r"'policy\.checkpoint' was renamed: pass policy\.pretrained=/models/pi0"):
+        load("policy=pi0", "policy.checkpoint=/models/pi0")
+    saved = compose("train", [])
+    saved.policy.name = "flow_vlm"  # a run saved under the old name
+    with pytest.raises(ConfigError, match="'policy=flow_vlm' was renamed 'policy=vlm_expert'"):
+        to_schema(TrainConfig, saved)

@@ -97,7 +97,7 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
     its tied language head, which the loader takes)."""
     work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
     reference = np.load(work / "reference.npz")["actions"]
-    cfg = resolve_architecture(CONFIGS[model](**REFERENCE, checkpoint=str(work / "checkpoint")))
+    cfg = resolve_architecture(CONFIGS[model](**REFERENCE, pretrained=str(work / "checkpoint")))
     model = Pi0Model(cfg)
     load_checkpoint(model, cfg.checkpoint)
     t = {name: torch.from_numpy(value) for name, value in np.load(work / "inputs.npz").items()}
@@ -113,7 +113,7 @@ def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
     spec = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3,
                    image_shapes={"base": (32, 32, 3)})
     pi0 = Pi0Policy(Pi0Config(**{**REFERENCE, "sampler": "ode", "chunk_size": 5,
-                                 "checkpoint": str(lerobot_checkpoint / "checkpoint")}), spec)
+                                 "pretrained": str(lerobot_checkpoint / "checkpoint")}), spec)
     seen = Observation(state=torch.randn(2, 5), images={"base": torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)},
                        instruction=["push", "pick the cube"])
     with torch.no_grad():
@@ -129,11 +129,11 @@ def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
 def test_checkpoint_mismatches_are_refused_by_name(tmp_path, lerobot_checkpoint):
     checkpoint = lerobot_checkpoint / "checkpoint"
     with pytest.raises(ConfigError, match="of another shape"):  # built at other sizes
-        Pi0Policy(Pi0Config(**{**REFERENCE, "expert_variant": "tiny", "checkpoint": str(checkpoint)}),
+        Pi0Policy(Pi0Config(**{**REFERENCE, "expert_variant": "tiny", "pretrained": str(checkpoint)}),
                   EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3))
     with pytest.raises(ConfigError, match="max_action_dim=8"):
-        resolve_architecture(Pi0Config(**{**REFERENCE, "max_action_dim": 7, "checkpoint": str(checkpoint)}))
-    assert resolve_architecture(Pi0Config(checkpoint=str(checkpoint))).paligemma_variant == "gemma_2b"  # config.json
+        resolve_architecture(Pi0Config(**{**REFERENCE, "max_action_dim": 7, "pretrained": str(checkpoint)}))
+    assert resolve_architecture(Pi0Config(pretrained=str(checkpoint))).paligemma_variant == "gemma_2b"  # config.json
     weights = load_file(str(checkpoint / "model.safetensors"))
     partial = tmp_path / "partial"
     partial.mkdir()
@@ -141,13 +141,13 @@ def test_checkpoint_mismatches_are_refused_by_name(tmp_path, lerobot_checkpoint)
     with pytest.raises(ConfigError, match=r"2 missing \(e.g. \['action_out_proj.bias'"):
         load_checkpoint(Pi0Model(resolve_architecture(Pi0Config(**REFERENCE))), str(partial))
     with pytest.raises(ConfigError, match="does not exist"):
-        resolve_architecture(Pi0Config(checkpoint=str(tmp_path / "nowhere")))
+        resolve_architecture(Pi0Config(pretrained=str(tmp_path / "nowhere")))
     (tmp_path / "smolvla").mkdir()
     (tmp_path / "smolvla" / "config.json").write_text(json.dumps({"type": "smolvla"}))
     with pytest.raises(ConfigError, match="'smolvla' policy"):
-        resolve_architecture(Pi0Config(checkpoint=str(tmp_path / "smolvla")))
+        resolve_architecture(Pi0Config(pretrained=str(tmp_path / "smolvla")))
     with pytest.raises(ConfigError, match="'pi0' policy; policy=pi05"):
-        resolve_architecture(Pi05Config(checkpoint=str(checkpoint)))
+        resolve_architecture(Pi05Config(pretrained=str(checkpoint)))
 
 
 @pytest.mark.parametrize("model", ["pi0", "pi05"])
@@ -228,7 +228,7 @@ def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_check
     shutil.copytree(lerobot_checkpoint / "checkpoint", base)
     spec = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3,
                    image_shapes=SPEC.image_shapes)
-    make = lambda **frozen: Pi0Policy(Pi0Config(**REFERENCE, checkpoint=str(base), critic_hidden=[16],  # noqa: E731
+    make = lambda **frozen: Pi0Policy(Pi0Config(**REFERENCE, pretrained=str(base), critic_hidden=[16],  # noqa: E731
                                                 **(frozen or {"train_expert_only": True})), spec)
     weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
     parts = lambda names: {name.split(".")[1] for name in names if name.startswith("model.")}  # noqa: E731
@@ -287,7 +287,7 @@ def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model,
     work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
     run_dir = tmp_path / "run"
     result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"policy={model}",
-                             f"policy.checkpoint={work / 'checkpoint'}",
+                             f"policy.pretrained={work / 'checkpoint'}",
                              "policy.paligemma_variant=tiny", "policy.expert_variant=tiny_expert",
                              "policy.vocab_size=300", "policy.max_state_dim=64", "policy.max_action_dim=8",
                              "policy.horizon=5", "policy.denoise_steps=4", "policy.sampler=flow_noise",

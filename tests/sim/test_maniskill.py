@@ -7,7 +7,7 @@ import pytest
 import sapien
 
 from embodied.core.errors import ConfigError
-from embodied.sim.group import EnvGroup
+from embodied.sim.worker_envs import WorkerEnvs
 from embodied.sim.maniskill import ManiSkillEnv, make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 
@@ -101,7 +101,7 @@ def _cube_on_goal(group):
 
 def test_success_fires_and_terminates_when_the_cube_is_on_the_goal():
     config = ManiSkillConfig(task="PushCube-v1", ignore_terminations=False)
-    group = EnvGroup(partial(ManiSkillEnv, config), [0], base_seed=0)
+    group = WorkerEnvs(partial(ManiSkillEnv, config), [0], base_seed=0)
     try:
         result = _cube_on_goal(group)
         assert result["success"][0] and result["terminated"][0]
@@ -111,7 +111,7 @@ def test_success_fires_and_terminates_when_the_cube_is_on_the_goal():
 
 
 def test_by_default_success_does_not_end_the_episode_but_counts_at_its_end():
-    group = EnvGroup(partial(ManiSkillEnv, ManiSkillConfig(task="PushCube-v1")), [0], base_seed=0)
+    group = WorkerEnvs(partial(ManiSkillEnv, ManiSkillConfig(task="PushCube-v1")), [0], base_seed=0)
     try:
         result = _cube_on_goal(group)
         assert result["success"][0] and not result["terminated"][0] and not result["episodes"]
@@ -175,13 +175,13 @@ def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
 
 
 def test_a_killed_env_worker_is_reported_not_waited_on():
-    from embodied.sim.group import EnvWorkerError
+    from embodied.sim.worker_envs import EnvWorkerError
 
     env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=2), seed=0)
     try:
         env.reset()
-        env.groups[1].process.kill()
-        env.groups[1].process.join()
+        env.workers[1].process.kill()
+        env.workers[1].process.join()
         with pytest.raises(EnvWorkerError, match="died"):
             env.step(np.zeros((2, 1, 8), np.float32))
     finally:

@@ -11,7 +11,7 @@ from embodied.core.sockets import EndpointError, check_endpoint
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
-from embodied.sim.group import EnvWorkerError
+from embodied.sim.worker_envs import EnvWorkerError
 
 
 @pytest.mark.parametrize("transport", ["pipe", "zmq"])
@@ -34,8 +34,8 @@ def test_a_killed_zmq_worker_is_reported_promptly():
                          seed=0)
     try:
         env.reset()
-        env.groups[0].process.send_signal(signal.SIGKILL)
-        env.groups[0].process.wait()
+        env.workers[0].process.send_signal(signal.SIGKILL)
+        env.workers[0].process.wait()
         with pytest.raises(EnvWorkerError, match="died"):
             env.step(np.zeros((2, 1, 1), np.float32))
     finally:
@@ -116,10 +116,10 @@ def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transpo
         assert rollout.pipeline == pipeline
         rollout.start()
         rollout.collect(5)
-        dead = env.groups[1].process
+        dead = env.workers[1].process
         os.kill(dead.pid, signal.SIGKILL)
         batch, _, env_steps = rollout.collect(5)
-        assert rollout.env_restarts == 1 and env.groups[1].process.pid != dead.pid
+        assert rollout.env_restarts == 1 and env.workers[1].process.pid != dead.pid
         assert batch.reward.shape == (5, 4) and env_steps == 20
         assert rollout.collect(3)[0].reward.shape == (3, 4) and rollout.env_restarts == 1
     finally:

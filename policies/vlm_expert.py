@@ -38,8 +38,8 @@ VALUE_FROM = ("prefix", "expert")
 
 
 @dataclass
-class FlowVLMConfig(FlowPolicyConfig):
-    name: str = "flow_vlm"
+class VLMExpertConfig(FlowPolicyConfig):
+    name: str = "vlm_expert"
     backbone: str = "tiny_vlm"  # tiny_vlm | a vision-language model's local path or hub id
     hidden_size: int = 64  # tiny_vlm only
     num_layers: int = 2
@@ -48,12 +48,12 @@ class FlowVLMConfig(FlowPolicyConfig):
     image_size: int = 32
     patch_size: int = 8
     max_instruction_tokens: int = 48
-    freeze_backbone: bool = False
+    freeze_backbone: bool = False  # true: train the action expert, projections and heads only
     expert_width: int = 64
     expert_layers: int = 2
     expert_heads: int = 4
     value_from: str = "prefix"  # prefix | expert
-    detach_value_input: bool = True
+    detach_value_input: bool = True  # the value loss does not move what the actions rely on
 
 
 class ActionExpert(nn.Module):
@@ -84,10 +84,10 @@ class ActionExpert(nn.Module):
                             memory_key_padding_mask=padding)
 
 
-class FlowVLMPolicy(FlowPolicy):
+class VLMExpertPolicy(FlowPolicy):
     accepts_images = True
 
-    def __init__(self, cfg: FlowVLMConfig, spec: EnvSpec):
+    def __init__(self, cfg: VLMExpertConfig, spec: EnvSpec):
         if cfg.value_from not in VALUE_FROM:
             raise ConfigError(f"policy.value_from must be one of {VALUE_FROM}, got '{cfg.value_from}'")
         backbone, tokenizer = build_backbone(cfg)
@@ -97,7 +97,7 @@ class FlowVLMPolicy(FlowPolicy):
         self.cameras = sorted(spec.image_shapes)
         self.image_tokens = vision_prefix(backbone, cfg.backbone, self.cameras)
         if self.image_tokens is None:
-            raise ConfigError("policy=flow_vlm reads camera images; use an env with cameras (env.obs_mode=rgb)")
+            raise ConfigError("policy=vlm_expert reads camera images; use an env with cameras (env.obs_mode=rgb)")
         self.state_embedding = nn.Linear(spec.state_dim, self.prefix_dim)
         if cfg.freeze_backbone:
             self.backbone.requires_grad_(False)
@@ -147,6 +147,6 @@ class FlowVLMPolicy(FlowPolicy):
         return self.critic(features.detach() if self.cfg.detach_value_input else features).squeeze(-1)
 
 
-@POLICIES.register("flow_vlm", FlowVLMConfig)
-def make_flow_vlm(cfg: FlowVLMConfig, spec: EnvSpec) -> FlowVLMPolicy:
-    return FlowVLMPolicy(cfg, spec)
+@POLICIES.register("vlm_expert", VLMExpertConfig)
+def make_vlm_expert(cfg: VLMExpertConfig, spec: EnvSpec) -> VLMExpertPolicy:
+    return VLMExpertPolicy(cfg, spec)

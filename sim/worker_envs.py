@@ -1,5 +1,5 @@
-"""A group of single envs in one process: executes action chunks, auto-resets, keeps
-per-episode bookkeeping. Results are plain dicts of numpy arrays so that a group can answer
+"""The single envs one worker steps, in one process: executes action chunks, auto-resets, keeps
+per-episode bookkeeping. Results are plain dicts of numpy arrays so that a worker can answer
 from another process through `embodied.core.codec`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 from embodied.core.env import SingleEnv, SingleObservation, episode_seed
 
 
-class EnvGroup:
+class WorkerEnvs:
     def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int = 0):
         self.env_ids = list(env_ids)
         self.envs = [make_env(env_id) for env_id in self.env_ids]
@@ -149,14 +149,14 @@ class EnvWorkerError(RuntimeError):
 COMMANDS = frozenset({"describe", "observe", "reset", "rewind", "step", "render", "resume_state", "restore"})
 
 
-def run_command(group: EnvGroup, request: Any) -> dict[str, Any]:
+def run_command(envs: WorkerEnvs, request: Any) -> dict[str, Any]:
     """Execute one `{command, args}` request from a worker's channel: `{ok: result}` or
-    `{error: text}`; only the group's public commands can be called."""
+    `{error: text}`; only the envs' public commands can be called."""
     command = request.get("command") if isinstance(request, dict) else None
     if command not in COMMANDS:
         return {"error": f"unknown command {command!r}; known: {', '.join(sorted(COMMANDS))}"}
     try:
-        return {"ok": getattr(group, command)(**request.get("args", {}))}
+        return {"ok": getattr(envs, command)(**request.get("args", {}))}
     except Exception:
         return {"error": traceback.format_exc()}
 

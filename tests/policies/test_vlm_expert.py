@@ -10,7 +10,7 @@ import torch
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.flow_vlm import FlowVLMConfig, FlowVLMPolicy
+from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
@@ -24,9 +24,9 @@ def camera_observation(batch=3, seed=0, invert=False):
                        instruction=["pick the cube"] * batch)
 
 
-def policy(**overrides) -> FlowVLMPolicy:
+def policy(**overrides) -> VLMExpertPolicy:
     torch.manual_seed(0)
-    return FlowVLMPolicy(FlowVLMConfig(critic_hidden=[16], **overrides), SPEC)
+    return VLMExpertPolicy(VLMExpertConfig(critic_hidden=[16], **overrides), SPEC)
 
 
 @pytest.mark.parametrize("sampler", ["flow_sde", "flow_noise"])
@@ -88,8 +88,8 @@ def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on
 
     base = tmp_path / "vlm"
     save_tiny_vlm(base)
-    make = lambda **overrides: FlowVLMPolicy(  # noqa: E731
-        FlowVLMConfig(backbone=str(base), critic_hidden=[16], **{"freeze_backbone": True, **overrides}), SPEC)
+    make = lambda **overrides: VLMExpertPolicy(  # noqa: E731
+        VLMExpertConfig(backbone=str(base), critic_hidden=[16], **{"freeze_backbone": True, **overrides}), SPEC)
     weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
     assert record["source"] == str(base)
     assert not any(name.startswith("backbone.") for name in weights)
@@ -104,15 +104,15 @@ def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on
 
 def test_state_observations_and_unknown_value_heads_are_refused():
     with pytest.raises(ConfigError, match="env.obs_mode=rgb"):
-        FlowVLMPolicy(FlowVLMConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0,) * 2,
+        VLMExpertPolicy(VLMExpertConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0,) * 2,
                                                action_high=(1.0,) * 2))
     with pytest.raises(ConfigError, match="policy.value_from"):
-        FlowVLMPolicy(FlowVLMConfig(value_from="critic"), SPEC)
+        VLMExpertPolicy(VLMExpertConfig(value_from="critic"), SPEC)
 
 
 def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=flow_vlm", "env.obs_mode=rgb",
+    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=vlm_expert", "env.obs_mode=rgb",
                              "env.image_size=32", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=4",
                              "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=8", "eval_episodes=0",
                              "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
