@@ -53,8 +53,13 @@ def main() -> None:
         np.copyto(target, b)
         return target
 
-    methods = {"memcpy": memcpy, "frames (pack/unpack)": frames, "single buffer (encode/decode)": single_buffer,
-               "pickle": pickled, "msgpack + bytes copy": plain_msgpack}
+    methods = {
+        "memcpy": memcpy,
+        "frames (pack/unpack)": frames,
+        "single buffer (encode/decode)": single_buffer,
+        "pickle": pickled,
+        "msgpack + bytes copy": plain_msgpack,
+    }
     seconds = {}
     for name, method in methods.items():
         assert np.array_equal(method(batch), batch), name
@@ -66,14 +71,25 @@ def main() -> None:
         seconds[name] = best
     gbps = {name: batch.nbytes / s / 1e9 for name, s in seconds.items()}
     ratio = {name: gbps[name] / gbps["memcpy"] for name in gbps}
-    result = {"shape": SHAPE, "bytes": batch.nbytes, "best_of": args.repeats, "gb_per_s": gbps, "ratio_to_memcpy": ratio}
+    result = {
+        "shape": SHAPE,
+        "bytes": batch.nbytes,
+        "best_of": args.repeats,
+        "gb_per_s": gbps,
+        "ratio_to_memcpy": ratio,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "codec.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Codec: encode + decode of a {'x'.join(map(str, SHAPE))} uint8 batch ({batch.nbytes / 1e6:.1f} MB)",
-             "", f"Best of {args.repeats}, one process. `frames` never copies the array: its bytes stay where "
-             "they are until the socket sends them, hence above memcpy; `single buffer` joins the frames "
-             "into one bytes object (one copy), the form used over pipes.", "",
-             "| method | GB/s | ratio to memcpy |", "| --- | ---: | ---: |"]
+    lines = [
+        f"# Codec: encode + decode of a {'x'.join(map(str, SHAPE))} uint8 batch ({batch.nbytes / 1e6:.1f} MB)",
+        "",
+        f"Best of {args.repeats}, one process. `frames` never copies the array: its bytes stay where "
+        "they are until the socket sends them, hence above memcpy; `single buffer` joins the frames "
+        "into one bytes object (one copy), the form used over pipes.",
+        "",
+        "| method | GB/s | ratio to memcpy |",
+        "| --- | ---: | ---: |",
+    ]
     lines += [f"| {name} | {gbps[name]:.2f} | {ratio[name]:.2f} |" for name in methods]
     (RESULTS / "codec.md").write_text("\n".join(lines) + "\n\n![codec](codec.png)\n")
 

@@ -48,15 +48,21 @@ WARMUP_REQUESTS = 5
 LEROBOT_REASON = (
     "not measured: lerobot does not install next to this project. lerobot >= 0.5 needs Python >= 3.12 "
     f"(this is {platform.python_version()}); with the `async` extra, pip finds that 0.3.3 to 0.4.4 require "
-    "torch < 2.8 or < 2.11 (we pin torch 2.13.0) and 0.3.2 requires gymnasium < 1.0 (we need >= 1.0)")
+    "torch < 2.8 or < 2.11 (we pin torch 2.13.0) and 0.3.2 requires gymnasium < 1.0 (we need >= 1.0)"
+)
 
 
 def env_spec():
     from embodied.core.types import EnvSpec
 
-    return EnvSpec(state_dim=STATE_DIM, action_dim=ACTION_DIM, action_low=(-1.0,) * ACTION_DIM,
-                   action_high=(1.0,) * ACTION_DIM, image_shapes={name: IMAGE_SHAPE for name in IMAGES},
-                   control_hz=10.0)
+    return EnvSpec(
+        state_dim=STATE_DIM,
+        action_dim=ACTION_DIM,
+        action_low=(-1.0,) * ACTION_DIM,
+        action_high=(1.0,) * ACTION_DIM,
+        image_shapes={name: IMAGE_SHAPE for name in IMAGES},
+        control_hz=10.0,
+    )
 
 
 def forward_pass(model_ms: float) -> None:
@@ -73,8 +79,12 @@ def serve_ours(model_ms: float, address: Any, stop: Any) -> None:
         forward_pass(model_ms)
         return np.zeros((len(observation.instruction), CHUNK, ACTION_DIM), np.float32)
 
-    server = PolicyServer(infer, env_spec(), {"policy": "zeros", "chunk_size": CHUNK},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, max_clients=64, max_batch=64))
+    server = PolicyServer(
+        infer,
+        env_spec(),
+        {"policy": "zeros", "chunk_size": CHUNK},
+        ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, max_clients=64, max_batch=64),
+    )
     address.put(server.endpoint)
     try:
         server.serve_forever(stop.is_set)
@@ -170,8 +180,9 @@ class OpenpiClient:
         self.policy._ws.close()  # openpi-client 0.1.2 has no public close
 
 
-def run_client(protocol: str, address: Any, seed: int, ready: Any, go: Any, window: Any,
-               latencies: list[float], errors: list[str]) -> None:
+def run_client(
+    protocol: str, address: Any, seed: int, ready: Any, go: Any, window: Any, latencies: list[float], errors: list[str]
+) -> None:
     try:
         client = (OursClient if protocol == "ours" else OpenpiClient)(address, seed)
         for _ in range(WARMUP_REQUESTS):
@@ -198,8 +209,10 @@ def client_process(protocol: str, address: Any, seeds: list[int], ready: Any, go
     """Clients as threads; reports the round trips (ms) completed inside the window."""
     latencies: list[float] = []  # list.append is atomic under the GIL
     errors: list[str] = []
-    threads = [threading.Thread(target=run_client, args=(protocol, address, seed, ready, go, window, latencies, errors))
-               for seed in seeds]
+    threads = [
+        threading.Thread(target=run_client, args=(protocol, address, seed, ready, go, window, latencies, errors))
+        for seed in seeds
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -212,8 +225,9 @@ def measure(protocol: str, model_ms: float, clients: int, args: argparse.Namespa
     """The round trips (ms) of every reply that arrived inside the window."""
     context = multiprocessing.get_context("spawn")
     stop, address_queue = context.Event(), context.Queue()
-    server = context.Process(target=serve_ours if protocol == "ours" else serve_openpi,
-                             args=(model_ms, address_queue, stop), daemon=True)
+    server = context.Process(
+        target=serve_ours if protocol == "ours" else serve_openpi, args=(model_ms, address_queue, stop), daemon=True
+    )
     server.start()
     procs: list[Any] = []
     try:
@@ -222,8 +236,10 @@ def measure(protocol: str, model_ms: float, clients: int, args: argparse.Namespa
         window = context.Array("d", 2)
         processes = min(clients, args.client_procs)
         groups = [list(range(i, clients, processes)) for i in range(processes)]
-        procs = [context.Process(target=client_process, args=(protocol, address, seeds, ready, go, window, out),
-                                 daemon=True) for seeds in groups]
+        procs = [
+            context.Process(target=client_process, args=(protocol, address, seeds, ready, go, window, out), daemon=True)
+            for seeds in groups
+        ]
         for proc in procs:
             proc.start()
         for _ in range(clients):
@@ -244,7 +260,7 @@ def measure(protocol: str, model_ms: float, clients: int, args: argparse.Namespa
                     break
                 except queue.Empty:
                     if time.perf_counter() > window[1] + 180:
-                        raise RuntimeError("the clients did not finish")
+                        raise RuntimeError("the clients did not finish") from None
                     try:
                         raise RuntimeError(ready.get_nowait())
                     except queue.Empty:
@@ -265,10 +281,14 @@ def measure(protocol: str, model_ms: float, clients: int, args: argparse.Namespa
 def summary(runs: list[np.ndarray], seconds: float) -> dict[str, Any]:
     """Throughput: the best run's. Latency: over the replies of all runs together."""
     pooled = np.concatenate(runs)
-    return {"replies_per_s": max(len(run) for run in runs) / seconds,
-            "runs_replies_per_s": [len(run) / seconds for run in runs], "replies": len(pooled),
-            "p50_ms": float(np.percentile(pooled, 50)), "p99_ms": float(np.percentile(pooled, 99)),
-            "mean_ms": float(pooled.mean())}
+    return {
+        "replies_per_s": max(len(run) for run in runs) / seconds,
+        "runs_replies_per_s": [len(run) / seconds for run in runs],
+        "replies": len(pooled),
+        "p50_ms": float(np.percentile(pooled, 50)),
+        "p99_ms": float(np.percentile(pooled, 99)),
+        "mean_ms": float(pooled.mean()),
+    }
 
 
 def bare_echo(address_queue: Any, stop: Any) -> None:
@@ -311,7 +331,10 @@ def bare_zeromq_round_trip(samples: int) -> dict[str, float]:
             if i >= 100:
                 times.append((time.perf_counter() - start) * 1000)
         socket.close()
-        return {"bare_zeromq_p50_ms": float(np.percentile(times, 50)), "bare_zeromq_p99_ms": float(np.percentile(times, 99))}
+        return {
+            "bare_zeromq_p50_ms": float(np.percentile(times, 50)),
+            "bare_zeromq_p99_ms": float(np.percentile(times, 99)),
+        }
     finally:
         stop.set()
         server.join(10)
@@ -339,10 +362,12 @@ def ours_floor(args: argparse.Namespace) -> dict[str, float]:
                 pass
             server_ms.append(reply.timing["server_ms"])
         client.close()
-        return {"heartbeat_p50_ms": float(np.percentile(pings, 50)),
-                "heartbeat_p99_ms": float(np.percentile(pings, 99)),
-                "server_p50_ms": float(np.percentile(server_ms, 50)),
-                **bare_zeromq_round_trip(samples)}
+        return {
+            "heartbeat_p50_ms": float(np.percentile(pings, 50)),
+            "heartbeat_p99_ms": float(np.percentile(pings, 99)),
+            "server_p50_ms": float(np.percentile(server_ms, 50)),
+            **bare_zeromq_round_trip(samples),
+        }
     finally:
         stop.set()
         server.join(10)
@@ -363,8 +388,11 @@ def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
     labels = [f"{model}\n{stat}" for model in MODELS for stat in ("p50", "p99")]
     x = np.arange(len(labels))
     for offset, protocol in ((-0.2, "ours"), (0.2, "openpi")):
-        values = [one[model][protocol][f"{stat}_ms"] - model_ms for model, model_ms in MODELS.items()
-                  for stat in ("p50", "p99")]
+        values = [
+            one[model][protocol][f"{stat}_ms"] - model_ms
+            for model, model_ms in MODELS.items()
+            for stat in ("p50", "p99")
+        ]
         axes[0].bar(x + offset, values, 0.4, label=protocol, color=colors[protocol])
     axes[0].set_xticks(x, labels, fontsize=8)
     axes[0].set_ylabel("round trip minus model (ms)")
@@ -391,74 +419,98 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
     counts = results["clients"]
     one, through, goals = results["latency_1_client"], results["throughput"], results["goals"]
     setup = results["setup"]
-    lines = [f"# Robot <-> policy server: ours vs the openpi client protocol, loopback, {os.cpu_count()} cores", "",
-             f"Observation: two uint8 {'x'.join(map(str, IMAGE_SHAPE))} images ({', '.join(IMAGES)}), a float32 "
-             f"({STATE_DIM},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
-             f"float32 {CHUNK}x{ACTION_DIM} action chunk. Each server runs in its own process; the clients run "
-             f"as threads spread over {args.client_procs} other processes (1 process for 1 client), the same "
-             f"arrangement for both protocols, each closed-loop: one request in flight, the next sent as soon as "
-             f"the reply is in. Each client makes {WARMUP_REQUESTS} warm-up requests; replies are then counted "
-             f"over {args.seconds:g} s after {args.settle:g} s of settling. {args.repeats} interleaved run(s) per "
-             f"point: throughput is the best run's, latency percentiles are over the replies of all runs. "
-             f"Latency is measured in the client, from handing over the observation to holding the decoded "
-             f"actions, so encoding and decoding on both ends count.", "",
-             "- **ours**: `embodied.serve.PolicyServer` (one ZeroMQ ROUTER socket; requests that arrive together "
-             "are answered by one batched forward pass, batch window 2 ms) and `embodied.robots.policy_client.PolicyClient` "
-             "(frames: arrays travel as raw buffers, no copies in the codec).",
-             f"- **openpi**: openpi-client {setup['openpi_client']} `WebsocketClientPolicy.infer` (msgpack-numpy "
-             f"over a websocket, websockets {setup['websockets']}) against a server written here to openpi's "
-             "documented protocol: an asyncio websockets server that sends the packed metadata on connect, then "
-             "for every message unpacks the observation, calls the policy and sends back the packed "
-             "`{actions, server_timing}`. As in openpi's reference server, the policy is called synchronously "
-             "inside the connection handler, so requests from several clients are served one at a time; no "
-             "batching was added.",
-             "- **Model costs**, applied identically to both servers. *Transport only*: the model returns zeros "
-             "instantly, so the round trip is the protocol's overhead. *10 ms model*: each forward pass costs "
-             "10 ms (`time.sleep(0.010)` per call) whatever its batch size. This stands for a GPU forward of a VLA "
-             "whose cost is flat in the batch size up to 32: an assumption about the accelerator, not measured "
-             "here (no GPU). Ours answers up to 64 requests per forward pass; openpi one.",
-             f"- **lerobot gRPC async inference**: {LEROBOT_REASON}.", "",
-             "## Latency at 1 client (ms)", "",
-             "| model | protocol | p50 | p99 | mean | overhead p50 (minus model) |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"# Robot <-> policy server: ours vs the openpi client protocol, loopback, {os.cpu_count()} cores",
+        "",
+        f"Observation: two uint8 {'x'.join(map(str, IMAGE_SHAPE))} images ({', '.join(IMAGES)}), a float32 "
+        f"({STATE_DIM},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
+        f"float32 {CHUNK}x{ACTION_DIM} action chunk. Each server runs in its own process; the clients run "
+        f"as threads spread over {args.client_procs} other processes (1 process for 1 client), the same "
+        f"arrangement for both protocols, each closed-loop: one request in flight, the next sent as soon as "
+        f"the reply is in. Each client makes {WARMUP_REQUESTS} warm-up requests; replies are then counted "
+        f"over {args.seconds:g} s after {args.settle:g} s of settling. {args.repeats} interleaved run(s) per "
+        f"point: throughput is the best run's, latency percentiles are over the replies of all runs. "
+        f"Latency is measured in the client, from handing over the observation to holding the decoded "
+        f"actions, so encoding and decoding on both ends count.",
+        "",
+        "- **ours**: `embodied.serve.PolicyServer` (one ZeroMQ ROUTER socket; requests that arrive together "
+        "are answered by one batched forward pass, batch window 2 ms) and `embodied.robots.policy_client.PolicyClient` "
+        "(frames: arrays travel as raw buffers, no copies in the codec).",
+        f"- **openpi**: openpi-client {setup['openpi_client']} `WebsocketClientPolicy.infer` (msgpack-numpy "
+        f"over a websocket, websockets {setup['websockets']}) against a server written here to openpi's "
+        "documented protocol: an asyncio websockets server that sends the packed metadata on connect, then "
+        "for every message unpacks the observation, calls the policy and sends back the packed "
+        "`{actions, server_timing}`. As in openpi's reference server, the policy is called synchronously "
+        "inside the connection handler, so requests from several clients are served one at a time; no "
+        "batching was added.",
+        "- **Model costs**, applied identically to both servers. *Transport only*: the model returns zeros "
+        "instantly, so the round trip is the protocol's overhead. *10 ms model*: each forward pass costs "
+        "10 ms (`time.sleep(0.010)` per call) whatever its batch size. This stands for a GPU forward of a VLA "
+        "whose cost is flat in the batch size up to 32: an assumption about the accelerator, not measured "
+        "here (no GPU). Ours answers up to 64 requests per forward pass; openpi one.",
+        f"- **lerobot gRPC async inference**: {LEROBOT_REASON}.",
+        "",
+        "## Latency at 1 client (ms)",
+        "",
+        "| model | protocol | p50 | p99 | mean | overhead p50 (minus model) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for model, model_ms in MODELS.items():
         for protocol in PROTOCOLS:
             row = one[model][protocol]
-            lines.append(f"| {model} | {protocol} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['mean_ms']:.2f} | "
-                         f"{row['p50_ms'] - model_ms:.2f} |")
-    lines += ["", "## Throughput (replies/s, all clients together)", "",
-              "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            lines.append(
+                f"| {model} | {protocol} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['mean_ms']:.2f} | "
+                f"{row['p50_ms'] - model_ms:.2f} |"
+            )
+    lines += [
+        "",
+        "## Throughput (replies/s, all clients together)",
+        "",
+        "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for model in MODELS:
         for n in counts:
             point = through[model][str(n)]
             ours, theirs = point["ours"], point["openpi"]
-            lines.append(f"| {model} | {n} | {ours['replies_per_s']:.0f} | {theirs['replies_per_s']:.0f} | "
-                         f"**{point['ratio']:.2f}x** | {ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} | "
-                         f"{theirs['p50_ms']:.1f} / {theirs['p99_ms']:.1f} |")
+            lines.append(
+                f"| {model} | {n} | {ours['replies_per_s']:.0f} | {theirs['replies_per_s']:.0f} | "
+                f"**{point['ratio']:.2f}x** | {ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} | "
+                f"{theirs['p50_ms']:.1f} / {theirs['p99_ms']:.1f} |"
+            )
     floor = results["ours_floor"]
     bare_ratio = floor["bare_zeromq_p50_ms"] / one["transport only"]["openpi"]["p50_ms"]
-    lines += ["", f"Where ours' {one['transport only']['ours']['p50_ms']:.2f} ms (p50, transport only) goes: a "
-              f"heartbeat round trip over the same sockets, no arrays, takes {floor['heartbeat_p50_ms']:.2f} ms (p99 "
-              f"{floor['heartbeat_p99_ms']:.2f}); the server's own handling of an observation (decode, checks, "
-              f"batching, the zeros, encode) {floor['server_p50_ms']:.2f} ms. The rest is moving the "
-              f"{setup['observation_bytes'] / 1e3:.0f} kB through ZeroMQ over loopback TCP. The same frames through "
-              f"a bare pyzmq DEALER/ROUTER pair, with no envelope, codec or checks, take "
-              f"{floor['bare_zeromq_p50_ms']:.2f} ms (p99 {floor['bare_zeromq_p99_ms']:.2f}): "
-              f"{bare_ratio:.2f} of openpi's round trip"
-              + (", above the 1/3 target: no protocol on ZeroMQ over loopback TCP from Python reaches it on this "
-                 "machine." if bare_ratio > 1 / 3 else ".")]
+    lines += [
+        "",
+        f"Where ours' {one['transport only']['ours']['p50_ms']:.2f} ms (p50, transport only) goes: a "
+        f"heartbeat round trip over the same sockets, no arrays, takes {floor['heartbeat_p50_ms']:.2f} ms (p99 "
+        f"{floor['heartbeat_p99_ms']:.2f}); the server's own handling of an observation (decode, checks, "
+        f"batching, the zeros, encode) {floor['server_p50_ms']:.2f} ms. The rest is moving the "
+        f"{setup['observation_bytes'] / 1e3:.0f} kB through ZeroMQ over loopback TCP. The same frames through "
+        f"a bare pyzmq DEALER/ROUTER pair, with no envelope, codec or checks, take "
+        f"{floor['bare_zeromq_p50_ms']:.2f} ms (p99 {floor['bare_zeromq_p99_ms']:.2f}): "
+        f"{bare_ratio:.2f} of openpi's round trip"
+        + (
+            ", above the 1/3 target: no protocol on ZeroMQ over loopback TCP from Python reaches it on this machine."
+            if bare_ratio > 1 / 3
+            else "."
+        ),
+    ]
     overhead, top = goals["overhead_1_client"], goals["throughput_top_clients"]
-    lines += ["", "## Goals", "",
-              f"- Overhead at 1 client <= 1/3 of openpi's (transport only): ours / openpi = "
-              f"{overhead['p50_ratio']:.2f} at p50, {overhead['p99_ratio']:.2f} at p99: "
-              f"**{'met' if overhead['met'] else 'not met'}**.",
-              f"- Throughput at {counts[-1]} clients >= 5x openpi's: 10 ms model {top['10 ms model']['ratio']:.1f}x "
-              f"(**{'met' if top['10 ms model']['met'] else 'not met'}**); transport only "
-              f"{top['transport only']['ratio']:.1f}x (**{'met' if top['transport only']['met'] else 'not met'}**). "
-              "With the transport alone, each server and all the client processes share the same "
-              f"{os.cpu_count()} cores, so that figure compares CPU cost per reply more than how either server "
-              "handles many clients."]
+    lines += [
+        "",
+        "## Goals",
+        "",
+        f"- Overhead at 1 client <= 1/3 of openpi's (transport only): ours / openpi = "
+        f"{overhead['p50_ratio']:.2f} at p50, {overhead['p99_ratio']:.2f} at p99: "
+        f"**{'met' if overhead['met'] else 'not met'}**.",
+        f"- Throughput at {counts[-1]} clients >= 5x openpi's: 10 ms model {top['10 ms model']['ratio']:.1f}x "
+        f"(**{'met' if top['10 ms model']['met'] else 'not met'}**); transport only "
+        f"{top['transport only']['ratio']:.1f}x (**{'met' if top['transport only']['met'] else 'not met'}**). "
+        "With the transport alone, each server and all the client processes share the same "
+        f"{os.cpu_count()} cores, so that figure compares CPU cost per reply more than how either server "
+        "handles many clients.",
+    ]
     return lines
 
 
@@ -467,8 +519,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run (2 s windows, 1 repeat)")
     parser.add_argument("--seconds", type=float, default=8.0, help="measuring window per point")
     parser.add_argument("--settle", type=float, default=1.0, help="load before the window opens")
-    parser.add_argument("--repeats", type=int, default=2,
-                        help="interleaved runs per point: best throughput, pooled latencies")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="interleaved runs per point: best throughput, pooled latencies"
+    )
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--client-procs", type=int, default=4, help="client processes (clients are their threads)")
     args = parser.parse_args()
@@ -485,41 +538,80 @@ def main() -> None:
     for repeat in range(args.repeats):
         for model, model_ms in MODELS.items():
             for n in args.clients:
-                for protocol in (PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]):
+                for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
                     latencies = measure(protocol, model_ms, n, args)
                     runs.setdefault((model, protocol, n), []).append(latencies)
-                    print(f"[{time.perf_counter() - started:5.0f} s] {model}, {n} clients, {protocol}: "
-                          f"{len(latencies) / args.seconds:.0f} replies/s, p50 {np.percentile(latencies, 50):.2f} ms, "
-                          f"p99 {np.percentile(latencies, 99):.2f} ms", flush=True)
+                    print(
+                        f"[{time.perf_counter() - started:5.0f} s] {model}, {n} clients, {protocol}: "
+                        f"{len(latencies) / args.seconds:.0f} replies/s, p50 {np.percentile(latencies, 50):.2f} ms, "
+                        f"p99 {np.percentile(latencies, 99):.2f} ms",
+                        flush=True,
+                    )
     best = {key: summary(samples, args.seconds) for key, samples in runs.items()}
     floor = ours_floor(args)
     print(f"ours: heartbeat p50 {floor['heartbeat_p50_ms']:.2f} ms, server-side p50 {floor['server_p50_ms']:.2f} ms")
-    throughput = {model: {str(n): {"ours": best[(model, "ours", n)], "openpi": best[(model, "openpi", n)],
-                                   "ratio": best[(model, "ours", n)]["replies_per_s"]
-                                   / best[(model, "openpi", n)]["replies_per_s"]}
-                          for n in args.clients} for model in MODELS}
+    throughput = {
+        model: {
+            str(n): {
+                "ours": best[(model, "ours", n)],
+                "openpi": best[(model, "openpi", n)],
+                "ratio": best[(model, "ours", n)]["replies_per_s"] / best[(model, "openpi", n)]["replies_per_s"],
+            }
+            for n in args.clients
+        }
+        for model in MODELS
+    }
     one = min(args.clients)
     latency = {model: {protocol: best[(model, protocol, one)] for protocol in PROTOCOLS} for model in MODELS}
     plain = latency["transport only"]
     p50_ratio = plain["ours"]["p50_ms"] / plain["openpi"]["p50_ms"]
     top = max(args.clients)
-    goals = {"overhead_1_client": {"p50_ratio": p50_ratio,
-                                   "p99_ratio": plain["ours"]["p99_ms"] / plain["openpi"]["p99_ms"],
-                                   "goal": "<= 1/3", "met": p50_ratio <= 1 / 3},
-             "throughput_top_clients": {model: {"clients": top, "ratio": throughput[model][str(top)]["ratio"],
-                                                "goal": ">= 5", "met": throughput[model][str(top)]["ratio"] >= 5}
-                                        for model in MODELS}}
+    goals = {
+        "overhead_1_client": {
+            "p50_ratio": p50_ratio,
+            "p99_ratio": plain["ours"]["p99_ms"] / plain["openpi"]["p99_ms"],
+            "goal": "<= 1/3",
+            "met": p50_ratio <= 1 / 3,
+        },
+        "throughput_top_clients": {
+            model: {
+                "clients": top,
+                "ratio": throughput[model][str(top)]["ratio"],
+                "goal": ">= 5",
+                "met": throughput[model][str(top)]["ratio"] >= 5,
+            }
+            for model in MODELS
+        },
+    }
     state, images = observation_arrays(0)
-    result = {"setup": {"cpu_cores": os.cpu_count(), "python": platform.python_version(),
-                        "openpi_client": openpi_version, "websockets": websockets.__version__,
-                        "pyzmq": version("pyzmq"),
-                        "observation_bytes": state.nbytes + sum(i.nbytes for i in images.values()),
-                        "image_shape": IMAGE_SHAPE, "images": IMAGES, "state_dim": STATE_DIM,
-                        "chunk": [CHUNK, ACTION_DIM], "seconds": args.seconds, "settle": args.settle,
-                        "repeats": args.repeats, "client_procs": args.client_procs,
-                        "warmup_requests": WARMUP_REQUESTS, "quick": args.quick, "model_ms": MODELS},
-              "clients": args.clients, "latency_1_client": latency, "throughput": throughput, "goals": goals,
-              "ours_floor": floor, "lerobot": LEROBOT_REASON, "wall_s": time.perf_counter() - started}
+    result = {
+        "setup": {
+            "cpu_cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "openpi_client": openpi_version,
+            "websockets": websockets.__version__,
+            "pyzmq": version("pyzmq"),
+            "observation_bytes": state.nbytes + sum(i.nbytes for i in images.values()),
+            "image_shape": IMAGE_SHAPE,
+            "images": IMAGES,
+            "state_dim": STATE_DIM,
+            "chunk": [CHUNK, ACTION_DIM],
+            "seconds": args.seconds,
+            "settle": args.settle,
+            "repeats": args.repeats,
+            "client_procs": args.client_procs,
+            "warmup_requests": WARMUP_REQUESTS,
+            "quick": args.quick,
+            "model_ms": MODELS,
+        },
+        "clients": args.clients,
+        "latency_1_client": latency,
+        "throughput": throughput,
+        "goals": goals,
+        "ours_floor": floor,
+        "lerobot": LEROBOT_REASON,
+        "wall_s": time.perf_counter() - started,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "deploy.json").write_text(json.dumps(result, indent=2))
     lines = report(result, args)

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
+
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 
@@ -46,18 +46,31 @@ def main() -> None:
 
     rates = {w: measure(args.task, args.num_envs, w, args.steps) for w in args.workers}
     base = rates[args.workers[0]]
-    result = {"task": args.task, "num_envs": args.num_envs, "cpu_cores": os.cpu_count(),
-              "env_steps_per_s": {str(w): r for w, r in rates.items()},
-              "ratio_to_in_process": {str(w): r / base for w, r in rates.items()}}
+    result = {
+        "task": args.task,
+        "num_envs": args.num_envs,
+        "cpu_cores": os.cpu_count(),
+        "env_steps_per_s": {str(w): r for w, r in rates.items()},
+        "ratio_to_in_process": {str(w): r / base for w, r in rates.items()},
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "env_throughput.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Env throughput: {args.task}, {args.num_envs} envs, physx_cpu, {os.cpu_count()} cores", "",
-             "| worker processes | env steps/s | ratio to in-process |", "| ---: | ---: | ---: |"]
+    lines = [
+        f"# Env throughput: {args.task}, {args.num_envs} envs, physx_cpu, {os.cpu_count()} cores",
+        "",
+        "| worker processes | env steps/s | ratio to in-process |",
+        "| ---: | ---: | ---: |",
+    ]
     lines += [f"| {w or 'none (in-process)'} | {r:.0f} | {r / base:.2f} |" for w, r in rates.items()]
     (RESULTS / "env_throughput.md").write_text("\n".join(lines) + "\n\n![throughput](env_throughput.png)\n")
 
-    bar_chart(RESULTS / "env_throughput.png", {str(w): r for w, r in rates.items()}, "env steps / s",
-              f"{args.task}, {args.num_envs} envs", xlabel="worker processes (0 = in-process)")
+    bar_chart(
+        RESULTS / "env_throughput.png",
+        {str(w): r for w, r in rates.items()},
+        "env steps / s",
+        f"{args.task}, {args.num_envs} envs",
+        xlabel="worker processes (0 = in-process)",
+    )
     print("\n".join(lines))
 
 

@@ -31,11 +31,20 @@ from sft_rl import dataset_episodes, embodied, eval_curve  # noqa: E402
 DEMOS = RUNS / "flow-demos"
 ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
 POLICIES = {"flow": ["policy=flow"], "diffusion": ["policy=diffusion"]}
-RL = ["algo=ppo_maniskill", "algo.lr=1e-4", "algo.critic_warmup_iterations=3", "eval_every=5",
-      "periodic_eval_episodes=32", "checkpoint_every=10", "seed=1"]
-ARMS = {"flow-sde": ("flow", ["policy.sampler=flow_sde"]),
-        "flow-noise": ("flow", ["policy.sampler=flow_noise"]),
-        "dppo": ("diffusion", ["algo.ratio=term", "algo.denoise_discount=0.99", "policy.finetune_steps=5"])}
+RL = [
+    "algo=ppo_maniskill",
+    "algo.lr=1e-4",
+    "algo.critic_warmup_iterations=3",
+    "eval_every=5",
+    "periodic_eval_episodes=32",
+    "checkpoint_every=10",
+    "seed=1",
+]
+ARMS = {
+    "flow-sde": ("flow", ["policy.sampler=flow_sde"]),
+    "flow-noise": ("flow", ["policy.sampler=flow_noise"]),
+    "dppo": ("diffusion", ["algo.ratio=term", "algo.denoise_discount=0.99", "policy.finetune_steps=5"]),
+}
 EVAL_EPISODES = 100
 CPU_HOUR_S = 3600.0
 
@@ -44,8 +53,13 @@ def final_success(run_dir: Path) -> float | None:
     """The deterministic success of the run's last checkpoint over EVAL_EPISODES episodes."""
     report = run_dir / "eval" / "final" / "report.json"
     if not report.is_file() and (run_dir / "checkpoints" / "latest").is_file():
-        embodied("eval", f"checkpoint={run_dir}", f"episodes={EVAL_EPISODES}", "progress_bar=false",
-                 f"output={report.parent}")
+        embodied(
+            "eval",
+            f"checkpoint={run_dir}",
+            f"episodes={EVAL_EPISODES}",
+            "progress_bar=false",
+            f"output={report.parent}",
+        )
     return json.loads(report.read_text())["overall"]["success_rate"] if report.is_file() else None
 
 
@@ -60,17 +74,36 @@ def run(demos: int, sft_steps: int, steps: int, arms: list[str]) -> None:
         if (sft / "checkpoints" / "latest").is_file():  # continue (or find finished) an interrupted run
             embodied("sft", f"resume={sft}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
         else:
-            embodied("sft", *ENV, *POLICIES[policy], f"dataset={DEMOS}", f"steps={sft_steps}", f"run_dir={sft}",
-                     "eval_episodes=0", "logger.progress_bar=false")
+            embodied(
+                "sft",
+                *ENV,
+                *POLICIES[policy],
+                f"dataset={DEMOS}",
+                f"steps={sft_steps}",
+                f"run_dir={sft}",
+                "eval_episodes=0",
+                "logger.progress_bar=false",
+            )
     for name in arms:
         run_dir = RUNS / name
         policy, overrides = ARMS[name]
         if (run_dir / "checkpoints" / "latest").is_file():
-            embodied("train", f"resume={run_dir}", f"total_env_steps={steps}", "eval_episodes=0",
-                     "logger.progress_bar=false")
+            embodied(
+                "train", f"resume={run_dir}", f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false"
+            )
         else:
-            embodied("train", *ENV, *POLICIES[policy], *RL, *overrides, f"init={sft_dir(policy)}",
-                     f"run_dir={run_dir}", f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false")
+            embodied(
+                "train",
+                *ENV,
+                *POLICIES[policy],
+                *RL,
+                *overrides,
+                f"init={sft_dir(policy)}",
+                f"run_dir={run_dir}",
+                f"total_env_steps={steps}",
+                "eval_episodes=0",
+                "logger.progress_bar=false",
+            )
 
 
 def report() -> None:
@@ -80,8 +113,14 @@ def report() -> None:
     import matplotlib.pyplot as plt
 
     s0s = {policy: final_success(sft_dir(policy)) for policy in POLICIES}
-    summary: dict = {"task": "PickCube-v1", "control_mode": "pd_ee_delta_pos", "sft_success": s0s,
-                     "eval_episodes": EVAL_EPISODES, "demos": dataset_episodes(DEMOS), "arms": {}}
+    summary: dict = {
+        "task": "PickCube-v1",
+        "control_mode": "pd_ee_delta_pos",
+        "sft_success": s0s,
+        "eval_episodes": EVAL_EPISODES,
+        "demos": dataset_episodes(DEMOS),
+        "arms": {},
+    }
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     rows = []
     for name, (policy, overrides) in ARMS.items():
@@ -91,15 +130,24 @@ def report() -> None:
         s1 = final_success(RUNS / name)
         within_hour = [s for _, t, s in curve.points if t is not None and t <= CPU_HOUR_S]
         met = s0 is not None and s1 is not None and (s1 - s0 >= 0.30 or s1 >= 0.9)
-        summary["arms"][name] = {"policy": policy, "sft_success": s0, "final_success": s1,
-                                 "lift_points": None if s0 is None or s1 is None else 100 * (s1 - s0),
-                                 "env_steps": curve.env_steps, "wall_time_s": curve.wall_time_s,
-                                 "best_periodic_success_within_1h": max(within_hour) if within_hour else None,
-                                 "env_steps_to_90": curve.env_steps_to_90, "goal_met": met,
-                                 "overrides": [*POLICIES[policy], *RL, *overrides], "curve": curve.as_json()}
+        summary["arms"][name] = {
+            "policy": policy,
+            "sft_success": s0,
+            "final_success": s1,
+            "lift_points": None if s0 is None or s1 is None else 100 * (s1 - s0),
+            "env_steps": curve.env_steps,
+            "wall_time_s": curve.wall_time_s,
+            "best_periodic_success_within_1h": max(within_hour) if within_hour else None,
+            "env_steps_to_90": curve.env_steps_to_90,
+            "goal_met": met,
+            "overrides": [*POLICIES[policy], *RL, *overrides],
+            "curve": curve.as_json(),
+        }
         sft_rl.plot_curve(by_steps, by_time, curve, name)
-        rows.append(f"| {name} | {policy} | {s0:.2f} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve.env_steps:,} | "
-                    f"{(curve.wall_time_s or 0) / 60:.0f} min | {'yes' if met else 'no'} |")
+        rows.append(
+            f"| {name} | {policy} | {s0:.2f} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve.env_steps:,} | "
+            f"{(curve.wall_time_s or 0) / 60:.0f} min | {'yes' if met else 'no'} |"
+        )
     for ax, label in ((by_steps, "env steps"), (by_time, "wall time (min, 2 CPU cores)")):
         for (policy, s0), style in zip(s0s.items(), ("--", ":")):
             if s0 is not None:

@@ -36,8 +36,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
 from multitask_vla import SFT  # noqa: E402
+from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS  # noqa: E402
 
 GROUP_SIZE = 4
@@ -57,8 +57,9 @@ def load_policy(checkpoint: Path, temperature: float):
 
     config = checkpoint_config(checkpoint)
     weights, saved = load_checkpoint(checkpoint)
-    policy = build_policy(replace(config.policy, temperature=temperature), EnvSpec.from_dict(saved["spec"]),
-                          torch.device("cpu"))
+    policy = build_policy(
+        replace(config.policy, temperature=temperature), EnvSpec.from_dict(saved["spec"]), torch.device("cpu")
+    )
     load_policy_weights(policy, weights, saved)
     return policy, config.env
 
@@ -75,8 +76,11 @@ def collect(policy, env_config, temperature: float, batches: int) -> list:
             rollout.start_groups(GROUP_SIZE, round_index, base_seed=5)
             trajectory, _, _ = rollout.collect(EPISODE_STEPS)
             collected.append(trajectory)
-            print(f"T={temperature}: batch {round_index + 1}/{batches}, success "
-                  f"{trajectory.success.any(0).float().mean():.2f} ({time.perf_counter() - started:.0f} s)", flush=True)
+            print(
+                f"T={temperature}: batch {round_index + 1}/{batches}, success "
+                f"{trajectory.success.any(0).float().mean():.2f} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
     finally:
         env.close()
     return collected
@@ -132,8 +136,7 @@ def advantages(trajectory, estimator: str, critics: dict) -> torch.Tensor:
 
     groups = torch.arange(trajectory.num_envs) // GROUP_SIZE
     if estimator.startswith("grpo"):
-        outcome = (trajectory.success.any(0).float() if estimator == "grpo-success"
-                   else trajectory.reward.sum(0))
+        outcome = trajectory.success.any(0).float() if estimator == "grpo-success" else trajectory.reward.sum(0)
         return group_normalized(outcome, groups)[None].expand(trajectory.num_steps, -1)
     success = estimator == "ppo-success"
     gamma, lam = (SUCCESS_GAMMA, SUCCESS_LAMBDA) if success else (GAMMA, float(estimator.removeprefix("ppo-lambda-")))
@@ -166,14 +169,19 @@ def measure(checkpoint: Path, temperatures: list[float], batches: int) -> dict:
         dense_critic, explained = fit_state_critic(trajectories, "dense", GAMMA)
         success_critic, success_explained = fit_state_critic(trajectories, "ppo-success", SUCCESS_GAMMA)
         critics = {"dense": dense_critic, "success": success_critic}
-        row = {"success": float(torch.stack([t.success.any(0).float().mean() for t in trajectories]).mean()),
-               "critic_explained_variance": explained, "success_critic_explained_variance": success_explained,
-               "estimators": {}}
+        row = {
+            "success": float(torch.stack([t.success.any(0).float().mean() for t in trajectories]).mean()),
+            "critic_explained_variance": explained,
+            "success_critic_explained_variance": success_explained,
+            "estimators": {},
+        }
         for estimator in ("grpo-success", "grpo-return", *(f"ppo-lambda-{lam:g}" for lam in LAMBDAS), "ppo-success"):
             gradients = [policy_gradient(policy, t, advantages(t, estimator, critics)) for t in trajectories]
             row["estimators"][estimator] = signal_to_noise(gradients)
-            print(f"T={temperature} {estimator}: SNR^2 per batch {row['estimators'][estimator]['snr2_per_batch']:.4f}",
-                  flush=True)
+            print(
+                f"T={temperature} {estimator}: SNR^2 per batch {row['estimators'][estimator]['snr2_per_batch']:.4f}",
+                flush=True,
+            )
         results[f"{temperature:g}"] = row
     return results
 
@@ -199,21 +207,26 @@ def report() -> None:
     ax.grid(alpha=0.3, axis="y")
     fig.suptitle("Policy-gradient signal per batch, token VLA after SFT (3 ManiSkill tasks)")
     save_with_summary(fig, RESULTS, "gradient_snr", summary)
-    lines = ["# Policy-gradient signal-to-noise of one batch", "",
-             f"Checkpoint `{summary['checkpoint']}`; {summary['batches']} batches of {NUM_ENVS} episodes (groups of "
-             f"{GROUP_SIZE} from one initial state, {EPISODE_STEPS} steps). SNR^2: |mean gradient|^2 over the "
-             "variance of one batch's gradient (unbiased, from the pairwise dot products); 1 / SNR^2 batches "
-             "average to SNR 1; a negative estimate means no signal measurable above the noise of this many batches. "
-             "PPO's critics: MLPs on the state fitted to the same batches' returns, dense (gamma 0.8) and success "
-             "(gamma 0.99); EV: the fraction of the return's variance each explains.", "",
-             "| temperature | sampled success | dense critic EV | success critic EV | " + " | ".join(estimators) + " |",
-             "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in estimators) + " |"]
+    lines = [
+        "# Policy-gradient signal-to-noise of one batch",
+        "",
+        f"Checkpoint `{summary['checkpoint']}`; {summary['batches']} batches of {NUM_ENVS} episodes (groups of "
+        f"{GROUP_SIZE} from one initial state, {EPISODE_STEPS} steps). SNR^2: |mean gradient|^2 over the "
+        "variance of one batch's gradient (unbiased, from the pairwise dot products); 1 / SNR^2 batches "
+        "average to SNR 1; a negative estimate means no signal measurable above the noise of this many batches. "
+        "PPO's critics: MLPs on the state fitted to the same batches' returns, dense (gamma 0.8) and success "
+        "(gamma 0.99); EV: the fraction of the return's variance each explains.",
+        "",
+        "| temperature | sampled success | dense critic EV | success critic EV | " + " | ".join(estimators) + " |",
+        "| ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in estimators) + " |",
+    ]
     for temperature, row in summary["by_temperature"].items():
         cells = [f"{row['estimators'][e]['snr2_per_batch']:.4f}" if e in row["estimators"] else "-" for e in estimators]
         success_ev = row.get("success_critic_explained_variance")
-        lines.append(f"| {temperature} | {row['success']:.2f} | {row['critic_explained_variance']:.2f} | "
-                     f"{'-' if success_ev is None else f'{success_ev:.2f}'} | "
-                     + " | ".join(cells) + " |")
+        lines.append(
+            f"| {temperature} | {row['success']:.2f} | {row['critic_explained_variance']:.2f} | "
+            f"{'-' if success_ev is None else f'{success_ev:.2f}'} | " + " | ".join(cells) + " |"
+        )
     lines += ["", "![SNR](gradient_snr.png)"]
     (RESULTS / "gradient_snr.md").write_text("\n".join(lines) + "\n")
     print((RESULTS / "gradient_snr.md").read_text())
@@ -231,9 +244,15 @@ def main() -> None:
 
         torch.set_num_threads(1)  # the env workers take the other core
         checkpoint = resolve_checkpoint(args.checkpoint)
-        summary = {"checkpoint": str(Path(args.checkpoint).resolve().relative_to(ROOT)
-                                     if Path(args.checkpoint).resolve().is_relative_to(ROOT) else args.checkpoint),
-                   "batches": args.batches, "by_temperature": {}}
+        summary = {
+            "checkpoint": str(
+                Path(args.checkpoint).resolve().relative_to(ROOT)
+                if Path(args.checkpoint).resolve().is_relative_to(ROOT)
+                else args.checkpoint
+            ),
+            "batches": args.batches,
+            "by_temperature": {},
+        }
         if SUMMARY.is_file():  # temperatures measured before on the same checkpoint and batches stay
             earlier = json.loads(SUMMARY.read_text())
             if (earlier["checkpoint"], earlier["batches"]) == (summary["checkpoint"], summary["batches"]):

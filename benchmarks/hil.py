@@ -45,17 +45,39 @@ EXPERT = RUNS / "pushcube-s1"
 DEMOS = RUNS / "hil-demos"
 GOAL = 0.9
 # Networks and batches sized for a CPU core per run (RLPD's own are 256 wide, batch 256).
-COMMON = ["env=maniskill_pushcube", "env.num_envs=4", "env.num_workers=0", "policy=squashed_gaussian",
-          "policy.hidden=[128,128]", "algo=sac_rlpd", "algo.critic_hidden=[128,128]", "algo.batch_size=128",
-          "algo.gamma=0.9", "algo.utd_ratio=2", "eval_every=250", "periodic_eval_episodes=16",
-          "checkpoint_every=250", "runtime.torch_threads=1", "seed=1", "algo.bc_weight=1.0"]
+COMMON = [
+    "env=maniskill_pushcube",
+    "env.num_envs=4",
+    "env.num_workers=0",
+    "policy=squashed_gaussian",
+    "policy.hidden=[128,128]",
+    "algo=sac_rlpd",
+    "algo.critic_hidden=[128,128]",
+    "algo.batch_size=128",
+    "algo.gamma=0.9",
+    "algo.utd_ratio=2",
+    "eval_every=250",
+    "periodic_eval_episodes=16",
+    "checkpoint_every=250",
+    "runtime.torch_threads=1",
+    "seed=1",
+    "algo.bc_weight=1.0",
+]
 PRETRAIN = [f"algo.demos={DEMOS}", "algo.offline_pretrain_steps=2000", "algo.calql_alpha=5"]
 ARMS = {
     "hil-rlpd": [],
-    "hil-rlpd-oracle": [f"intervention.expert={EXPERT}", "intervention.threshold=1.0", "intervention.patience=3",
-                        "intervention.release=10"],
-    "hil-rlpd-corrections": [f"intervention.expert={EXPERT}", "intervention.threshold=1.0", "intervention.patience=5",
-                             "intervention.max_takeover=5"],
+    "hil-rlpd-oracle": [
+        f"intervention.expert={EXPERT}",
+        "intervention.threshold=1.0",
+        "intervention.patience=3",
+        "intervention.release=10",
+    ],
+    "hil-rlpd-corrections": [
+        f"intervention.expert={EXPERT}",
+        "intervention.threshold=1.0",
+        "intervention.patience=5",
+        "intervention.max_takeover=5",
+    ],
     "hil-wsrl": [*PRETRAIN, "algo.warmup_steps=2000", "algo.retain_offline=false"],
     "hil-naive": [*PRETRAIN, "algo.retain_offline=false"],
 }
@@ -77,12 +99,28 @@ def record_demos(episodes: int) -> None:
     if (DEMOS / "meta" / "info.json").is_file():
         return
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    server = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={EXPERT}",
-                               f"endpoint={endpoint}", "device=cpu"])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={EXPERT}", f"endpoint={endpoint}", "device=cpu"]
+    )
     try:
-        subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "robot=sim", f"robot.env_from={EXPERT}",
-                        f"server={endpoint}", f"episodes={episodes}", "control_hz=50", f"record.root={DEMOS}",
-                        f"output={RUNS / 'hil-demos-client'}"], check=True, stdin=subprocess.DEVNULL, timeout=1800)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embodied.cli",
+                "robot",
+                "robot=sim",
+                f"robot.env_from={EXPERT}",
+                f"server={endpoint}",
+                f"episodes={episodes}",
+                "control_hz=50",
+                f"record.root={DEMOS}",
+                f"output={RUNS / 'hil-demos-client'}",
+            ],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            timeout=1800,
+        )
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -140,14 +178,23 @@ def report() -> None:
         final = curve[-1]["eval/success_rate"] if curve else None
         budget = run["curve"][-1]["env_steps"] if run["curve"] else 0
         rate = intervention_rate(name)
-        summary["runs"][name] = {"env_steps_to_goal": reached, "held_from": held, "final_success": final,
-                                 "env_steps": budget,
-                                 "intervention_rate": rate, "wall_time_s": run.get("wall_time_s"),
-                                 "overrides": ARMS[name]}
-        ax.plot([p["env_steps"] for p in curve], [p["eval/success_rate"] for p in curve], label=name.removeprefix("hil-"))
-        rows.append(f"| {name.removeprefix('hil-')} | {f'{reached:,}' if reached else f'not within {budget:,}'} | "
-                    f"{f'{held:,}' if held else '-'} | {final:.2f} | {'-' if rate is None else f'{rate:.0%}'} | "
-                    f"{run.get('wall_time_s', 0) / 60:.0f} min |")
+        summary["runs"][name] = {
+            "env_steps_to_goal": reached,
+            "held_from": held,
+            "final_success": final,
+            "env_steps": budget,
+            "intervention_rate": rate,
+            "wall_time_s": run.get("wall_time_s"),
+            "overrides": ARMS[name],
+        }
+        ax.plot(
+            [p["env_steps"] for p in curve], [p["eval/success_rate"] for p in curve], label=name.removeprefix("hil-")
+        )
+        rows.append(
+            f"| {name.removeprefix('hil-')} | {f'{reached:,}' if reached else f'not within {budget:,}'} | "
+            f"{f'{held:,}' if held else '-'} | {final:.2f} | {'-' if rate is None else f'{rate:.0%}'} | "
+            f"{run.get('wall_time_s', 0) / 60:.0f} min |"
+        )
 
     def ratio(slow: str, fast: str) -> str:
         """How many times fewer env steps `fast` needed to reach the goal than `slow`."""

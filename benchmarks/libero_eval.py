@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,15 +29,30 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def embodied(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "embodied.cli", *args], check=True, cwd=ROOT,
-                   stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    subprocess.run(
+        [sys.executable, "-m", "embodied.cli", *args],
+        check=True,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def eval_rate(args: argparse.Namespace, checkpoint: Path, workers: int, output: Path) -> float:
     started = time.perf_counter()
-    embodied("eval", f"checkpoint={checkpoint}", f"suite={args.suite}", f"task_ids=[{','.join(map(str, range(args.tasks)))}]",
-             f"trials={args.trials}", f"env={args.suite}", "env.cameras=[]", f"env.num_workers={workers}",
-             f"env.num_envs={2 * workers}", "progress_bar=false", f"output={output}")
+    embodied(
+        "eval",
+        f"checkpoint={checkpoint}",
+        f"suite={args.suite}",
+        f"task_ids=[{','.join(map(str, range(args.tasks)))}]",
+        f"trials={args.trials}",
+        f"env={args.suite}",
+        "env.cameras=[]",
+        f"env.num_workers={workers}",
+        f"env.num_envs={2 * workers}",
+        "progress_bar=false",
+        f"output={output}",
+    )
     return args.tasks * args.trials / (time.perf_counter() - started) * 3600
 
 
@@ -67,27 +81,56 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         checkpoint = Path(scratch) / "run"
-        embodied("train", f"env={args.suite}", "env.cameras=[]", "env.num_envs=2", "env.num_workers=1",
-                 "env.task_ids=[0]", "algo.rollout_steps=4", "algo.num_minibatches=2", "total_env_steps=8",
-                 "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={checkpoint}")
+        embodied(
+            "train",
+            f"env={args.suite}",
+            "env.cameras=[]",
+            "env.num_envs=2",
+            "env.num_workers=1",
+            "env.task_ids=[0]",
+            "algo.rollout_steps=4",
+            "algo.num_minibatches=2",
+            "total_env_steps=8",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={checkpoint}",
+        )
         episodes_per_hour = {w: eval_rate(args, checkpoint, w, Path(scratch) / f"eval{w}") for w in args.workers}
     camera_steps = {w: raw_camera_rate(args, w) for w in args.workers}
     base = args.workers[0]
-    result = {"suite": args.suite, "tasks": args.tasks, "trials": args.trials, "cpu_cores": os.cpu_count(),
-              "episodes_per_hour_state_policy": episodes_per_hour, "camera_env_steps_per_s": camera_steps,
-              "speedup": {w: episodes_per_hour[w] / episodes_per_hour[base] for w in args.workers}}
+    result = {
+        "suite": args.suite,
+        "tasks": args.tasks,
+        "trials": args.trials,
+        "cpu_cores": os.cpu_count(),
+        "episodes_per_hour_state_policy": episodes_per_hour,
+        "camera_env_steps_per_s": camera_steps,
+        "speedup": {w: episodes_per_hour[w] / episodes_per_hour[base] for w in args.workers},
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "libero_eval.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# LIBERO evaluation throughput: {args.suite}, {os.cpu_count()} cores", "",
-             f"`embodied eval suite={args.suite}` on {args.tasks} tasks x {args.trials} trials, every episode to the "
-             f"step limit (a failing state-only MLP), 2 envs per worker. Camera column: raw env stepping with "
-             f"agentview + wrist at 128 px, no policy.", "",
-             "| env workers | episodes / hour | vs 1 worker | env steps/s with 2 cameras |", "| ---: | ---: | ---: | ---: |",
-             *(f"| {w} | {episodes_per_hour[w]:.0f} | {result['speedup'][w]:.2f}x | {camera_steps[w]:.1f} |"
-               for w in args.workers)]
+    lines = [
+        f"# LIBERO evaluation throughput: {args.suite}, {os.cpu_count()} cores",
+        "",
+        f"`embodied eval suite={args.suite}` on {args.tasks} tasks x {args.trials} trials, every episode to the "
+        f"step limit (a failing state-only MLP), 2 envs per worker. Camera column: raw env stepping with "
+        f"agentview + wrist at 128 px, no policy.",
+        "",
+        "| env workers | episodes / hour | vs 1 worker | env steps/s with 2 cameras |",
+        "| ---: | ---: | ---: | ---: |",
+        *(
+            f"| {w} | {episodes_per_hour[w]:.0f} | {result['speedup'][w]:.2f}x | {camera_steps[w]:.1f} |"
+            for w in args.workers
+        ),
+    ]
     (RESULTS / "libero_eval.md").write_text("\n".join(lines) + "\n\n![libero eval](libero_eval.png)\n")
-    bar_chart(RESULTS / "libero_eval.png", {f"{w} worker{'s' * (w > 1)}": episodes_per_hour[w] for w in args.workers},
-              "episodes / hour", f"{args.suite} evaluation")
+    bar_chart(
+        RESULTS / "libero_eval.png",
+        {f"{w} worker{'s' * (w > 1)}": episodes_per_hour[w] for w in args.workers},
+        "episodes / hour",
+        f"{args.suite} evaluation",
+    )
     print("\n".join(lines))
 
 

@@ -3,7 +3,8 @@ instruction, CPU, a small random Qwen2 backbone: hidden 128, 4 layers): SFT on s
 demos gives the mean success S0; GRPO and PPO from those weights give S1.
 
   demos   `embodied demos env=maniskill_multitask` (the tasks alternate)
-  sft     `embodied sft policy=token_vla` (token cross-entropy against Gaussian targets 4 bins wide) -> S0 per task and mean
+  sft     `embodied sft policy=token_vla` (token cross-entropy against Gaussian targets 4 bins wide)
+          -> S0 per task and mean
   grpo    `embodied train init=<sft> algo=grpo`: groups of 4 envs from one initial state, one
           task per group, clip-higher, token-mean loss, dynamic sampling
   ppo     `embodied train experiment=multitask_token_vla_ppo init=<sft>`: the success reward
@@ -45,22 +46,38 @@ LAST_ITERATION_S = 300.0  # a run stops at the end of the iteration in which its
 PERIODIC_EPISODES = 48
 COMMON = [f"periodic_eval_episodes={PERIODIC_EPISODES}", f"time_limit_s={CPU_HOUR_S:.0f}"]
 ARMS = {
-    "grpo": ["total_env_steps=2000000", "eval_every=5", "checkpoint_every=10", "algo=grpo", "algo.group_size=4",
-             "algo.rollout_steps=50", "algo.lr=5e-5", "algo.num_minibatches=2", "algo.groups_per_batch=6"],
+    "grpo": [
+        "total_env_steps=2000000",
+        "eval_every=5",
+        "checkpoint_every=10",
+        "algo=grpo",
+        "algo.group_size=4",
+        "algo.rollout_steps=50",
+        "algo.lr=5e-5",
+        "algo.num_minibatches=2",
+        "algo.groups_per_batch=6",
+    ],
     # the recipe in configs/experiment/multitask_token_vla_ppo.yaml (its comments say why)
     "ppo": ["experiment=multitask_token_vla_ppo"],
     # the same at lr 3e-5, annealed over 2M env steps (to 0.76 of it by the hour's end), evals
     # every 5 iterations: what the recipe's lr schedule and fewer evals add
-    "ppo-lr3e-5": ["experiment=multitask_token_vla_ppo", "algo.lr=3e-5", "total_env_steps=2000000", "eval_every=5",
-                   "checkpoint_every=10"],
+    "ppo-lr3e-5": [
+        "experiment=multitask_token_vla_ppo",
+        "algo.lr=3e-5",
+        "total_env_steps=2000000",
+        "eval_every=5",
+        "checkpoint_every=10",
+    ],
 }
 # seed 1 runs in multitask-<arm>, seed n in multitask-<arm>-seed<n>; an arm's goal is judged on
 # the mean over its seeds, since one hour of one seed can miss or make the goal by chance
 SEEDS = {"grpo": (1,), "ppo": (1, 2, 3), "ppo-lr3e-5": (1, 2, 3)}
 TASKS = ("PushCube-v1", "PickCube-v1", "StackCube-v1")
 EVAL_EPISODES = 144  # 48 per task on 12 envs; a standard error of about 0.07 per task, 0.04 on the mean
-KEPT_NOTE = ("(committed): figures kept from the committed results, as that arm's run directory was not there when "
-             "the summary was rebuilt; SFT is deterministic, so it started from the same weights.")
+KEPT_NOTE = (
+    "(committed): figures kept from the committed results, as that arm's run directory was not there when "
+    "the summary was rebuilt; SFT is deterministic, so it started from the same weights."
+)
 
 
 def evaluated(run_dir: Path, name: str, *overrides: str) -> dict | None:
@@ -75,8 +92,12 @@ def final_success(run_dir: Path, deterministic: bool) -> dict | None:
     """Success of the run's last checkpoint, per task and the mean of the tasks, on the same
     EVAL_EPISODES for every run (12 envs, 4 per task): greedy action tokens, or sampled at the
     policy's temperature as in training."""
-    report = evaluated(run_dir, "final" if deterministic else "final-sampled", f"episodes={EVAL_EPISODES}",
-                       f"deterministic={deterministic}")
+    report = evaluated(
+        run_dir,
+        "final" if deterministic else "final-sampled",
+        f"episodes={EVAL_EPISODES}",
+        f"deterministic={deterministic}",
+    )
     if report is None:
         return None
     by_task = {row["task"]: row["success_rate"] for row in report["tasks"]}
@@ -106,8 +127,17 @@ def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
     if (SFT / "checkpoints" / "latest").is_file():
         embodied("sft", f"resume={SFT}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
     else:
-        embodied("sft", *ENV, *POLICY, f"dataset={DEMOS}", f"steps={sft_steps}", f"run_dir={SFT}",
-                 "log_every=200", "eval_episodes=0", "logger.progress_bar=false")
+        embodied(
+            "sft",
+            *ENV,
+            *POLICY,
+            f"dataset={DEMOS}",
+            f"steps={sft_steps}",
+            f"run_dir={SFT}",
+            "log_every=200",
+            "eval_episodes=0",
+            "logger.progress_bar=false",
+        )
     commands = []
     for name in arms:
         for seed in SEEDS[name]:
@@ -116,13 +146,26 @@ def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
             if (run_dir / "checkpoints" / "latest").is_file():
                 commands.append(["train", f"resume={run_dir}", *budget, "eval_episodes=0", "logger.progress_bar=false"])
             else:
-                commands.append(["train", *ENV, *RL_ENV, *POLICY, *COMMON, *ARMS[name], f"seed={seed}",
-                                 f"init={SFT}", f"run_dir={run_dir}", *budget, "eval_episodes=0",
-                                 "logger.progress_bar=false"])
+                commands.append(
+                    [
+                        "train",
+                        *ENV,
+                        *RL_ENV,
+                        *POLICY,
+                        *COMMON,
+                        *ARMS[name],
+                        f"seed={seed}",
+                        f"init={SFT}",
+                        f"run_dir={run_dir}",
+                        *budget,
+                        "eval_episodes=0",
+                        "logger.progress_bar=false",
+                    ]
+                )
     # side by side, as many as there are cores: each run's hour is about one core of the machine
     at_once = os.cpu_count() or 1
     for start in range(0, len(commands), at_once):
-        sft_rl.embodied_side_by_side(commands[start:start + at_once])
+        sft_rl.embodied_side_by_side(commands[start : start + at_once])
 
 
 def seed_run_dir(name: str, seed: int) -> Path:
@@ -141,9 +184,15 @@ def report() -> None:
     committed = RESULTS / "multitask_vla.json"
     earlier = json.loads(committed.read_text()) if committed.is_file() else {}
     earlier = earlier.get("runs", earlier.get("arms", {}))  # before seeds, a run per arm, keyed by the arm
-    summary: dict = {"tasks": list(TASKS), "sft_success": s0, "sft_success_periodic_episodes": s0_periodic,
-                     "eval_episodes": EVAL_EPISODES,
-                     "demos": dataset_episodes(DEMOS), "arms": {}, "runs": {}}
+    summary: dict = {
+        "tasks": list(TASKS),
+        "sft_success": s0,
+        "sft_success_periodic_episodes": s0_periodic,
+        "eval_episodes": EVAL_EPISODES,
+        "demos": dataset_episodes(DEMOS),
+        "arms": {},
+        "runs": {},
+    }
     fig, (by_steps, by_time, sampled) = plt.subplots(1, 3, figsize=(14, 3.8))
     rows = []
     for arm_index, (name, overrides) in enumerate(ARMS.items()):
@@ -160,36 +209,65 @@ def report() -> None:
                 curve, s1, kept = committed_curve(earlier[label]), earlier[label]["final_success"], True
             else:
                 continue
-            lift = {mode: None if s0[mode] is None or s1[mode] is None else 100 * (s1[mode]["mean"] - s0[mode]["mean"])
-                    for mode in ("greedy", "sampled")}
+            lift = {
+                mode: None if s0[mode] is None or s1[mode] is None else 100 * (s1[mode]["mean"] - s0[mode]["mean"])
+                for mode in ("greedy", "sampled")
+            }
             in_time = curve.wall_time_s is not None and curve.wall_time_s <= CPU_HOUR_S + LAST_ITERATION_S
-            runs.append(summary["runs"].setdefault(label, {
-                "arm": name, "seed": seed, "final_success": s1, "lift_points": lift, "wall_time_s": curve.wall_time_s,
-                "env_steps": curve.env_steps, "in_time": in_time,
-                "overrides": [*RL_ENV, *POLICY, *COMMON, *overrides, f"seed={seed}"],
-                "curve": curve.as_json(), "from_committed_results": kept}))
+            runs.append(
+                summary["runs"].setdefault(
+                    label,
+                    {
+                        "arm": name,
+                        "seed": seed,
+                        "final_success": s1,
+                        "lift_points": lift,
+                        "wall_time_s": curve.wall_time_s,
+                        "env_steps": curve.env_steps,
+                        "in_time": in_time,
+                        "overrides": [*RL_ENV, *POLICY, *COMMON, *overrides, f"seed={seed}"],
+                        "curve": curve.as_json(),
+                        "from_committed_results": kept,
+                    },
+                )
+            )
             sft_rl.plot_curve(by_steps, by_time, curve, label, **style)
             met = lift["greedy"] is not None and lift["greedy"] >= 20 and in_time
             for mode in ("greedy", "sampled"):
                 result = s1[mode]
-                rows.append(f"| {label}{' (committed)' if kept else ''} | {mode} | {' / '.join(f'{result[t]:.2f}' for t in TASKS)} "
-                            f"| {result['mean']:.2f} | {lift[mode]:+.0f} | {curve.env_steps:,} | {curve.wall_time_s / 60:.0f} min | "
-                            f"{('yes' if met else 'no') if mode == 'greedy' and single else ''} |"
-                            if result and lift[mode] is not None and curve.wall_time_s else f"| {label} | {mode} | - | - | - | - | - | |")
+                rows.append(
+                    f"| {label}{' (committed)' if kept else ''} | {mode} "
+                    f"| {' / '.join(f'{result[t]:.2f}' for t in TASKS)} "
+                    f"| {result['mean']:.2f} | {lift[mode]:+.0f} | {curve.env_steps:,} "
+                    f"| {curve.wall_time_s / 60:.0f} min | "
+                    f"{('yes' if met else 'no') if mode == 'greedy' and single else ''} |"
+                    if result and lift[mode] is not None and curve.wall_time_s
+                    else f"| {label} | {mode} | - | - | - | - | - | |"
+                )
         if not runs:
             continue
-        mean_lift = {mode: None if any(run["lift_points"][mode] is None for run in runs)
-                     else sum(run["lift_points"][mode] for run in runs) / len(runs) for mode in ("greedy", "sampled")}
-        met = (mean_lift["greedy"] is not None and mean_lift["greedy"] >= 20 and len(runs) == len(SEEDS[name])
-               and all(run["in_time"] for run in runs))
+        mean_lift = {
+            mode: None
+            if any(run["lift_points"][mode] is None for run in runs)
+            else sum(run["lift_points"][mode] for run in runs) / len(runs)
+            for mode in ("greedy", "sampled")
+        }
+        met = (
+            mean_lift["greedy"] is not None
+            and mean_lift["greedy"] >= 20
+            and len(runs) == len(SEEDS[name])
+            and all(run["in_time"] for run in runs)
+        )
         summary["arms"][name] = {"seeds": [run["seed"] for run in runs], "mean_lift_points": mean_lift, "goal_met": met}
         if not single:
             for mode in ("greedy", "sampled"):
                 mean = None if mean_lift[mode] is None else s0[mode]["mean"] + mean_lift[mode] / 100
-                rows.append(f"| **{name}, mean of {len(runs)} seeds** | {mode} | | "
-                            f"{'-' if mean is None else f'{mean:.2f}'} | "
-                            f"{'-' if mean_lift[mode] is None else f'{mean_lift[mode]:+.0f}'} | | | "
-                            f"{('**yes**' if met else 'no') if mode == 'greedy' else ''} |")
+                rows.append(
+                    f"| **{name}, mean of {len(runs)} seeds** | {mode} | | "
+                    f"{'-' if mean is None else f'{mean:.2f}'} | "
+                    f"{'-' if mean_lift[mode] is None else f'{mean_lift[mode]:+.0f}'} | | | "
+                    f"{('**yes**' if met else 'no') if mode == 'greedy' else ''} |"
+                )
     thousands = FuncFormatter(lambda x, _: f"{x / 1000:.0f}k")
     for ax, label in ((by_steps, "env steps"), (by_time, "wall time (min)")):
         if s0_periodic is not None:
@@ -206,19 +284,26 @@ def report() -> None:
     sampled.set_ylabel("success in training (sampled, last 100)")
     sampled.grid(alpha=0.3)
     sampled.legend(fontsize=8)
-    fig.suptitle("Token VLA on PushCube + PickCube + StackCube (state + instruction, CPU): SFT, then one hour "
-                 "of RL per arm")
+    fig.suptitle(
+        "Token VLA on PushCube + PickCube + StackCube (state + instruction, CPU): SFT, then one hour of RL per arm"
+    )
     save_with_summary(fig, RESULTS, "multitask_vla", summary)
-    sft_rows = [f"| SFT (S0) | {mode} | {' / '.join(f'{s0[mode][t]:.2f}' for t in TASKS)} | {s0[mode]['mean']:.2f} | | | | |"
-                if s0[mode] else f"| SFT (S0) | {mode} | not run | | | | | |" for mode in ("greedy", "sampled")]
+    sft_rows = [
+        f"| SFT (S0) | {mode} | {' / '.join(f'{s0[mode][t]:.2f}' for t in TASKS)} | {s0[mode]['mean']:.2f} | | | | |"
+        if s0[mode]
+        else f"| SFT (S0) | {mode} | not run | | | | | |"
+        for mode in ("greedy", "sampled")
+    ]
     lines = [
         "# Token VLA on three ManiSkill tasks: SFT, then GRPO or PPO",
         "",
         f"{summary['demos']} scripted-expert demos over the three tasks (`embodied demos env=maniskill_multitask`), "
-        "SFT of the token VLA (random Qwen2 backbone: hidden 128, 4 layers; parallel decoder) by token cross-entropy against Gaussian targets 4 bins wide (`policy.label_sigma_bins=4`), "
+        "SFT of the token VLA (random Qwen2 backbone: hidden 128, 4 layers; parallel decoder) by token "
+        "cross-entropy against Gaussian targets 4 bins wide (`policy.label_sigma_bins=4`), "
         "then RL from the SFT weights (`embodied train init=`), 24 envs (8 per task). The RL runs go two at a time "
         "on a 2-core CPU machine, each with `time_limit_s=3600`: about one core-hour each. `ppo` is "
-        "`experiment=multitask_token_vla_ppo`; `ppo-lr3e-5` the same at a constant-ish lr of 3e-5 with more evals. Success on the same "
+        "`experiment=multitask_token_vla_ppo`; `ppo-lr3e-5` the same at a constant-ish lr of 3e-5 with more evals. "
+        "Success on the same "
         f"{EVAL_EPISODES} episodes ({EVAL_EPISODES // 3} per task) for every run, with greedy action tokens and "
         "sampled at temperature 1 (as in training). The curves: greedy success on 48 fixed episodes during training "
         f"(the SFT weights score {s0_periodic if s0_periodic is not None else float('nan'):.2f} on them), and the "

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from embodied.runtime.rollout import Rollout
-from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
+
+from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 
@@ -81,7 +81,7 @@ def cpu_policy_as_slow_as(seconds: float, observation, spec) -> tuple[MLPGaussia
     for hidden in (64, 256, 512, 1024, 1536, 2048, 3072, 4096):
         policy = MLPGaussianPolicy(MLPPolicyConfig(actor_hidden=[hidden] * 3, critic_hidden=[hidden] * 3), spec)
         with torch.no_grad():
-            inference_s = seconds_per_call(lambda: policy.act(observation))
+            inference_s = seconds_per_call(lambda policy=policy: policy.act(observation))
         if inference_s >= seconds:
             break
     return policy, hidden, inference_s
@@ -95,13 +95,20 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         step_s = seconds_per_call(lambda: env.step(zeros))
         policy, hidden, inference_s = cpu_policy_as_slow_as(step_s, observation.to_torch(), env.spec)
         small = MLPGaussianPolicy(MLPPolicyConfig(actor_hidden=[64] * 2, critic_hidden=[64] * 2), env.spec)
-        rates = {"cpu inference": rollout_rates(env, policy, args.steps),
-                 "off-cpu inference": rollout_rates(env, OffCPUInference(small, step_s / args.num_envs), args.steps)}
+        rates = {
+            "cpu inference": rollout_rates(env, policy, args.steps),
+            "off-cpu inference": rollout_rates(env, OffCPUInference(small, step_s / args.num_envs), args.steps),
+        }
     finally:
         env.close()
-    return {"workers": workers, "env_step_ms": step_s * 1e3, "cpu_policy_hidden": hidden,
-            "cpu_inference_ms": inference_s * 1e3, "env_steps_per_s": rates,
-            "speedup": {name: r["pipelined"] / r["sequential"] for name, r in rates.items()}}
+    return {
+        "workers": workers,
+        "env_step_ms": step_s * 1e3,
+        "cpu_policy_hidden": hidden,
+        "cpu_inference_ms": inference_s * 1e3,
+        "env_steps_per_s": rates,
+        "speedup": {name: r["pipelined"] / r["sequential"] for name, r in rates.items()},
+    }
 
 
 def main() -> None:
@@ -116,22 +123,33 @@ def main() -> None:
     result = {"task": args.task, "num_envs": args.num_envs, "cpu_cores": os.cpu_count(), "runs": runs}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pipeline.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# Pipelined rollout: {args.task}, {args.num_envs} envs, {os.cpu_count()} cores", "",
-             "Inference for the whole batch takes about one env step of the whole batch. CPU inference: an MLP "
-             "sized to that, on the same cores as the envs. Off-CPU inference: a wait proportional to the rows, "
-             f"leaving the cores to the envs, standing in for an accelerator. Best of two interleaved runs of "
-             f"{args.steps} chunk steps each.", "",
-             "| env workers | env step (ms) | inference | sequential env steps/s | pipelined env steps/s | speed-up |",
-             "| ---: | ---: | --- | ---: | ---: | ---: |"]
+    lines = [
+        f"# Pipelined rollout: {args.task}, {args.num_envs} envs, {os.cpu_count()} cores",
+        "",
+        "Inference for the whole batch takes about one env step of the whole batch. CPU inference: an MLP "
+        "sized to that, on the same cores as the envs. Off-CPU inference: a wait proportional to the rows, "
+        f"leaving the cores to the envs, standing in for an accelerator. Best of two interleaved runs of "
+        f"{args.steps} chunk steps each.",
+        "",
+        "| env workers | env step (ms) | inference | sequential env steps/s | pipelined env steps/s | speed-up |",
+        "| ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
     bars = {}
     for run in runs:
         for name, rates in run["env_steps_per_s"].items():
-            lines.append(f"| {run['workers']} | {run['env_step_ms']:.1f} | {name} | {rates['sequential']:.0f} | "
-                         f"{rates['pipelined']:.0f} | **{run['speedup'][name]:.2f}x** |")
+            lines.append(
+                f"| {run['workers']} | {run['env_step_ms']:.1f} | {name} | {rates['sequential']:.0f} | "
+                f"{rates['pipelined']:.0f} | **{run['speedup'][name]:.2f}x** |"
+            )
             bars[f"{run['workers']}w {name.split()[0]}"] = run["speedup"][name]
     (RESULTS / "pipeline.md").write_text("\n".join(lines) + "\n\n![pipeline](pipeline.png)\n")
-    bar_chart(RESULTS / "pipeline.png", bars, "pipelined / sequential", f"{args.task}: pipelining speed-up",
-              xlabel="env workers, inference")
+    bar_chart(
+        RESULTS / "pipeline.png",
+        bars,
+        "pipelined / sequential",
+        f"{args.task}: pipelining speed-up",
+        xlabel="env workers, inference",
+    )
     print("\n".join(lines))
 
 

@@ -27,15 +27,24 @@ import time
 from pathlib import Path
 
 import torch
-
 from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A token VLA of some size (a random 8-layer, 512-wide Qwen2 with a 32k vocabulary: 45M
 # weights), so that what collocation moves is not nothing.
-DEFAULT = ["env.task=PushCube-v1", "env.num_envs=8", "env.num_workers=0", "policy=token_vla",
-           "policy.hidden_size=512", "policy.num_layers=8", "policy.num_heads=8", "policy.vocab_size=32000",
-           "algo.rollout_steps=16", "algo.num_minibatches=2", "algo.update_epochs=2"]
+DEFAULT = [
+    "env.task=PushCube-v1",
+    "env.num_envs=8",
+    "env.num_workers=0",
+    "policy=token_vla",
+    "policy.hidden_size=512",
+    "policy.num_layers=8",
+    "policy.num_heads=8",
+    "policy.vocab_size=32000",
+    "algo.rollout_steps=16",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=2",
+]
 PLACEMENTS = ("disaggregated", "collocated")
 WARMUP_UPDATES = 2  # start-up and first-call costs, left out of the per-update time
 
@@ -76,9 +85,21 @@ class DeviceMemory:
 def run(placement: str, updates: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp, DeviceMemory() as memory:
         run_dir = Path(tmp) / placement
-        command = [sys.executable, "-m", "embodied.cli", "train", *DEFAULT, *overrides, "runtime=procs",
-                   f"runtime.placement={placement}", "eval_episodes=0", "checkpoint_every=0",
-                   "logger.progress_bar=false", f"run_dir={run_dir}", f"total_env_steps={10**9}"]
+        command = [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            *DEFAULT,
+            *overrides,
+            "runtime=procs",
+            f"runtime.placement={placement}",
+            "eval_episodes=0",
+            "checkpoint_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+            f"total_env_steps={10**9}",
+        ]
         trainer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         metrics = run_dir / "metrics.jsonl"
         rows: list[dict] = []
@@ -96,14 +117,20 @@ def run(placement: str, updates: int, overrides: list[str]) -> dict:
             except subprocess.TimeoutExpired:
                 trainer.kill()
                 trainer.wait()
-        counted = rows[WARMUP_UPDATES - 1:WARMUP_UPDATES + updates]
+        counted = rows[WARMUP_UPDATES - 1 : WARMUP_UPDATES + updates]
         seconds = (counted[-1]["train/elapsed_s"] - counted[0]["train/elapsed_s"]) / (len(counted) - 1)
         steps_per_update = counted[-1]["env_steps"] - counted[-2]["env_steps"]
         last = counted[-1]
-    return {"placement": placement, "seconds_per_update": seconds, "env_steps_per_update": steps_per_update,
-            "device_peak_gb": memory.peak_gb, "learner_offload_s": last.get("train/offload_s"),
-            "offload_gb": last.get("train/offload_gb"), "rollout_offload_s": last.get("train/rollout_offload_s"),
-            "updates_timed": len(counted) - 1}
+    return {
+        "placement": placement,
+        "seconds_per_update": seconds,
+        "env_steps_per_update": steps_per_update,
+        "device_peak_gb": memory.peak_gb,
+        "learner_offload_s": last.get("train/offload_s"),
+        "offload_gb": last.get("train/offload_gb"),
+        "rollout_offload_s": last.get("train/rollout_offload_s"),
+        "updates_timed": len(counted) - 1,
+    }
 
 
 def main() -> None:
@@ -115,23 +142,37 @@ def main() -> None:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU only"
     by_name = {r["placement"]: r for r in results}
     ratio = by_name["collocated"]["seconds_per_update"] / by_name["disaggregated"]["seconds_per_update"]
-    summary = {"device": device, "config": [*DEFAULT, *args.overrides], "results": results,
-               "collocated_time_ratio": ratio}
+    summary = {
+        "device": device,
+        "config": [*DEFAULT, *args.overrides],
+        "results": results,
+        "collocated_time_ratio": ratio,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "placement.json").write_text(json.dumps(summary, indent=2))
-    bar_chart(RESULTS / "placement.png", {r["placement"]: r["seconds_per_update"] for r in results},
-              "seconds per update", f"runtime=procs placements ({device})")
+    bar_chart(
+        RESULTS / "placement.png",
+        {r["placement"]: r["seconds_per_update"] for r in results},
+        "seconds per update",
+        f"runtime=procs placements ({device})",
+    )
     gb = lambda value: "n/a (no GPU)" if value is None else f"{value:.2f}"  # noqa: E731
-    lines = ["# Placements: disaggregated against collocated", "",
-             f"`runtime=procs`, {device}, one run after the other, {args.updates} updates timed after "
-             f"{WARMUP_UPDATES} of warm-up. Config: `{' '.join(summary['config'])}`.", "",
-             "| placement | s / update | device peak (GB, all processes) | learner offload (s, total) | "
-             "moved per offload (GB) | rollout offload (s, total) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "# Placements: disaggregated against collocated",
+        "",
+        f"`runtime=procs`, {device}, one run after the other, {args.updates} updates timed after "
+        f"{WARMUP_UPDATES} of warm-up. Config: `{' '.join(summary['config'])}`.",
+        "",
+        "| placement | s / update | device peak (GB, all processes) | learner offload (s, total) | "
+        "moved per offload (GB) | rollout offload (s, total) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in results:
-        lines.append(f"| {r['placement']} | {r['seconds_per_update']:.2f} | {gb(r['device_peak_gb'])} | "
-                     f"{r['learner_offload_s'] or 0:.2f} | {r['offload_gb'] or 0:.3f} | "
-                     f"{r['rollout_offload_s'] or 0:.2f} |")
+        lines.append(
+            f"| {r['placement']} | {r['seconds_per_update']:.2f} | {gb(r['device_peak_gb'])} | "
+            f"{r['learner_offload_s'] or 0:.2f} | {r['offload_gb'] or 0:.3f} | "
+            f"{r['rollout_offload_s'] or 0:.2f} |"
+        )
     lines += ["", f"Collocated / disaggregated time per update: **{ratio:.2f}x**.", "", "![times](placement.png)"]
     (RESULTS / "placement.md").write_text("\n".join(lines) + "\n")
     print((RESULTS / "placement.md").read_text())

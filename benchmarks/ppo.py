@@ -64,11 +64,28 @@ SUITES = {
 
 def train(name: str, overrides: list[str], steps: int) -> None:
     run_dir = RUNS / name
-    command = [sys.executable, "-m", "embodied.cli", "train", *overrides, f"run_dir={run_dir}",
-               f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false"]
+    command = [
+        sys.executable,
+        "-m",
+        "embodied.cli",
+        "train",
+        *overrides,
+        f"run_dir={run_dir}",
+        f"total_env_steps={steps}",
+        "eval_episodes=0",
+        "logger.progress_bar=false",
+    ]
     if (run_dir / "checkpoints" / "latest").is_file():  # continue an interrupted benchmark run
-        command = [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", f"total_env_steps={steps}",
-                   "eval_episodes=0", "logger.progress_bar=false"]
+        command = [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            f"resume={run_dir}",
+            f"total_env_steps={steps}",
+            "eval_episodes=0",
+            "logger.progress_bar=false",
+        ]
     print(f"[{name}] {' '.join(command[3:])}", flush=True)
     subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     collect(name)
@@ -78,8 +95,14 @@ def collect(name: str) -> None:
     """Curve and wall time of a finished run (start: its config file; end: its last checkpoint)."""
     run_dir = RUNS / name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    keep = ("env_steps", "rollout/episode_return", "rollout/success_rate", "eval/success_rate",
-            "eval/episode_return", "train/env_steps_per_s")
+    keep = (
+        "env_steps",
+        "rollout/episode_return",
+        "rollout/success_rate",
+        "eval/success_rate",
+        "eval/episode_return",
+        "train/env_steps_per_s",
+    )
     curve = [{k: line[k] for k in keep if k in line} for line in lines]
     wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
     out = RESULTS / "runs" / f"{name}.json"
@@ -123,19 +146,31 @@ def report(suite_name: str) -> None:
             ax.plot(x, y, label=name)
             finals.append(y[-1])
             steps.append(x[-1])
-            speeds.append(float(np.median([p["train/env_steps_per_s"] for p in run["curve"]
-                                           if "train/env_steps_per_s" in p])))
+            speeds.append(
+                float(np.median([p["train/env_steps_per_s"] for p in run["curve"] if "train/env_steps_per_s" in p]))
+            )
             walls.append(run.get("wall_time_s"))
             if "goal" in suite:
                 reach.append(first_reaching(curve, metric, suite.get("goal", {}).get(task, 0.9)))
-        entry = {"runs": sorted(members), "final": finals, "final_mean": float(np.mean(finals)),
-                 "final_std": float(np.std(finals)), "env_steps": steps, "median_env_steps_per_s": speeds,
-                 "wall_time_s": walls}
+        entry = {
+            "runs": sorted(members),
+            "final": finals,
+            "final_mean": float(np.mean(finals)),
+            "final_std": float(np.std(finals)),
+            "env_steps": steps,
+            "median_env_steps_per_s": speeds,
+            "wall_time_s": walls,
+        }
         reference = suite.get("reference", {}).get(task)
         if reference:
             entry["reference"] = {"mean": reference[0], "std": reference[1]}
-            ax.axhspan(reference[0] - reference[1], reference[0] + reference[1], color="grey", alpha=0.2,
-                       label="reference PPO (1M)")
+            ax.axhspan(
+                reference[0] - reference[1],
+                reference[0] + reference[1],
+                color="grey",
+                alpha=0.2,
+                label="reference PPO (1M)",
+            )
         if reach:
             entry["env_steps_to_goal"] = reach
         summary["tasks"][task] = entry
@@ -148,16 +183,19 @@ def report(suite_name: str) -> None:
         ref_text = f"{reference[0]} ± {reference[1]}" if reference else "-"
         wall_text = ", ".join(f"{w / 60:.0f} min" if w else "?" for w in walls)
         reach_text = ", ".join(f"{r:,}" if r else "not reached" for r in reach) if reach else "-"
-        rows.append(f"| {task} | {len(finals)} | {', '.join(f'{s:,}' for s in steps)} | "
-                    f"{np.mean(finals):.2f} ± {np.std(finals):.2f} | {ref_text} | {reach_text} | "
-                    f"{np.median(speeds):.0f} | {wall_text} |")
+        rows.append(
+            f"| {task} | {len(finals)} | {', '.join(f'{s:,}' for s in steps)} | "
+            f"{np.mean(finals):.2f} ± {np.std(finals):.2f} | {ref_text} | {reach_text} | "
+            f"{np.median(speeds):.0f} | {wall_text} |"
+        )
     fig.tight_layout()
     fig.savefig(RESULTS / f"ppo_{suite_name}.png", dpi=110)
     (RESULTS / f"ppo_{suite_name}.json").write_text(json.dumps(summary, indent=2))
     header = [
         f"# PPO benchmark: {suite_name}",
         "",
-        f"Final value = `{metric}` at the end of the run ({METRIC_NOTES[metric]}). Measured on a 2-core CPU machine, runs sharing it with other work, "
+        f"Final value = `{metric}` at the end of the run ({METRIC_NOTES[metric]}). "
+        "Measured on a 2-core CPU machine, runs sharing it with other work, "
         "so steps/s and wall time are indicative only.",
         "",
         "| task | seeds | env steps | final (mean ± std) | reference | steps to goal | median steps/s | wall time |",

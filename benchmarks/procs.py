@@ -20,26 +20,39 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, to_schema, to_yaml
 from embodied.core.compose import compose
+from embodied.core.protocol import PROTOCOL_VERSION
+from embodied.core.types import EnvSpec
 from embodied.runtime.learner_link import LearnerLink
 from embodied.runtime.procs import RolloutSupervisor
 from embodied.runtime.rollout import Rollout
 from embodied.runtime.wire import published_weights, tensors_to_wire
-from embodied.core.protocol import PROTOCOL_VERSION
-from embodied.core.types import EnvSpec
-from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def config_for(args: argparse.Namespace, max_policy_lag: int = 0) -> TrainConfig:
-    return to_schema(TrainConfig, compose("train", [
-        f"env.task={args.task}", f"env.num_envs={args.num_envs}", f"env.num_workers={args.workers}",
-        f"algo.rollout_steps={args.rollout_steps}", "runtime=procs", "runtime.torch_threads=1",
-        "runtime.device=cpu", "runtime.rollout_device=cpu", f"runtime.max_policy_lag={max_policy_lag}"]))
+    return to_schema(
+        TrainConfig,
+        compose(
+            "train",
+            [
+                f"env.task={args.task}",
+                f"env.num_envs={args.num_envs}",
+                f"env.num_workers={args.workers}",
+                f"algo.rollout_steps={args.rollout_steps}",
+                "runtime=procs",
+                "runtime.torch_threads=1",
+                "runtime.device=cpu",
+                "runtime.rollout_device=cpu",
+                f"runtime.max_policy_lag={max_policy_lag}",
+            ],
+        ),
+    )
 
 
 def raw_rate(config: TrainConfig, batches: int) -> float:
@@ -121,27 +134,40 @@ def main() -> None:
     torch.set_num_threads(1)
     rates: dict[str, float] = {}
     for _ in range(2):  # interleaved, best of two each
-        for name, measure in (("raw", lambda: raw_rate(config_for(args), args.batches)),
-                              ("local", lambda: local_rate(config_for(args), args.batches)),
-                              ("procs sync", lambda: procs_rate(config_for(args, 0), args.batches)),
-                              ("procs lag 1", lambda: procs_rate(config_for(args, 1), args.batches))):
+        for name, measure in (
+            ("raw", lambda: raw_rate(config_for(args), args.batches)),
+            ("local", lambda: local_rate(config_for(args), args.batches)),
+            ("procs sync", lambda: procs_rate(config_for(args, 0), args.batches)),
+            ("procs lag 1", lambda: procs_rate(config_for(args, 1), args.batches)),
+        ):
             rates[name] = max(rates.get(name, 0.0), measure())
             print(f"{name}: {rates[name]:.0f} env steps/s", flush=True)
     ratios = {name: rate / rates["raw"] for name, rate in rates.items()}
-    result = {"task": args.task, "num_envs": args.num_envs, "workers": args.workers,
-              "rollout_steps": args.rollout_steps, "batches": args.batches, "cpu_cores": os.cpu_count(),
-              "env_steps_per_s": rates, "ratio_to_raw": ratios}
+    result = {
+        "task": args.task,
+        "num_envs": args.num_envs,
+        "workers": args.workers,
+        "rollout_steps": args.rollout_steps,
+        "batches": args.batches,
+        "cpu_cores": os.cpu_count(),
+        "env_steps_per_s": rates,
+        "ratio_to_raw": ratios,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "procs.json").write_text(json.dumps(result, indent=2))
-    lines = [f"# runtime=procs vs raw stepping: {args.task}, {args.num_envs} envs in {args.workers} env workers, "
-             f"{os.cpu_count()} cores", "",
-             f"No learning. {args.batches} batches of {args.rollout_steps} chunk steps per env, best of two "
-             f"interleaved runs. The policy is the default MLP (inference on CPU).", "",
-             "| collection | env steps/s | vs raw |", "| --- | ---: | ---: |",
-             *(f"| {name} | {rate:.0f} | {ratios[name]:.2f} |" for name, rate in rates.items())]
+    lines = [
+        f"# runtime=procs vs raw stepping: {args.task}, {args.num_envs} envs in {args.workers} env workers, "
+        f"{os.cpu_count()} cores",
+        "",
+        f"No learning. {args.batches} batches of {args.rollout_steps} chunk steps per env, best of two "
+        f"interleaved runs. The policy is the default MLP (inference on CPU).",
+        "",
+        "| collection | env steps/s | vs raw |",
+        "| --- | ---: | ---: |",
+        *(f"| {name} | {rate:.0f} | {ratios[name]:.2f} |" for name, rate in rates.items()),
+    ]
     (RESULTS / "procs.md").write_text("\n".join(lines) + "\n\n![procs](procs.png)\n")
-    bar_chart(RESULTS / "procs.png", rates, "env steps / s",
-              f"{args.task}: procs sync {ratios['procs sync']:.2f}x raw")
+    bar_chart(RESULTS / "procs.png", rates, "env steps / s", f"{args.task}: procs sync {ratios['procs sync']:.2f}x raw")
     print("\n".join(lines))
 
 

@@ -31,8 +31,9 @@ def embodied(*arguments: str) -> None:
 
 def embodied_side_by_side(commands: list[list[str]]) -> None:
     """Several `embodied` commands at once; waits for all, then fails if any failed."""
-    processes = [subprocess.Popen(_command(arguments), stdin=subprocess.DEVNULL, env=_child_env())
-                 for arguments in commands]
+    processes = [
+        subprocess.Popen(_command(arguments), stdin=subprocess.DEVNULL, env=_child_env()) for arguments in commands
+    ]
     failed = [" ".join(process.args[3:5]) for process in processes if process.wait() != 0]
     if failed:
         raise SystemExit(f"failed: {failed}")
@@ -57,9 +58,12 @@ def eval_curve(run_dir: Path) -> Curve | None:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     evals = [row for row in rows if "eval/success_rate" in row]
     elapsed = {row["env_steps"]: row["train/elapsed_s"] for row in rows if "train/elapsed_s" in row}
-    return Curve(points=[(row["env_steps"], elapsed.get(row["env_steps"]), row["eval/success_rate"]) for row in evals],
-                 env_steps=rows[-1]["env_steps"] if rows else 0, wall_time_s=max(elapsed.values(), default=None),
-                 env_steps_to_90=first_reaching(evals, "eval/success_rate", 0.9))
+    return Curve(
+        points=[(row["env_steps"], elapsed.get(row["env_steps"]), row["eval/success_rate"]) for row in evals],
+        env_steps=rows[-1]["env_steps"] if rows else 0,
+        wall_time_s=max(elapsed.values(), default=None),
+        env_steps_to_90=first_reaching(evals, "eval/success_rate", 0.9),
+    )
 
 
 def dataset_episodes(root: Path) -> int | None:
@@ -67,15 +71,26 @@ def dataset_episodes(root: Path) -> int | None:
     return json.loads(info.read_text())["total_episodes"] if info.is_file() else None
 
 
-def main(doc: str, arms: list[str], run: Callable[[int, int, int | None, list[str]], None],
-         report: Callable[[], None], demos: int, sft_steps: int, steps: int | None) -> None:
+def main(
+    doc: str,
+    arms: list[str],
+    run: Callable[[int, int, int | None, list[str]], None],
+    report: Callable[[], None],
+    demos: int,
+    sft_steps: int,
+    steps: int | None,
+) -> None:
     """`steps` None: each arm's own total_env_steps, unless --steps is given."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
     parser.add_argument("--demos", type=int, default=demos, help="scripted-expert episodes")
     parser.add_argument("--sft-steps", type=int, default=sft_steps)
-    parser.add_argument("--steps", type=int, default=steps,
-                        help="RL env steps per arm" + ("" if steps else " (default: each arm's own)"))
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=steps,
+        help="RL env steps per arm" + ("" if steps else " (default: each arm's own)"),
+    )
     parser.add_argument("--only", nargs="*", default=arms, choices=arms)
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
@@ -87,7 +102,11 @@ def main(doc: str, arms: list[str], run: Callable[[int, int, int | None, list[st
 def plot_curve(by_steps, by_time, curve: Curve, label: str, **style) -> None:
     """One run's periodic evaluations against env steps (left) and training minutes (right);
     `style`: matplotlib line keywords, e.g. a colour shared by runs of one arm."""
-    line, = by_steps.plot([n for n, _, _ in curve.points], [s for _, _, s in curve.points], label=label, **style)
+    (line,) = by_steps.plot([n for n, _, _ in curve.points], [s for _, _, s in curve.points], label=label, **style)
     timed = [(t, s) for _, t, s in curve.points if t is not None]
-    by_time.plot([t / 60 for t, _ in timed], [s for _, s in timed], label=label,
-                 **{**style, "color": line.get_color(), "linestyle": line.get_linestyle()})
+    by_time.plot(
+        [t / 60 for t, _ in timed],
+        [s for _, s in timed],
+        label=label,
+        **{**style, "color": line.get_color(), "linestyle": line.get_linestyle()},
+    )

@@ -48,9 +48,9 @@ from ppo import RESULTS  # noqa: E402
 from sft_rl import embodied  # noqa: E402
 
 from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
-from embodied.runtime.wire import published_weights  # noqa: E402
 from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
+from embodied.runtime.wire import published_weights  # noqa: E402
 from embodied.sim.maniskill_common import INSTRUCTIONS  # noqa: E402
 
 NAME = "token_vla_real_size"
@@ -60,15 +60,35 @@ LORA_RANK, TIMED, GAP_MINIBATCH = 32, 5, 64
 
 
 CLI_ENVS, CLI_ROLLOUT_STEPS = 64, 50
-CLI_COMMON = ["env=mujoco_invertedpendulum", f"env.num_envs={CLI_ENVS}", "policy=token_vla", "policy.precision=bfloat16",
-              f"policy.lora_rank={LORA_RANK}", "runtime.torch_threads=8", "eval_episodes=16", "checkpoint_every=1",
-              "keep_checkpoints=1"]
+CLI_COMMON = [
+    "env=mujoco_invertedpendulum",
+    f"env.num_envs={CLI_ENVS}",
+    "policy=token_vla",
+    "policy.precision=bfloat16",
+    f"policy.lora_rank={LORA_RANK}",
+    "runtime.torch_threads=8",
+    "eval_episodes=16",
+    "checkpoint_every=1",
+    "keep_checkpoints=1",
+]
 CLI_RUNS = {  # name: (arguments, iterations); "grpo-resumed" resumes "grpo"
-    "grpo": (["algo=grpo", "algo.group_size=8", "algo.outcome=return", "algo.success_band=[0.0,1.0]",
-              f"algo.rollout_steps={CLI_ROLLOUT_STEPS}", "algo.num_minibatches=2", "algo.lr=1e-5"], 3),
+    "grpo": (
+        [
+            "algo=grpo",
+            "algo.group_size=8",
+            "algo.outcome=return",
+            "algo.success_band=[0.0,1.0]",
+            f"algo.rollout_steps={CLI_ROLLOUT_STEPS}",
+            "algo.num_minibatches=2",
+            "algo.lr=1e-5",
+        ],
+        3,
+    ),
     "grpo-resumed": ([], 2),
-    "ppo": (["algo=ppo", f"algo.rollout_steps={CLI_ROLLOUT_STEPS}", "algo.num_minibatches=4", "algo.update_epochs=1"],
-            2),
+    "ppo": (
+        ["algo=ppo", f"algo.rollout_steps={CLI_ROLLOUT_STEPS}", "algo.num_minibatches=4", "algo.update_epochs=1"],
+        2,
+    ),
 }
 
 
@@ -76,11 +96,18 @@ def qwen25_05b(full: bool) -> Any:
     """Qwen2.5-0.5B's architecture (494 M parameters), or a small one of the same classes."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=151936 if full else 4096, hidden_size=896 if full else 64,
-                         num_hidden_layers=24 if full else 2, intermediate_size=4864 if full else 128,
-                         num_attention_heads=14 if full else 1, num_key_value_heads=2 if full else 1,
-                         max_position_embeddings=32768,
-                         rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=151936 if full else 4096,
+        hidden_size=896 if full else 64,
+        num_hidden_layers=24 if full else 2,
+        intermediate_size=4864 if full else 128,
+        num_attention_heads=14 if full else 1,
+        num_key_value_heads=2 if full else 1,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    )
     return Qwen2ForCausalLM(config)
 
 
@@ -89,15 +116,34 @@ def smolvlm_256m(full: bool) -> Any:
     image tokens) and a 30-layer, 576-wide Llama (SmolLM2-135M); or a small one."""
     from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration
 
-    vision = dict(hidden_size=768 if full else 64, intermediate_size=3072 if full else 128,
-                  num_hidden_layers=12 if full else 1, num_attention_heads=12 if full else 2,
-                  image_size=512 if full else 64, patch_size=16)
-    text = dict(model_type="llama", vocab_size=49280 if full else 4096, hidden_size=576 if full else 64,
-                intermediate_size=1536 if full else 128, num_hidden_layers=30 if full else 2,
-                num_attention_heads=9 if full else 2, num_key_value_heads=3 if full else 1,
-                max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
-    config = SmolVLMConfig(vision_config=vision, text_config=text, scale_factor=4, image_token_id=49190 if full else 3000,
-                           tie_word_embeddings=True)
+    vision = dict(
+        hidden_size=768 if full else 64,
+        intermediate_size=3072 if full else 128,
+        num_hidden_layers=12 if full else 1,
+        num_attention_heads=12 if full else 2,
+        image_size=512 if full else 64,
+        patch_size=16,
+    )
+    text = dict(
+        model_type="llama",
+        vocab_size=49280 if full else 4096,
+        hidden_size=576 if full else 64,
+        intermediate_size=1536 if full else 128,
+        num_hidden_layers=30 if full else 2,
+        num_attention_heads=9 if full else 2,
+        num_key_value_heads=3 if full else 1,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+    )
+    config = SmolVLMConfig(
+        vision_config=vision,
+        text_config=text,
+        scale_factor=4,
+        image_token_id=49190 if full else 3000,
+        tie_word_embeddings=True,
+    )
     return SmolVLMForConditionalGeneration(config)
 
 
@@ -121,8 +167,12 @@ def write_checkpoint(name: str, directory: Path, full: bool) -> None:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator([INSTRUCTIONS[t] for t in TASKS], trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.train_from_iterator(
+        [INSTRUCTIONS[t] for t in TASKS],
+        trainers.BpeTrainer(
+            vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tokenizer.model.save(str(directory))
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|endoftext|>").save_pretrained(directory)
     torch.manual_seed(0)
@@ -130,17 +180,27 @@ def write_checkpoint(name: str, directory: Path, full: bool) -> None:
 
 
 def spec(cameras: bool) -> EnvSpec:
-    return EnvSpec(state_dim=STATE_DIM, action_dim=ACTION_DIM, action_low=(-1.0,) * ACTION_DIM,
-                   action_high=(1.0,) * ACTION_DIM,
-                   image_shapes={"base_camera": (CAMERA_SIZE, CAMERA_SIZE, 3)} if cameras else {})
+    return EnvSpec(
+        state_dim=STATE_DIM,
+        action_dim=ACTION_DIM,
+        action_low=(-1.0,) * ACTION_DIM,
+        action_high=(1.0,) * ACTION_DIM,
+        image_shapes={"base_camera": (CAMERA_SIZE, CAMERA_SIZE, 3)} if cameras else {},
+    )
 
 
 def observation(batch: int, cameras: bool, seed: int) -> Observation:
     g = torch.Generator().manual_seed(seed)
-    images = ({"base_camera": torch.randint(0, 256, (batch, CAMERA_SIZE, CAMERA_SIZE, 3), generator=g,
-                                            dtype=torch.uint8)} if cameras else {})
-    return Observation(state=torch.randn(batch, STATE_DIM, generator=g), images=images,
-                       instruction=[INSTRUCTIONS[TASKS[i * len(TASKS) // batch]] for i in range(batch)])
+    images = (
+        {"base_camera": torch.randint(0, 256, (batch, CAMERA_SIZE, CAMERA_SIZE, 3), generator=g, dtype=torch.uint8)}
+        if cameras
+        else {}
+    )
+    return Observation(
+        state=torch.randn(batch, STATE_DIM, generator=g),
+        images=images,
+        instruction=[INSTRUCTIONS[TASKS[i * len(TASKS) // batch]] for i in range(batch)],
+    )
 
 
 def timed(step: Callable[[], Any], device: torch.device, runs: int) -> tuple[list[float], Any]:
@@ -158,8 +218,13 @@ def timed(step: Callable[[], Any], device: torch.device, runs: int) -> tuple[lis
     return seconds, result
 
 
-def log_prob_gap(policy: TokenVLAPolicy, obs: Observation, recorded: Callable[[slice], ActionChunk],
-                 rollout_log_probs: torch.Tensor, minibatch: int) -> torch.Tensor:
+def log_prob_gap(
+    policy: TokenVLAPolicy,
+    obs: Observation,
+    recorded: Callable[[slice], ActionChunk],
+    rollout_log_probs: torch.Tensor,
+    minibatch: int,
+) -> torch.Tensor:
     """Per action token, training-pass log-prob minus rollout log-prob: the training passes run
     with gradient over the same rows, in minibatches of another shape than the rollout's (as a
     PPO or GRPO minibatch is). Their graphs are freed on return, before memory is measured."""
@@ -171,15 +236,27 @@ def log_prob_gap(policy: TokenVLAPolicy, obs: Observation, recorded: Callable[[s
     return torch.cat(gaps)
 
 
-def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: str, rollout_batch: int,
-            device: torch.device, runs: int) -> dict[str, Any]:
+def measure(
+    name: str,
+    checkpoint: Path,
+    lora: bool,
+    precision: str,
+    decoder: str,
+    rollout_batch: int,
+    device: torch.device,
+    runs: int,
+) -> dict[str, Any]:
     _, cameras, minibatch = BACKBONES[name]
     minibatch = min(minibatch, rollout_batch)
     env_spec = spec(cameras)
     started = time.perf_counter()
     torch.manual_seed(0)
-    policy = TokenVLAPolicy(TokenVLAConfig(backbone=str(checkpoint), decoder=decoder, precision=precision,
-                                           lora_rank=LORA_RANK if lora else 0), env_spec).to(device)
+    policy = TokenVLAPolicy(
+        TokenVLAConfig(
+            backbone=str(checkpoint), decoder=decoder, precision=precision, lora_rank=LORA_RANK if lora else 0
+        ),
+        env_spec,
+    ).to(device)
     load_s = time.perf_counter() - started
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
@@ -198,8 +275,9 @@ def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: st
     tokens = chunk.record["action_tokens"].clone()
 
     def recorded(rows: slice) -> ActionChunk:
-        return ActionChunk(actions=chunk.actions[rows], log_prob=old[rows].sum(-1),
-                           record={"action_tokens": tokens[rows]})
+        return ActionChunk(
+            actions=chunk.actions[rows], log_prob=old[rows].sum(-1), record={"action_tokens": tokens[rows]}
+        )
 
     policy.train()
     gap = log_prob_gap(policy, obs, recorded, old, min(GAP_MINIBATCH, minibatch))
@@ -225,25 +303,39 @@ def measure(name: str, checkpoint: Path, lora: bool, precision: str, decoder: st
     weights = published_weights(policy)
     publish_s = time.perf_counter() - publish_started
     row = {
-        "backbone": name, "mode": "lora" if lora else "full", "precision": precision, "decoder": decoder,
-        "parameters": sum(p.numel() for p in policy.parameters()), "trainable": sum(p.numel() for p in trainable),
-        "load_s": load_s, "rollout_batch": rollout_batch, "minibatch": minibatch,
-        "act_s": float(np.median(act_seconds)), "chunks_per_s": rollout_batch / float(np.median(act_seconds)),
+        "backbone": name,
+        "mode": "lora" if lora else "full",
+        "precision": precision,
+        "decoder": decoder,
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        "trainable": sum(p.numel() for p in trainable),
+        "load_s": load_s,
+        "rollout_batch": rollout_batch,
+        "minibatch": minibatch,
+        "act_s": float(np.median(act_seconds)),
+        "chunks_per_s": rollout_batch / float(np.median(act_seconds)),
         "update_s": float(np.median(update_seconds)),
-        "samples_per_s": minibatch / float(np.median(update_seconds)), "peak_gb": peak_gb,
-        "log_prob_gap_mean": float(gap.abs().mean()), "log_prob_gap_max": float(gap.abs().max()),
+        "samples_per_s": minibatch / float(np.median(update_seconds)),
+        "peak_gb": peak_gb,
+        "log_prob_gap_mean": float(gap.abs().mean()),
+        "log_prob_gap_max": float(gap.abs().max()),
         "outside_clip_fraction": float(((ratio < 1 - clip.clip_low) | (ratio > 1 + clip.clip_high)).float().mean()),
-        "published_mb": sum(v.numel() * v.element_size() for v in weights.values()) / 1e6, "publish_s": publish_s,
+        "published_mb": sum(v.numel() * v.element_size() for v in weights.values()) / 1e6,
+        "publish_s": publish_s,
     }
-    del policy, optimizer, weights
+    policy = optimizer = weights = None  # free the model before the next one is built
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
 
 
 def runs_to_measure() -> list[tuple[str, bool, str, str]]:
-    grid = [(name, lora, precision, "parallel") for name in BACKBONES for lora in (False, True)
-            for precision in ("float32", "bfloat16")]
+    grid = [
+        (name, lora, precision, "parallel")
+        for name in BACKBONES
+        for lora in (False, True)
+        for precision in ("float32", "bfloat16")
+    ]
     return grid + [("qwen2.5-0.5b", False, precision, "causal") for precision in ("float32", "bfloat16")]
 
 
@@ -253,11 +345,20 @@ def run(out: Path, smoke: bool) -> None:
         sys.exit("no CUDA GPU here: run with --smoke to check the script on small sizes")
     rollout_batch, runs = (16, 1) if smoke else (256, TIMED)
     out.mkdir(parents=True, exist_ok=True)
-    results = {"setup": {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                         "torch": torch.__version__, "smoke": smoke, "rollout_batch": rollout_batch,
-                         "timed_runs": runs, "lora_rank": LORA_RANK, "camera": CAMERA_SIZE, "state_dim": STATE_DIM,
-                         "action_dim": ACTION_DIM},
-               "runs": []}
+    results = {
+        "setup": {
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "smoke": smoke,
+            "rollout_batch": rollout_batch,
+            "timed_runs": runs,
+            "lora_rank": LORA_RANK,
+            "camera": CAMERA_SIZE,
+            "state_dim": STATE_DIM,
+            "action_dim": ACTION_DIM,
+        },
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory() as scratch:
         for name in BACKBONES:
             started = time.perf_counter()
@@ -267,9 +368,12 @@ def run(out: Path, smoke: bool) -> None:
             row = measure(name, Path(scratch) / name, lora, precision, decoder, rollout_batch, device, runs)
             results["runs"].append(row)
             (out / f"{NAME}.json").write_text(json.dumps(results, indent=2))  # kept if a later run fails
-            print(f"[{name} {row['mode']} {precision} {decoder}] {row['chunks_per_s']:.0f} chunks/s, "
-                  f"{row['samples_per_s']:.0f} samples/s, {row['peak_gb']:.1f} GB, "
-                  f"gap {row['log_prob_gap_mean']:.1e} (max {row['log_prob_gap_max']:.1e})", flush=True)
+            print(
+                f"[{name} {row['mode']} {precision} {decoder}] {row['chunks_per_s']:.0f} chunks/s, "
+                f"{row['samples_per_s']:.0f} samples/s, {row['peak_gb']:.1f} GB, "
+                f"gap {row['log_prob_gap_mean']:.1e} (max {row['log_prob_gap_max']:.1e})",
+                flush=True,
+            )
         results["cli"] = cli_end_to_end(Path(scratch) / "qwen2.5-0.5b", Path(scratch), device)
         (out / f"{NAME}.json").write_text(json.dumps(results, indent=2))
 
@@ -285,8 +389,14 @@ def cli_end_to_end(checkpoint: Path, scratch: Path, device: torch.device) -> dic
             command = [f"resume={run_dir}", f"total_env_steps={(done + iterations) * steps_per_iteration}"]
         else:
             run_dir = scratch / name
-            command = [*CLI_COMMON, f"policy.backbone={checkpoint}", f"runtime.device={device.type}", *arguments,
-                       f"total_env_steps={iterations * steps_per_iteration}", f"run_dir={run_dir}"]
+            command = [
+                *CLI_COMMON,
+                f"policy.backbone={checkpoint}",
+                f"runtime.device={device.type}",
+                *arguments,
+                f"total_env_steps={iterations * steps_per_iteration}",
+                f"run_dir={run_dir}",
+            ]
         started = time.perf_counter()
         embodied("train", *command)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -294,14 +404,19 @@ def cli_end_to_end(checkpoint: Path, scratch: Path, device: torch.device) -> dic
         last = metrics[-1]
         checkpoints = sorted((run_dir / "checkpoints").glob("iter_*"))
         rows[name] = {
-            "command": "embodied train " + " ".join(command), "wall_s": time.perf_counter() - started,
-            "iterations": int(last["train/iteration"]), "env_steps": int(last["env_steps"]),
+            "command": "embodied train " + " ".join(command),
+            "wall_s": time.perf_counter() - started,
+            "iterations": int(last["train/iteration"]),
+            "env_steps": int(last["env_steps"]),
             "iteration_s": [b["train/elapsed_s"] - a["train/elapsed_s"] for a, b in zip(metrics, metrics[1:])],
             "checkpoint_mb": sum(f.stat().st_size for f in checkpoints[-1].rglob("*") if f.is_file()) / 1e6,
             "last": {k: v for k, v in last.items() if k.startswith(("loss/", "rollout/", "grpo/kept"))},
         }
-        print(f"[cli {name}] iterations {rows[name]['iterations']}, env steps {rows[name]['env_steps']}, "
-              f"checkpoint {rows[name]['checkpoint_mb']:.0f} MB, {rows[name]['wall_s']:.0f} s", flush=True)
+        print(
+            f"[cli {name}] iterations {rows[name]['iterations']}, env steps {rows[name]['env_steps']}, "
+            f"checkpoint {rows[name]['checkpoint_mb']:.0f} MB, {rows[name]['wall_s']:.0f} s",
+            flush=True,
+        )
     return rows
 
 
@@ -315,12 +430,19 @@ def report(results_json: Path) -> None:
     rows, setup = results["runs"], results["setup"]
     label = [f"{r['backbone'].split('-')[0]}\n{r['mode']}, {r['decoder']}" for r in rows if r["precision"] == "float32"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    zero = [f"{r['backbone'].split('-')[0]} {r['mode']} {r['decoder']} {r['precision']}" for r in rows
-            if r["log_prob_gap_mean"] == 0]
-    gap_title = "rollout vs training log-prob gap, mean |Δ|" + ("\n(0, not drawn: " + ", ".join(zero) + ")" if zero else "")
-    for ax, key, title in ((axes[0], "chunks_per_s", f"rollout: chunks/s (batch {setup['rollout_batch']})"),
-                           (axes[1], "samples_per_s", "GRPO step: samples/s"),
-                           (axes[2], "log_prob_gap_mean", gap_title)):
+    zero = [
+        f"{r['backbone'].split('-')[0]} {r['mode']} {r['decoder']} {r['precision']}"
+        for r in rows
+        if r["log_prob_gap_mean"] == 0
+    ]
+    gap_title = "rollout vs training log-prob gap, mean |Δ|" + (
+        "\n(0, not drawn: " + ", ".join(zero) + ")" if zero else ""
+    )
+    for ax, key, title in (
+        (axes[0], "chunks_per_s", f"rollout: chunks/s (batch {setup['rollout_batch']})"),
+        (axes[1], "samples_per_s", "GRPO step: samples/s"),
+        (axes[2], "log_prob_gap_mean", gap_title),
+    ):
         for offset, precision in ((-0.2, "float32"), (0.2, "bfloat16")):
             values = [r[key] for r in rows if r["precision"] == precision]
             ax.bar(np.arange(len(values)) + offset, values, 0.4, label=precision)
@@ -332,37 +454,50 @@ def report(results_json: Path) -> None:
     fig.suptitle(f"Token VLA on real-size backbones (random weights), {setup['device']}", fontsize=10)
     save_with_summary(fig, RESULTS, NAME, results)
 
-    lines = [f"# Token VLA on real-size backbones, {setup['device']}", "",
-             "Qwen2.5-0.5B (state and instruction) and SmolVLM-256M (also one 128 px camera, 64 image tokens) at "
-             "their published architectures with random weights, loaded from a local checkpoint "
-             "(`policy.backbone=<path>`). Rollout: one `act` over "
-             f"{setup['rollout_batch']} envs without gradient. GRPO step: `recompute`, the clipped loss, backward "
-             f"and AdamW on one minibatch. Median of {setup['timed_runs']} after a warm-up. Gap: per action token, "
-             "|rollout log-prob − training-pass log-prob| over the same rows (training pass in minibatches of at most 64); "
-             f"outside clip: tokens whose first ratio is already outside [0.8, 1.28]. LoRA: rank {setup['lora_rank']} "
-             f"on q/v projections. torch {setup['torch']}.", "",
-             "| backbone | mode | decoder | precision | parameters (trainable) | chunks/s | GRPO samples/s (minibatch) "
-             "| peak GB | gap mean / max | outside clip | update MB (gather s) |",
-             "| --- | --- | --- | --- | --- | ---: | --- | ---: | --- | ---: | --- |"]
+    lines = [
+        f"# Token VLA on real-size backbones, {setup['device']}",
+        "",
+        "Qwen2.5-0.5B (state and instruction) and SmolVLM-256M (also one 128 px camera, 64 image tokens) at "
+        "their published architectures with random weights, loaded from a local checkpoint "
+        "(`policy.backbone=<path>`). Rollout: one `act` over "
+        f"{setup['rollout_batch']} envs without gradient. GRPO step: `recompute`, the clipped loss, backward "
+        f"and AdamW on one minibatch. Median of {setup['timed_runs']} after a warm-up. Gap: per action token, "
+        "|rollout log-prob − training-pass log-prob| over the same rows (training pass in minibatches of at most 64); "
+        f"outside clip: tokens whose first ratio is already outside [0.8, 1.28]. LoRA: rank {setup['lora_rank']} "
+        f"on q/v projections. torch {setup['torch']}.",
+        "",
+        "| backbone | mode | decoder | precision | parameters (trainable) | chunks/s | GRPO samples/s (minibatch) "
+        "| peak GB | gap mean / max | outside clip | update MB (gather s) |",
+        "| --- | --- | --- | --- | --- | ---: | --- | ---: | --- | ---: | --- |",
+    ]
     for r in rows:
-        lines.append(f"| {r['backbone']} | {r['mode']} | {r['decoder']} | {r['precision']} "
-                     f"| {r['parameters'] / 1e6:.0f} M ({r['trainable'] / 1e6:.1f} M) | {r['chunks_per_s']:.0f} "
-                     f"| {r['samples_per_s']:.0f} ({r['minibatch']}) | {r['peak_gb']:.1f} "
-                     f"| {r['log_prob_gap_mean']:.1e} / {r['log_prob_gap_max']:.1e} "
-                     f"| {r['outside_clip_fraction']:.4f} | {r['published_mb']:.0f} ({r['publish_s']:.2f}) |")
+        lines.append(
+            f"| {r['backbone']} | {r['mode']} | {r['decoder']} | {r['precision']} "
+            f"| {r['parameters'] / 1e6:.0f} M ({r['trainable'] / 1e6:.1f} M) | {r['chunks_per_s']:.0f} "
+            f"| {r['samples_per_s']:.0f} ({r['minibatch']}) | {r['peak_gb']:.1f} "
+            f"| {r['log_prob_gap_mean']:.1e} / {r['log_prob_gap_max']:.1e} "
+            f"| {r['outside_clip_fraction']:.4f} | {r['published_mb']:.0f} ({r['publish_s']:.2f}) |"
+        )
     if "cli" in results:
-        lines += ["", "## The train CLI end to end (Qwen2.5-0.5B, LoRA, bfloat16)", "",
-                  "MuJoCo InvertedPendulum, 64 envs, 3,200 env steps per iteration; this checks rollout, update, "
-                  "checkpoint, resume and eval on CUDA at real size, not learning.", "",
-                  "| run | iterations | env steps | seconds per iteration (after the first) | checkpoint MB "
-                  "| last update: approx KL / clip fraction / grad norm |",
-                  "| --- | ---: | ---: | ---: | ---: | --- |"]
+        lines += [
+            "",
+            "## The train CLI end to end (Qwen2.5-0.5B, LoRA, bfloat16)",
+            "",
+            "MuJoCo InvertedPendulum, 64 envs, 3,200 env steps per iteration; this checks rollout, update, "
+            "checkpoint, resume and eval on CUDA at real size, not learning.",
+            "",
+            "| run | iterations | env steps | seconds per iteration (after the first) | checkpoint MB "
+            "| last update: approx KL / clip fraction / grad norm |",
+            "| --- | ---: | ---: | ---: | ---: | --- |",
+        ]
         for name, row in results["cli"].items():
             last = row["last"]
             per_iteration = np.median(row["iteration_s"]) if row["iteration_s"] else float("nan")
-            lines.append(f"| {name} | {row['iterations']} | {row['env_steps']} | {per_iteration:.1f} "
-                         f"| {row['checkpoint_mb']:.0f} | {last.get('loss/approx_kl', float('nan')):.1e} / "
-                         f"{last.get('loss/clipfrac', float('nan')):.3f} / {last.get('loss/grad_norm', float('nan')):.2f} |")
+            lines.append(
+                f"| {name} | {row['iterations']} | {row['env_steps']} | {per_iteration:.1f} "
+                f"| {row['checkpoint_mb']:.0f} | {last.get('loss/approx_kl', float('nan')):.1e} / "
+                f"{last.get('loss/clipfrac', float('nan')):.3f} / {last.get('loss/grad_norm', float('nan')):.2f} |"
+            )
         lines += ["", "Commands (`embodied train ...`):", ""]
         lines += [f"- {name}: `{row['command']}`" for name, row in results["cli"].items()]
     lines += ["", f"![throughput and log-prob gap]({NAME}.png)", ""]

@@ -7,10 +7,10 @@ from typing import Any, Sequence
 
 import torch
 
+from embodied.core.env import BatchedEnv
+from embodied.core.policy import Policy
 from embodied.core.registry import ALGOS, ENVS, POLICIES
 from embodied.core.types import EnvSpec
-from embodied.core.policy import Policy
-from embodied.core.env import BatchedEnv
 
 
 def build_env(env_cfg: Any, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None) -> BatchedEnv:

@@ -41,8 +41,12 @@ def flatten(obj: Any, tensors: dict[str, torch.Tensor], prefix: str = "s") -> An
         tensors[prefix] = torch.from_numpy(np.array(obj))  # a copy: decoded arrays may be read-only
         return {NDARRAY: prefix}
     if isinstance(obj, dict):
-        return {"__dict__": [[flatten(k, tensors, f"{prefix}.k{i}"), flatten(v, tensors, f"{prefix}.{i}")]
-                             for i, (k, v) in enumerate(obj.items())]}
+        return {
+            "__dict__": [
+                [flatten(k, tensors, f"{prefix}.k{i}"), flatten(v, tensors, f"{prefix}.{i}")]
+                for i, (k, v) in enumerate(obj.items())
+            ]
+        }
     if isinstance(obj, (list, tuple)):
         items = [flatten(v, tensors, f"{prefix}.{i}") for i, v in enumerate(obj)]
         return {TUPLE: items} if isinstance(obj, tuple) else items
@@ -88,8 +92,9 @@ def unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return result
 
 
-def save_checkpoint(directory: Path, name: str, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                    config_yaml: str, keep: int = 3) -> Path:
+def save_checkpoint(
+    directory: Path, name: str, weights: dict[str, torch.Tensor], state: dict[str, Any], config_yaml: str, keep: int = 3
+) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / name
     staging = directory / f".tmp-{name}"
@@ -119,8 +124,10 @@ def save_checkpoint(directory: Path, name: str, weights: dict[str, torch.Tensor]
 
 
 def _prune(directory: Path, keep: int, newest: Path) -> None:
-    saved = sorted((p for p in directory.iterdir() if p.is_dir() and p.name.startswith("iter_")),
-                   key=lambda p: int(p.name.split("_")[1]))
+    saved = sorted(
+        (p for p in directory.iterdir() if p.is_dir() and p.name.startswith("iter_")),
+        key=lambda p: int(p.name.split("_")[1]),
+    )
     for old in saved[:-keep] if keep > 0 else []:
         if old != newest:
             shutil.rmtree(old)
@@ -174,8 +181,9 @@ def _fingerprint(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def without_pretrained_frozen(policy: torch.nn.Module, weights: dict[str, torch.Tensor]
-                              ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+def without_pretrained_frozen(
+    policy: torch.nn.Module, weights: dict[str, torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
     """`weights` (the policy's whole state) less its frozen pretrained entries, and the record
     a checkpoint keeps of them: their source, count and SHA-256 (None when nothing is left out)."""
     frozen = policy.pretrained_frozen()
@@ -189,8 +197,12 @@ def without_pretrained_frozen(policy: torch.nn.Module, weights: dict[str, torch.
     return kept, {"source": source, "count": len(names), "sha256": _fingerprints[policy]}
 
 
-def load_policy_weights(policy: torch.nn.Module, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                        may_miss: Callable[[str], bool] = lambda name: False) -> None:
+def load_policy_weights(
+    policy: torch.nn.Module,
+    weights: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    may_miss: Callable[[str], bool] = lambda name: False,
+) -> None:
     """A checkpoint's weights into `policy`, every entry accounted for: those the checkpoint
     left out must be the policy's frozen pretrained ones, built from the same source with the
     same values; `may_miss` names others the caller lets start fresh. A mismatch of names or
@@ -199,19 +211,25 @@ def load_policy_weights(policy: torch.nn.Module, weights: dict[str, torch.Tensor
     record = state.get("pretrained_frozen")
     frozen = policy.pretrained_frozen() if record else None
     if record and (frozen is None or len(frozen[1]) != record["count"]):
-        raise RuntimeError(f"the checkpoint left out {record['count']} frozen weights of {record['source']}, "
-                           f"which this policy does not load frozen")
+        raise RuntimeError(
+            f"the checkpoint left out {record['count']} frozen weights of {record['source']}, "
+            f"which this policy does not load frozen"
+        )
     left_out = set(frozen[1]) if frozen else set()
     missing, unexpected = policy.load_state_dict(weights, strict=False)
     missing = [name for name in missing if name not in left_out and not may_miss(name)]
     if missing or unexpected:
-        raise RuntimeError(f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                           f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+        raise RuntimeError(
+            f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}"
+        )
     if frozen:
         state_dict = policy.state_dict()
         found = _fingerprint({name: state_dict[name] for name in frozen[1]})
         if found != record["sha256"]:
-            raise CheckpointError(f"the pretrained weights at '{frozen[0]}' are not those this checkpoint was "
-                                  f"trained on: it keeps only what training changed and needs the frozen rest "
-                                  f"as it was (SHA-256 {record['sha256'][:12]}..., found {found[:12]}...)")
+            raise CheckpointError(
+                f"the pretrained weights at '{frozen[0]}' are not those this checkpoint was "
+                f"trained on: it keeps only what training changed and needs the frozen rest "
+                f"as it was (SHA-256 {record['sha256'][:12]}..., found {found[:12]}...)"
+            )
         _fingerprints[policy] = found

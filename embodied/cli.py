@@ -31,10 +31,9 @@ def train(overrides: list[str]) -> int:
     import logging
 
     from embodied.config import EvalConfig, TrainConfig, to_schema
-
     from embodied.core.compose import compose
-    from embodied.evaluate import evaluate_checkpoint
     from embodied.core.registry import RUNTIMES
+    from embodied.evaluate import evaluate_checkpoint
     from embodied.train import resume_config
 
     # The framework's own progress messages (connections, offline pretraining); libraries' warnings only.
@@ -49,9 +48,14 @@ def train(overrides: list[str]) -> int:
     print(f"tensorboard:    tensorboard --logdir {run_dir / 'tensorboard'}")
     print(f"checkpoint:     {session.checkpoint_path or '(none)'}")
     if config.eval_episodes > 0:
-        output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=config.eval_episodes,
-                                                video_episodes=config.eval_video_episodes,
-                                                progress_bar=config.logger.progress_bar))
+        output = evaluate_checkpoint(
+            EvalConfig(
+                checkpoint=str(run_dir),
+                episodes=config.eval_episodes,
+                video_episodes=config.eval_video_episodes,
+                progress_bar=config.logger.progress_bar,
+            )
+        )
         print(f"eval report:    {output / 'report.md'}")
         print((output / "report.md").read_text())
     return 0
@@ -61,15 +65,16 @@ def demos(overrides: list[str]) -> int:
     import logging
 
     from embodied.config import to_schema
-
     from embodied.core.compose import compose
     from embodied.demos import DemosConfig, generate_demos
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = to_schema(DemosConfig, compose("demos", overrides))
     result = generate_demos(config)
-    print(f"dataset:  {config.root} ({result.episodes} episodes, {result.added} added; "
-          f"expert success {result.successes}/{result.attempts})")
+    print(
+        f"dataset:  {config.root} ({result.episodes} episodes, {result.added} added; "
+        f"expert success {result.successes}/{result.attempts})"
+    )
     return 0
 
 
@@ -88,8 +93,9 @@ def sft(overrides: list[str]) -> int:
     print(f"\nrun directory:  {run_dir}")
     print(f"next:           embodied train init={run_dir} env=... policy=... (the same env and policy)")
     if config.eval_episodes > 0:
-        output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=config.eval_episodes,
-                                                progress_bar=config.logger.progress_bar))
+        output = evaluate_checkpoint(
+            EvalConfig(checkpoint=str(run_dir), episodes=config.eval_episodes, progress_bar=config.logger.progress_bar)
+        )
         print(f"eval report:    {output / 'report.md'}")
         print((output / "report.md").read_text())
     return 0
@@ -102,8 +108,13 @@ def reward(overrides: list[str]) -> int:
 
     run_dir, metrics = train_reward_classifier(to_schema(RewardClassifierConfig, compose("reward", overrides)))
     print(f"run directory:  {run_dir}")
-    print("held out:       " + (", ".join(f"{k.removeprefix('val_')} {v:.3f}" for k, v in metrics.items()
-                                         if k.startswith("val_")) or "nothing (val_fraction=0)"))
+    print(
+        "held out:       "
+        + (
+            ", ".join(f"{k.removeprefix('val_')} {v:.3f}" for k, v in metrics.items() if k.startswith("val_"))
+            or "nothing (val_fraction=0)"
+        )
+    )
     print(f"use it:         embodied train ... reward.classifier={run_dir}")
     return 0
 
@@ -124,7 +135,6 @@ def serve(overrides: list[str]) -> int:
     import logging
 
     from embodied.config import to_schema
-
     from embodied.core.compose import compose
     from embodied.serve import ServeConfig, serve_checkpoint
 
@@ -163,8 +173,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if verb in ("robot", "teleop", "collect"):
             return robot(overrides, verb)
-        return {"train": train, "eval": evaluate, "serve": serve, "keys": keys, "demos": demos,
-                "sft": sft, "reward": reward}[verb](overrides)
+        return {
+            "train": train,
+            "eval": evaluate,
+            "serve": serve,
+            "keys": keys,
+            "demos": demos,
+            "sft": sft,
+            "reward": reward,
+        }[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -9,11 +9,11 @@ import embodied.algos.sac_rlpd  # noqa: F401
 import embodied.policies.diffusion  # noqa: F401
 import embodied.policies.flow  # noqa: F401
 import embodied.policies.flow_vla  # noqa: F401
-import embodied.policies.vlm_expert  # noqa: F401
 import embodied.policies.mlp  # noqa: F401
 import embodied.policies.pi0  # noqa: F401
 import embodied.policies.squashed_gaussian  # noqa: F401
 import embodied.policies.token_vla  # noqa: F401
+import embodied.policies.vlm_expert  # noqa: F401
 import embodied.runtime.configs  # noqa: F401
 import embodied.sim.gymnasium_env  # noqa: F401
 import embodied.sim.libero  # noqa: F401

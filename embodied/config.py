@@ -119,8 +119,11 @@ class EvalConfig:
 
 def check_values(config: Any) -> None:
     """Range checks the types alone do not catch."""
-    positive = {"TrainConfig": ("total_env_steps",), "EvalConfig": ("episodes", "trials"),
-                "SFTConfig": ("steps", "batch_size", "log_every")}.get(type(config).__name__, ())
+    positive = {
+        "TrainConfig": ("total_env_steps",),
+        "EvalConfig": ("episodes", "trials"),
+        "SFTConfig": ("steps", "batch_size", "log_every"),
+    }.get(type(config).__name__, ())
     for key in positive:
         if getattr(config, key) < 1:
             raise ConfigError(f"'{key}' must be >= 1, got {getattr(config, key)}")
@@ -143,8 +146,10 @@ def validate_group(group: str, section: Any) -> Any:
         raise ConfigError(f"config group '{group}' has no 'name' key naming which {group} to use")
     message = renamed(f"{group}={name}")
     if message:
-        raise ConfigError(f"{message}: change '{group}.name' in the config (a saved run's config.yaml) to "
-                          f"'{RENAMED[f'{group}={name}'].split('=', 1)[1]}'")
+        raise ConfigError(
+            f"{message}: change '{group}.name' in the config (a saved run's config.yaml) to "
+            f"'{RENAMED[f'{group}={name}'].split('=', 1)[1]}'"
+        )
     entry = GROUPS[group].get(name)
     return validate(entry.schema, section, f"{group}.")
 

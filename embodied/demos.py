@@ -67,17 +67,32 @@ def generate_demos(config: DemosConfig) -> DemosResult:
     experts = [make_expert(task, env_config.control_mode, config.action_noise, config.seed) for task in tasks]
     sidecar = Path(config.root).expanduser() / SIDECAR
     spec = envs[0].spec
-    recorder = DatasetRecorder(RecordingConfig(root=config.root, repo_id=config.repo_id, use_videos=config.use_videos,
-                                               partial="discard", python=config.python,
-                                               finalize_every=config.finalize_every),
-                               spec, fps=spec.control_hz, instruction=envs[0].instruction)
+    recorder = DatasetRecorder(
+        RecordingConfig(
+            root=config.root,
+            repo_id=config.repo_id,
+            use_videos=config.use_videos,
+            partial="discard",
+            python=config.python,
+            finalize_every=config.finalize_every,
+        ),
+        spec,
+        fps=spec.control_hz,
+        instruction=envs[0].instruction,
+    )
     try:
         have = recorder.open()
         seed = json.loads(sidecar.read_text())["next_seed"] if sidecar.is_file() else config.seed + have
         max_attempts = config.max_attempts or 2 * config.episodes
         start, attempts, successes = have, 0, 0
-        bar = tqdm(total=config.episodes, initial=have, unit="episode", desc="demos",
-                   disable=not config.progress_bar, dynamic_ncols=True)
+        bar = tqdm(
+            total=config.episodes,
+            initial=have,
+            unit="episode",
+            desc="demos",
+            disable=not config.progress_bar,
+            dynamic_ncols=True,
+        )
         while have < config.episodes and attempts < max_attempts:
             env, expert = envs[seed % len(envs)], experts[seed % len(envs)]
             recorder.instruction = env.instruction
@@ -89,9 +104,17 @@ def generate_demos(config: DemosConfig) -> DemosResult:
             if keep:
                 have += 1
                 bar.update(1)
-                _write_atomically(sidecar, json.dumps({"next_seed": seed, "tasks": tasks,
-                                                       "control_mode": config.env.control_mode,
-                                                       "action_noise": config.action_noise}))
+                _write_atomically(
+                    sidecar,
+                    json.dumps(
+                        {
+                            "next_seed": seed,
+                            "tasks": tasks,
+                            "control_mode": config.env.control_mode,
+                            "action_noise": config.action_noise,
+                        }
+                    ),
+                )
             bar.set_postfix(success=f"{successes}/{attempts}")
         bar.close()
     finally:
@@ -101,8 +124,10 @@ def generate_demos(config: DemosConfig) -> DemosResult:
             for env in envs:
                 env.close()
     if have < config.episodes:
-        raise ConfigError(f"the expert succeeded in {successes} of {attempts} attempts; the dataset holds {have} "
-                          f"of {config.episodes} episodes (raise max_attempts, lower action_noise or keep_failures=true)")
+        raise ConfigError(
+            f"the expert succeeded in {successes} of {attempts} attempts; the dataset holds {have} "
+            f"of {config.episodes} episodes (raise max_attempts, lower action_noise or keep_failures=true)"
+        )
     return DemosResult(episodes=have, added=have - start, attempts=attempts, successes=successes)
 
 

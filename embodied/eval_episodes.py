@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from embodied.core.types import EpisodeStats
-from embodied.core.policy import Policy
 from embodied.core.env import BatchedEnv
+from embodied.core.policy import Policy
+from embodied.core.types import EpisodeStats
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -55,8 +55,14 @@ def summarize(task: str, episodes: list[EpisodeStats]) -> TaskResult:
 
 
 @torch.no_grad()
-def run_episodes(env: BatchedEnv, policy: Policy, episodes: int, deterministic: bool = True,
-                 video_episodes: int = 0, progress: bool = True) -> tuple[list[EpisodeStats], list[list[np.ndarray]]]:
+def run_episodes(
+    env: BatchedEnv,
+    policy: Policy,
+    episodes: int,
+    deterministic: bool = True,
+    video_episodes: int = 0,
+    progress: bool = True,
+) -> tuple[list[EpisodeStats], list[list[np.ndarray]]]:
     """Run the env's fixed evaluation set (it is rewound first) until `episodes` ended.
 
     Each env gets a fixed share of the episodes, fixed in advance, so that envs whose
@@ -93,16 +99,22 @@ def run_episodes(env: BatchedEnv, policy: Policy, episodes: int, deterministic: 
     return results, videos
 
 
-def write_report(output: Path, results: list[EpisodeStats], meta: dict[str, Any],
-                 groups: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def write_report(
+    output: Path, results: list[EpisodeStats], meta: dict[str, Any], groups: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
     """report.json and report.md: per task, per group of tasks (e.g. a suite) and overall."""
     output.mkdir(parents=True, exist_ok=True)
     tasks = sorted({e.task for e in results})
     per_task = [summarize(task, [e for e in results if e.task == task]) for task in tasks]
     per_group = [summarize(name, [e for e in results if e.task in members]) for name, members in (groups or {}).items()]
     overall = summarize("all", results)
-    report = {**meta, "overall": asdict(overall), "tasks": [asdict(t) for t in per_task],
-              "groups": [asdict(g) for g in per_group], "episodes": [asdict(e) for e in results]}
+    report = {
+        **meta,
+        "overall": asdict(overall),
+        "tasks": [asdict(t) for t in per_task],
+        "groups": [asdict(g) for g in per_group],
+        "episodes": [asdict(e) for e in results],
+    }
     (output / "report.json").write_text(json.dumps(report, indent=2))
     lines = [
         f"# Evaluation: {meta.get('checkpoint', '')}",
@@ -117,14 +129,17 @@ def write_report(output: Path, results: list[EpisodeStats], meta: dict[str, Any]
     several_groups = len(per_group) > 1
     for t in per_task + (per_group if several_groups else []) + ([overall] if len(per_task) > 1 else []):
         low, high = t.success_ci95
-        lines.append(f"| {t.task} | {t.episodes} | {t.success_rate:.1%} | [{low:.1%}, {high:.1%}] "
-                     f"| {t.mean_return:.2f} | {t.mean_length:.1f} | {instructions.get(t.task, '')} |")
+        lines.append(
+            f"| {t.task} | {t.episodes} | {t.success_rate:.1%} | [{low:.1%}, {high:.1%}] "
+            f"| {t.mean_return:.2f} | {t.mean_length:.1f} | {instructions.get(t.task, '')} |"
+        )
     (output / "report.md").write_text("\n".join(lines) + "\n")
     return report
 
 
-def write_videos(output: Path, videos: list[list[np.ndarray]], fps: int = 20,
-                 names: list[str] | None = None) -> list[Path]:
+def write_videos(
+    output: Path, videos: list[list[np.ndarray]], fps: int = 20, names: list[str] | None = None
+) -> list[Path]:
     import imageio.v2 as imageio
 
     output.mkdir(parents=True, exist_ok=True)

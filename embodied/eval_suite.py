@@ -25,12 +25,12 @@ from tqdm import tqdm
 from embodied.build import build_env
 from embodied.checkpoint import load_checkpoint_state, resolve_checkpoint, run_dir_of
 from embodied.config import checkpoint_config
+from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
+from embodied.core.types import EpisodeStats
 from embodied.eval_episodes import write_report, write_videos
 from embodied.policy_loading import load_run_policy
-from embodied.core.types import EpisodeStats
-from embodied.core.policy import Policy
-from embodied.core.env import BatchedEnv
 
 MANISKILL_SUITE = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
 
@@ -39,8 +39,11 @@ def _libero_tasks(suite: str) -> Callable[[Any], list[tuple[str, Any]]]:
     def tasks(base: Any) -> list[tuple[str, Any]]:
         from embodied.sim.libero import SUITE_TASK_COUNTS
 
-        return [(f"{suite}/{t}", dataclasses.replace(base, suite=suite, task_ids=[t]))
-                for t in range(SUITE_TASK_COUNTS[suite])]
+        return [
+            (f"{suite}/{t}", dataclasses.replace(base, suite=suite, task_ids=[t]))
+            for t in range(SUITE_TASK_COUNTS[suite])
+        ]
+
     return tasks
 
 
@@ -50,14 +53,17 @@ def _maniskill_tasks(base: Any) -> list[tuple[str, Any]]:
 
 # suite name -> (env name, the per-task env configs derived from a base config of that env)
 SUITES: dict[str, tuple[str, Callable[[Any], list[tuple[str, Any]]]]] = {
-    **{suite: ("libero", _libero_tasks(suite))
-       for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")},
+    **{
+        suite: ("libero", _libero_tasks(suite))
+        for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+    },
     "maniskill": ("maniskill", _maniskill_tasks),
 }
 
 
-def suite_tasks(suites: list[str], config_env: Any, trained_env: Any,
-                task_ids: list[int] | None) -> list[tuple[str, str, Any]]:
+def suite_tasks(
+    suites: list[str], config_env: Any, trained_env: Any, task_ids: list[int] | None
+) -> list[tuple[str, str, Any]]:
     """(suite, task label, env config) for every task to evaluate. The base env config is
     `env=` from the command line, else the training env if it is the suite's kind of env,
     else that env's defaults."""
@@ -68,8 +74,10 @@ def suite_tasks(suites: list[str], config_env: Any, trained_env: Any,
         if suite not in SUITES:
             raise ConfigError(unknown_name_message("evaluation suite", suite, sorted(SUITES)))
         env_name, expand = SUITES[suite]
-        base = next((c for c in (config_env, trained_env) if c is not None and c.name == env_name),
-                    None) or ENVS.get(env_name).schema()
+        base = (
+            next((c for c in (config_env, trained_env) if c is not None and c.name == env_name), None)
+            or ENVS.get(env_name).schema()
+        )
         chosen = expand(base)
         if task_ids is not None:
             bad = [t for t in task_ids if not 0 <= t < len(chosen)]
@@ -92,8 +100,10 @@ class TrialLog:
             previous = json.loads(meta_path.read_text())
             if previous != meta:
                 changed = sorted(k for k in set(previous) | set(meta) if previous.get(k) != meta.get(k))
-                raise ConfigError(f"{output} holds an evaluation with other settings ({', '.join(changed)}); "
-                                  f"pass another output= or remove it")
+                raise ConfigError(
+                    f"{output} holds an evaluation with other settings ({', '.join(changed)}); "
+                    f"pass another output= or remove it"
+                )
         meta_path.write_text(json.dumps(meta, indent=2))
         self.records: list[dict[str, Any]] = []
         if self.path.is_file():
@@ -117,14 +127,20 @@ class TrialLog:
 
 
 @torch.no_grad()
-def run_trials(env: BatchedEnv, policy: Policy, trials: list[int], deterministic: bool, video_trials: set[int],
-               on_wave: Callable[[dict[int, EpisodeStats]], None]) -> dict[int, list[np.ndarray]]:
+def run_trials(
+    env: BatchedEnv,
+    policy: Policy,
+    trials: list[int],
+    deterministic: bool,
+    video_trials: set[int],
+    on_wave: Callable[[dict[int, EpisodeStats]], None],
+) -> dict[int, list[np.ndarray]]:
     """Run `trials` (reset seeds) in waves of `env.num_envs`; the first episode each env
     finishes in a wave is its trial's result, handed to `on_wave` when the wave is over.
     Returns the frames of the trials in `video_trials`."""
     videos: dict[int, list[np.ndarray]] = {}
     for start in range(0, len(trials), env.num_envs):
-        wave = trials[start:start + env.num_envs]
+        wave = trials[start : start + env.num_envs]
         seeds = wave + [wave[-1]] * (env.num_envs - len(wave))  # spare envs repeat a trial, unrecorded
         observation = env.reset(seeds=seeds)
         pending = set(range(len(wave)))
@@ -156,41 +172,87 @@ def evaluate_suite(config: Any) -> Path:
     tasks = suite_tasks(suites, config.env, trained.env, config.task_ids)
     output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / "+".join(suites)
     state = load_checkpoint_state(checkpoint)
-    meta = {"checkpoint": str(checkpoint), "suites": suites, "trials": config.trials, "task_ids": config.task_ids,
-            "deterministic": config.deterministic, "env": [dataclasses.asdict(e) for _, _, e in tasks[:1]]}
+    meta = {
+        "checkpoint": str(checkpoint),
+        "suites": suites,
+        "trials": config.trials,
+        "task_ids": config.task_ids,
+        "deterministic": config.deterministic,
+        "env": [dataclasses.asdict(e) for _, _, e in tasks[:1]],
+    }
     log = TrialLog(output, meta)
-    bar = tqdm(total=len(tasks) * config.trials, initial=sum(len(log.done(label)) for _, label, _ in tasks),
-               desc="eval", unit="trial", disable=not config.progress_bar)
+    bar = tqdm(
+        total=len(tasks) * config.trials,
+        initial=sum(len(log.done(label)) for _, label, _ in tasks),
+        desc="eval",
+        unit="trial",
+        disable=not config.progress_bar,
+    )
     for suite, label, env_cfg in tasks:
         remaining = [k for k in range(config.trials) if k not in log.done(label)]
         if not remaining:
             continue
-        env = build_env(dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))),
-                        seed=config.seed, stream=1)
+        env = build_env(
+            dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))), seed=config.seed, stream=1
+        )
         try:
             policy = load_run_policy(checkpoint, spec=env.spec, label=label).policy
             instruction = env.instructions[0]
 
-            def record(results: dict[int, EpisodeStats]) -> None:
-                log.add([{"suite": suite, "task": label, "instruction": instruction, "trial": trial, "seed": trial,
-                          "success": bool(e.success), "episode_return": float(e.episode_return),
-                          "length": int(e.length)} for trial, e in sorted(results.items())])
+            def record(
+                results: dict[int, EpisodeStats], suite: str = suite, label: str = label, instruction: str = instruction
+            ) -> None:
+                log.add(
+                    [
+                        {
+                            "suite": suite,
+                            "task": label,
+                            "instruction": instruction,
+                            "trial": trial,
+                            "seed": trial,
+                            "success": bool(e.success),
+                            "episode_return": float(e.episode_return),
+                            "length": int(e.length),
+                        }
+                        for trial, e in sorted(results.items())
+                    ]
+                )
                 bar.update(len(results))
 
             videos = run_trials(env, policy, remaining, config.deterministic, set(range(config.video_episodes)), record)
         finally:
             env.close()
         if videos:
-            write_videos(output / "videos" / label.replace("/", "_"), list(videos.values()),
-                         names=[f"trial_{trial:03d}" for trial in videos])
+            write_videos(
+                output / "videos" / label.replace("/", "_"),
+                list(videos.values()),
+                names=[f"trial_{trial:03d}" for trial in videos],
+            )
     bar.close()
-    episodes = [EpisodeStats(env_id=r["trial"], task=r["task"], episode_return=r["episode_return"],
-                             length=r["length"], success=r["success"]) for r in log.records]
+    episodes = [
+        EpisodeStats(
+            env_id=r["trial"],
+            task=r["task"],
+            episode_return=r["episode_return"],
+            length=r["length"],
+            success=r["success"],
+        )
+        for r in log.records
+    ]
     groups = {s: [label for suite, label, _ in tasks if suite == s] for s in suites}
-    write_report(output, episodes, groups=groups, meta={
-        "checkpoint": str(checkpoint), "suites": suites, "trials": config.trials,
-        "policy_version": state.get("learner", {}).get("policy_version"), "env_steps": state.get("env_steps"),
-        "deterministic": config.deterministic, "seed": "k for trial k",
-        "instructions": {r["task"]: r["instruction"] for r in log.records},
-    })
+    write_report(
+        output,
+        episodes,
+        groups=groups,
+        meta={
+            "checkpoint": str(checkpoint),
+            "suites": suites,
+            "trials": config.trials,
+            "policy_version": state.get("learner", {}).get("policy_version"),
+            "env_steps": state.get("env_steps"),
+            "deterministic": config.deterministic,
+            "seed": "k for trial k",
+            "instructions": {r["task"]: r["instruction"] for r in log.records},
+        },
+    )
     return output

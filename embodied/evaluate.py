@@ -29,20 +29,25 @@ def evaluate_checkpoint(config: Any) -> Path:
     instructions = dict(zip(env.tasks, env.instructions))
     try:
         loaded = load_run_policy(checkpoint, spec=env.spec, label=f"env '{label}'")
-        results, videos = run_episodes(env, loaded.policy, config.episodes, config.deterministic,
-                                       config.video_episodes, config.progress_bar)
+        results, videos = run_episodes(
+            env, loaded.policy, config.episodes, config.deterministic, config.video_episodes, config.progress_bar
+        )
     finally:
         env.close()
     output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / label
-    write_report(output, results, {
-        "checkpoint": str(checkpoint),
-        "env": env_cfg.name,
-        "policy_version": loaded.state.get("learner", {}).get("policy_version"),
-        "env_steps": loaded.state.get("env_steps"),
-        "deterministic": config.deterministic,
-        "seed": config.seed,
-        "instructions": instructions,
-    })
+    write_report(
+        output,
+        results,
+        {
+            "checkpoint": str(checkpoint),
+            "env": env_cfg.name,
+            "policy_version": loaded.state.get("learner", {}).get("policy_version"),
+            "env_steps": loaded.state.get("env_steps"),
+            "deterministic": config.deterministic,
+            "seed": config.seed,
+            "instructions": instructions,
+        },
+    )
     if videos:
         write_videos(output / "videos", videos)
     return output

@@ -33,7 +33,7 @@ class SimOperator:
         expert = np.asarray(self.infer(observation), dtype=np.float32)
         if expert.shape[1] < self.chunk_size or expert.shape[2] != actions.shape[2]:
             raise ConfigError(f"the expert acts in chunks of {expert.shape[1:]}, the policy in {actions.shape[1:]}")
-        expert = expert[:, :self.chunk_size]
+        expert = expert[:, : self.chunk_size]
         intervened = self.rule.step(actions[:, 0], expert[:, 0])
         return np.where(intervened[:, None, None], expert, actions), intervened
 
@@ -47,8 +47,10 @@ def build_operator(config: Any, num_envs: int) -> SimOperator | None:
     if not cfg.expert:
         return None
     if config.algo.name not in OFF_POLICY_ALGOS:
-        raise ConfigError(f"intervention.expert needs an off-policy algorithm ({', '.join(OFF_POLICY_ALGOS)}): "
-                          f"algo '{config.algo.name}' would learn from actions its policy did not take")
+        raise ConfigError(
+            f"intervention.expert needs an off-policy algorithm ({', '.join(OFF_POLICY_ALGOS)}): "
+            f"algo '{config.algo.name}' would learn from actions its policy did not take"
+        )
     if getattr(config.runtime, "pipeline", False):
         raise ConfigError("intervention.expert does not work with runtime.pipeline=true")
     return SimOperator(cfg, num_envs, config.policy.chunk_size)

@@ -36,8 +36,11 @@ class Offloader:
     def _tensors(self) -> Iterator[torch.Tensor]:
         seen: set[int] = set()
         state = self.optimizer.state.values() if self.optimizer is not None else []
-        found = [*self.module.parameters(), *self.module.buffers(),
-                 *(value for entry in state for value in entry.values() if isinstance(value, torch.Tensor))]
+        found = [
+            *self.module.parameters(),
+            *self.module.buffers(),
+            *(value for entry in state for value in entry.values() if isinstance(value, torch.Tensor)),
+        ]
         for tensor in found:
             if id(tensor) not in seen and tensor.numel():
                 seen.add(id(tensor))

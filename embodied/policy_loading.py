@@ -35,8 +35,13 @@ class RunPolicy:
         return int(self.state.get("learner", {}).get("policy_version", 0))
 
 
-def load_run_policy(source: str | Path, spec: EnvSpec | None = None, device: str | torch.device = "cpu",
-                    into: Policy | None = None, label: str = "") -> RunPolicy:
+def load_run_policy(
+    source: str | Path,
+    spec: EnvSpec | None = None,
+    device: str | torch.device = "cpu",
+    into: Policy | None = None,
+    label: str = "",
+) -> RunPolicy:
     """The policy of a run directory (its latest checkpoint) or a checkpoint directory.
 
     Built from the run's own policy config for `spec` (default: the spec the checkpoint
@@ -72,8 +77,9 @@ def _recorded_spec(state: dict[str, Any], config: Any) -> EnvSpec:
         env.close()
 
 
-def _load_keeping_a_fresh_value_function(policy: Policy, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                                         origin: str, label: str) -> None:
+def _load_keeping_a_fresh_value_function(
+    policy: Policy, weights: dict[str, torch.Tensor], state: dict[str, Any], origin: str, label: str
+) -> None:
     try:
         try:
             load_policy_weights(policy, weights, state)
@@ -81,10 +87,10 @@ def _load_keeping_a_fresh_value_function(policy: Policy, weights: dict[str, torc
             value_ids = {id(p) for p in policy.value_parameters()}
             value_modules = {name.split(".")[0] for name, p in policy.named_parameters() if id(p) in value_ids}
             in_value = lambda key: key.split(".")[0] in value_modules  # noqa: E731
-            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_value(k)}, state,
-                                may_miss=in_value)
-            logger.info("%s: the value function (%s) starts fresh: its shape differs", origin,
-                        ", ".join(sorted(value_modules)))
+            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_value(k)}, state, may_miss=in_value)
+            logger.info(
+                "%s: the value function (%s) starts fresh: its shape differs", origin, ", ".join(sorted(value_modules))
+            )
     except RuntimeError as error:
         raise ConfigError(f"{origin}: its weights do not fit {label}: {error}") from None
 

@@ -32,12 +32,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
 from embodied.config import RewardConfig
-from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
+from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation, StepResult
-from embodied.core.env import BatchedEnv
 
 logger = logging.getLogger(__name__)
 
@@ -110,12 +110,18 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
     episode = frames["episode_index"].astype(np.int64).reshape(-1)
     labels = frame_labels(episode, frames["next.success"].reshape(-1).astype(bool), config.positive_tail)
     if labels.all() or not labels.any():
-        raise ConfigError(f"the dataset at {config.dataset} gives only {'positive' if labels.any() else 'negative'} "
-                          "frames; the classifier needs successful episodes and frames that are not successes")
+        raise ConfigError(
+            f"the dataset at {config.dataset} gives only {'positive' if labels.any() else 'negative'} "
+            "frames; the classifier needs successful episodes and frames that are not successes"
+        )
     torch.manual_seed(config.seed)
     model = RewardClassifier(names, config.hidden)
-    features = torch.cat([model.features({c: torch.from_numpy(frames[IMAGE_PREFIX + c][part]) for c in names})
-                          for part in np.array_split(np.arange(len(labels)), max(1, len(labels) // 64))])
+    features = torch.cat(
+        [
+            model.features({c: torch.from_numpy(frames[IMAGE_PREFIX + c][part]) for c in names})
+            for part in np.array_split(np.arange(len(labels)), max(1, len(labels) // 64))
+        ]
+    )
     target = torch.from_numpy(labels).float()
     val = np.isin(episode, held_out_episodes(np.unique(episode), config.val_fraction, config.seed))
     train_rows = np.flatnonzero(~val)
@@ -134,17 +140,28 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
         with torch.no_grad():
             predicted = torch.sigmoid(model.logits(features[val])).numpy() > config.threshold
         truth = labels[val]
-        metrics.update(val_accuracy=float((predicted == truth).mean()),
-                       val_precision=float((predicted & truth).sum() / max(predicted.sum(), 1)),
-                       val_recall=float((predicted & truth).sum() / max(truth.sum(), 1)))
+        metrics.update(
+            val_accuracy=float((predicted == truth).mean()),
+            val_precision=float((predicted & truth).sum() / max(predicted.sum(), 1)),
+            val_recall=float((predicted & truth).sum() / max(truth.sum(), 1)),
+        )
     run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root, config.run_name)
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = {"cameras": names, "hidden": list(config.hidden), "metrics": metrics,
-             "image_shapes": {c: list(info["features"][IMAGE_PREFIX + c]["shape"]) for c in names}}
+    state = {
+        "cameras": names,
+        "hidden": list(config.hidden),
+        "metrics": metrics,
+        "image_shapes": {c: list(info["features"][IMAGE_PREFIX + c]["shape"]) for c in names},
+    }
     config_yaml = json.dumps(asdict(config), indent=2)  # JSON is YAML
     (run_dir / "config.yaml").write_text(config_yaml)
-    save_checkpoint(run_dir / "checkpoints", f"iter_{config.steps:06d}",
-                    {k: v.detach() for k, v in model.head.state_dict().items()}, state, config_yaml)
+    save_checkpoint(
+        run_dir / "checkpoints",
+        f"iter_{config.steps:06d}",
+        {k: v.detach() for k, v in model.head.state_dict().items()},
+        state,
+        config_yaml,
+    )
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return run_dir, metrics
 
@@ -169,8 +186,10 @@ class ClassifiedReward(BatchedEnv):
         self.model = load_reward_classifier(cfg.classifier)
         missing = [c for c in self.model.cameras if c not in env.spec.image_shapes]
         if missing:
-            raise ConfigError(f"reward.classifier reads cameras {self.model.cameras}; the env has "
-                              f"{sorted(env.spec.image_shapes)} (use env.obs_mode=rgb)")
+            raise ConfigError(
+                f"reward.classifier reads cameras {self.model.cameras}; the env has "
+                f"{sorted(env.spec.image_shapes)} (use env.obs_mode=rgb)"
+            )
         self.spec, self.num_envs = env.spec, env.num_envs
 
     def __getattr__(self, name: str) -> Any:  # tasks, instructions, worker counters...
@@ -182,8 +201,10 @@ class ClassifiedReward(BatchedEnv):
     def step(self, actions: np.ndarray) -> StepResult:
         result = self.env.step(actions)
         done = result.terminated | result.truncated
-        outcome = {c: np.where(done[:, None, None, None], result.final_observation.images[c], result.observation.images[c])
-                   for c in self.model.cameras}
+        outcome = {
+            c: np.where(done[:, None, None, None], result.final_observation.images[c], result.observation.images[c])
+            for c in self.model.cameras
+        }
         success = self.model.probability({c: torch.from_numpy(v) for c, v in outcome.items()}).numpy() > self.threshold
         result.reward = (success * result.executed_steps).astype(np.float32)
         return result

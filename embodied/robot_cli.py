@@ -28,8 +28,15 @@ from embodied.robots.base import Robot
 from embodied.robots.client import RobotClient, RobotClientConfig
 from embodied.robots.leader_arm import LeaderArmTeleop, open_leader_arm
 from embodied.robots.policy_client import NoPolicy, PolicyClient
-from embodied.robots.teleop import (GamepadTeleop, KeyboardTeleop, OracleTeleop, SpaceMouseTeleop, Teleop, open_gamepad,
-                                    open_spacemouse)
+from embodied.robots.teleop import (
+    GamepadTeleop,
+    KeyboardTeleop,
+    OracleTeleop,
+    SpaceMouseTeleop,
+    Teleop,
+    open_gamepad,
+    open_spacemouse,
+)
 
 
 def load_client_config(overrides: list[str]) -> RobotClientConfig:
@@ -101,35 +108,57 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
 
     def expert(robot: Robot) -> np.ndarray:
         seen = robot.get_observation()
-        observation = Observation(state=seen.state[None], images={k: v[None] for k, v in seen.images.items()},
-                                  instruction=[robot.instruction])
+        observation = Observation(
+            state=seen.state[None], images={k: v[None] for k, v in seen.images.items()}, instruction=[robot.instruction]
+        )
         return infer(observation)[0, 0]
 
     return expert
 
 
-def build_teleop(config: object, action_dim: int, driving: bool = False,
-                 action_names: list[str] | None = None) -> Teleop:
+def build_teleop(
+    config: object, action_dim: int, driving: bool = False, action_names: list[str] | None = None
+) -> Teleop:
     """`driving`: no policy runs, the operator is in charge from the start. `action_names`:
     the robot's names for its action dimensions, where it has them (a leader arm matches
     its joints to them)."""
-    name = getattr(config, "name")
+    name = config.name
     if name == "keyboard":
         return KeyboardTeleop(action_dim, config.step, driving)  # type: ignore[attr-defined]
     if name == "gamepad":
-        return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
-                             driving=driving)
+        return GamepadTeleop(
+            open_gamepad(),
+            action_dim,
+            config.intervention,
+            config.step,  # type: ignore[attr-defined]
+            driving=driving,
+        )
     if name == "spacemouse":
-        return SpaceMouseTeleop(open_spacemouse(), action_dim, config.intervention, config.step,  # type: ignore[attr-defined]
-                                driving=driving)
+        return SpaceMouseTeleop(
+            open_spacemouse(),
+            action_dim,
+            config.intervention,
+            config.step,  # type: ignore[attr-defined]
+            driving=driving,
+        )
     if name == "oracle":
         if not config.expert:  # type: ignore[attr-defined]
             raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
-        return OracleTeleop(checkpoint_expert(config.expert), config.threshold,  # type: ignore[attr-defined]
-                            config.patience, config.release, config.max_takeover)  # type: ignore[attr-defined]
+        return OracleTeleop(
+            checkpoint_expert(config.expert),
+            config.threshold,  # type: ignore[attr-defined]
+            config.patience,
+            config.release,
+            config.max_takeover,
+        )  # type: ignore[attr-defined]
     if name == "leader":
-        return LeaderArmTeleop(open_leader_arm(config.leader), action_dim, action_names,  # type: ignore[attr-defined]
-                               config.engage_tolerance, driving)  # type: ignore[attr-defined]
+        return LeaderArmTeleop(
+            open_leader_arm(config.leader),
+            action_dim,
+            action_names,  # type: ignore[attr-defined]
+            config.engage_tolerance,
+            driving,
+        )  # type: ignore[attr-defined]
     raise ConfigError(f"teleop must be keyboard, gamepad, spacemouse, leader or oracle (configs/teleop/), got '{name}'")
 
 
@@ -141,34 +170,57 @@ def run(overrides: list[str], mode: str = "robot") -> int:
     config = load_client_config(overrides)
     operated = mode in ("teleop", "collect")
     if operated and config.teleop is None:
-        raise ConfigError(f"embodied {mode} needs an operator: teleop=keyboard | gamepad | spacemouse | leader | oracle")
+        raise ConfigError(
+            f"embodied {mode} needs an operator: teleop=keyboard | gamepad | spacemouse | leader | oracle"
+        )
     if mode == "collect" and not config.record.root:
         raise ConfigError("embodied collect needs record.root=<dataset folder>")
     output = Path(config.output) if config.output else Path("runs") / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     robot = ROBOTS.get(config.robot.name).factory(config.robot)
-    policy = (NoPolicy() if operated else
-              PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s))
-    teleop = (build_teleop(config.teleop, robot.spec.action_dim, driving=operated,
-                           action_names=getattr(robot, "action_keys", None)) if config.teleop is not None else None)
+    policy = (
+        NoPolicy()
+        if operated
+        else PolicyClient(config.server, robot.spec, config.client_name, config.keys_dir, config.request_timeout_s)
+    )
+    teleop = (
+        build_teleop(
+            config.teleop, robot.spec.action_dim, driving=operated, action_names=getattr(robot, "action_keys", None)
+        )
+        if config.teleop is not None
+        else None
+    )
     client = RobotClient(robot, policy, config, output, teleop)
     quit_requested = threading.Event()
     client.should_quit = quit_requested.is_set
-    keys = {**(teleop.keys if teleop is not None else {}),
-            "e": lambda: client.safety.estop("key"), " ": lambda: client.safety.estop("key"),
-            "r": client.safety.reset_estop, "q": quit_requested.set}
+    keys = {
+        **(teleop.keys if teleop is not None else {}),
+        "e": lambda: client.safety.estop("key"),
+        " ": lambda: client.safety.estop("key"),
+        "r": client.safety.reset_estop,
+        "q": quit_requested.set,
+    }
+
     def interrupt(*_: Any) -> None:  # the first Ctrl-C ends the run cleanly, a second one at once
         quit_requested.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    previous = {signal.SIGUSR1: signal.signal(signal.SIGUSR1, lambda *_: client.safety.estop("SIGUSR1")),
-                signal.SIGINT: signal.signal(signal.SIGINT, interrupt),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: quit_requested.set())}
+    previous = {
+        signal.SIGUSR1: signal.signal(signal.SIGUSR1, lambda *_: client.safety.estop("SIGUSR1")),
+        signal.SIGINT: signal.signal(signal.SIGINT, interrupt),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: quit_requested.set()),
+    }
     try:
         with KeyboardMonitor(keys) as monitor:
             if monitor.active:
-                print("keys: e/space e-stop, r reset e-stop, q quit"
-                      + ("; i intervene, w/s a/d z/x move, c gripper, y success, n failure, b re-record"
-                         if isinstance(teleop, KeyboardTeleop) else ""), flush=True)
+                print(
+                    "keys: e/space e-stop, r reset e-stop, q quit"
+                    + (
+                        "; i intervene, w/s a/d z/x move, c gripper, y success, n failure, b re-record"
+                        if isinstance(teleop, KeyboardTeleop)
+                        else ""
+                    ),
+                    flush=True,
+                )
             summary = client.run()
     finally:
         for number, handler in previous.items():
@@ -176,9 +228,11 @@ def run(overrides: list[str], mode: str = "robot") -> int:
         if teleop is not None:
             teleop.close()
     jitter, trip = summary["jitter_ms"], summary["round_trip_ms"]
-    print(f"\n{len(summary['episodes'])} episodes, success {summary['success_rate']:.0%}; "
-          f"round trip p50 {trip.get('p50', float('nan')):.2f} ms p99 {trip.get('p99', float('nan')):.2f} ms; "
-          f"jitter p99 {jitter.get('p99', float('nan')):.2f} ms")
+    print(
+        f"\n{len(summary['episodes'])} episodes, success {summary['success_rate']:.0%}; "
+        f"round trip p50 {trip.get('p50', float('nan')):.2f} ms p99 {trip.get('p99', float('nan')):.2f} ms; "
+        f"jitter p99 {jitter.get('p99', float('nan')):.2f} ms"
+    )
     print(f"action sources: {summary['action_sources']}; safety: {summary['safety_interventions']}")
     print(f"log: {output / 'steps.jsonl'}\nsummary: {output / 'summary.json'}")
     return 0

@@ -45,8 +45,14 @@ class MetricLogger:
         if cfg.wandb:
             import wandb
 
-            self.wandb = wandb.init(project=cfg.wandb_project, dir=str(run_dir), config=config,
-                                    name=run_dir.name, resume="allow", id=run_dir.name)
+            self.wandb = wandb.init(
+                project=cfg.wandb_project,
+                dir=str(run_dir),
+                config=config,
+                name=run_dir.name,
+                resume="allow",
+                id=run_dir.name,
+            )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}

@@ -34,8 +34,8 @@ from typing import Any, Callable, Optional
 import numpy as np
 import zmq
 
-from embodied.core.errors import ConfigError
 from embodied.core.episodes import EpisodeNotTaken
+from embodied.core.errors import ConfigError
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, plain
 from embodied.core.sockets import bind, receive, send
 from embodied.core.types import EnvSpec, Observation
@@ -96,7 +96,9 @@ def spec_mismatch(expected: EnvSpec, offered: Any) -> list[str]:
     except Exception:  # arrays or other values a spec never holds
         return ["spec: not plain data"]
     ours = plain(expected.to_dict())
-    return [f"{key}: policy {ours[key]!r}, robot {offered.get(key)!r}" for key in SPEC_KEYS if offered.get(key) != ours[key]]
+    return [
+        f"{key}: policy {ours[key]!r}, robot {offered.get(key)!r}" for key in SPEC_KEYS if offered.get(key) != ours[key]
+    ]
 
 
 def check_serve_config(config: ServeConfig) -> None:
@@ -116,17 +118,28 @@ class PolicyServer:
     the ack's body, or raises ValueError to refuse it; `max_message_bytes` then makes room
     for them on the wire."""
 
-    def __init__(self, infer: Callable[[Observation], np.ndarray], spec: EnvSpec, metadata: dict[str, Any],
-                 config: ServeConfig, on_episode: Callable[["ClientState", Any], dict[str, Any]] | None = None,
-                 max_message_bytes: int = 0):
+    def __init__(
+        self,
+        infer: Callable[[Observation], np.ndarray],
+        spec: EnvSpec,
+        metadata: dict[str, Any],
+        config: ServeConfig,
+        on_episode: Callable[["ClientState", Any], dict[str, Any]] | None = None,
+        max_message_bytes: int = 0,
+    ):
         check_serve_config(config)
         self.infer = infer
         self.on_episode = on_episode
         self.spec = spec
         self.config = config
-        self.metadata = {"protocol": PROTOCOL_VERSION, "server_id": uuid.uuid4().hex[:12], **metadata,
-                         "spec": plain(spec.to_dict()), "max_clients": config.max_clients,
-                         "client_timeout_s": config.client_timeout_s}
+        self.metadata = {
+            "protocol": PROTOCOL_VERSION,
+            "server_id": uuid.uuid4().hex[:12],
+            **metadata,
+            "spec": plain(spec.to_dict()),
+            "max_clients": config.max_clients,
+            "client_timeout_s": config.client_timeout_s,
+        }
         self.chunk_size = int(metadata["chunk_size"])
         self.context = zmq.Context.instance()
         self.curve = None
@@ -177,15 +190,27 @@ class PolicyServer:
         if message.kind == "hello":
             self._hello(identity, message, now)
         elif client is None:
-            self._refuse(identity, message.seq, "hello", "unknown client: say hello first (the server may have restarted)")
+            self._refuse(
+                identity, message.seq, "hello", "unknown client: say hello first (the server may have restarted)"
+            )
         elif message.kind == "infer":
             client.last_seen = now
             self._queue(identity, client, message, now)
         elif message.kind == "heartbeat":
             client.last_seen = now
-            self._reply(identity, Message("heartbeat", message.seq, {
-                "time": time.time(), "clients": len(self.clients), "requests": self.stats.requests,
-                "policy_version": self.metadata.get("policy_version")}))
+            self._reply(
+                identity,
+                Message(
+                    "heartbeat",
+                    message.seq,
+                    {
+                        "time": time.time(),
+                        "clients": len(self.clients),
+                        "requests": self.stats.requests,
+                        "policy_version": self.metadata.get("policy_version"),
+                    },
+                ),
+            )
         elif message.kind == "episode" and self.on_episode is not None:
             client.last_seen = now
             try:
@@ -201,9 +226,16 @@ class PolicyServer:
         elif message.kind == "close":
             self._forget(identity)
         else:
-            learning = " (this one serves a fixed checkpoint; learning servers run with `embodied train runtime=robots`)"
-            self._refuse(identity, message.seq, "kind", f"a policy server does not take '{message.kind}' messages"
-                         f"{learning if message.kind == 'episode' else ''}")
+            learning = (
+                " (this one serves a fixed checkpoint; learning servers run with `embodied train runtime=robots`)"
+            )
+            self._refuse(
+                identity,
+                message.seq,
+                "kind",
+                f"a policy server does not take '{message.kind}' messages"
+                f"{learning if message.kind == 'episode' else ''}",
+            )
 
     def _forget(self, identity: bytes) -> None:
         self.clients.pop(identity, None)
@@ -218,8 +250,9 @@ class PolicyServer:
             return
         differences = spec_mismatch(self.spec, body.get("spec"))
         if differences:
-            self._refuse(identity, message.seq, "mismatch",
-                         "the robot does not match the policy: " + "; ".join(differences))
+            self._refuse(
+                identity, message.seq, "mismatch", "the robot does not match the policy: " + "; ".join(differences)
+            )
             return
         name = str(body.get("name", identity.hex()))[:128]
         session = str(body.get("session", identity.hex()))[:64]
@@ -252,8 +285,10 @@ class PolicyServer:
         raw = body["observation"]
         state = raw.get("state")
         if not isinstance(state, np.ndarray) or state.dtype != np.float32 or state.shape != (self.spec.state_dim,):
-            raise ValueError(f"observation.state must be float32 ({self.spec.state_dim},), got "
-                             f"{getattr(state, 'dtype', type(state).__name__)} {getattr(state, 'shape', '')}")
+            raise ValueError(
+                f"observation.state must be float32 ({self.spec.state_dim},), got "
+                f"{getattr(state, 'dtype', type(state).__name__)} {getattr(state, 'shape', '')}"
+            )
         images = raw.get("images", {})
         if not isinstance(images, dict) or set(images) != set(self.spec.image_shapes):
             raise ValueError(f"observation.images must be exactly {sorted(self.spec.image_shapes)}")
@@ -264,8 +299,9 @@ class PolicyServer:
         instruction = raw.get("instruction", "")
         if not isinstance(instruction, str) or len(instruction) > MAX_INSTRUCTION_CHARS:
             raise ValueError(f"observation.instruction must be a string of at most {MAX_INSTRUCTION_CHARS} characters")
-        return tick, Observation(state=state[None], images={k: v[None] for k, v in images.items()},
-                                 instruction=[instruction])
+        return tick, Observation(
+            state=state[None], images={k: v[None] for k, v in images.items()}, instruction=[instruction]
+        )
 
     # ---- batching -----------------------------------------------------------------------
     def _drain(self, timeout_s: float) -> None:
@@ -296,17 +332,25 @@ class PolicyServer:
 
     def _answer(self, batch: list[Request]) -> None:
         start = time.monotonic()
-        observation = batch[0].observation if len(batch) == 1 else Observation(
-            state=np.concatenate([r.observation.state for r in batch]),
-            images={name: np.concatenate([r.observation.images[name] for r in batch]) for name in self.spec.image_shapes},
-            instruction=[r.observation.instruction[0] for r in batch],
+        observation = (
+            batch[0].observation
+            if len(batch) == 1
+            else Observation(
+                state=np.concatenate([r.observation.state for r in batch]),
+                images={
+                    name: np.concatenate([r.observation.images[name] for r in batch]) for name in self.spec.image_shapes
+                },
+                instruction=[r.observation.instruction[0] for r in batch],
+            )
         )
         expected = (len(batch), self.chunk_size, self.spec.action_dim)
         try:
             actions = np.asarray(self.infer(observation), dtype=np.float32)
             if actions.shape != expected or not np.all(np.isfinite(actions)):
-                raise ValueError(f"the policy returned actions of shape {actions.shape} (expected {expected})"
-                                 f"{'' if np.all(np.isfinite(actions)) else ' with NaN or infinity'}")
+                raise ValueError(
+                    f"the policy returned actions of shape {actions.shape} (expected {expected})"
+                    f"{'' if np.all(np.isfinite(actions)) else ' with NaN or infinity'}"
+                )
         except Exception as error:  # answered, so no robot waits for a reply that never comes
             logger.exception("inference failed for a batch of %d", len(batch))
             for request in batch:
@@ -319,10 +363,24 @@ class PolicyServer:
         version = self.metadata.get("policy_version")
         for row, request in enumerate(batch):
             done = time.monotonic()
-            self._reply(request.identity, Message("action", request.seq, {
-                "actions": actions[row], "tick": request.tick, "policy_version": version,
-                "timing": {"queue_ms": (start - request.received) * 1000, "infer_ms": infer_ms,
-                           "server_ms": (done - request.received) * 1000, "batch_size": len(batch)}}))
+            self._reply(
+                request.identity,
+                Message(
+                    "action",
+                    request.seq,
+                    {
+                        "actions": actions[row],
+                        "tick": request.tick,
+                        "policy_version": version,
+                        "timing": {
+                            "queue_ms": (start - request.received) * 1000,
+                            "infer_ms": infer_ms,
+                            "server_ms": (done - request.received) * 1000,
+                            "batch_size": len(batch),
+                        },
+                    },
+                ),
+            )
 
     def _forget_silent_clients(self) -> None:
         now = time.monotonic()
@@ -339,8 +397,14 @@ class PolicyServer:
             if self.config.stats_every_s > 0 and now - last_report >= self.config.stats_every_s:
                 rate = (self.stats.requests - served_then) / (now - last_report)
                 mean_batch = self.stats.requests / max(self.stats.batches, 1)
-                logger.info("%d clients, %.1f requests/s, mean batch %.2f, %d refused, %d malformed",
-                            len(self.clients), rate, mean_batch, self.stats.refused, self.stats.malformed)
+                logger.info(
+                    "%d clients, %.1f requests/s, mean batch %.2f, %d refused, %d malformed",
+                    len(self.clients),
+                    rate,
+                    mean_batch,
+                    self.stats.refused,
+                    self.stats.malformed,
+                )
                 last_report, served_then = now, self.stats.requests
 
     def close(self) -> None:
@@ -384,9 +448,12 @@ def serve_checkpoint(config: ServeConfig, should_stop: Callable[[], bool] = lamb
     start_process(seed=0, torch_threads=config.torch_threads)
     infer, spec, metadata = load_checkpoint_policy(config)
     server = PolicyServer(infer, spec, metadata, config)
-    print(f"serving {metadata['policy']} (version {metadata['policy_version']}, {metadata['checkpoint']}) "
-          f"on {server.endpoint}; chunk {metadata['chunk_size']} x {spec.action_dim}, "
-          f"control {spec.control_hz} Hz; Ctrl-C stops", flush=True)
+    print(
+        f"serving {metadata['policy']} (version {metadata['policy_version']}, {metadata['checkpoint']}) "
+        f"on {server.endpoint}; chunk {metadata['chunk_size']} x {spec.action_dim}, "
+        f"control {spec.control_hz} Hz; Ctrl-C stops",
+        flush=True,
+    )
     try:
         server.serve_forever(should_stop)
     finally:

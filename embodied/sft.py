@@ -29,18 +29,24 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.build import build_env, build_policy, in_this_process, resolve_device
-from embodied.checkpoint import (load_checkpoint, load_policy_weights, resolve_checkpoint, run_dir_of, save_checkpoint,
-                                 without_pretrained_frozen)
+from embodied.checkpoint import (
+    load_checkpoint,
+    load_policy_weights,
+    resolve_checkpoint,
+    run_dir_of,
+    save_checkpoint,
+    without_pretrained_frozen,
+)
 from embodied.config import SFTConfig, to_schema, to_yaml
 from embodied.core.compose import load_yaml
-from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.core.errors import ConfigError
-from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
+from embodied.core.policy import Policy
+from embodied.core.types import EnvSpec, Observation
 from embodied.policy_loading import load_run_policy
 from embodied.process import get_rng_state, set_rng_state, start_process
-from embodied.core.types import EnvSpec, Observation
-from embodied.core.policy import Policy
+from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +62,11 @@ class Demonstrations:
         info = dataset_info(root)
         self.cameras = cameras(info)
         check_dataset_fits(info, spec, root)
-        data = read_frames(root, ["observation.state", "action", "episode_index", "task",
-                                  *(IMAGE_PREFIX + c for c in self.cameras)],
-                           optional=("intervention", "safety_override"))
+        data = read_frames(
+            root,
+            ["observation.state", "action", "episode_index", "task", *(IMAGE_PREFIX + c for c in self.cameras)],
+            optional=("intervention", "safety_override"),
+        )
         length = len(data["action"])
         self.state = data["observation.state"].astype(np.float32).reshape(length, -1)
         self.action = data["action"].astype(np.float32).reshape(length, -1)
@@ -123,8 +131,9 @@ def check_dataset_fits(info: dict[str, Any], spec: EnvSpec, root: str | Path) ->
 
 def env_spec_of(env_cfg: Any, seed: int) -> EnvSpec:
     """The spec of the env a policy is for, from one env per task (in this process where it can live)."""
-    env = build_env(in_this_process(env_cfg, num_envs=len(getattr(env_cfg, "tasks", None) or [None])),
-                    seed=seed, stream=1)
+    env = build_env(
+        in_this_process(env_cfg, num_envs=len(getattr(env_cfg, "tasks", None) or [None])), seed=seed, stream=1
+    )
     try:
         return env.spec
     finally:
@@ -145,8 +154,11 @@ def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
     run_dir = run_dir_of(resolve_checkpoint(resume))
     saved = load_yaml(run_dir / "config.yaml")
     changed = [o for o in overrides if not o.startswith("resume=")]
-    fixed = [o for o in changed if o.split("=", 1)[0].lstrip("+").split(".")[0] in ("env", "policy", "dataset", "frames",
-                                                                                    "init")]
+    fixed = [
+        o
+        for o in changed
+        if o.split("=", 1)[0].lstrip("+").split(".")[0] in ("env", "policy", "dataset", "frames", "init")
+    ]
     if fixed:
         raise ConfigError(f"cannot change {fixed} when resuming {run_dir}: start a new run instead")
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
@@ -184,24 +196,47 @@ def run_sft(config: SFTConfig) -> Path:
     elif config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
         load_run_policy(config.init, into=policy, label=f"policy '{config.policy.name}' on this env")
     else:  # input statistics from the demonstrations, once: the policy meets these states first
-        policy.update_normalization(Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device)))
-    logger.info("SFT on %d frames of %d episodes (%d held out), %s", len(train_samples), len(demos.episodes),
-                len(val_samples), config.frames)
+        policy.update_normalization(
+            Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device))
+        )
+    logger.info(
+        "SFT on %d frames of %d episodes (%d held out), %s",
+        len(train_samples),
+        len(demos.episodes),
+        len(val_samples),
+        config.frames,
+    )
     features = frozen_features(policy, demos, config.batch_size, device)
 
     def save() -> None:
-        weights, left_out = without_pretrained_frozen(policy, {k: v.detach().cpu() for k, v in
-                                                               policy.state_dict().items()})
-        state = {"sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
-                 "rng": get_rng_state(), "iteration": step, "env_steps": 0, "learner": {"policy_version": 0},
-                 "spec": spec.to_dict(), "episodes": [], "pretrained_frozen": left_out}
-        save_checkpoint(run_dir / "checkpoints", f"iter_{step:06d}", weights, state, config_yaml,
-                        keep=config.keep_checkpoints)
+        weights, left_out = without_pretrained_frozen(
+            policy, {k: v.detach().cpu() for k, v in policy.state_dict().items()}
+        )
+        state = {
+            "sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
+            "rng": get_rng_state(),
+            "iteration": step,
+            "env_steps": 0,
+            "learner": {"policy_version": 0},
+            "spec": spec.to_dict(),
+            "episodes": [],
+            "pretrained_frozen": left_out,
+        }
+        save_checkpoint(
+            run_dir / "checkpoints", f"iter_{step:06d}", weights, state, config_yaml, keep=config.keep_checkpoints
+        )
 
-    metrics_log = MetricLogger(run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)),
-                               step_key="sft_step")
-    bar = tqdm(total=config.steps, initial=step, unit="step", desc="sft", disable=not config.logger.progress_bar,
-               dynamic_ncols=True)
+    metrics_log = MetricLogger(
+        run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)), step_key="sft_step"
+    )
+    bar = tqdm(
+        total=config.steps,
+        initial=step,
+        unit="step",
+        desc="sft",
+        disable=not config.logger.progress_bar,
+        dynamic_ncols=True,
+    )
     try:
         policy.train()
         while step < config.steps:
@@ -216,11 +251,14 @@ def run_sft(config: SFTConfig) -> Path:
             if step % config.log_every == 0 or step == config.steps:
                 metrics = {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm)}
                 if len(val_samples):
-                    metrics["sft/val_loss"] = validation_loss(policy, demos, val_samples, features, config.batch_size,
-                                                              device)
+                    metrics["sft/val_loss"] = validation_loss(
+                        policy, demos, val_samples, features, config.batch_size, device
+                    )
                 metrics_log.log(metrics, step)
-                bar.set_postfix(loss=f"{metrics['sft/loss']:.4f}",
-                                **({"val": f"{metrics['sft/val_loss']:.4f}"} if "sft/val_loss" in metrics else {}))
+                bar.set_postfix(
+                    loss=f"{metrics['sft/loss']:.4f}",
+                    **({"val": f"{metrics['sft/val_loss']:.4f}"} if "sft/val_loss" in metrics else {}),
+                )
             if step == config.steps or (config.checkpoint_every > 0 and step % config.checkpoint_every == 0):
                 save()
     finally:
@@ -230,8 +268,9 @@ def run_sft(config: SFTConfig) -> Path:
 
 
 @torch.no_grad()
-def frozen_features(policy: Policy, demos: Demonstrations, batch_size: int, device: torch.device
-                    ) -> torch.Tensor | None:
+def frozen_features(
+    policy: Policy, demos: Demonstrations, batch_size: int, device: torch.device
+) -> torch.Tensor | None:
     """Every sample's frozen-encoder features, computed once (images through a pretrained
     encoder cost far more than the trainable part); None for policies without any."""
     everything = np.arange(len(demos))
@@ -242,8 +281,9 @@ def frozen_features(policy: Policy, demos: Demonstrations, batch_size: int, devi
     return torch.cat([policy.frozen_features(demos.batch(part, device)[0]) for part in parts])
 
 
-def bc_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, features: torch.Tensor | None,
-            device: torch.device) -> torch.Tensor:
+def bc_loss(
+    policy: Policy, demos: Demonstrations, samples: np.ndarray, features: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
     observation, actions = demos.batch(samples, device)
     if features is None:
         return policy.bc_loss(observation, actions)
@@ -251,15 +291,22 @@ def bc_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, features
 
 
 @torch.no_grad()
-def validation_loss(policy: Policy, demos: Demonstrations, samples: np.ndarray, features: torch.Tensor | None,
-                    batch_size: int, device: torch.device) -> float:
+def validation_loss(
+    policy: Policy,
+    demos: Demonstrations,
+    samples: np.ndarray,
+    features: torch.Tensor | None,
+    batch_size: int,
+    device: torch.device,
+) -> float:
     """The mean loss over the held-out samples. It draws from torch's generator (flow
     matching samples t and noise), so a fork keeps training's stream untouched."""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(0)
         policy.eval()
-        losses = [float(bc_loss(policy, demos, part, features, device)) * len(part)
-                  for part in np.array_split(samples, max(1, -(-len(samples) // batch_size)))]
+        losses = [
+            float(bc_loss(policy, demos, part, features, device)) * len(part)
+            for part in np.array_split(samples, max(1, -(-len(samples) // batch_size)))
+        ]
         policy.train()
     return sum(losses) / len(samples)
-

@@ -14,21 +14,26 @@ import torch
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from embodied.checkpoint import (load_checkpoint, resolve_checkpoint, run_dir_of, save_checkpoint,
-                                 without_pretrained_frozen)
 from embodied.build import build_env, in_this_process
+from embodied.checkpoint import (
+    load_checkpoint,
+    resolve_checkpoint,
+    run_dir_of,
+    save_checkpoint,
+    without_pretrained_frozen,
+)
 from embodied.config import GROUPS, TrainConfig, to_schema, to_yaml
 from embodied.core.compose import load_yaml
+from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
+from embodied.core.types import EpisodeStats
 from embodied.eval_episodes import run_episodes, summarize
 from embodied.policy_loading import load_run_policy
 from embodied.process import get_rng_state, set_rng_state
 from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
-from embodied.core.types import EpisodeStats
-from embodied.core.policy import Policy
-from embodied.core.env import BatchedEnv
 
 logger = logging.getLogger(__name__)
 
@@ -82,8 +87,11 @@ class PeriodicEvaluation:
             self.env = build_env(in_this_process(self.config.env), seed=self.config.seed, stream=1)
         episodes, _ = run_episodes(self.env, policy, self.config.periodic_eval_episodes, progress=False)
         result = summarize("all", episodes)
-        return {"eval/success_rate": result.success_rate, "eval/episode_return": result.mean_return,
-                "eval/episode_length": result.mean_length}
+        return {
+            "eval/success_rate": result.success_rate,
+            "eval/episode_return": result.mean_return,
+            "eval/episode_length": result.mean_length,
+        }
 
     def close(self) -> None:
         if self.env is not None:
@@ -155,8 +163,9 @@ class TrainSession:
         The weights come with their input statistics, which stay fixed from then on;
         optimizer state and counters start fresh."""
         assert self.config.init is not None
-        checkpoint = load_run_policy(self.config.init, into=learner.policy,
-                                     label=f"policy '{self.config.policy.name}' on this env").checkpoint
+        checkpoint = load_run_policy(
+            self.config.init, into=learner.policy, label=f"policy '{self.config.policy.name}' on this env"
+        ).checkpoint
         learner.normalization_frozen = True
         logger.info("policy weights from %s (input statistics fixed)", checkpoint)
 
@@ -174,8 +183,14 @@ class TrainSession:
             **(extra or {}),
         }
         weights, saved["pretrained_frozen"] = without_pretrained_frozen(learner.policy, learner.get_weights())
-        self.checkpoint_path = save_checkpoint(self.run_dir / "checkpoints", f"iter_{self.iteration:06d}",
-                                               weights, saved, self.config_yaml, keep=self.config.keep_checkpoints)
+        self.checkpoint_path = save_checkpoint(
+            self.run_dir / "checkpoints",
+            f"iter_{self.iteration:06d}",
+            weights,
+            saved,
+            self.config_yaml,
+            keep=self.config.keep_checkpoints,
+        )
         return self.checkpoint_path
 
     def should_checkpoint(self, finished: bool) -> bool:
@@ -184,9 +199,17 @@ class TrainSession:
 
     # ---- logging -----------------------------------------------------------------------
     def start_logging(self) -> None:
-        self._logger = MetricLogger(self.run_dir, self.config.logger, OmegaConf.to_container(OmegaConf.create(self.config_yaml)))
-        self._bar = tqdm(total=self.config.total_env_steps, initial=self.env_steps, unit="step",
-                         desc="train", disable=not self.config.logger.progress_bar, dynamic_ncols=True)
+        self._logger = MetricLogger(
+            self.run_dir, self.config.logger, OmegaConf.to_container(OmegaConf.create(self.config_yaml))
+        )
+        self._bar = tqdm(
+            total=self.config.total_env_steps,
+            initial=self.env_steps,
+            unit="step",
+            desc="train",
+            disable=not self.config.logger.progress_bar,
+            dynamic_ncols=True,
+        )
 
     def record(self, env_steps: int, episodes: list[EpisodeStats], metrics: dict[str, float]) -> None:
         self.iteration += 1

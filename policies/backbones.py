@@ -13,7 +13,14 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
 from embodied.policies.action_tokens import NUM_BINS
-from embodied.policies.vlm import DEFAULT_MEAN, DEFAULT_STD, ImageTokens, image_normalization, is_vision_language, tiny_paligemma
+from embodied.policies.vlm import (
+    DEFAULT_MEAN,
+    DEFAULT_STD,
+    ImageTokens,
+    image_normalization,
+    is_vision_language,
+    tiny_paligemma,
+)
 
 
 def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,8 +30,8 @@ def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Te
     for row, tokens in enumerate(rows):
         tokens = tokens[:length]
         if tokens:
-            ids[row, length - len(tokens):] = torch.tensor(tokens)
-            mask[row, length - len(tokens):] = 1
+            ids[row, length - len(tokens) :] = torch.tensor(tokens)
+            mask[row, length - len(tokens) :] = 1
     return ids, mask
 
 
@@ -57,8 +64,14 @@ def build_backbone(cfg: Any) -> tuple[nn.Module, Any]:
     """The causal LM or vision-language model and the instruction tokenizer that goes with it,
     from a policy config's `backbone` (and, for the tiny ones, `vocab_size`, `hidden_size`,
     `num_layers`, `num_heads`, `image_size`, `patch_size`)."""
-    from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoTokenizer,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     if cfg.backbone not in TINY_BACKBONES:
         try:
@@ -72,14 +85,29 @@ def build_backbone(cfg: Any) -> tuple[nn.Module, Any]:
             raise ConfigError(f"{cfg.backbone} has a vocabulary of {vocab_size}, too small for actions")
         return model, PretrainedTokenizer(tokenizer)
     if cfg.vocab_size < NUM_BINS + 258:
-        raise ConfigError(f"policy.vocab_size must hold 258 byte and image ids and {NUM_BINS} action ids, "
-                          f"got {cfg.vocab_size}")
+        raise ConfigError(
+            f"policy.vocab_size must hold 258 byte and image ids and {NUM_BINS} action ids, got {cfg.vocab_size}"
+        )
     if cfg.backbone == "tiny_vlm":  # id 257, after the bytes, is its (unused) image placeholder token
-        return tiny_paligemma(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.image_size,
-                              cfg.patch_size, image_token_index=257), ByteTokenizer()
-    config = Qwen2Config(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
-                         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                         num_key_value_heads=cfg.num_heads, max_position_embeddings=512, tie_word_embeddings=False)
+        return tiny_paligemma(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.num_layers,
+            cfg.num_heads,
+            cfg.image_size,
+            cfg.patch_size,
+            image_token_index=257,
+        ), ByteTokenizer()
+    config = Qwen2Config(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=2 * cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_heads,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
     return Qwen2ForCausalLM(config), ByteTokenizer()
 
 
@@ -89,16 +117,24 @@ def vision_prefix(backbone: nn.Module, name: str, cameras: list[str]) -> ImageTo
     if not cameras:
         return None
     if not is_vision_language(backbone):
-        raise ConfigError(f"the env has cameras ({', '.join(cameras)}) and policy.backbone '{name}' reads no images: "
-                          f"use policy.backbone=tiny_vlm or a vision-language checkpoint (PaliGemma, SmolVLM), or "
-                          f"state observations")
+        raise ConfigError(
+            f"the env has cameras ({', '.join(cameras)}) and policy.backbone '{name}' reads no images: "
+            f"use policy.backbone=tiny_vlm or a vision-language checkpoint (PaliGemma, SmolVLM), or "
+            f"state observations"
+        )
     mean, std = (DEFAULT_MEAN, DEFAULT_STD) if name == "tiny_vlm" else image_normalization(name)
     return ImageTokens(backbone, mean, std)
 
 
-def prefix_embeddings(observation: Observation, token_embeddings: nn.Module, tokenizer: Any, max_tokens: int,
-                      image_tokens: ImageTokens | None, cameras: list[str], state_embedding: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def prefix_embeddings(
+    observation: Observation,
+    token_embeddings: nn.Module,
+    tokenizer: Any,
+    max_tokens: int,
+    image_tokens: ImageTokens | None,
+    cameras: list[str],
+    state_embedding: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefix's input embeddings (B, L, hidden) and attention mask (B, L); instruction
     tokens are left-padded, so the state is always the last position."""
     device = state_embedding.device

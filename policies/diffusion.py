@@ -37,11 +37,18 @@ from torch import nn
 from torch.func import functional_call
 
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, Recomputed
-from embodied.policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
-                                time_frequencies, to_unit)
+from embodied.policies.denoising import (
+    HALF_LOG_2PI,
+    from_unit,
+    gaussian_log_prob,
+    pad_to_horizon,
+    time_embedding,
+    time_frequencies,
+    to_unit,
+)
 from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
@@ -96,7 +103,9 @@ class TransformerDenoiser(nn.Module):
         self.action_out = nn.Linear(width, action_dim)
 
     def forward(self, condition: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        tokens = torch.cat([self.condition(condition)[:, None], self.action_in(x.view(-1, self.horizon, self.action_dim))], 1)
+        tokens = torch.cat(
+            [self.condition(condition)[:, None], self.action_in(x.view(-1, self.horizon, self.action_dim))], 1
+        )
         return self.action_out(self.encoder(tokens + self.position)[:, 1:]).reshape(x.shape)
 
 
@@ -105,8 +114,12 @@ def make_scheduler(cfg: DiffusionPolicyConfig):
     from diffusers import DDIMScheduler, DDPMScheduler
 
     kind = DDPMScheduler if cfg.scheduler == "ddpm" else DDIMScheduler
-    scheduler = kind(num_train_timesteps=cfg.train_timesteps, beta_schedule=cfg.beta_schedule,
-                     clip_sample=True, prediction_type="epsilon")
+    scheduler = kind(
+        num_train_timesteps=cfg.train_timesteps,
+        beta_schedule=cfg.beta_schedule,
+        clip_sample=True,
+        prediction_type="epsilon",
+    )
     scheduler.set_timesteps(cfg.denoise_steps)
     return scheduler
 
@@ -119,11 +132,15 @@ def check_config(cfg: DiffusionPolicyConfig) -> None:
     if not 1 <= cfg.chunk_size <= cfg.horizon:
         raise ConfigError(f"policy.chunk_size must be in [1, policy.horizon={cfg.horizon}], got {cfg.chunk_size}")
     if not 1 <= cfg.denoise_steps <= cfg.train_timesteps:
-        raise ConfigError(f"policy.denoise_steps must be in [1, policy.train_timesteps={cfg.train_timesteps}], "
-                          f"got {cfg.denoise_steps}")
+        raise ConfigError(
+            f"policy.denoise_steps must be in [1, policy.train_timesteps={cfg.train_timesteps}], "
+            f"got {cfg.denoise_steps}"
+        )
     if not 0 <= cfg.finetune_steps <= cfg.denoise_steps:
-        raise ConfigError(f"policy.finetune_steps must be in [0, policy.denoise_steps={cfg.denoise_steps}] "
-                          f"(0: all), got {cfg.finetune_steps}")
+        raise ConfigError(
+            f"policy.finetune_steps must be in [0, policy.denoise_steps={cfg.denoise_steps}] "
+            f"(0: all), got {cfg.finetune_steps}"
+        )
     if cfg.min_std <= 0:
         raise ConfigError(f"policy.min_std must be > 0 (a step without noise has no likelihood), got {cfg.min_std}")
     if cfg.ddim_eta < 0:
@@ -147,8 +164,12 @@ class DiffusionPolicy(nn.Module, Policy):
         self.register_buffer("abar", abar.float(), persistent=False)  # (T,), for SFT's noising
         self.register_buffer("abar_step", abar[self.timesteps].float(), persistent=False)  # (K,)
         self.register_buffer("abar_next", torch.tensor(abar_next), persistent=False)  # (K,)
-        unfloored = [denoising_step(torch.zeros(1), torch.zeros(1), self.abar_step[k], self.abar_next[k], cfg.scheduler,
-                                    cfg.ddim_eta)[1] for k in range(cfg.denoise_steps)]
+        unfloored = [
+            denoising_step(
+                torch.zeros(1), torch.zeros(1), self.abar_step[k], self.abar_next[k], cfg.scheduler, cfg.ddim_eta
+            )[1]
+            for k in range(cfg.denoise_steps)
+        ]
         self.register_buffer("step_std", torch.stack(unfloored).reshape(-1).clamp(min=cfg.min_std), persistent=False)
         self.trained_from = cfg.denoise_steps - (cfg.finetune_steps or cfg.denoise_steps)  # the first trained step
 
@@ -157,8 +178,9 @@ class DiffusionPolicy(nn.Module, Policy):
         if cfg.denoiser == "mlp":
             self.denoiser: nn.Module = MLPDenoiser(condition_dim, self.dim, cfg.hidden)
         else:
-            self.denoiser = TransformerDenoiser(condition_dim, cfg.horizon, spec.action_dim,
-                                                cfg.width, cfg.layers, cfg.heads)
+            self.denoiser = TransformerDenoiser(
+                condition_dim, cfg.horizon, spec.action_dim, cfg.width, cfg.layers, cfg.heads
+            )
         self.critic = mlp([spec.state_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
         self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
@@ -200,8 +222,9 @@ class DiffusionPolicy(nn.Module, Policy):
         """Mean and floored std (B, D) of denoising step `step` (see the module docstring)."""
         t = torch.full((x.shape[0],), self.timesteps[step] / self.cfg.train_timesteps, device=x.device)
         eps = self._denoise(step, torch.cat([state, time_embedding(t, self.frequencies)], -1), x)
-        mean, _ = denoising_step(x, eps, self.abar_step[step], self.abar_next[step], self.cfg.scheduler,
-                                 self.cfg.ddim_eta)
+        mean, _ = denoising_step(
+            x, eps, self.abar_step[step], self.abar_next[step], self.cfg.scheduler, self.cfg.ddim_eta
+        )
         return mean, self.step_std[step].expand_as(mean)
 
     def _state(self, observation: Observation) -> torch.Tensor:
@@ -209,8 +232,9 @@ class DiffusionPolicy(nn.Module, Policy):
 
     # ---- the policy contract ----------------------------------------------------------------
 
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         state = self._state(observation)
         batch, device = state.shape[0], state.device
         x = torch.randn(batch, self.dim, generator=generator, device=device)
@@ -221,9 +245,15 @@ class DiffusionPolicy(nn.Module, Policy):
             chain.append(x)
         chain = torch.stack(chain, 1)
         terms = self._terms(state, chain)
-        actions = from_unit(x.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high)
-        return ActionChunk(actions=actions, log_prob=self._total(terms), value=self.critic(state).squeeze(-1),
-                           record={"chain": chain, "term_log_prob": terms})
+        actions = from_unit(
+            x.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high
+        )
+        return ActionChunk(
+            actions=actions,
+            log_prob=self._total(terms),
+            value=self.critic(state).squeeze(-1),
+            record={"chain": chain, "term_log_prob": terms},
+        )
 
     def _terms(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
         """(B, k) log-likelihoods of the trained steps' transitions."""
@@ -242,13 +272,17 @@ class DiffusionPolicy(nn.Module, Policy):
             self.base_pinned.fill_(True)  # RL has begun: from now on the base is what it started from
         state = self._state(observation)
         terms = self._terms(state, chunk.record["chain"].to(state.device))
-        return Recomputed(log_prob=self._total(terms), entropy=self._entropy(state), value=self.critic(state).squeeze(-1),
-                          term_log_prob=terms)
+        return Recomputed(
+            log_prob=self._total(terms),
+            entropy=self._entropy(state),
+            value=self.critic(state).squeeze(-1),
+            term_log_prob=terms,
+        )
 
     def _entropy(self, state: torch.Tensor) -> torch.Tensor:
         """The trained steps' Gaussian entropies: their stds follow the schedule (and the
         floor), not the weights, so this is a constant to log, not a bonus to train."""
-        per_step = self.dim * (0.5 + HALF_LOG_2PI + torch.log(self.step_std[self.trained_from:]))
+        per_step = self.dim * (0.5 + HALF_LOG_2PI + torch.log(self.step_std[self.trained_from :]))
         total = per_step.mean() / self.dim if self.cfg.log_prob_reduction == "mean" else per_step.sum()
         return total.expand(state.shape[0])
 
@@ -258,7 +292,9 @@ class DiffusionPolicy(nn.Module, Policy):
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """Epsilon prediction at a uniformly drawn training timestep (the DDPM loss)."""
         state = self._state(observation)
-        x0 = to_unit(pad_to_horizon(actions.to(state.device), self.cfg.horizon), self.low, self.high).reshape(len(state), -1)
+        x0 = to_unit(pad_to_horizon(actions.to(state.device), self.cfg.horizon), self.low, self.high).reshape(
+            len(state), -1
+        )
         t = torch.randint(0, self.cfg.train_timesteps, (len(state),), device=state.device)
         eps = torch.randn_like(x0)
         abar = self.abar[t][:, None]
@@ -270,16 +306,19 @@ class DiffusionPolicy(nn.Module, Policy):
         self.normalizer.update(observation.state.to(self.low.device))
 
 
-def denoising_step(x_t: torch.Tensor, eps: torch.Tensor, abar_t: torch.Tensor, abar_next: torch.Tensor,
-                   scheduler: str, eta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def denoising_step(
+    x_t: torch.Tensor, eps: torch.Tensor, abar_t: torch.Tensor, abar_next: torch.Tensor, scheduler: str, eta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and (unfloored) std of one DDPM or DDIM step (see the module docstring)."""
     x0_hat = ((x_t - (1 - abar_t).sqrt() * eps) / abar_t.sqrt()).clamp(-1, 1)
     beta = 1 - abar_t / abar_next
     variance = (1 - abar_next) / (1 - abar_t) * beta
     if scheduler == "ddpm":
-        mean = abar_next.sqrt() * beta / (1 - abar_t) * x0_hat + (1 - beta).sqrt() * (1 - abar_next) / (1 - abar_t) * x_t
+        mean = (
+            abar_next.sqrt() * beta / (1 - abar_t) * x0_hat + (1 - beta).sqrt() * (1 - abar_next) / (1 - abar_t) * x_t
+        )
         return mean, variance.clamp(min=1e-20).sqrt()
-    variance = eta ** 2 * variance
+    variance = eta**2 * variance
     eps_hat = (x_t - abar_t.sqrt() * x0_hat) / (1 - abar_t).sqrt()
     mean = abar_next.sqrt() * x0_hat + (1 - abar_next - variance).clamp(min=0).sqrt() * eps_hat
     return mean, variance.sqrt()

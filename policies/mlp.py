@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, Recomputed
 from embodied.policies.normalization import RunningNormalizer
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -80,8 +80,9 @@ class MLPGaussianPolicy(nn.Module, Policy):
     def _entropy(self, batch: int) -> torch.Tensor:
         return (0.5 + HALF_LOG_2PI + self.log_std).sum().expand(batch)
 
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         features = self._features(observation)
         mean = self.actor(features)
         if deterministic:

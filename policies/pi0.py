@@ -113,8 +113,9 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     are `auto`; refused when anything the checkpoint fixes disagrees with what was asked."""
     saved = checkpoint_config(cfg.pretrained) if cfg.pretrained else {}
     if saved and saved.get("type", cfg.name) != cfg.name:
-        raise ConfigError(f"{cfg.pretrained} holds a '{saved.get('type')}' policy; policy={cfg.name} loads "
-                          f"{cfg.name} checkpoints")
+        raise ConfigError(
+            f"{cfg.pretrained} holds a '{saved.get('type')}' policy; policy={cfg.name} loads {cfg.name} checkpoints"
+        )
     defaults = {"paligemma_variant": "tiny", "expert_variant": "tiny_expert"}
     resolved = {}
     for name in ("paligemma_variant", "expert_variant"):
@@ -130,9 +131,15 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
         resolved[name] = asked or saved.get(name, 32)
     vlm, expert = GEMMA_SIZES[resolved["paligemma_variant"]], GEMMA_SIZES[resolved["expert_variant"]]
     if (vlm.depth, vlm.num_heads, vlm.num_kv_heads, vlm.head_dim) != (
-            expert.depth, expert.num_heads, expert.num_kv_heads, expert.head_dim):
-        raise ConfigError(f"{resolved['paligemma_variant']} and {resolved['expert_variant']} cannot share attention: "
-                          f"their depth and heads differ")
+        expert.depth,
+        expert.num_heads,
+        expert.num_kv_heads,
+        expert.head_dim,
+    ):
+        raise ConfigError(
+            f"{resolved['paligemma_variant']} and {resolved['expert_variant']} cannot share attention: "
+            f"their depth and heads differ"
+        )
     if cfg.image_size:
         image_size = cfg.image_size
     elif resolved["paligemma_variant"] == "tiny":
@@ -163,8 +170,9 @@ class Pi0Model(nn.Module):
         vlm, expert = GEMMA_SIZES[cfg.paligemma_variant], GEMMA_SIZES[cfg.expert_variant]
         vision = TINY_SIGLIP if cfg.paligemma_variant == "tiny" else SO400M
         if cfg.image_size % vision.patch_size:
-            raise ConfigError(f"policy.image_size must be a multiple of the vision patch ({vision.patch_size}), "
-                              f"got {cfg.image_size}")
+            raise ConfigError(
+                f"policy.image_size must be a multiple of the vision patch ({vision.patch_size}), got {cfg.image_size}"
+            )
         self.vision = SiglipVision(vision, cfg.image_size)
         self.projector = nn.Linear(vision.width, vlm.width)
         self.pi05 = cfg.name == "pi05"
@@ -181,8 +189,13 @@ class Pi0Model(nn.Module):
             self.action_time_mlp_out = nn.Linear(expert.width, expert.width)
 
     # ---- prefix ----------------------------------------------------------------------------
-    def embed_prefix(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor,
-                     token_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def embed_prefix(
+        self,
+        images: list[torch.Tensor],
+        image_masks: list[torch.Tensor],
+        tokens: torch.Tensor,
+        token_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Images (B, 3, S, S) in [-1, 1], whether each camera is there (B,), instruction token
         ids and mask (B, T) -> the prefix embeddings (B, L, width) and which are valid (B, L)."""
         embeddings, valid = [], []
@@ -195,16 +208,18 @@ class Pi0Model(nn.Module):
         valid.append(token_mask.bool())
         return torch.cat(embeddings, 1), torch.cat(valid, 1)
 
-    def encode_prefix(self, embeddings: torch.Tensor, valid: torch.Tensor
-                      ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def encode_prefix(
+        self, embeddings: torch.Tensor, valid: torch.Tensor
+    ) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         """The VLM over the prefix, each valid token seeing every valid token: its outputs and
         every layer's keys and values."""
         positions = valid.long().cumsum(1) - 1
         return self.vlm(embeddings, positions, valid[:, None, :] & valid[:, :, None])
 
     # ---- suffix ----------------------------------------------------------------------------
-    def embed_suffix(self, state: torch.Tensor, x: torch.Tensor | None, t: torch.Tensor | None
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def embed_suffix(
+        self, state: torch.Tensor, x: torch.Tensor | None, t: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The suffix tokens and the expert's norm condition (pi0.5; None for pi0). pi0:
         [state token, H action tokens] (B, 1 + H, width), the state token alone without x;
         pi0.5: the H action tokens."""
@@ -220,8 +235,13 @@ class Pi0Model(nn.Module):
             tokens.append(fused)
         return torch.cat(tokens, 1), None
 
-    def run_suffix(self, suffix: torch.Tensor, condition: torch.Tensor | None, prefix_valid: torch.Tensor,
-                   prefix_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def run_suffix(
+        self,
+        suffix: torch.Tensor,
+        condition: torch.Tensor | None,
+        prefix_valid: torch.Tensor,
+        prefix_cache: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """The action expert over the suffix, attending to the cached prefix. pi0: the state
         token sees the prefix and itself, the action tokens the prefix and the whole suffix;
         pi0.5: every action token sees the prefix and the whole suffix."""
@@ -233,8 +253,14 @@ class Pi0Model(nn.Module):
         mask = torch.cat([prefix_valid[:, None, :].expand(-1, length, -1), own.expand(batch, -1, -1)], 2)
         return self.expert(suffix, positions, mask, past=prefix_cache, cond=condition)[0]
 
-    def velocity(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor, prefix_valid: torch.Tensor,
-                 prefix_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def velocity(
+        self,
+        state: torch.Tensor,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        prefix_valid: torch.Tensor,
+        prefix_cache: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The velocity (B, H, max_action_dim) of noisy chunks x at times t, and the action
         tokens' outputs (B, H, width)."""
         out = self.run_suffix(*self.embed_suffix(state, x, t), prefix_valid, prefix_cache)
@@ -242,8 +268,16 @@ class Pi0Model(nn.Module):
         return self.action_out_proj(out), out
 
     @torch.no_grad()
-    def sample(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor,
-               token_mask: torch.Tensor, state: torch.Tensor, noise: torch.Tensor, steps: int) -> torch.Tensor:
+    def sample(
+        self,
+        images: list[torch.Tensor],
+        image_masks: list[torch.Tensor],
+        tokens: torch.Tensor,
+        token_mask: torch.Tensor,
+        state: torch.Tensor,
+        noise: torch.Tensor,
+        steps: int,
+    ) -> torch.Tensor:
         """The ODE from `noise` (B, H, max_action_dim) at t = 1 to actions at t = 0 in `steps`
         Euler steps: pi0's own inference, for checking a loaded checkpoint."""
         embeddings, valid = self.embed_prefix(images, image_masks, tokens, token_mask)
@@ -283,7 +317,7 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
             continue
         for old, new in RENAMES:
             if key.startswith(old):
-                key = new + key[len(old):]
+                key = new + key[len(old) :]
                 break
         renamed[key] = tensor.float() if tensor.is_floating_point() else tensor
     if "vlm.embed_tokens.weight" not in renamed and tied_embedding is not None:
@@ -291,14 +325,21 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(renamed))
     unexpected = sorted(set(renamed) - set(expected))
-    wrong = [f"{k} {tuple(renamed[k].shape)} (the model's: {tuple(expected[k].shape)})"
-             for k in expected if k in renamed and renamed[k].shape != expected[k].shape]
+    wrong = [
+        f"{k} {tuple(renamed[k].shape)} (the model's: {tuple(expected[k].shape)})"
+        for k in expected
+        if k in renamed and renamed[k].shape != expected[k].shape
+    ]
     if missing or unexpected or wrong:
-        problems = [f"{len(missing)} missing (e.g. {missing[:3]})" if missing else "",
-                    f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})" if unexpected else "",
-                    f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else ""]
-        raise ConfigError(f"{file} does not match policy=pi0 with paligemma_variant/expert_variant as resolved: "
-                          + "; ".join(p for p in problems if p))
+        problems = [
+            f"{len(missing)} missing (e.g. {missing[:3]})" if missing else "",
+            f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})" if unexpected else "",
+            f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else "",
+        ]
+        raise ConfigError(
+            f"{file} does not match policy=pi0 with paligemma_variant/expert_variant as resolved: "
+            + "; ".join(p for p in problems if p)
+        )
     model.load_state_dict(renamed, assign=True)
 
 
@@ -359,11 +400,15 @@ class Pi0Policy(FlowPolicy):
             raise ConfigError(f"policy.value_from must be one of {VALUE_FROM}, got '{cfg.value_from}'")
         cfg = resolve_architecture(cfg)
         if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
-            raise ConfigError(f"the env's state ({spec.state_dim}) and actions ({spec.action_dim}) must fit "
-                              f"policy.max_state_dim={cfg.max_state_dim} and max_action_dim={cfg.max_action_dim}")
+            raise ConfigError(
+                f"the env's state ({spec.state_dim}) and actions ({spec.action_dim}) must fit "
+                f"policy.max_state_dim={cfg.max_state_dim} and max_action_dim={cfg.max_action_dim}"
+            )
         if not cfg.tokenizer and cfg.paligemma_variant != "tiny":
-            raise ConfigError(f"policy.tokenizer: a {cfg.paligemma_variant} VLM reads PaliGemma's tokens; give the "
-                              f"local path of a PaliGemma tokenizer (e.g. google/paligemma-3b-pt-224's files)")
+            raise ConfigError(
+                f"policy.tokenizer: a {cfg.paligemma_variant} VLM reads PaliGemma's tokens; give the "
+                f"local path of a PaliGemma tokenizer (e.g. google/paligemma-3b-pt-224's files)"
+            )
         tokenizer = PaliGemmaPrompt(cfg.tokenizer) if cfg.tokenizer else ByteTokenizer()
         if cfg.pretrained:  # no random init of weights about to be replaced (billions, for the real sizes)
             with torch.device("meta"):
@@ -406,7 +451,9 @@ class Pi0Policy(FlowPolicy):
         self.noise_head = nn.Linear(expert_width, cfg.max_action_dim)
         nn.init.normal_(self.noise_head.weight, std=0.01)
         nn.init.zeros_(self.noise_head.bias)
-        value_dim = expert_width if cfg.value_from == "expert" else GEMMA_SIZES[cfg.paligemma_variant].width + cfg.max_state_dim
+        value_dim = (
+            expert_width if cfg.value_from == "expert" else GEMMA_SIZES[cfg.paligemma_variant].width + cfg.max_state_dim
+        )
         self.critic = mlp([value_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
 
     # The context the flow reads, one tensor (B, L, C) so the samplers select its rows as they
@@ -426,21 +473,24 @@ class Pi0Policy(FlowPolicy):
         hidden, cache = self.model.encode_prefix(embeddings, valid)
         keys_values = [part.transpose(1, 2).flatten(2) for pair in cache for part in pair]  # each (B, L, kv x d)
         length = valid.shape[1]
-        return torch.cat([valid[..., None].to(hidden.dtype), state[:, None].expand(-1, length, -1), hidden,
-                          *keys_values], -1)
+        return torch.cat(
+            [valid[..., None].to(hidden.dtype), state[:, None].expand(-1, length, -1), hidden, *keys_values], -1
+        )
 
-    def _unpack(self, context: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    def _unpack(
+        self, context: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
         size, state_dim = self.model.vlm.size, self.cfg.max_state_dim
         valid = context[..., 0] > 0.5
-        state = context[:, 0, 1: 1 + state_dim]
-        hidden = context[..., 1 + state_dim: 1 + state_dim + size.width]
-        flat = context[..., 1 + state_dim + size.width:].split(size.num_kv_heads * size.head_dim, -1)
+        state = context[:, 0, 1 : 1 + state_dim]
+        hidden = context[..., 1 + state_dim : 1 + state_dim + size.width]
+        flat = context[..., 1 + state_dim + size.width :].split(size.num_kv_heads * size.head_dim, -1)
         heads = [part.unflatten(-1, (size.num_kv_heads, size.head_dim)).transpose(1, 2) for part in flat]
         return valid, state, hidden, list(zip(heads[0::2], heads[1::2]))
 
-    def _field(self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _field(
+        self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         valid, state, _, cache = self._unpack(context)
         chunk = x.view(len(x), self.cfg.horizon, self.action_width)
         velocity, tokens = self.model.velocity(state, chunk, t, valid, cache)
@@ -451,7 +501,9 @@ class Pi0Policy(FlowPolicy):
         if self.cfg.value_from == "expert" and self.model.pi05:
             batch = len(state)
             query = torch.zeros(batch, self.cfg.horizon, self.action_width, device=state.device)
-            features = self.model.velocity(state, query, torch.ones(batch, device=state.device), valid, cache)[1].mean(1)
+            features = self.model.velocity(state, query, torch.ones(batch, device=state.device), valid, cache)[1].mean(
+                1
+            )
         elif self.cfg.value_from == "expert":
             features = self.model.run_suffix(*self.model.embed_suffix(state, None, None), valid, cache)[:, 0]
         else:

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.core.policy import Policy, Recomputed
 from embodied.policies.mlp import ACTIVATIONS
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -61,11 +61,14 @@ class SquashedGaussianPolicy(nn.Module, Policy):
     def __init__(self, cfg: SquashedGaussianConfig, spec: EnvSpec):
         super().__init__()
         if spec.image_shapes:
-            raise ConfigError(f"policy '{cfg.name}' reads only the state vector, but the env sends images "
-                              f"{sorted(spec.image_shapes)}: use state observations")
+            raise ConfigError(
+                f"policy '{cfg.name}' reads only the state vector, but the env sends images "
+                f"{sorted(spec.image_shapes)}: use state observations"
+            )
         if cfg.chunk_size != 1:
-            raise ConfigError(f"policy '{cfg.name}' acts one step at a time: policy.chunk_size must be 1, "
-                              f"got {cfg.chunk_size}")
+            raise ConfigError(
+                f"policy '{cfg.name}' acts one step at a time: policy.chunk_size must be 1, got {cfg.chunk_size}"
+            )
         if cfg.activation not in ACTIVATIONS:
             raise ConfigError(f"policy.activation must be one of {sorted(ACTIVATIONS)}, got '{cfg.activation}'")
         if not cfg.log_std_min < cfg.log_std_max:
@@ -73,13 +76,15 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         self.spec = spec
         self.chunk_size = 1
         self.cfg = cfg
-        self.net = layer_norm_mlp([spec.state_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation],
-                                  cfg.layer_norm)
+        self.net = layer_norm_mlp(
+            [spec.state_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
+        )
         low = torch.tensor(spec.action_low, dtype=torch.float32)
         high = torch.tensor(spec.action_high, dtype=torch.float32)
         if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
-            raise ConfigError(f"policy '{cfg.name}' needs finite action bounds; the env has {spec.action_low} "
-                              f"to {spec.action_high}")
+            raise ConfigError(
+                f"policy '{cfg.name}' needs finite action bounds; the env has {spec.action_low} to {spec.action_high}"
+            )
         self.register_buffer("action_center", (high + low) / 2)
         self.register_buffer("action_scale", (high - low) / 2)
 
@@ -89,15 +94,17 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         log_std = self.cfg.log_std_min + 0.5 * (self.cfg.log_std_max - self.cfg.log_std_min) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
-    def sample(self, state: torch.Tensor, deterministic: bool = False,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, state: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised squashed action in [-1, 1]^A and its log-probability."""
         mean, log_std = self.distribution(state)
         if deterministic:
             u = mean
         else:
-            u = mean + torch.exp(log_std) * torch.randn(mean.shape, generator=generator, dtype=mean.dtype,
-                                                        device=mean.device)
+            u = mean + torch.exp(log_std) * torch.randn(
+                mean.shape, generator=generator, dtype=mean.dtype, device=mean.device
+            )
         return torch.tanh(u), squash_log_prob(u, mean, log_std)
 
     def log_prob(self, state: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
@@ -111,11 +118,13 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         return ((action.to(self.action_scale.device) - self.action_center) / self.action_scale).clamp(-1, 1)
 
     # ---- the Policy contract ------------------------------------------------------------------
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         squashed, log_prob = self.sample(observation.state, deterministic, generator)
-        return ActionChunk(actions=self.to_env(squashed).unsqueeze(1), log_prob=log_prob,
-                           value=torch.zeros_like(log_prob))
+        return ActionChunk(
+            actions=self.to_env(squashed).unsqueeze(1), log_prob=log_prob, value=torch.zeros_like(log_prob)
+        )
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         log_prob = self.log_prob(observation.state, self.to_squashed(chunk.actions[:, 0]))

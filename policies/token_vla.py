@@ -38,10 +38,10 @@ import torch
 from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
 from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
-from embodied.core.policy import Policy, Recomputed
 from embodied.policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
 from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -106,8 +106,10 @@ class TokenVLAPolicy(nn.Module, Policy):
         if cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
-            self.backbone = get_peft_model(self.backbone, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
-                                                                     target_modules=["q_proj", "v_proj"]))
+            self.backbone = get_peft_model(
+                self.backbone,
+                LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=["q_proj", "v_proj"]),
+            )
         hidden = self.backbone.config.get_text_config().hidden_size
         vocab_size = self.backbone.config.get_text_config().vocab_size
         self.actions = ActionTokenizer(vocab_size, np.array(spec.action_low), np.array(spec.action_high))
@@ -142,9 +144,15 @@ class TokenVLAPolicy(nn.Module, Policy):
         return self.normalizer(observation.state.to(self.action_queries.device, torch.float32))
 
     def _prefix(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
-        return prefix_embeddings(observation, self._token_embeddings(), self.instructions,
-                                 self.cfg.max_instruction_tokens, self.image_tokens, self.cameras,
-                                 self.state_embedding(self._state(observation)))
+        return prefix_embeddings(
+            observation,
+            self._token_embeddings(),
+            self.instructions,
+            self.cfg.max_instruction_tokens,
+            self.image_tokens,
+            self.cameras,
+            self.state_embedding(self._state(observation)),
+        )
 
     def _instruction_cache(self, observation: Observation) -> tuple[Any, torch.Tensor]:
         """The backbone's keys and values over each row's instruction, computed once per
@@ -154,13 +162,15 @@ class TokenVLAPolicy(nn.Module, Policy):
         rows = torch.tensor([distinct.index(text) for text in texts], device=self.action_queries.device)
         ids, mask = self.instructions(distinct, self.cfg.max_instruction_tokens)
         ids, mask = ids.to(rows.device), mask.to(rows.device)
-        cache = self.backbone(inputs_embeds=self._token_embeddings()(ids), attention_mask=mask, use_cache=True,
-                              logits_to_keep=1).past_key_values
+        cache = self.backbone(
+            inputs_embeds=self._token_embeddings()(ids), attention_mask=mask, use_cache=True, logits_to_keep=1
+        ).past_key_values
         cache.batch_select_indices(rows)
         return cache, mask[rows]
 
-    def _run(self, observation: Observation, inputs: torch.Tensor | None, keep: int,
-             use_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
+    def _run(
+        self, observation: Observation, inputs: torch.Tensor | None, keep: int, use_cache: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
         """The backbone over [prefix, inputs]: the action tokens' logits at the last `keep`
         positions, the hidden state of the prefix's last position (the state's, which the value
         head reads), and the keys and values (with `use_cache`) and attention mask to decode on from."""
@@ -179,15 +189,24 @@ class TokenVLAPolicy(nn.Module, Policy):
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], embeddings.shape[1] - covered)], 1)
             # float32 in on every path (the state embedding alone comes out of autocast in
             # bfloat16), so the residual stream has one dtype at rollout and in training
-            out = self.backbone(inputs_embeds=embeddings.float(), attention_mask=mask, past_key_values=cache,
-                                use_cache=use_cache or cache is not None, output_hidden_states=True,
-                                logits_to_keep=keep)
-        return (self._action_logits(out.logits), out.hidden_states[-1][:, state_position].float(),
-                out.past_key_values, mask)
+            out = self.backbone(
+                inputs_embeds=embeddings.float(),
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=use_cache or cache is not None,
+                output_hidden_states=True,
+                logits_to_keep=keep,
+            )
+        return (
+            self._action_logits(out.logits),
+            out.hidden_states[-1][:, state_position].float(),
+            out.past_key_values,
+            mask,
+        )
 
     def _action_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The 256 action tokens' columns of the backbone's logits, in float32."""
-        return logits[..., self.actions.first_token:].float()
+        return logits[..., self.actions.first_token :].float()
 
     def _action_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-softmax over the 256 action tokens' logits, at the policy's temperature."""
@@ -211,8 +230,9 @@ class TokenVLAPolicy(nn.Module, Policy):
         return self._action_log_probs(logits), self._value(hidden, observation)
 
     # ---- the policy contract ----------------------------------------------------------------
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         if self.cfg.decoder == "parallel":
             log_probs, value = self._score(observation, None)
             bins = self._pick(log_probs, deterministic, generator)
@@ -223,8 +243,12 @@ class TokenVLAPolicy(nn.Module, Policy):
         tokens = bins + self.actions.first_token
         per_action = tokens.view(-1, self.chunk_size, self.spec.action_dim).cpu().numpy()
         actions = torch.as_tensor(self.actions.decode(per_action), dtype=torch.float32)
-        return ActionChunk(actions=actions.to(value.device), log_prob=per_token.sum(-1), value=value,
-                           record={"action_tokens": tokens, "term_log_prob": per_token})
+        return ActionChunk(
+            actions=actions.to(value.device),
+            log_prob=per_token.sum(-1),
+            value=value,
+            record={"action_tokens": tokens, "term_log_prob": per_token},
+        )
 
     def _pick(self, log_probs: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> torch.Tensor:
         if deterministic:
@@ -232,8 +256,9 @@ class TokenVLAPolicy(nn.Module, Policy):
         flat = log_probs.reshape(-1, NUM_BINS).exp()
         return torch.multinomial(flat, 1, generator=generator).view(log_probs.shape[:-1])
 
-    def _decode_causally(self, observation: Observation, deterministic: bool,
-                         generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_causally(
+        self, observation: Observation, deterministic: bool, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits, hidden, cache, mask = self._run(observation, None, keep=1, use_cache=True)
         value = self._value(hidden, observation)
         picked = []
@@ -244,9 +269,15 @@ class TokenVLAPolicy(nn.Module, Policy):
                 if position + 1 < self.positions:
                     mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
                     step = self._token_embeddings()(bins + self.actions.first_token).float()
-                    logits = self._action_logits(self.backbone(inputs_embeds=step, attention_mask=mask,
-                                                               past_key_values=cache, use_cache=True,
-                                                               logits_to_keep=1).logits)
+                    logits = self._action_logits(
+                        self.backbone(
+                            inputs_embeds=step,
+                            attention_mask=mask,
+                            past_key_values=cache,
+                            use_cache=True,
+                            logits_to_keep=1,
+                        ).logits
+                    )
         return torch.cat(picked, 1), value
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:

@@ -22,17 +22,40 @@ def is_vision_language(model: nn.Module) -> bool:
     return hasattr(model.config, "vision_config") and hasattr(model, "get_image_features")
 
 
-def tiny_paligemma(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, image_size: int,
-                   patch_size: int, image_token_index: int) -> nn.Module:
+def tiny_paligemma(
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    image_size: int,
+    patch_size: int,
+    image_token_index: int,
+) -> nn.Module:
     from transformers import GemmaConfig, PaliGemmaConfig, PaliGemmaForConditionalGeneration, SiglipVisionConfig
 
-    vision = SiglipVisionConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                                num_attention_heads=num_heads, image_size=image_size, patch_size=patch_size)
-    text = GemmaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                       num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
-                       head_dim=hidden_size // num_heads)
-    config = PaliGemmaConfig(vision_config=vision.to_dict(), text_config=text.to_dict(), projection_dim=hidden_size,
-                             image_token_index=image_token_index)
+    vision = SiglipVisionConfig(
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        image_size=image_size,
+        patch_size=patch_size,
+    )
+    text = GemmaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        head_dim=hidden_size // num_heads,
+    )
+    config = PaliGemmaConfig(
+        vision_config=vision.to_dict(),
+        text_config=text.to_dict(),
+        projection_dim=hidden_size,
+        image_token_index=image_token_index,
+    )
     return PaliGemmaForConditionalGeneration(config)
 
 
@@ -52,8 +75,9 @@ class ImageTokens(nn.Module):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         pixels = images.to(self.mean.device).permute(0, 3, 1, 2).float() / 255.0
         if tuple(pixels.shape[-2:]) != self.size:
-            pixels = nn.functional.interpolate(pixels, size=self.size, mode="bilinear", antialias=True,
-                                               align_corners=False)
+            pixels = nn.functional.interpolate(
+                pixels, size=self.size, mode="bilinear", antialias=True, align_corners=False
+            )
         pixels = (pixels - self.mean) / self.std
         if self.per_image_axis:
             pixels = pixels[:, None]

@@ -60,8 +60,9 @@ class ActionExpert(nn.Module):
     """H action tokens ([x_t of one action, time features]) through transformer layers that
     cross-attend to the projected prefix; outputs per token: velocity and noise logits."""
 
-    def __init__(self, prefix_dim: int, action_dim: int, horizon: int, time_features: int, width: int, layers: int,
-                 heads: int):
+    def __init__(
+        self, prefix_dim: int, action_dim: int, horizon: int, time_features: int, width: int, layers: int, heads: int
+    ):
         super().__init__()
         self.horizon, self.action_dim = horizon, action_dim
         self.memory = nn.Linear(prefix_dim, width)
@@ -75,13 +76,15 @@ class ActionExpert(nn.Module):
             nn.init.normal_(head.weight, std=0.01)
             nn.init.zeros_(head.bias)
 
-    def forward(self, prefix: torch.Tensor, padding: torch.Tensor, x: torch.Tensor, times: torch.Tensor
-                ) -> torch.Tensor:
+    def forward(
+        self, prefix: torch.Tensor, padding: torch.Tensor, x: torch.Tensor, times: torch.Tensor
+    ) -> torch.Tensor:
         """Output tokens (B, H, width) for noisy chunks x (B, H x A) at time features (B, F)."""
         actions = x.view(-1, self.horizon, self.action_dim)
         inputs = torch.cat([actions, times[:, None].expand(-1, self.horizon, -1)], -1)
-        return self.decoder(self.action_in(inputs) + self.position, self.memory(prefix),
-                            memory_key_padding_mask=padding)
+        return self.decoder(
+            self.action_in(inputs) + self.position, self.memory(prefix), memory_key_padding_mask=padding
+        )
 
 
 class VLMExpertPolicy(FlowPolicy):
@@ -111,8 +114,15 @@ class VLMExpertPolicy(FlowPolicy):
 
     def _build_heads(self, context_dim: int) -> None:
         cfg = self.cfg
-        self.expert = ActionExpert(context_dim, self.spec.action_dim, cfg.horizon, cfg.time_features,
-                                   cfg.expert_width, cfg.expert_layers, cfg.expert_heads)
+        self.expert = ActionExpert(
+            context_dim,
+            self.spec.action_dim,
+            cfg.horizon,
+            cfg.time_features,
+            cfg.expert_width,
+            cfg.expert_layers,
+            cfg.expert_heads,
+        )
         value_dim = context_dim if cfg.value_from == "prefix" else cfg.expert_width
         self.critic = mlp([value_dim, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
 
@@ -121,14 +131,21 @@ class VLMExpertPolicy(FlowPolicy):
     # (and selects rows of it) as it does the state vector of `policy=flow`.
     def _state(self, observation: Observation) -> torch.Tensor:
         state = self.normalizer(observation.state.to(self.low.device, torch.float32))
-        embeddings, mask = prefix_embeddings(observation, self.backbone.get_input_embeddings(), self.instructions,
-                                             self.cfg.max_instruction_tokens, self.image_tokens, self.cameras,
-                                             self.state_embedding(state))
+        embeddings, mask = prefix_embeddings(
+            observation,
+            self.backbone.get_input_embeddings(),
+            self.instructions,
+            self.cfg.max_instruction_tokens,
+            self.image_tokens,
+            self.cameras,
+            self.state_embedding(state),
+        )
         out = self.backbone(inputs_embeds=embeddings, attention_mask=mask, output_hidden_states=True)
         return torch.cat([out.hidden_states[-1], mask[..., None].to(embeddings.dtype)], -1)
 
-    def _field(self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _field(
+        self, context: torch.Tensor, x: torch.Tensor, t: torch.Tensor, noise: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         tokens = self._expert(context, x, t)
         velocity = self.expert.velocity(tokens).reshape(x.shape)
         return velocity, self.expert.noise(tokens).reshape(x.shape) if noise else None

@@ -71,8 +71,10 @@ class Robot(ABC):
     def hold_action(self) -> np.ndarray:
         """The action that keeps the robot where it is (the watchdog's `hold`). Robots that can
         tell (position control) override this."""
-        raise RobotError(f"{type(self).__name__} cannot tell which action holds its position; where zero "
-                         f"means 'stay' (velocity or delta control) use safety.safe_action=zero")
+        raise RobotError(
+            f"{type(self).__name__} cannot tell which action holds its position; where zero "
+            f"means 'stay' (velocity or delta control) use safety.safe_action=zero"
+        )
 
     def end_effector_position(self) -> np.ndarray | None:
         """(3,) metres in the base frame, for the safety layer's workspace box; None if unknown."""

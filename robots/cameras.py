@@ -36,7 +36,7 @@ def fit_image(frame: np.ndarray, size: tuple[int, int] | None) -> np.ndarray:
     scale = min(height / target_h, width / target_w)
     crop_h, crop_w = int(round(target_h * scale)), int(round(target_w * scale))
     top, left = (height - crop_h) // 2, (width - crop_w) // 2
-    cropped = frame[top:top + crop_h, left:left + crop_w]
+    cropped = frame[top : top + crop_h, left : left + crop_w]
     shrinking = crop_h > target_h
     return cv2.resize(cropped, (target_w, target_h), interpolation=cv2.INTER_AREA if shrinking else cv2.INTER_LINEAR)
 
@@ -94,7 +94,9 @@ class OpenCVCamera(Camera):
         while self._frame is None:
             if self._error or time.monotonic() > deadline:
                 self.disconnect()
-                raise CameraError(f"camera '{self.name}' gave no frame within {timeout_s:.0f} s: {self._error or 'silent'}")
+                raise CameraError(
+                    f"camera '{self.name}' gave no frame within {timeout_s:.0f} s: {self._error or 'silent'}"
+                )
             time.sleep(0.005)
 
     def _run(self) -> None:

@@ -23,13 +23,13 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from embodied.core.errors import ConfigError
 from embodied.core.episodes import Episode
+from embodied.core.errors import ConfigError
 from embodied.robots.base import Robot, RobotObservation
 from embodied.robots.broker import ChunkBroker, check_mode
 from embodied.robots.policy_client import ActionReply, PolicyClient, ServerError
-from embodied.robots.safety import SafetyConfig, SafetyLayer
 from embodied.robots.recording import DatasetRecorder, RecordingConfig, RecordingError
+from embodied.robots.safety import SafetyConfig, SafetyLayer
 from embodied.robots.teleop import Teleop
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ class TeleopConfig:
     release: int = 10  # oracle: hand back after this many ticks of agreement
     max_takeover: int = 0  # oracle: ... or after driving this many ticks (0: no limit)
     leader: dict = field(default_factory=dict)  # leader: lerobot's teleoperator config ({type: so101_leader, port, id})
-    engage_tolerance: Optional[float] = 5.0  # leader: take over only within this of the follower's pose (null: no check)
+    engage_tolerance: Optional[float] = (
+        5.0  # leader: take over only within this of the follower's pose (null: no check)
+    )
 
 
 @dataclass
@@ -84,13 +86,18 @@ def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {}
     array = np.asarray(values)
-    return {"p50": float(np.percentile(array, 50)), "p99": float(np.percentile(array, 99)),
-            "max": float(array.max()), "n": int(array.size)}
+    return {
+        "p50": float(np.percentile(array, 50)),
+        "p99": float(np.percentile(array, 99)),
+        "max": float(array.max()),
+        "n": int(array.size),
+    }
 
 
 class RobotClient:
-    def __init__(self, robot: Robot, policy: PolicyClient, config: RobotClientConfig, output: Path,
-                 teleop: Teleop | None = None):
+    def __init__(
+        self, robot: Robot, policy: PolicyClient, config: RobotClientConfig, output: Path, teleop: Teleop | None = None
+    ):
         self.robot = robot
         self.policy = policy
         self.teleop = teleop
@@ -103,7 +110,9 @@ class RobotClient:
         if not self.control_hz:
             raise ConfigError("the robot reports no control rate; set control_hz")
         self.period = 1.0 / self.control_hz
-        self.max_steps = config.max_episode_steps if config.max_episode_steps is not None else self.spec.max_episode_steps
+        self.max_steps = (
+            config.max_episode_steps if config.max_episode_steps is not None else self.spec.max_episode_steps
+        )
         if not self.max_steps:
             raise ConfigError("the robot has no episode limit; set max_episode_steps")
         self.safety = SafetyLayer(config.safety, self.spec)
@@ -119,8 +128,9 @@ class RobotClient:
         self.round_trip_ms: list[float] = []
         self.server_ms: list[float] = []
         self.overrun_ticks = 0  # ticks dropped because the loop fell more than a tick behind
-        self.sources: dict[str, int] = {name: 0 for name in ("policy", "teleop", "watchdog", "estop", "workspace",
-                                                              "non_finite", "none")}
+        self.sources: dict[str, int] = {
+            name: 0 for name in ("policy", "teleop", "watchdog", "estop", "workspace", "non_finite", "none")
+        }
         self.feedback: dict[str, Any] = {}  # what the robot did since the last request, sent with the next
         self.learning = False  # the server learns from our episodes (its welcome says so)
         self.outcome_cameras: list[str] = []  # cameras whose outcome frames go with each episode (the welcome's)
@@ -186,14 +196,25 @@ class RobotClient:
         self.outcome_cameras = list(metadata.get("outcome_cameras") or []) if self.learning else []
         missing = [camera for camera in self.outcome_cameras if camera not in self.spec.image_shapes]
         if missing:
-            raise ConfigError(f"the learning server's reward classifier reads cameras {missing}, which robot "
-                              f"'{self.robot.name}' does not have (it has {sorted(self.spec.image_shapes) or 'none'})")
+            raise ConfigError(
+                f"the learning server's reward classifier reads cameras {missing}, which robot "
+                f"'{self.robot.name}' does not have (it has {sorted(self.spec.image_shapes) or 'none'})"
+            )
         if self.learning:
-            logger.info("the server learns: each finished episode is sent to it%s",
-                        f", with what each tick led to on {self.outcome_cameras} (its reward classifier reads them)"
-                        if self.outcome_cameras else "")
-        logger.info("server ping %.2f ms; policy '%s' version %s, chunk %d, executing %d per query",
-                    self.policy.ping(), metadata.get("policy"), metadata.get("policy_version"), chunk_size, steps)
+            logger.info(
+                "the server learns: each finished episode is sent to it%s",
+                f", with what each tick led to on {self.outcome_cameras} (its reward classifier reads them)"
+                if self.outcome_cameras
+                else "",
+            )
+        logger.info(
+            "server ping %.2f ms; policy '%s' version %s, chunk %d, executing %d per query",
+            self.policy.ping(),
+            metadata.get("policy"),
+            metadata.get("policy_version"),
+            chunk_size,
+            steps,
+        )
 
     def _send_safe_once(self) -> None:
         """On the way out (quit, Ctrl-C, error): leave the robot holding still."""
@@ -254,12 +275,23 @@ class RobotClient:
                 self.act_ms.append(entry["act_ms"])
                 outcome = self.robot.outcome()
                 if self.recorder is not None and observation is not None:
-                    self.recorder.add(observation.state, observation.images, previous, policy_action,
-                                      source == "teleop", outcome.reward, source in SAFETY_SOURCES)
+                    self.recorder.add(
+                        observation.state,
+                        observation.images,
+                        previous,
+                        policy_action,
+                        source == "teleop",
+                        outcome.reward,
+                        source in SAFETY_SOURCES,
+                    )
                 if self.learning and observation is not None:
-                    for key, value in (("states", observation.state), ("actions", previous),
-                                       ("rewards", outcome.reward), ("intervened", source == "teleop"),
-                                       ("images", {c: observation.images[c] for c in self.outcome_cameras})):
+                    for key, value in (
+                        ("states", observation.state),
+                        ("actions", previous),
+                        ("rewards", outcome.reward),
+                        ("intervened", source == "teleop"),
+                        ("images", {c: observation.images[c] for c in self.outcome_cameras}),
+                    ):
                         learned[key].append(value)
                 episode_return += outcome.reward
                 terminated = terminated or outcome.terminated
@@ -287,11 +319,15 @@ class RobotClient:
             outcomes = [*learned["images"][1:], {c: final.images[c] for c in self.outcome_cameras}]
             episode = Episode(
                 states=np.asarray([*learned["states"], final.state], np.float32),
-                actions=np.asarray(learned["actions"], np.float32), rewards=np.asarray(learned["rewards"], np.float32),
+                actions=np.asarray(learned["actions"], np.float32),
+                rewards=np.asarray(learned["rewards"], np.float32),
                 intervened=np.asarray(learned["intervened"], bool),
-                terminated=terminated or label in ("success", "failure"), success=success,
-                instruction=self.instruction, policy_version=self.server_metadata.get("policy_version"),
-                outcome_images={c: np.stack([frames[c] for frames in outcomes]) for c in self.outcome_cameras})
+                terminated=terminated or label in ("success", "failure"),
+                success=success,
+                instruction=self.instruction,
+                policy_version=self.server_metadata.get("policy_version"),
+                outcome_images={c: np.stack([frames[c] for frames in outcomes]) for c in self.outcome_cameras},
+            )
             result["learner"] = self._send_episode(episode)
         return {**result, "rerecorded": True} if label == "rerecord" else result
 
@@ -315,9 +351,15 @@ class RobotClient:
             self.learning_finished = True
         return {"taken": True, "transitions": episode.length, "policy_version": version}
 
-    def _teleoperate(self, command: np.ndarray | None, source: str, previous: np.ndarray | None,
-                     position: np.ndarray | None, entry: dict[str, Any], label: str | None
-                     ) -> tuple[np.ndarray | None, str, str | None]:
+    def _teleoperate(
+        self,
+        command: np.ndarray | None,
+        source: str,
+        previous: np.ndarray | None,
+        position: np.ndarray | None,
+        entry: dict[str, Any],
+        label: str | None,
+    ) -> tuple[np.ndarray | None, str, str | None]:
         """The operator's action in place of the policy's while intervening, through the same
         safety layer; both are logged with the flag."""
         assert self.teleop is not None
@@ -342,8 +384,9 @@ class RobotClient:
             if reply is not None:
                 self._take(reply, tick, entry)
 
-    def _exchange(self, tick: int, target: float, entry: dict[str, Any],
-                  observation: RobotObservation | None = None) -> None:
+    def _exchange(
+        self, tick: int, target: float, entry: dict[str, Any], observation: RobotObservation | None = None
+    ) -> None:
         """Talk to the server for this tick: ask when the broker wants a chunk (with
         `observation`, or a fresh one), and wait at most `latency_budget` of a tick for an
         answer this tick needs."""
@@ -370,8 +413,9 @@ class RobotClient:
             self.server_ms.append(reply.timing["server_ms"])
         entry.update(round_trip_ms=reply.round_trip_ms, policy_version=reply.policy_version, **reply.timing)
 
-    def _decide(self, tick: int, now: float, previous: np.ndarray | None,
-                position: np.ndarray | None) -> tuple[np.ndarray | None, str]:
+    def _decide(
+        self, tick: int, now: float, previous: np.ndarray | None, position: np.ndarray | None
+    ) -> tuple[np.ndarray | None, str]:
         assert self.broker is not None
         if self.safety.estopped:
             self.broker.clear()  # after the reset, act on a fresh observation, not a pre-stop plan
@@ -409,9 +453,13 @@ class RobotClient:
             "rerecorded_episodes": sum(bool(e.get("rerecorded")) for e in self.episodes),
             "connection": dict(self.policy.counts),
             "learner": self.episodes_learned if self.learning else None,
-            "dataset": None if self.recorder is None else {"root": str(self.recorder.root),
-                                                           "episodes_saved": self.recorder.saved,
-                                                           "frames_that_waited": self.recorder.waits},
+            "dataset": None
+            if self.recorder is None
+            else {
+                "root": str(self.recorder.root),
+                "episodes_saved": self.recorder.saved,
+                "frames_that_waited": self.recorder.waits,
+            },
             "broker": asdict(self.config.broker),
             "error": None if error is None else f"{type(error).__name__}: {error}",
         }

@@ -43,8 +43,10 @@ def import_lerobot_dataset() -> type:
     try:
         import torch
     except ImportError:
-        raise ImportError(f"the dataset library needs torch, which {sys.executable} lacks: tools/setup.sh makes "
-                          f".venv-dataset, or set record.python") from None
+        raise ImportError(
+            f"the dataset library needs torch, which {sys.executable} lacks: tools/setup.sh makes "
+            f".venv-dataset, or set record.python"
+        ) from None
     try:
         import torchvision  # noqa: F401
     except RuntimeError as error:
@@ -61,9 +63,11 @@ def import_lerobot_dataset() -> type:
         try:
             from lerobot.datasets.lerobot_dataset import LeRobotDataset  # lerobot itself, where installed
         except ImportError:
-            raise ImportError(f"no LeRobotDataset library for {sys.executable}: tools/setup.sh makes .venv-dataset "
-                              f"(pip install -r tools/dataset-requirements.txt), or set record.python to an "
-                              f"interpreter that has lerobot-dataset or lerobot") from None
+            raise ImportError(
+                f"no LeRobotDataset library for {sys.executable}: tools/setup.sh makes .venv-dataset "
+                f"(pip install -r tools/dataset-requirements.txt), or set record.python to an "
+                f"interpreter that has lerobot-dataset or lerobot"
+            ) from None
     return LeRobotDataset
 
 
@@ -84,9 +88,14 @@ class EpisodeWriter:
             self._check_matches()
         else:
             clear_stub(self.root)
-            self.dataset = self.dataset_class.create(self.repo_id, fps=self.fps, root=self.root, features=self.features,
-                                                     use_videos=bool(request["use_videos"]),
-                                                     image_writer_threads=IMAGE_WRITER_THREADS)
+            self.dataset = self.dataset_class.create(
+                self.repo_id,
+                fps=self.fps,
+                root=self.root,
+                features=self.features,
+                use_videos=bool(request["use_videos"]),
+                image_writer_threads=IMAGE_WRITER_THREADS,
+            )
         self.frames = 0  # in the episode in progress
 
     def _reopen(self) -> Any:
@@ -96,13 +105,17 @@ class EpisodeWriter:
 
     def _check_matches(self) -> None:
         if int(self.dataset.fps) != self.fps:
-            raise ValueError(f"the dataset at {self.root} runs at {self.dataset.fps} fps, this robot at {self.fps}: "
-                             f"record into another dataset")
+            raise ValueError(
+                f"the dataset at {self.root} runs at {self.dataset.fps} fps, this robot at {self.fps}: "
+                f"record into another dataset"
+            )
         have = {key: (value["dtype"], tuple(value["shape"])) for key, value in self.dataset.features.items()}
         for key, value in self.features.items():
             if have.get(key) != (value["dtype"], tuple(value["shape"])):
-                raise ValueError(f"the dataset at {self.root} has {key}={have.get(key)}, this robot records "
-                                 f"{(value['dtype'], tuple(value['shape']))}: record into another dataset")
+                raise ValueError(
+                    f"the dataset at {self.root} has {key}={have.get(key)}, this robot records "
+                    f"{(value['dtype'], tuple(value['shape']))}: record into another dataset"
+                )
 
     @property
     def episodes(self) -> int:

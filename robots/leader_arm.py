@@ -30,19 +30,29 @@ class LeaderArmTeleop(Teleop):
     follower's action names in its action order; None (a robot that does not name them):
     the leader's own order, which must have as many entries as the action."""
 
-    def __init__(self, device: Any, action_dim: int, action_names: list[str] | None = None,
-                 engage_tolerance: float | None = 5.0, driving: bool = False):
+    def __init__(
+        self,
+        device: Any,
+        action_dim: int,
+        action_names: list[str] | None = None,
+        engage_tolerance: float | None = 5.0,
+        driving: bool = False,
+    ):
         self.device = device
         features = list(device.action_features)
         if action_names is None:
             if len(features) != action_dim:
-                raise ConfigError(f"the leader arm has {len(features)} action features ({', '.join(features)}) and the "
-                                  f"robot takes {action_dim} actions; without action names they must match one to one")
+                raise ConfigError(
+                    f"the leader arm has {len(features)} action features ({', '.join(features)}) and the "
+                    f"robot takes {action_dim} actions; without action names they must match one to one"
+                )
             action_names = features
         missing = [name for name in action_names if name not in features]
         if missing:
-            raise ConfigError(f"the leader arm has no reading for the robot's actions {', '.join(missing)} "
-                              f"(it has {', '.join(features)})")
+            raise ConfigError(
+                f"the leader arm has no reading for the robot's actions {', '.join(missing)} "
+                f"(it has {', '.join(features)})"
+            )
         if engage_tolerance is not None and engage_tolerance <= 0:
             raise ConfigError(f"teleop.engage_tolerance must be > 0 (or null: no check), got {engage_tolerance}")
         self.action_names = list(action_names)
@@ -86,8 +96,13 @@ class LeaderArmTeleop(Teleop):
         now = time.monotonic()
         if now - self._warned > WARN_EVERY_S:
             worst = int(gap.argmax())
-            logger.warning("bring the leader arm to the follower's pose to take over: '%s' is %.1f off "
-                           "(teleop.engage_tolerance=%.1f)", self.action_names[worst], gap[worst], self.engage_tolerance)
+            logger.warning(
+                "bring the leader arm to the follower's pose to take over: '%s' is %.1f off "
+                "(teleop.engage_tolerance=%.1f)",
+                self.action_names[worst],
+                gap[worst],
+                self.engage_tolerance,
+            )
             self._warned = now
         return False
 
@@ -102,8 +117,10 @@ def open_leader_arm(config: dict) -> Any:
         import draccus
         from lerobot.teleoperators import TeleoperatorConfig, make_teleoperator_from_config
     except ImportError as error:
-        raise ConfigError(f"teleop=leader needs lerobot installed on this machine ({error}); see lerobot's "
-                          f"installation guide for your arm") from None
+        raise ConfigError(
+            f"teleop=leader needs lerobot installed on this machine ({error}); see lerobot's "
+            f"installation guide for your arm"
+        ) from None
     try:  # registers the type's config class where the package does not import it itself
         importlib.import_module(f"lerobot.teleoperators.{config['type']}")
     except ImportError:

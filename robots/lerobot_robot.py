@@ -29,7 +29,9 @@ from embodied.robots.cameras import Camera, CameraError, fit_image
 @dataclass
 class LeRobotConfig:
     name: str = "lerobot"
-    robot: dict = field(default_factory=dict)  # lerobot's own robot config, e.g. {type: so101_follower, port: ..., id: ...}
+    robot: dict = field(
+        default_factory=dict
+    )  # lerobot's own robot config, e.g. {type: so101_follower, port: ..., id: ...}
     action_low: list[float] = field(default_factory=list)
     action_high: list[float] = field(default_factory=list)
     control_hz: float = 30.0
@@ -51,8 +53,10 @@ class LeRobotRobot(Robot):
         self.image_keys = [key for key, kind in features.items() if isinstance(kind, tuple)]
         self.action_keys = list(device.action_features)
         if len(cfg.action_low) != len(self.action_keys) or len(cfg.action_high) != len(self.action_keys):
-            raise ConfigError(f"robot.action_low and robot.action_high need {len(self.action_keys)} values, "
-                              f"one per action feature: {', '.join(self.action_keys)}")
+            raise ConfigError(
+                f"robot.action_low and robot.action_high need {len(self.action_keys)} values, "
+                f"one per action feature: {', '.join(self.action_keys)}"
+            )
         size = tuple(cfg.image_size) if cfg.image_size else None
         self._image_size = size
         self._spec = EnvSpec(
@@ -102,8 +106,10 @@ class LeRobotRobot(Robot):
         reading from the last query could be a second old, and commanding it moves the arm)."""
         unread = [key for key in self.action_keys if key not in self.state_keys]
         if unread:
-            raise RobotError(f"{self.name}: no reading for action features {', '.join(unread)} to hold at; "
-                             f"the robot's observation must report each commanded joint")
+            raise RobotError(
+                f"{self.name}: no reading for action features {', '.join(unread)} to hold at; "
+                f"the robot's observation must report each commanded joint"
+            )
         raw = self.device.get_observation()
         return np.asarray([raw[key] for key in self.action_keys], dtype=np.float32)
 
@@ -149,6 +155,8 @@ def make_lerobot_robot(cfg: LeRobotConfig) -> Robot:
 
         importlib.import_module(f"lerobot.robots.{cfg.robot['type']}")  # registers the type's config class
     except ImportError as error:
-        raise ConfigError(f"robot=lerobot needs lerobot with robot type '{cfg.robot['type']}' installed on this "
-                          f"machine ({error}); see lerobot's installation guide for your robot") from None
+        raise ConfigError(
+            f"robot=lerobot needs lerobot with robot type '{cfg.robot['type']}' installed on this "
+            f"machine ({error}); see lerobot's installation guide for your robot"
+        ) from None
     return LeRobotRobot(make_robot_from_config(draccus.decode(RobotConfig, dict(cfg.robot))), cfg)

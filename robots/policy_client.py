@@ -4,8 +4,9 @@ replies, and reconnection that never blocks the control loop.
 A request that gets no answer within `request_timeout_s` means the server is gone: the socket
 is dropped (so queued stale requests are never delivered) and a new one says hello every
 `retry_s` until a server welcomes it; the session id in the hello lets the server replace
-the old registration, and a server that comes back with another policy is refused. Meanwhile `poll` returns nothing and the control loop's
-watchdog holds the robot safe. Numpy and pyzmq only: no torch on the robot."""
+the old registration, and a server that comes back with another policy is refused. Meanwhile
+`poll` returns nothing and the control loop's watchdog holds the robot safe. Numpy and pyzmq
+only: no torch on the robot."""
 
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ class NoPolicy:
     def close(self) -> None:
         pass
 
-    def request(self, observation: RobotObservation, tick: int, instruction: str,
-                feedback: dict[str, Any] | None = None) -> bool:
+    def request(
+        self, observation: RobotObservation, tick: int, instruction: str, feedback: dict[str, Any] | None = None
+    ) -> bool:
         return False
 
     def poll(self, timeout_s: float) -> None:
@@ -84,8 +86,15 @@ class NoPolicy:
 
 
 class PolicyClient:
-    def __init__(self, endpoint: str, spec: EnvSpec, name: str = "robot", keys_dir: str | None = None,
-                 request_timeout_s: float = 2.0, retry_s: float = 1.0):
+    def __init__(
+        self,
+        endpoint: str,
+        spec: EnvSpec,
+        name: str = "robot",
+        keys_dir: str | None = None,
+        request_timeout_s: float = 2.0,
+        retry_s: float = 1.0,
+    ):
         self.endpoint = endpoint
         self.spec = spec
         self.name = name
@@ -105,7 +114,8 @@ class PolicyClient:
         self._hello_sent = 0.0
         self._last_sent = 0.0
         self.counts: collections.Counter[str] = collections.Counter(
-            {"malformed_replies": 0, "server_errors": 0, "timeouts": 0, "reconnects": 0})
+            {"malformed_replies": 0, "server_errors": 0, "timeouts": 0, "reconnects": 0}
+        )
 
     @property
     def connected(self) -> bool:
@@ -131,8 +141,16 @@ class PolicyClient:
         return self.seq
 
     def _say_hello(self) -> None:
-        self._hello_seq = self._send("hello", {"protocol": PROTOCOL_VERSION, "role": "robot", "name": self.name,
-                                               "session": self.session, "spec": plain(self.spec.to_dict())})
+        self._hello_seq = self._send(
+            "hello",
+            {
+                "protocol": PROTOCOL_VERSION,
+                "role": "robot",
+                "name": self.name,
+                "session": self.session,
+                "spec": plain(self.spec.to_dict()),
+            },
+        )
         self._hello_sent = time.monotonic()
 
     def connect(self, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -141,8 +159,10 @@ class PolicyClient:
         deadline = time.monotonic() + timeout_s
         while not self.connected:
             if time.monotonic() > deadline:
-                raise ServerError(f"no policy server answered at {self.endpoint} within {timeout_s:.0f} s; "
-                                  f"start one with `embodied serve checkpoint=<run dir> endpoint={self.endpoint}`")
+                raise ServerError(
+                    f"no policy server answered at {self.endpoint} within {timeout_s:.0f} s; "
+                    f"start one with `embodied serve checkpoint=<run dir> endpoint={self.endpoint}`"
+                )
             self.poll(0.05)
         return self.metadata  # type: ignore[return-value]
 
@@ -180,22 +200,30 @@ class PolicyClient:
         self.in_flight = None
 
     # ---- requests -------------------------------------------------------------------------
-    def request(self, observation: RobotObservation, tick: int, instruction: str,
-                feedback: dict[str, Any] | None = None) -> bool:
+    def request(
+        self, observation: RobotObservation, tick: int, instruction: str, feedback: dict[str, Any] | None = None
+    ) -> bool:
         """Send an observation unless one is on its way or the server is not connected.
         `feedback`: what the robot did since the last request (reward, executed action,
         intervened ticks), for a learner on the other side."""
         if not self.connected or self.in_flight is not None:
             return False
-        body = {"tick": tick, "observation": {"state": np.asarray(observation.state, dtype=np.float32),
-                                              "images": observation.images, "instruction": instruction}}
+        body = {
+            "tick": tick,
+            "observation": {
+                "state": np.asarray(observation.state, dtype=np.float32),
+                "images": observation.images,
+                "instruction": instruction,
+            },
+        }
         if feedback:
             body["feedback"] = feedback
         self.in_flight = (self._send("infer", body), tick, time.monotonic())
         return True
 
-    def infer(self, observation: RobotObservation | dict[str, Any], instruction: str = "",
-              timeout_s: float | None = None) -> np.ndarray:
+    def infer(
+        self, observation: RobotObservation | dict[str, Any], instruction: str = "", timeout_s: float | None = None
+    ) -> np.ndarray:
         """One call from an observation to an action chunk, float32 (C, A): connects on first
         use, sends the observation and blocks for its answer. For scripts and evaluation
         harnesses; a control loop uses `request` and `poll` so that it never blocks.
@@ -203,8 +231,9 @@ class PolicyClient:
         that does not answer within `timeout_s` (default `request_timeout_s`), is a
         ServerError; the next call reconnects."""
         if isinstance(observation, dict):
-            observation = RobotObservation(state=np.asarray(observation["state"], dtype=np.float32),
-                                           images=dict(observation.get("images", {})))
+            observation = RobotObservation(
+                state=np.asarray(observation["state"], dtype=np.float32), images=dict(observation.get("images", {}))
+            )
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         if not self.connected:
             self.connect(timeout_s)
@@ -218,8 +247,10 @@ class PolicyClient:
             if reply is not None:
                 return reply.actions
             if self.in_flight is None:  # answered by an error, or the connection was reset
-                raise ServerError(f"the policy server at {self.endpoint} did not answer with an action: "
-                                  f"{self.last_error or 'the connection was reset'}")
+                raise ServerError(
+                    f"the policy server at {self.endpoint} did not answer with an action: "
+                    f"{self.last_error or 'the connection was reset'}"
+                )
         self.counts["timeouts"] += 1
         self.close()
         raise ServerError(f"the policy server at {self.endpoint} gave no action within {timeout_s:.1f} s")
@@ -276,17 +307,29 @@ class PolicyClient:
             return
         if self.first_metadata is None:
             self.first_metadata = body
-            logger.info("connected to policy '%s' version %s at %s", body.get("policy"),
-                        body.get("policy_version"), self.endpoint)
+            logger.info(
+                "connected to policy '%s' version %s at %s",
+                body.get("policy"),
+                body.get("policy_version"),
+                self.endpoint,
+            )
         else:
-            changed = [key for key in ("policy", "chunk_size", "normalization_id", "spec")
-                       if body.get(key) != self.first_metadata.get(key)]
+            changed = [
+                key
+                for key in ("policy", "chunk_size", "normalization_id", "spec")
+                if body.get(key) != self.first_metadata.get(key)
+            ]
             if changed:
-                raise ServerError(f"the policy server at {self.endpoint} came back with another policy "
-                                  f"({', '.join(changed)} changed); restart the robot client to use it")
+                raise ServerError(
+                    f"the policy server at {self.endpoint} came back with another policy "
+                    f"({', '.join(changed)} changed); restart the robot client to use it"
+                )
             if body.get("policy_version") != self.first_metadata.get("policy_version"):
-                logger.warning("the policy server came back with policy version %s (was %s)",
-                               body.get("policy_version"), self.first_metadata.get("policy_version"))
+                logger.warning(
+                    "the policy server came back with policy version %s (was %s)",
+                    body.get("policy_version"),
+                    self.first_metadata.get("policy_version"),
+                )
         self.metadata = body
 
     def _action(self, message: Message) -> ActionReply | None:
@@ -300,8 +343,10 @@ class PolicyClient:
         actions = body.get("actions")
         expected = (self.metadata["chunk_size"], self.spec.action_dim) if self.metadata else None
         if not isinstance(actions, np.ndarray) or actions.dtype != np.float32 or actions.shape != expected:
-            self._reject(f"actions must be float32 {expected}, got "
-                         f"{getattr(actions, 'dtype', type(actions).__name__)} {getattr(actions, 'shape', '')}")
+            self._reject(
+                f"actions must be float32 {expected}, got "
+                f"{getattr(actions, 'dtype', type(actions).__name__)} {getattr(actions, 'shape', '')}"
+            )
             return None
         if not np.all(np.isfinite(actions)):
             self._reject("actions contain NaN or infinity")
@@ -309,10 +354,17 @@ class PolicyClient:
         timing = body.get("timing") if isinstance(body.get("timing"), dict) else {}
         version = body.get("policy_version")
         self.in_flight = None
-        return ActionReply(actions=actions, tick=tick, policy_version=version if isinstance(version, int) else None,
-                           round_trip_ms=(time.monotonic() - sent) * 1000,
-                           timing={key: float(timing[key]) for key in TIMING_KEYS
-                                   if isinstance(timing.get(key), (int, float)) and math.isfinite(timing[key])})
+        return ActionReply(
+            actions=actions,
+            tick=tick,
+            policy_version=version if isinstance(version, int) else None,
+            round_trip_ms=(time.monotonic() - sent) * 1000,
+            timing={
+                key: float(timing[key])
+                for key in TIMING_KEYS
+                if isinstance(timing.get(key), (int, float)) and math.isfinite(timing[key])
+            },
+        )
 
     @property
     def learning(self) -> bool:

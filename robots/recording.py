@@ -123,8 +123,11 @@ def dataset_features(spec: dict[str, Any], use_videos: bool) -> dict[str, dict[s
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
     }
     for camera, shape in dict(spec.get("image_shapes") or {}).items():
-        features[f"observation.images.{camera}"] = {"dtype": "video" if use_videos else "image",
-                                                    "shape": tuple(shape), "names": ["height", "width", "channel"]}
+        features[f"observation.images.{camera}"] = {
+            "dtype": "video" if use_videos else "image",
+            "shape": tuple(shape),
+            "names": ["height", "width", "channel"],
+        }
     return features
 
 
@@ -141,6 +144,7 @@ def writer_python(config: RecordingConfig) -> str:
     checkout = checkout_root()
     dataset_python = checkout / ".venv-dataset" / "bin" / "python" if checkout is not None else None
     return str(dataset_python) if dataset_python is not None and dataset_python.is_file() else sys.executable
+
 
 class DatasetRecorder:
     """Writes episodes through a writer process. Frames of the episode in progress are held
@@ -178,35 +182,59 @@ class DatasetRecorder:
         """Start the writer and open (or create) the dataset; returns its episode count."""
         command = [writer_python(self.config), "-m", "embodied.robots.dataset_writer"]
         environment = {**os.environ, "HF_HUB_OFFLINE": "1"}  # a local dataset: never ask a hub
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment,
-                                        start_new_session=True)  # Ctrl-C is the client's to handle
-        self._sender = threading.Thread(target=self._send_loop, args=(self.process.stdin,), name="dataset-sender",
-                                        daemon=True)
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=environment, start_new_session=True
+        )  # Ctrl-C is the client's to handle
+        self._sender = threading.Thread(
+            target=self._send_loop, args=(self.process.stdin,), name="dataset-sender", daemon=True
+        )
         self._sender.start()
-        reply = self._ask({"kind": WriterRequest.OPEN.value, "root": str(self.root), "repo_id": self.config.repo_id,
-                           "fps": self.fps, "spec": self.spec.to_dict(), "use_videos": self.config.use_videos,
-                           "partial": self.config.partial, "finalize_every": self.config.finalize_every})
+        reply = self._ask(
+            {
+                "kind": WriterRequest.OPEN.value,
+                "root": str(self.root),
+                "repo_id": self.config.repo_id,
+                "fps": self.fps,
+                "spec": self.spec.to_dict(),
+                "use_videos": self.config.use_videos,
+                "partial": self.config.partial,
+                "finalize_every": self.config.finalize_every,
+            }
+        )
         self.opened = True
         logger.info("recording into %s (%d episodes there already)", self.root, reply["episodes"])
         return int(reply["episodes"])
 
-    def add(self, state: np.ndarray, images: dict[str, np.ndarray], action: np.ndarray,
-            policy_action: np.ndarray | None, intervention: bool, reward: float,
-            safety_override: bool = False) -> None:
+    def add(
+        self,
+        state: np.ndarray,
+        images: dict[str, np.ndarray],
+        action: np.ndarray,
+        policy_action: np.ndarray | None,
+        intervention: bool,
+        reward: float,
+        safety_override: bool = False,
+    ) -> None:
         """One executed step. Shapes are checked here, where the error is clearest."""
         state = np.asarray(state, np.float32).reshape(-1)
         action = np.asarray(action, np.float32).reshape(-1)
         if state.shape != (self.spec.state_dim,) or action.shape != (self.spec.action_dim,):
-            raise RecordingError(f"a frame with state {state.shape} and action {action.shape}; the robot's spec "
-                                 f"says ({self.spec.state_dim},) and ({self.spec.action_dim},)")
+            raise RecordingError(
+                f"a frame with state {state.shape} and action {action.shape}; the robot's spec "
+                f"says ({self.spec.state_dim},) and ({self.spec.action_dim},)"
+            )
         if set(images) != set(self.spec.image_shapes):
-            raise RecordingError(f"a frame with cameras {sorted(images)}; the robot's spec has "
-                                 f"{sorted(self.spec.image_shapes)}")
+            raise RecordingError(
+                f"a frame with cameras {sorted(images)}; the robot's spec has {sorted(self.spec.image_shapes)}"
+            )
         frame: dict[str, Any] = {
             "observation.state": array_to_wire(state),
             "action": array_to_wire(action),
-            "policy_action": array_to_wire(np.full(self.spec.action_dim, np.nan, np.float32) if policy_action is None
-                                           else np.asarray(policy_action, np.float32).reshape(-1)),
+            "policy_action": array_to_wire(
+                np.full(self.spec.action_dim, np.nan, np.float32)
+                if policy_action is None
+                else np.asarray(policy_action, np.float32).reshape(-1)
+            ),
             "intervention": array_to_wire(np.array([bool(intervention)])),
             "safety_override": array_to_wire(np.array([bool(safety_override)])),
             "next.reward": array_to_wire(np.array([reward], np.float32)),
@@ -214,8 +242,10 @@ class DatasetRecorder:
         }
         for camera, image in images.items():
             if tuple(image.shape) != tuple(self.spec.image_shapes[camera]) or image.dtype != np.uint8:
-                raise RecordingError(f"camera '{camera}' gave {image.dtype}{tuple(image.shape)}; the robot's spec "
-                                     f"says uint8{tuple(self.spec.image_shapes[camera])}")
+                raise RecordingError(
+                    f"camera '{camera}' gave {image.dtype}{tuple(image.shape)}; the robot's spec "
+                    f"says uint8{tuple(self.spec.image_shapes[camera])}"
+                )
             frame[f"observation.images.{camera}"] = array_to_wire(image)
         self._flush(done=False, success=False)
         self.pending = frame
@@ -255,8 +285,11 @@ class DatasetRecorder:
     def _flush(self, done: bool, success: bool) -> None:
         if self.pending is None:
             return
-        frame = {**self.pending, "next.done": array_to_wire(np.array([done])),
-                 "next.success": array_to_wire(np.array([success and done]))}
+        frame = {
+            **self.pending,
+            "next.done": array_to_wire(np.array([done])),
+            "next.success": array_to_wire(np.array([success and done])),
+        }
         self.pending = None
         self._send({"kind": WriterRequest.FRAME.value, "frame": frame})
         self.frames += 1
@@ -278,8 +311,9 @@ class DatasetRecorder:
 
     def _send(self, message: dict[str, Any]) -> None:
         if self._send_error is not None or self.process is None:
-            raise RecordingError(f"the dataset writer is gone (status {self.process and self.process.poll()}); "
-                                 f"see its messages above")
+            raise RecordingError(
+                f"the dataset writer is gone (status {self.process and self.process.poll()}); see its messages above"
+            )
         try:
             self._queue.put_nowait(message)
         except queue.Full:
@@ -294,8 +328,9 @@ class DatasetRecorder:
             self._send(message)
             self._queue.join()  # sent whole
             if self._send_error is not None:
-                raise RecordingError(f"the dataset writer exited (status {self.process.poll()}) before '{kind}'; "
-                                     f"see its messages above")
+                raise RecordingError(
+                    f"the dataset writer exited (status {self.process.poll()}) before '{kind}'; see its messages above"
+                )
             reply = self._read_reply(kind)
         except BaseException:
             self.broken = True
@@ -308,12 +343,14 @@ class DatasetRecorder:
         assert self.process is not None and self.process.stdout is not None
         ready, _, _ = select.select([self.process.stdout], [], [], self.config.timeout_s)
         if not ready:
-            raise RecordingError(f"the dataset writer did not answer '{kind}' within {self.config.timeout_s:.0f} s "
-                                 f"(record.timeout_s)")
+            raise RecordingError(
+                f"the dataset writer did not answer '{kind}' within {self.config.timeout_s:.0f} s (record.timeout_s)"
+            )
         reply = read_message(self.process.stdout)
         if reply is None:
-            raise RecordingError(f"the dataset writer exited (status {self.process.wait()}) during '{kind}'; "
-                                 f"see its messages above")
+            raise RecordingError(
+                f"the dataset writer exited (status {self.process.wait()}) during '{kind}'; see its messages above"
+            )
         return reply
 
     def _stop_writer(self) -> None:

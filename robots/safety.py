@@ -79,8 +79,10 @@ class SafetyLayer:
         if np.any(self.low > self.high):
             raise ConfigError("safety.action_low must not exceed safety.action_high in any dimension")
         if config.safe_action == "zero" and (np.any(self.low > 0) or np.any(self.high < 0)):
-            raise ConfigError("safety.safe_action=zero, but zero is outside the action bounds: it cannot be a "
-                              "stay-put command for this robot; use safe_action=hold")
+            raise ConfigError(
+                "safety.safe_action=zero, but zero is outside the action bounds: it cannot be a "
+                "stay-put command for this robot; use safe_action=hold"
+            )
         self.max_delta = _vector(config.max_delta, size, "max_delta")
         if self.max_delta is not None and np.any(self.max_delta <= 0):
             raise ConfigError("safety.max_delta must be > 0 in every dimension")
@@ -102,8 +104,9 @@ class SafetyLayer:
             raise ConfigError("safety.workspace.low must be below safety.workspace.high on every axis")
         if workspace.mode not in WORKSPACE_MODES:
             raise ConfigError(f"safety.workspace.mode must be one of {WORKSPACE_MODES}, got '{workspace.mode}'")
-        if workspace.mode == "ee_delta" and (len(workspace.position_dims) != 3
-                                             or not all(0 <= d < size for d in workspace.position_dims)):
+        if workspace.mode == "ee_delta" and (
+            len(workspace.position_dims) != 3 or not all(0 <= d < size for d in workspace.position_dims)
+        ):
             raise ConfigError(f"safety.workspace.position_dims must name 3 action dimensions below {size}")
 
     def _count(self, name: str, detail: str) -> None:
@@ -112,8 +115,9 @@ class SafetyLayer:
             logger.warning("safety: %s (%d so far): %s", name, self.counts[name], detail)
 
     # ---- policy actions --------------------------------------------------------------
-    def filter(self, action: np.ndarray, previous: np.ndarray | None,
-               position: np.ndarray | None = None) -> tuple[np.ndarray | None, str | None]:
+    def filter(
+        self, action: np.ndarray, previous: np.ndarray | None, position: np.ndarray | None = None
+    ) -> tuple[np.ndarray | None, str | None]:
         """(the action to send instead of `action`, None) or (None, reason) when the safe
         action must be sent instead: `non_finite` (NaN or infinity from the policy) or
         `workspace` (the `stop` mode, outside the box). `previous` is the last action sent;
@@ -139,7 +143,9 @@ class SafetyLayer:
                 self._count("workspace", f"end effector at {np.round(position, 3).tolist()} is outside the box")
                 return None, "workspace"
             if self.workspace.mode == "ee_delta":
-                clipped = np.clip(self._clip_to_box(clipped, np.asarray(position, dtype=np.float64)), self.low, self.high)
+                clipped = np.clip(
+                    self._clip_to_box(clipped, np.asarray(position, dtype=np.float64)), self.low, self.high
+                )
         return clipped.astype(np.float32), None
 
     def _inside(self, position: np.ndarray) -> bool:

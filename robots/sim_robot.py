@@ -16,11 +16,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from embodied.core.env import SingleObservation
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ROBOTS
 from embodied.core.types import EnvSpec
 from embodied.robots.base import EpisodeOutcome, Robot, RobotObservation
-from embodied.core.env import SingleObservation
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,10 @@ class SimRobot(Robot):
         self._last_sent = np.zeros(self.env.spec.action_dim, dtype=np.float32)
         for dim in cfg.hold_keeps_dims:
             if not -self.env.spec.action_dim <= dim < self.env.spec.action_dim:
-                raise ConfigError(f"robot.hold_keeps_dims: {dim} is not an action dimension "
-                                  f"(the robot has {self.env.spec.action_dim})")
+                raise ConfigError(
+                    f"robot.hold_keeps_dims: {dim} is not an action dimension "
+                    f"(the robot has {self.env.spec.action_dim})"
+                )
 
     @property
     def spec(self) -> EnvSpec:
@@ -103,8 +105,12 @@ class SimRobot(Robot):
     def get_observation(self) -> RobotObservation:
         self._require_connected()
         assert self._observation is not None
-        return RobotObservation(state=self._observation.state, images=dict(self._observation.images),
-                                timestamp=time.monotonic(), end_effector_position=self.env.end_effector_position())
+        return RobotObservation(
+            state=self._observation.state,
+            images=dict(self._observation.images),
+            timestamp=time.monotonic(),
+            end_effector_position=self.env.end_effector_position(),
+        )
 
     def end_effector_position(self) -> np.ndarray | None:
         return self.env.end_effector_position()
@@ -115,8 +121,9 @@ class SimRobot(Robot):
         sent = np.clip(np.asarray(action, dtype=np.float32), spec.action_low, spec.action_high).astype(np.float32)
         step = self.env.step(sent)
         self._observation = step.observation
-        self._outcome = EpisodeOutcome(reward=step.reward, terminated=step.terminated, truncated=step.truncated,
-                                       success=step.success)
+        self._outcome = EpisodeOutcome(
+            reward=step.reward, terminated=step.terminated, truncated=step.truncated, success=step.success
+        )
         self._last_sent = sent
         return sent
 

@@ -99,8 +99,14 @@ class OracleRule:
 class OracleTeleop(Teleop):
     """The oracle rule for one robot, with `expert(robot)` as the operator's action."""
 
-    def __init__(self, expert: Callable[[Robot], np.ndarray], threshold: float, patience: int = 1, release: int = 5,
-                 max_takeover: int = 0):
+    def __init__(
+        self,
+        expert: Callable[[Robot], np.ndarray],
+        threshold: float,
+        patience: int = 1,
+        release: int = 5,
+        max_takeover: int = 0,
+    ):
         self.expert = expert
         self.rule = OracleRule(threshold, patience, release, max_takeover=max_takeover)
 
@@ -120,8 +126,10 @@ class EpisodeLabels:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._events: list[str] = []
-        self.keys = {key: (lambda name=name: self._add(name))
-                     for key, name in (("y", "success"), ("n", "failure"), ("b", "rerecord"))}
+        self.keys = {
+            key: (lambda name=name: self._add(name))
+            for key, name in (("y", "success"), ("n", "failure"), ("b", "rerecord"))
+        }
 
     def _add(self, name: str) -> None:
         with self._lock:
@@ -144,10 +152,16 @@ class KeyboardTeleop(Teleop):
         self._delta = np.zeros(action_dim, dtype=np.float32)
         self._gripper = 1.0
         self.labels = EpisodeLabels()
-        self.keys = {"i": self._toggle, "c": self._flip_gripper,
-                     **{key: (lambda d=dim, s=sign: self._move(d, s)) for key, (dim, sign) in self.MOVES.items()
-                        if dim < action_dim},
-                     **self.labels.keys}
+        self.keys = {
+            "i": self._toggle,
+            "c": self._flip_gripper,
+            **{
+                key: (lambda d=dim, s=sign: self._move(d, s))
+                for key, (dim, sign) in self.MOVES.items()
+                if dim < action_dim
+            },
+            **self.labels.keys,
+        }
 
     def _toggle(self) -> None:
         with self._lock:
@@ -201,8 +215,15 @@ class GamepadTeleop(Teleop):
     AXES = (0, 1, 4)  # left stick x, left stick y, right stick y (SDL's usual layout)
     INTERVENE, GRIPPER, SUCCESS, FAILURE, RERECORD = 5, 4, 0, 1, 2
 
-    def __init__(self, joystick: object, action_dim: int, intervention: str = "hold", scale: float = 1.0,
-                 dead_zone: float = 0.1, driving: bool = False):
+    def __init__(
+        self,
+        joystick: object,
+        action_dim: int,
+        intervention: str = "hold",
+        scale: float = 1.0,
+        dead_zone: float = 0.1,
+        driving: bool = False,
+    ):
         self.joystick = joystick
         self.action_dim = action_dim
         self.scale = scale
@@ -228,8 +249,11 @@ class GamepadTeleop(Teleop):
         action[:moves] = self.scale * stick[:moves]
         if self.action_dim > 3:
             action[-1] = -1.0 if self.gripper.update(bool(self.joystick.get_button(self.GRIPPER))) else 1.0  # type: ignore[attr-defined]
-        events = [name for name, button in (("success", self.SUCCESS), ("failure", self.FAILURE),
-                                            ("rerecord", self.RERECORD)) if self._press(button)]
+        events = [
+            name
+            for name, button in (("success", self.SUCCESS), ("failure", self.FAILURE), ("rerecord", self.RERECORD))
+            if self._press(button)
+        ]
         intervening = self.intervention.update(bool(self.joystick.get_button(self.INTERVENE)))  # type: ignore[attr-defined]
         return TeleopCommand(intervening, action if intervening else None, events)
 
@@ -247,10 +271,20 @@ class SpaceMouseTeleop(Teleop):
 
     GRIPPER, INTERVENE = 0, 1  # left and right button
 
-    def __init__(self, device: object, action_dim: int, intervention: str = "motion", scale: float = 1.0,
-                 dead_zone: float = 0.05, linger: int = 5, driving: bool = False):
+    def __init__(
+        self,
+        device: object,
+        action_dim: int,
+        intervention: str = "motion",
+        scale: float = 1.0,
+        dead_zone: float = 0.05,
+        linger: int = 5,
+        driving: bool = False,
+    ):
         if intervention not in ("motion", "hold", "toggle"):
-            raise ConfigError(f"teleop.intervention must be motion, hold or toggle for a SpaceMouse, got '{intervention}'")
+            raise ConfigError(
+                f"teleop.intervention must be motion, hold or toggle for a SpaceMouse, got '{intervention}'"
+            )
         self.device = device
         self.action_dim = action_dim
         self.scale = scale
@@ -291,8 +325,9 @@ def open_spacemouse() -> object:
     try:
         import pyspacemouse
     except ImportError:
-        raise ConfigError("teleop=spacemouse needs pyspacemouse and the hidapi library: "
-                          "pip install 'embodied-rl[teleop]'") from None
+        raise ConfigError(
+            "teleop=spacemouse needs pyspacemouse and the hidapi library: pip install 'embodied-rl[teleop]'"
+        ) from None
     try:
         return pyspacemouse.open(nonblocking=True)
     except (RuntimeError, ValueError, OSError) as error:

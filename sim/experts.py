@@ -80,8 +80,12 @@ class PickCubeExpert(ScriptedExpert):
 
     def waypoints(self, scene: Any) -> list[Waypoint]:
         cube, goal = _position(scene.cube), _position(scene.goal_site)
-        return [Waypoint(cube + [0, 0, 0.05], OPEN), Waypoint(cube, OPEN, tolerance=0.005),
-                Waypoint(cube, CLOSED, steps=GRIP_STEPS), Waypoint(goal, CLOSED)]
+        return [
+            Waypoint(cube + [0, 0, 0.05], OPEN),
+            Waypoint(cube, OPEN, tolerance=0.005),
+            Waypoint(cube, CLOSED, steps=GRIP_STEPS),
+            Waypoint(goal, CLOSED),
+        ]
 
 
 class PushCubeExpert(ScriptedExpert):
@@ -93,8 +97,11 @@ class PushCubeExpert(ScriptedExpert):
         cube, goal = _position(scene.obj), _position(scene.goal_region)
         start = cube - [self.behind, 0, 0]
         through = np.array([goal[0] - self.behind, cube[1], cube[2]])  # the cube's centre near the goal's
-        return [Waypoint(start + [0, 0, 0.05], CLOSED), Waypoint(start, CLOSED, tolerance=0.005),
-                Waypoint(through, CLOSED, speed=self.push_speed)]
+        return [
+            Waypoint(start + [0, 0, 0.05], CLOSED),
+            Waypoint(start, CLOSED, tolerance=0.005),
+            Waypoint(through, CLOSED, speed=self.push_speed),
+        ]
 
 
 class StackCubeExpert(ScriptedExpert):
@@ -105,10 +112,15 @@ class StackCubeExpert(ScriptedExpert):
         size = 2 * float(np.asarray(scene.cube_half_size).reshape(-1)[0])
         on_b = cube_b + [0, 0, size]
         # After the grasp, cube A's position moves with the TCP: the plan after it is on B's.
-        return [Waypoint(cube_a + [0, 0, 0.05], OPEN), Waypoint(cube_a, OPEN, tolerance=0.005),
-                Waypoint(cube_a, CLOSED, steps=GRIP_STEPS), Waypoint(on_b + [0, 0, 0.05], CLOSED),
-                Waypoint(on_b + [0, 0, 0.003], CLOSED, tolerance=0.005), Waypoint(on_b, OPEN, steps=GRIP_STEPS),
-                Waypoint(on_b + [0, 0, 0.05], OPEN)]
+        return [
+            Waypoint(cube_a + [0, 0, 0.05], OPEN),
+            Waypoint(cube_a, OPEN, tolerance=0.005),
+            Waypoint(cube_a, CLOSED, steps=GRIP_STEPS),
+            Waypoint(on_b + [0, 0, 0.05], CLOSED),
+            Waypoint(on_b + [0, 0, 0.003], CLOSED, tolerance=0.005),
+            Waypoint(on_b, OPEN, steps=GRIP_STEPS),
+            Waypoint(on_b + [0, 0, 0.05], OPEN),
+        ]
 
 
 EXPERTS = {cls.task: cls for cls in (PickCubeExpert, PushCubeExpert, StackCubeExpert)}

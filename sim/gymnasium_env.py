@@ -9,10 +9,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
-from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 
 @dataclass
@@ -38,7 +38,9 @@ class GymnasiumEnv(SingleEnv):
         self.env = gym.make(cfg.task, render_mode="rgb_array", **extra, **cfg.kwargs)
         space = self.env.action_space
         if not isinstance(space, gym.spaces.Box):
-            raise ConfigError(f"{cfg.task} has a {type(space).__name__} action space; only continuous (Box) is supported")
+            raise ConfigError(
+                f"{cfg.task} has a {type(space).__name__} action space; only continuous (Box) is supported"
+            )
         self.task = cfg.task
         self.instruction = cfg.instruction or cfg.task
         limit = self.env.spec.max_episode_steps if self.env.spec else None
@@ -77,9 +79,17 @@ class GymnasiumEnv(SingleEnv):
 
 
 @ENVS.register("gymnasium", GymnasiumConfig)
-def make_gymnasium(cfg: GymnasiumConfig, seed: int, stream: int = 0,
-                   env_ids: Sequence[int] | None = None) -> BatchedEnv:
+def make_gymnasium(
+    cfg: GymnasiumConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None
+) -> BatchedEnv:
     from embodied.sim.vector import vectorize
 
-    return vectorize(partial(GymnasiumEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
-                     cfg.transport, asdict(cfg))
+    return vectorize(
+        partial(GymnasiumEnv, cfg),
+        select_env_ids(cfg.num_envs, env_ids),
+        cfg.num_workers,
+        seed,
+        stream,
+        cfg.transport,
+        asdict(cfg),
+    )

@@ -27,16 +27,20 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 from embodied.core.errors import ConfigError
 from embodied.core.paths import checkout_root
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
-from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
-
 
 SUITE_TASK_COUNTS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
-SUITE_STEP_LIMITS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
-                     "libero_90": 400}
+SUITE_STEP_LIMITS = {
+    "libero_spatial": 220,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
 IMAGE_SIZES = (128, 224, 256)
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
@@ -87,11 +91,15 @@ def libero_python(cfg: LiberoConfig) -> str:
     elif checkout is not None:
         python = checkout / ".venv-libero" / "bin" / "python"
     else:
-        raise ConfigError("LIBERO runs under its own interpreter: create a virtualenv for it, "
-                          "`pip install 'embodied-rl[libero]'` there, and pass env.python=<its bin/python>")
+        raise ConfigError(
+            "LIBERO runs under its own interpreter: create a virtualenv for it, "
+            "`pip install 'embodied-rl[libero]'` there, and pass env.python=<its bin/python>"
+        )
     if not python.is_file():
-        raise ConfigError(f"no LIBERO interpreter at {python}: run `bash tools/setup.sh install` "
-                          f"(it creates .venv-libero) or set env.python")
+        raise ConfigError(
+            f"no LIBERO interpreter at {python}: run `bash tools/setup.sh install` "
+            f"(it creates .venv-libero) or set env.python"
+        )
     return str(python)
 
 
@@ -130,19 +138,29 @@ class LiberoEnv(SingleEnv):
         self.cfg = cfg
         self.cameras = list(cfg.cameras)
         size = cfg.image_size
-        self.env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=size, camera_widths=size,
-                                      has_offscreen_renderer=True, use_camera_obs=bool(self.cameras))
+        self.env = OffScreenRenderEnv(
+            bddl_file_name=bddl,
+            camera_heights=size,
+            camera_widths=size,
+            has_offscreen_renderer=True,
+            use_camera_obs=bool(self.cameras),
+        )
         self.limit = cfg.max_episode_steps or SUITE_STEP_LIMITS[cfg.suite]
         self.steps = 0
         self.spec = EnvSpec(
-            state_dim=STATE_DIM, action_dim=ACTION_DIM, action_low=(-1.0,) * ACTION_DIM,
-            action_high=(1.0,) * ACTION_DIM, image_shapes={c: (size, size, 3) for c in self.cameras},
-            max_episode_steps=self.limit, control_hz=CONTROL_HZ,
+            state_dim=STATE_DIM,
+            action_dim=ACTION_DIM,
+            action_low=(-1.0,) * ACTION_DIM,
+            action_high=(1.0,) * ACTION_DIM,
+            image_shapes={c: (size, size, 3) for c in self.cameras},
+            max_episode_steps=self.limit,
+            control_hz=CONTROL_HZ,
         )
 
     def _observation(self, raw: dict[str, Any]) -> SingleObservation:
-        state = np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
-                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        state = np.concatenate(
+            [raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]]
+        ).astype(np.float32)
         # robosuite renders upside down and mirrored; a 180-degree turn shows the scene upright
         images = {c: np.ascontiguousarray(raw[CAMERAS[c]][::-1, ::-1]) for c in self.cameras}
         return SingleObservation(state=state, images=images)
@@ -169,8 +187,9 @@ class LiberoEnv(SingleEnv):
         )
 
     def render(self) -> np.ndarray:
-        frame = self.env.env.sim.render(height=self.cfg.render_size, width=self.cfg.render_size,
-                                        camera_name="agentview")
+        frame = self.env.env.sim.render(
+            height=self.cfg.render_size, width=self.cfg.render_size, camera_name="agentview"
+        )
         return np.ascontiguousarray(frame[::-1, ::-1])
 
     def close(self) -> None:
@@ -178,11 +197,11 @@ class LiberoEnv(SingleEnv):
 
 
 @ENVS.register("libero", LiberoConfig)
-def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0,
-                env_ids: Sequence[int] | None = None) -> BatchedEnv:
+def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None) -> BatchedEnv:
     from embodied.sim.vector import vectorize
 
     check_config(cfg)
     config = {**asdict(cfg), "python": libero_python(cfg)}
-    return vectorize(partial(LiberoEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
-                     "zmq", config)
+    return vectorize(
+        partial(LiberoEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream, "zmq", config
+    )

@@ -24,8 +24,16 @@ from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleSt
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS
 from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
-from embodied.sim.maniskill_common import (INSTRUCTIONS, ManiSkillConfig, camera_images, check_config, env_spec,
-                                           flatten_state, make_gym_env)
+from embodied.sim.maniskill_common import (
+    INSTRUCTIONS,
+    ManiSkillConfig,
+    camera_images,
+    check_config,
+    env_spec,
+    flatten_state,
+    make_gym_env,
+)
+
 
 def task_of(cfg: ManiSkillConfig, env_id: int) -> str:
     """The task env `env_id` runs: blocks of envs per task, in the order of `tasks`."""
@@ -48,8 +56,10 @@ def with_state_padding(cfg: ManiSkillConfig) -> ManiSkillConfig:
     for task, spec in specs.items():
         for key in ("action_dim", "action_low", "action_high", "image_shapes", "max_episode_steps", "control_hz"):
             if getattr(spec, key) != getattr(first, key):
-                raise ConfigError(f"env.tasks must agree on {key}: {cfg.tasks[0]} has {getattr(first, key)}, "
-                                  f"{task} has {getattr(spec, key)}")
+                raise ConfigError(
+                    f"env.tasks must agree on {key}: {cfg.tasks[0]} has {getattr(first, key)}, "
+                    f"{task} has {getattr(spec, key)}"
+                )
     return replace(cfg, state_dim=max(spec.state_dim for spec in specs.values()))
 
 
@@ -60,8 +70,10 @@ class ManiSkillEnv(SingleEnv):
         import torch
 
         if cfg.tasks and cfg.state_dim is None:
-            raise ConfigError("env.tasks needs env.state_dim; build the env with make_maniskill, or pass the "
-                              "config through with_state_padding")
+            raise ConfigError(
+                "env.tasks needs env.state_dim; build the env with make_maniskill, or pass the "
+                "config through with_state_padding"
+            )
         self.torch = torch
         self.task = task_of(cfg, env_id)
         self.cfg = cfg = replace(cfg, task=self.task)
@@ -74,8 +86,9 @@ class ManiSkillEnv(SingleEnv):
         state = flatten_state(raw)[0]
         if self.cfg.state_dim is not None:
             if len(state) > self.cfg.state_dim:
-                raise ConfigError(f"{self.task}'s state has {len(state)} values, more than env.state_dim="
-                                  f"{self.cfg.state_dim}")
+                raise ConfigError(
+                    f"{self.task}'s state has {len(state)} values, more than env.state_dim={self.cfg.state_dim}"
+                )
             state = np.pad(state, (0, self.cfg.state_dim - len(state)))
         return SingleObservation(state=state, images={name: image[0] for name, image in camera_images(raw).items()})
 
@@ -108,21 +121,32 @@ class ManiSkillEnv(SingleEnv):
 
 
 @ENVS.register("maniskill", ManiSkillConfig)
-def make_maniskill(cfg: ManiSkillConfig, seed: int, stream: int = 0,
-                   env_ids: Sequence[int] | None = None) -> BatchedEnv:
+def make_maniskill(
+    cfg: ManiSkillConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None
+) -> BatchedEnv:
     check_config(cfg)
     if cfg.backend == "gpu":
         import torch
 
         if not torch.cuda.is_available():
-            raise ConfigError("env.backend=gpu runs physx_cuda and needs an NVIDIA GPU with CUDA; "
-                              "none is visible here. Use env.backend=cpu (optionally env.num_workers=N).")
-        return ManiSkillBatchedEnv(cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda",
-                                   env_ids=select_env_ids(cfg.num_envs, env_ids))
+            raise ConfigError(
+                "env.backend=gpu runs physx_cuda and needs an NVIDIA GPU with CUDA; "
+                "none is visible here. Use env.backend=cpu (optionally env.num_workers=N)."
+            )
+        return ManiSkillBatchedEnv(
+            cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda", env_ids=select_env_ids(cfg.num_envs, env_ids)
+        )
     from functools import partial
 
     from embodied.sim.vector import vectorize
 
     cfg = with_state_padding(cfg)
-    return vectorize(partial(ManiSkillEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
-                     cfg.transport, asdict(cfg))
+    return vectorize(
+        partial(ManiSkillEnv, cfg),
+        select_env_ids(cfg.num_envs, env_ids),
+        cfg.num_workers,
+        seed,
+        stream,
+        cfg.transport,
+        asdict(cfg),
+    )

@@ -16,14 +16,27 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from embodied.core.types import EpisodeStats, Observation, StepResult
 from embodied.core.env import BatchedEnv, episode_seed
-from embodied.sim.maniskill_common import INSTRUCTIONS, ManiSkillConfig, camera_images, env_spec, flatten_state, make_gym_env
+from embodied.core.types import EpisodeStats, Observation, StepResult
+from embodied.sim.maniskill_common import (
+    INSTRUCTIONS,
+    ManiSkillConfig,
+    camera_images,
+    env_spec,
+    flatten_state,
+    make_gym_env,
+)
 
 
 class ManiSkillBatchedEnv(BatchedEnv):
-    def __init__(self, cfg: ManiSkillConfig, base_seed: int, stream: int = 0, sim_backend: str = "physx_cuda",
-                 env_ids: Sequence[int] | None = None):
+    def __init__(
+        self,
+        cfg: ManiSkillConfig,
+        base_seed: int,
+        stream: int = 0,
+        sim_backend: str = "physx_cuda",
+        env_ids: Sequence[int] | None = None,
+    ):
         import torch
 
         self.torch = torch
@@ -111,8 +124,16 @@ class ManiSkillBatchedEnv(BatchedEnv):
         self.episode_return += reward_np
         self.episode_length += executed_np
         self.episode_success |= success_np
-        episodes = [EpisodeStats(int(i), self.tasks[i], float(self.episode_return[i]), int(self.episode_length[i]),
-                                 bool(self.episode_success[i])) for i in np.flatnonzero(done)]
+        episodes = [
+            EpisodeStats(
+                int(i),
+                self.tasks[i],
+                float(self.episode_return[i]),
+                int(self.episode_length[i]),
+                bool(self.episode_success[i]),
+            )
+            for i in np.flatnonzero(done)
+        ]
         final = Observation(
             state=final_state if final_state is not None else observation.state,
             images=final_images or observation.images,

@@ -24,7 +24,6 @@ from embodied.core.sockets import bind, receive, send
 from embodied.sim.worker_envs import EnvWorkerError, unwrap_reply
 
 
-
 @dataclass
 class WorkerPlacement:
     """How env workers start when a runtime places them itself (`runtime=ray`): `launch(worker
@@ -41,21 +40,50 @@ class WorkerPlacement:
 PLACEMENT: Optional[WorkerPlacement] = None
 
 
-def worker_command(endpoint: str, env_config: dict[str, Any], env_ids: list[int], base_seed: int, stream: int,
-                   worker_id: str, keys_dir: str | None = None) -> tuple[list[str], dict[str, str]]:
+def worker_command(
+    endpoint: str,
+    env_config: dict[str, Any],
+    env_ids: list[int],
+    base_seed: int,
+    stream: int,
+    worker_id: str,
+    keys_dir: str | None = None,
+) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of an env worker process, under `env.python` where the
     env lives in its own virtualenv (LIBERO), else this interpreter."""
     python = env_config.get("python") or sys.executable
-    command = [python, "-m", "embodied.sim.worker", "--endpoint", endpoint, "--env", json.dumps(env_config),
-               "--env-ids", *map(str, env_ids), "--seed", str(base_seed), "--stream", str(stream),
-               "--worker-id", worker_id, *(["--keys-dir", keys_dir] if keys_dir else [])]
+    command = [
+        python,
+        "-m",
+        "embodied.sim.worker",
+        "--endpoint",
+        endpoint,
+        "--env",
+        json.dumps(env_config),
+        "--env-ids",
+        *map(str, env_ids),
+        "--seed",
+        str(base_seed),
+        "--stream",
+        str(stream),
+        "--worker-id",
+        worker_id,
+        *(["--keys-dir", keys_dir] if keys_dir else []),
+    ]
     environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     return command, environment
 
 
 class EnvHub:
-    def __init__(self, env_config: dict[str, Any], base_seed: int, stream: int, timeout_s: float,
-                 endpoint: str | None = None, expected_spec: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        env_config: dict[str, Any],
+        base_seed: int,
+        stream: int,
+        timeout_s: float,
+        endpoint: str | None = None,
+        expected_spec: dict[str, Any] | None = None,
+    ):
         self.env_config = env_config
         self.spec = plain(expected_spec) if expected_spec is not None else None
         self.base_seed = base_seed
@@ -88,13 +116,22 @@ class EnvHub:
         identity = f"env-worker-{self.count}".encode()
         self.count += 1
         if self.placement is not None:
-            process = self.placement.launch(identity.decode(), {
-                "endpoint": self.endpoint, "env_config": self.env_config, "env_ids": env_ids,
-                "base_seed": self.base_seed, "stream": self.stream, "worker_id": identity.decode(),
-                "keys_dir": self.placement.keys_dir})
+            process = self.placement.launch(
+                identity.decode(),
+                {
+                    "endpoint": self.endpoint,
+                    "env_config": self.env_config,
+                    "env_ids": env_ids,
+                    "base_seed": self.base_seed,
+                    "stream": self.stream,
+                    "worker_id": identity.decode(),
+                    "keys_dir": self.placement.keys_dir,
+                },
+            )
             return self._adopt(identity, process)
-        command, environment = worker_command(self.endpoint, self.env_config, env_ids, self.base_seed, self.stream,
-                                              identity.decode())
+        command, environment = worker_command(
+            self.endpoint, self.env_config, env_ids, self.base_seed, self.stream, identity.decode()
+        )
         return self._adopt(identity, subprocess.Popen(command, env=environment))
 
     def _adopt(self, identity: bytes, process: Any) -> "SocketWorker":

@@ -17,10 +17,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
-from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 
 INSTRUCTIONS = {
     "Lift": "lift the cube",
@@ -75,9 +75,17 @@ class RobosuiteEnv(SingleEnv):
         self.cfg = cfg
         self.cameras = list(cfg.cameras) if rgb else []
         self.env = robosuite.make(
-            cfg.task, robots=cfg.robot, has_renderer=False, has_offscreen_renderer=True, use_camera_obs=rgb,
-            camera_names=self.cameras or "agentview", camera_heights=cfg.image_size, camera_widths=cfg.image_size,
-            reward_shaping=cfg.reward_shaping, control_freq=cfg.control_freq, horizon=cfg.max_episode_steps,
+            cfg.task,
+            robots=cfg.robot,
+            has_renderer=False,
+            has_offscreen_renderer=True,
+            use_camera_obs=rgb,
+            camera_names=self.cameras or "agentview",
+            camera_heights=cfg.image_size,
+            camera_widths=cfg.image_size,
+            reward_shaping=cfg.reward_shaping,
+            control_freq=cfg.control_freq,
+            horizon=cfg.max_episode_steps,
             ignore_done=True,  # this adapter ends episodes itself, keeping truncation apart
         )
         self.task = cfg.task
@@ -87,9 +95,12 @@ class RobosuiteEnv(SingleEnv):
         first = self._observation(self.env.reset())
         size = cfg.image_size
         self.spec = EnvSpec(
-            state_dim=int(first.state.shape[0]), action_dim=int(low.shape[0]),
-            action_low=tuple(float(x) for x in low), action_high=tuple(float(x) for x in high),
-            image_shapes={c: (size, size, 3) for c in self.cameras}, max_episode_steps=cfg.max_episode_steps,
+            state_dim=int(first.state.shape[0]),
+            action_dim=int(low.shape[0]),
+            action_low=tuple(float(x) for x in low),
+            action_high=tuple(float(x) for x in high),
+            image_shapes={c: (size, size, 3) for c in self.cameras},
+            max_episode_steps=cfg.max_episode_steps,
             control_hz=float(cfg.control_freq),
         )
 
@@ -111,8 +122,13 @@ class RobosuiteEnv(SingleEnv):
         self.steps += 1
         success = bool(self.env._check_success())
         terminated = success and self.cfg.terminate_on_success
-        return SingleStep(observation=self._observation(raw), reward=float(reward), terminated=terminated,
-                          truncated=not terminated and self.steps >= self.cfg.max_episode_steps, success=success)
+        return SingleStep(
+            observation=self._observation(raw),
+            reward=float(reward),
+            terminated=terminated,
+            truncated=not terminated and self.steps >= self.cfg.max_episode_steps,
+            success=success,
+        )
 
     def render(self) -> np.ndarray:
         size = self.cfg.render_size
@@ -123,10 +139,18 @@ class RobosuiteEnv(SingleEnv):
 
 
 @ENVS.register("robosuite", RobosuiteConfig)
-def make_robosuite(cfg: RobosuiteConfig, seed: int, stream: int = 0,
-                   env_ids: Sequence[int] | None = None) -> BatchedEnv:
+def make_robosuite(
+    cfg: RobosuiteConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None
+) -> BatchedEnv:
     from embodied.sim.vector import vectorize
 
     check_config(cfg)
-    return vectorize(partial(RobosuiteEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream,
-                     cfg.transport, asdict(cfg))
+    return vectorize(
+        partial(RobosuiteEnv, cfg),
+        select_env_ids(cfg.num_envs, env_ids),
+        cfg.num_workers,
+        seed,
+        stream,
+        cfg.transport,
+        asdict(cfg),
+    )

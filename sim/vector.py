@@ -10,11 +10,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from embodied.core.errors import CheckpointError, ConfigError
 from embodied.core import codec
-from embodied.core.types import EnvSpec, EpisodeStats, Observation, StepResult
 from embodied.core.env import BatchedEnv, SingleEnv
-from embodied.sim.worker_envs import WorkerEnvs, EnvWorkerError, run_command, unwrap_reply
+from embodied.core.errors import CheckpointError, ConfigError
+from embodied.core.types import EnvSpec, EpisodeStats, Observation, StepResult
+from embodied.sim.worker_envs import EnvWorkerError, WorkerEnvs, run_command, unwrap_reply
 
 
 class _LocalWorker:
@@ -35,7 +35,9 @@ class _LocalWorker:
         self.envs.close()
 
 
-def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int, stream: int) -> None:
+def _worker_main(
+    connection: Any, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int, stream: int
+) -> None:
     # Simulators that use torch or BLAS internally get one thread per worker process.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     envs = None
@@ -57,8 +59,14 @@ def _worker_main(connection: Any, make_env: Callable[[int], SingleEnv], env_ids:
 
 
 class _PipeWorker:
-    def __init__(self, make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], base_seed: int, stream: int,
-                 timeout_s: float):
+    def __init__(
+        self,
+        make_env: Callable[[int], SingleEnv],
+        env_ids: Sequence[int],
+        base_seed: int,
+        stream: int,
+        timeout_s: float,
+    ):
         self.timeout_s = timeout_s
         context = mp.get_context("spawn")
         self.connection, child = context.Pipe()
@@ -105,17 +113,25 @@ class _PipeWorker:
         self.connection.close()
 
 
-def vectorize(make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], num_workers: int = 0, base_seed: int = 0,
-              stream: int = 0, transport: str = "pipe", env_config: dict[str, Any] | None = None,
-              worker_timeout_s: float = 300.0) -> "VectorizedEnv":
+def vectorize(
+    make_env: Callable[[int], SingleEnv],
+    env_ids: Sequence[int],
+    num_workers: int = 0,
+    base_seed: int = 0,
+    stream: int = 0,
+    transport: str = "pipe",
+    env_config: dict[str, Any] | None = None,
+    worker_timeout_s: float = 300.0,
+) -> "VectorizedEnv":
     """The single envs `env_ids` (all of a config's, or a rollout's share of them) in this
     process (num_workers=0) or in worker processes reached over pipes (`transport=pipe`) or
     ZeroMQ (`transport=zmq`, needs the env's config dict)."""
     if num_workers == 0:
         return VectorizedEnv(lambda ids: _LocalWorker(make_env, ids, base_seed, stream), env_ids, 1)
     if transport == "pipe":
-        return VectorizedEnv(lambda ids: _PipeWorker(make_env, ids, base_seed, stream, worker_timeout_s),
-                             env_ids, num_workers)
+        return VectorizedEnv(
+            lambda ids: _PipeWorker(make_env, ids, base_seed, stream, worker_timeout_s), env_ids, num_workers
+        )
     if transport == "zmq":
         from embodied.sim.remote import EnvHub
 
@@ -125,8 +141,13 @@ def vectorize(make_env: Callable[[int], SingleEnv], env_ids: Sequence[int], num_
 
 
 class VectorizedEnv(BatchedEnv):
-    def __init__(self, make_worker: Callable[[list[int]], Any], env_ids: Sequence[int], num_workers: int,
-                 on_close: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        make_worker: Callable[[list[int]], Any],
+        env_ids: Sequence[int],
+        num_workers: int,
+        on_close: Callable[[], None] | None = None,
+    ):
         if len(env_ids) < 1:
             raise ValueError("a vectorized env needs at least one env")
         self.env_ids = [int(i) for i in env_ids]
@@ -178,7 +199,10 @@ class VectorizedEnv(BatchedEnv):
     def _observation(self, parts: list[dict[str, Any]], prefix: str = "", rows: slice = slice(None)) -> Observation:
         return Observation(
             state=np.concatenate([p[prefix + "state"] for p in parts]),
-            images={name: np.concatenate([p[prefix + "images"][name] for p in parts]) for name in parts[0][prefix + "images"]},
+            images={
+                name: np.concatenate([p[prefix + "images"][name] for p in parts])
+                for name in parts[0][prefix + "images"]
+            },
             instruction=list(self.instructions[rows]),
         )
 
@@ -191,10 +215,12 @@ class VectorizedEnv(BatchedEnv):
         args = []
         for k in range(len(self.workers)):
             mine = (env_idx >= starts[k]) & (env_idx < starts[k + 1])
-            args.append({
-                "local_idx": (env_idx[mine] - starts[k]).tolist(),
-                "seeds": None if seeds_arr is None else seeds_arr[mine].tolist(),
-            })
+            args.append(
+                {
+                    "local_idx": (env_idx[mine] - starts[k]).tolist(),
+                    "seeds": None if seeds_arr is None else seeds_arr[mine].tolist(),
+                }
+            )
         return self._observation(self._all("reset", args))
 
     def rewind(self) -> Observation:
@@ -241,7 +267,11 @@ class VectorizedEnv(BatchedEnv):
             executed_steps=cat("executed_steps"),
             executed_action=cat("executed_action"),
             final_observation=self._observation(parts, prefix="final_", rows=rows),
-            episodes=[EpisodeStats(int(e[0]), str(e[1]), float(e[2]), int(e[3]), bool(e[4])) for p in parts for e in p["episodes"]],
+            episodes=[
+                EpisodeStats(int(e[0]), str(e[1]), float(e[2]), int(e[3]), bool(e[4]))
+                for p in parts
+                for e in p["episodes"]
+            ],
         )
 
     # ---- stages: one worker each, stepped independently so that inference for one worker
@@ -293,18 +323,23 @@ class VectorizedEnv(BatchedEnv):
         per_worker = []
         for k in range(len(self.workers)):
             rows = self.stage_rows(k)
-            per_worker.append({"saved": {
-                "episode": np.asarray(state["episode"])[rows],
-                "seed": np.asarray(state["seed"])[rows],
-                "actions": list(state["actions"][rows]),
-                "observation_state": np.asarray(state["observation_state"])[rows],
-            }})
+            per_worker.append(
+                {
+                    "saved": {
+                        "episode": np.asarray(state["episode"])[rows],
+                        "seed": np.asarray(state["seed"])[rows],
+                        "actions": list(state["actions"][rows]),
+                        "observation_state": np.asarray(state["observation_state"])[rows],
+                    }
+                }
+            )
         observation = self._observation(self._all("restore", per_worker))
         if not np.array_equal(np.asarray(observation.state), np.asarray(state["observation_state"])):
             raise CheckpointError(
                 "replaying the episodes in progress at the checkpoint did not reproduce their observations: this "
                 "simulator's physics depends on its history (e.g. ManiSkill grasping tasks), so they cannot be "
-                "continued exactly. Resume with env_resume=fresh to start new episodes instead")
+                "continued exactly. Resume with env_resume=fresh to start new episodes instead"
+            )
         return observation
 
     def close(self) -> None:

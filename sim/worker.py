@@ -19,10 +19,11 @@ from typing import Any, Callable
 
 import zmq
 
+from embodied.core.env import SingleEnv
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
 from embodied.core.sockets import connect, receive, send
-from embodied.core.env import SingleEnv
 from embodied.sim.worker_envs import WorkerEnvs, run_command
+
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
     """Builds single envs from a plain config dict, without the training-side registries."""
@@ -47,8 +48,16 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
     raise ValueError(f"no env worker for env '{name}'; known: gymnasium, libero, maniskill, robosuite")
 
 
-def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int], base_seed: int,
-          stream: int = 0, worker_id: str = "", heartbeat_s: float = 1.0, keys_dir: str | None = None) -> None:
+def serve(
+    endpoint: str,
+    make_env: Callable[[int], SingleEnv],
+    env_ids: list[int],
+    base_seed: int,
+    stream: int = 0,
+    worker_id: str = "",
+    heartbeat_s: float = 1.0,
+    keys_dir: str | None = None,
+) -> None:
     parent = os.getppid()
     context = zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
@@ -59,8 +68,10 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
     try:
         description = envs.describe()
         spec = plain(description["spec"])
-        send(socket, Message("hello", 0, {"protocol": PROTOCOL_VERSION, "role": "env", "env_ids": env_ids,
-                                          **description}))
+        send(
+            socket,
+            Message("hello", 0, {"protocol": PROTOCOL_VERSION, "role": "env", "env_ids": env_ids, **description}),
+        )
         while True:
             if not socket.poll(int(heartbeat_s * 1000)):
                 if os.getppid() != parent:
@@ -77,7 +88,9 @@ def serve(endpoint: str, make_env: Callable[[int], SingleEnv], env_ids: list[int
             if request.kind == "welcome":
                 differences = hello_mismatch({"spec": spec}, request.body)
                 if differences:
-                    raise SystemExit(f"env worker {worker_id}: the rollout expects other envs: {'; '.join(differences)}")
+                    raise SystemExit(
+                        f"env worker {worker_id}: the rollout expects other envs: {'; '.join(differences)}"
+                    )
             if request.kind == "error":
                 raise SystemExit(f"env worker {worker_id}: the rollout refused it: {request.body.get('message')}")
             if request.kind == "command":
@@ -97,8 +110,15 @@ def main() -> None:
     parser.add_argument("--worker-id", default="")
     parser.add_argument("--keys-dir", default=None, help="CURVE keys, for a hub off loopback")
     args = parser.parse_args()
-    serve(args.endpoint, single_env_factory(json.loads(args.env)), args.env_ids, args.seed, args.stream,
-          args.worker_id, keys_dir=args.keys_dir)
+    serve(
+        args.endpoint,
+        single_env_factory(json.loads(args.env)),
+        args.env_ids,
+        args.seed,
+        args.stream,
+        args.worker_id,
+        keys_dir=args.keys_dir,
+    )
 
 
 if __name__ == "__main__":

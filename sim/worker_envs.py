@@ -86,8 +86,15 @@ class WorkerEnvs:
             self.episode_success[i] |= success[i]
             if terminated[i] or truncated[i]:
                 final[i] = self.observations[i]
-                episodes.append([self.env_ids[i], env.task, float(self.episode_return[i]),
-                                 len(self.actions[i]), bool(self.episode_success[i])])
+                episodes.append(
+                    [
+                        self.env_ids[i],
+                        env.task,
+                        float(self.episode_return[i]),
+                        len(self.actions[i]),
+                        bool(self.episode_success[i]),
+                    ]
+                )
                 self._start_episode(i, None)
         blank = self.observations[0]
         final_batch = self._batch([f if f is not None else blank for f in final])

@@ -16,10 +16,10 @@ import ast
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ("embodied.core",)
@@ -44,8 +44,9 @@ def modules() -> dict[str, Path]:
 
 def _is_type_checking(node: ast.AST) -> bool:
     test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and (getattr(test, "id", None) == "TYPE_CHECKING"
-                                         or getattr(test, "attr", None) == "TYPE_CHECKING")
+    return isinstance(node, ast.If) and (
+        getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+    )
 
 
 def imports(name: str, path: Path, known: set[str]) -> set[str]:
@@ -96,15 +97,23 @@ def graph() -> dict[str, set[str]]:
 
 def test_every_module_is_under_the_one_namespace(graph):
     assert all(name == "embodied" or name.startswith("embodied.") for name in graph)
-    assert {"embodied.core.types", "embodied.sim.maniskill", "embodied.policies.flow", "embodied.robots.client",
-            "embodied.cli"} <= set(graph)
+    assert {
+        "embodied.core.types",
+        "embodied.sim.maniskill",
+        "embodied.policies.flow",
+        "embodied.robots.client",
+        "embodied.cli",
+    } <= set(graph)
 
 
 def test_no_module_imports_a_layer_above_its_own(graph):
     rank = {"core": 0, "components": 1, "application": 2}
-    upward = sorted(f"{name} ({layer(name)}) imports {target} ({layer(target)})"
-                    for name, targets in graph.items() for target in targets
-                    if rank[layer(target)] > rank[layer(name)])
+    upward = sorted(
+        f"{name} ({layer(name)}) imports {target} ({layer(target)})"
+        for name, targets in graph.items()
+        for target in targets
+        if rank[layer(target)] > rank[layer(name)]
+    )
     assert not upward, "\n".join(upward)
 
 
@@ -118,7 +127,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
         path.append(name)
         for target in sorted(graph.get(name, ())):
             if state.get(target) == 1:
-                return path[path.index(target):] + [target]
+                return path[path.index(target) :] + [target]
             if target not in state:
                 cycle = visit(target)
                 if cycle:
@@ -154,8 +163,20 @@ def test_the_cycle_finder_finds_a_cycle_closed_by_a_late_import():
 
 # Third-party libraries loaded once before the forks, so each module's own import is cheap;
 # which project modules load, and in what order, is untouched.
-PRELOAD = ["numpy", "torch", "zmq", "msgpack", "omegaconf", "hydra", "tqdm", "safetensors", "gymnasium",
-           "transformers", "diffusers", "peft"]
+PRELOAD = [
+    "numpy",
+    "torch",
+    "zmq",
+    "msgpack",
+    "omegaconf",
+    "hydra",
+    "tqdm",
+    "safetensors",
+    "gymnasium",
+    "transformers",
+    "diffusers",
+    "peft",
+]
 
 ALONE = """
 import importlib, os, sys
@@ -184,20 +205,27 @@ print("failed:", " ".join(failed))
 def test_each_module_imports_alone(graph):
     names = sorted(graph)
     script = ALONE.format(preload=PRELOAD, names=names)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "failed:", result.stdout + result.stderr[-3000:]
 
 
 def test_the_core_imports_no_torch(graph):
     core = sorted(name for name in graph if layer(name) == "core")
-    script = ("import importlib, sys\n"
-              f"for name in {core!r}:\n    importlib.import_module(name)\n"
-              "assert 'torch' not in sys.modules, 'torch was imported'\n"
-              "above = [m for m in sys.modules if m.startswith('embodied.') and not m.startswith(('embodied.core', "
-              "'embodied.configs'))]\n"
-              "assert not above, above\n"
-              "print('ok')")
+    script = (
+        "import importlib, sys\n"
+        f"for name in {core!r}:\n    importlib.import_module(name)\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+        "above = [m for m in sys.modules if m.startswith('embodied.') and not m.startswith(('embodied.core', "
+        "'embodied.configs'))]\n"
+        "assert not above, above\n"
+        "print('ok')"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]

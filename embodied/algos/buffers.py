@@ -57,8 +57,11 @@ class Trajectory:
         """Plain tensors, lists and dicts (what checkpoints hold), on the CPU."""
         cpu = self.to("cpu")
         state = {f.name: getattr(cpu, f.name) for f in fields(cpu)}
-        state["observation"] = {"state": cpu.observation.state, "images": cpu.observation.images,
-                                "instruction": list(cpu.observation.instruction)}
+        state["observation"] = {
+            "state": cpu.observation.state,
+            "images": cpu.observation.images,
+            "instruction": list(cpu.observation.instruction),
+        }
         return state
 
     @classmethod
@@ -115,30 +118,43 @@ class TrajectoryBuilder:
         self.steps: list[dict[str, Any]] = []
         self.instruction: list[str] = []
 
-    def add(self, observation: Observation, chunk: ActionChunk, result: StepResult,
-            bootstrap_value: torch.Tensor, intervened: np.ndarray | None = None) -> None:
+    def add(
+        self,
+        observation: Observation,
+        chunk: ActionChunk,
+        result: StepResult,
+        bootstrap_value: torch.Tensor,
+        intervened: np.ndarray | None = None,
+    ) -> None:
         self.instruction = list(observation.instruction)
-        self.steps.append({
-            "state": torch.as_tensor(observation.state),
-            "images": {k: torch.as_tensor(v) for k, v in observation.images.items()},
-            "actions": chunk.actions,
-            "log_prob": chunk.log_prob,
-            "value": chunk.value,
-            "record": chunk.record,
-            "policy_version": torch.full_like(chunk.log_prob, chunk.policy_version, dtype=torch.int64),
-            "reward": torch.as_tensor(result.reward),
-            "terminated": torch.as_tensor(result.terminated),
-            "truncated": torch.as_tensor(result.truncated),
-            "bootstrap_value": bootstrap_value,
-            "success": torch.as_tensor(result.success),
-            "executed_action": torch.as_tensor(result.executed_action),
-            "executed_steps": torch.as_tensor(result.executed_steps),
-            "intervened": (torch.zeros(len(result.reward), dtype=torch.bool) if intervened is None
-                           else torch.as_tensor(intervened, dtype=torch.bool)),
-            "next_state": torch.where(torch.as_tensor(result.done).unsqueeze(-1),
-                                      torch.as_tensor(result.final_observation.state),
-                                      torch.as_tensor(result.observation.state)),
-        })
+        self.steps.append(
+            {
+                "state": torch.as_tensor(observation.state),
+                "images": {k: torch.as_tensor(v) for k, v in observation.images.items()},
+                "actions": chunk.actions,
+                "log_prob": chunk.log_prob,
+                "value": chunk.value,
+                "record": chunk.record,
+                "policy_version": torch.full_like(chunk.log_prob, chunk.policy_version, dtype=torch.int64),
+                "reward": torch.as_tensor(result.reward),
+                "terminated": torch.as_tensor(result.terminated),
+                "truncated": torch.as_tensor(result.truncated),
+                "bootstrap_value": bootstrap_value,
+                "success": torch.as_tensor(result.success),
+                "executed_action": torch.as_tensor(result.executed_action),
+                "executed_steps": torch.as_tensor(result.executed_steps),
+                "intervened": (
+                    torch.zeros(len(result.reward), dtype=torch.bool)
+                    if intervened is None
+                    else torch.as_tensor(intervened, dtype=torch.bool)
+                ),
+                "next_state": torch.where(
+                    torch.as_tensor(result.done).unsqueeze(-1),
+                    torch.as_tensor(result.final_observation.state),
+                    torch.as_tensor(result.observation.state),
+                ),
+            }
+        )
 
     def build(self, last_value: torch.Tensor) -> Trajectory:
         stack = lambda key: torch.stack([s[key] for s in self.steps])  # noqa: E731

@@ -36,8 +36,9 @@ class EnsembleLayerNorm(nn.Module):
 
 
 class CriticEnsemble(nn.Module):
-    def __init__(self, members: int, state_dim: int, action_dim: int, hidden: list[int], layer_norm: bool = True,
-                 bins: int = 1):
+    def __init__(
+        self, members: int, state_dim: int, action_dim: int, hidden: list[int], layer_norm: bool = True, bins: int = 1
+    ):
         super().__init__()
         self.members = members
         sizes = [state_dim + action_dim, *hidden, bins]
@@ -64,8 +65,9 @@ class HLGauss(nn.Module):
     def __init__(self, low: float, high: float, bins: int, sigma_ratio: float = 0.75):
         super().__init__()
         if not low < high or bins < 2 or sigma_ratio <= 0:
-            raise ValueError(f"HL-Gauss needs low < high, bins >= 2 and sigma_ratio > 0; got {low}, {high}, "
-                             f"{bins}, {sigma_ratio}")
+            raise ValueError(
+                f"HL-Gauss needs low < high, bins >= 2 and sigma_ratio > 0; got {low}, {high}, {bins}, {sigma_ratio}"
+            )
         self.register_buffer("edges", torch.linspace(low, high, bins + 1))
         self.register_buffer("centers", (self.edges[:-1] + self.edges[1:]) / 2)
         self.sigma = sigma_ratio * (high - low) / bins

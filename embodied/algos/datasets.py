@@ -28,7 +28,7 @@ def dataset_info(root: str | Path) -> dict[str, Any]:
 
 
 def cameras(info: dict[str, Any]) -> list[str]:
-    return sorted(key[len(IMAGE_PREFIX):] for key in info["features"] if key.startswith(IMAGE_PREFIX))
+    return sorted(key[len(IMAGE_PREFIX) :] for key in info["features"] if key.startswith(IMAGE_PREFIX))
 
 
 def held_out_episodes(episodes: np.ndarray, fraction: float, seed: int) -> np.ndarray:
@@ -39,8 +39,12 @@ def held_out_episodes(episodes: np.ndarray, fraction: float, seed: int) -> np.nd
     return np.random.default_rng(seed).permutation(episodes)[:held]
 
 
-def read_frames(root: str | Path, columns: list[str], optional: tuple[str, ...] = (),
-                hint: str = "record it with the robot client's record.root") -> dict[str, np.ndarray]:
+def read_frames(
+    root: str | Path,
+    columns: list[str],
+    optional: tuple[str, ...] = (),
+    hint: str = "record it with the robot client's record.root",
+) -> dict[str, np.ndarray]:
     """`columns` (all required) and those of `optional` the dataset has, ordered by the
     global frame index. `task` gives each frame's instruction."""
     import pyarrow.parquet as pq
@@ -57,8 +61,10 @@ def read_frames(root: str | Path, columns: list[str], optional: tuple[str, ...] 
         raise ConfigError(f"the dataset at {root} lacks {missing}; {hint}")
     videos = [c for c in wanted if c.startswith(IMAGE_PREFIX) and info["features"][c]["dtype"] == "video"]
     if videos:
-        raise ConfigError(f"the dataset at {root} stores {videos} as video; learners here read images stored as "
-                          "images (record with record.use_videos=false)")
+        raise ConfigError(
+            f"the dataset at {root} stores {videos} as video; learners here read images stored as "
+            "images (record with record.use_videos=false)"
+        )
     extra = ["task_index"] if "task" in columns else []
     names = list(dict.fromkeys(wanted + [c for c in optional if c in present] + extra + ["index"]))
     tables = [pq.read_table(f, columns=names).to_pydict() for f in files]

@@ -56,17 +56,25 @@ class DataParallel:
         # interface of the machine, loopback runs included.
         # The store takes the socket over (and closes it).
         listener = socket.create_server((host, int(port))).detach() if rank == 0 else None
-        store = dist.TCPStore(host, int(port), world_size, is_master=rank == 0, timeout=IDLE_TIMEOUT,
-                              master_listen_fd=listener)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
-                                world_size=world_size, timeout=IDLE_TIMEOUT)
+        store = dist.TCPStore(
+            host, int(port), world_size, is_master=rank == 0, timeout=IDLE_TIMEOUT, master_listen_fd=listener
+        )
+        dist.init_process_group(
+            "nccl" if device.type == "cuda" else "gloo",
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=IDLE_TIMEOUT,
+        )
         return cls(rank, world_size, device)
 
     def shard(self, size: int) -> slice:
         """This rank's part of a minibatch of `size` rows."""
         if size % self.world_size:
-            raise ConfigError(f"a minibatch of {size} samples does not split evenly over {self.world_size} learner "
-                              f"ranks; choose algo.num_minibatches so that it does")
+            raise ConfigError(
+                f"a minibatch of {size} samples does not split evenly over {self.world_size} learner "
+                f"ranks; choose algo.num_minibatches so that it does"
+            )
         part = size // self.world_size
         return slice(self.rank * part, (self.rank + 1) * part)
 
@@ -100,7 +108,7 @@ class DataParallel:
         offset = 0
         for parameter, count in zip(trainable, present.tolist()):
             size = parameter.numel()
-            parameter.grad = flat[offset:offset + size].view_as(parameter) if count else None
+            parameter.grad = flat[offset : offset + size].view_as(parameter) if count else None
             offset += size
 
     def mean(self, value: float) -> float:
@@ -133,23 +141,27 @@ def shard_policy(policy: torch.nn.Module, parallel: DataParallel) -> None:
     parallel.sharded = True
 
 
-def shard_with_optimizer(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, parallel: DataParallel
-                         ) -> torch.optim.Optimizer:
+def shard_with_optimizer(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, parallel: DataParallel
+) -> torch.optim.Optimizer:
     """Shard `policy` and return its optimizer rebuilt over the sharded parameters, holding
     the shards of `optimizer`'s state (the same on every rank before)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     if len(optimizer.param_groups) != 1:
-        raise ConfigError("runtime.learner_sharding=fsdp shards optimizers with one parameter group "
-                          "(algo.value_lr gives the value function a group of its own: leave it null)")
+        raise ConfigError(
+            "runtime.learner_sharding=fsdp shards optimizers with one parameter group "
+            "(algo.value_lr gives the value function a group of its own: leave it null)"
+        )
     names = optimizer_parameter_names(policy, optimizer)
     state = optimizer.state_dict()
     shard_policy(policy, parallel)
     parameters = dict(policy.named_parameters())
     sharded = type(optimizer)([parameters[name] for name in names], **optimizer.defaults)
     if state["state"]:  # parameters that never had a gradient (e.g. an unused noise head) have none
-        set_optimizer_state_dict(policy, sharded, by_name(state, names),
-                                 options=StateDictOptions(full_state_dict=True, strict=False))
+        set_optimizer_state_dict(
+            policy, sharded, by_name(state, names), options=StateDictOptions(full_state_dict=True, strict=False)
+        )
         # Loading first gives every parameter a zero state (a step at lr 0); where there was
         # none, there stays none, so its first real step is the one an unsharded optimizer takes.
         saved = {names[i] for i in state["state"]}
@@ -167,15 +179,19 @@ def optimizer_parameter_names(policy: torch.nn.Module, optimizer: torch.optim.Op
 
 def by_name(state: dict, names: list[str]) -> dict:
     """An optimizer state dict keyed by parameter index -> keyed by parameter name."""
-    return {"state": {names[i]: value for i, value in state["state"].items()},
-            "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]]}
+    return {
+        "state": {names[i]: value for i, value in state["state"].items()},
+        "param_groups": [{**group, "params": [names[i] for i in group["params"]]} for group in state["param_groups"]],
+    }
 
 
 def by_index(state: dict, names: list[str]) -> dict:
     """An optimizer state dict keyed by parameter name -> keyed by parameter index."""
     index = {name: i for i, name in enumerate(names)}
-    return {"state": {index[name]: value for name, value in state["state"].items()},
-            "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in state["param_groups"]]}
+    return {
+        "state": {index[name]: value for name, value in state["state"].items()},
+        "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in state["param_groups"]],
+    }
 
 
 def full_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -191,5 +207,7 @@ def full_optimizer_state(policy: torch.nn.Module, optimizer: torch.optim.Optimiz
     ranks get {}. Every rank must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    state = get_optimizer_state_dict(policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_optimizer_state_dict(
+        policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
     return by_index(state, names) if state else {}

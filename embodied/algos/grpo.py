@@ -25,12 +25,12 @@ import torch
 from torch import nn
 
 from embodied.algos.advantages import group_normalized
-from embodied.algos.ppo import LossAverages, check_ratio, ratio_log_probs, term_advantages
 from embodied.algos.buffers import Trajectory
 from embodied.algos.distributed import DataParallel
+from embodied.algos.ppo import LossAverages, check_ratio, ratio_log_probs, term_advantages
 from embodied.core.errors import ConfigError
-from embodied.core.registry import ALGOS
 from embodied.core.policy import Policy
+from embodied.core.registry import ALGOS
 
 
 @dataclass
@@ -41,8 +41,14 @@ class GRPOLoss:
     clipfrac: torch.Tensor
 
 
-def grpo_loss(new_log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-              mask: torch.Tensor, clip_low: float = 0.2, clip_high: float = 0.28) -> GRPOLoss:
+def grpo_loss(
+    new_log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+) -> GRPOLoss:
     """Token-level inputs (N, T) with `mask` marking real action tokens; `advantages` (N,) or (N, T)."""
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(new_log_prob)
@@ -108,8 +114,10 @@ class DynamicSampling:
 
     def metrics(self) -> dict[str, float]:
         """Per task, the fraction of its groups inside the success band."""
-        return {f"sampling/{task}/informative_fraction": self.informative[task] / self.seen[task]
-                for task in sorted(self.seen)}
+        return {
+            f"sampling/{task}/informative_fraction": self.informative[task] / self.seen[task]
+            for task in sorted(self.seen)
+        }
 
 
 @dataclass
@@ -170,8 +178,9 @@ class GRPO:
         self.cfg = cfg
         self.policy = policy
         self.group_size = cfg.group_size  # tells the runtime to start episodes in groups
-        self.optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=cfg.lr,
-                                          eps=cfg.adam_eps)
+        self.optimizer = torch.optim.Adam(
+            [p for p in policy.parameters() if p.requires_grad], lr=cfg.lr, eps=cfg.adam_eps
+        )
         self.sampling = DynamicSampling(groups_per_batch=1 << 30, low=cfg.success_band[0], high=cfg.success_band[1])
         self.kept: list[Kept] = []
         self.batches_collected = 0  # since the last update
@@ -192,9 +201,11 @@ class GRPO:
             raise ConfigError(f"env.num_envs={batch.num_envs} is not a multiple of algo.group_size={size}")
         first_episode, ended, success, episode_return = self._outcomes(batch)
         if not ended.all():
-            raise ConfigError(f"algo.rollout_steps={batch.num_steps} chunk steps did not reach the end of the first "
-                              f"episode of {int((~ended).sum())} envs; GRPO compares whole episodes, so set it to at "
-                              f"least the episode length in chunk steps (env steps / policy.chunk_size)")
+            raise ConfigError(
+                f"algo.rollout_steps={batch.num_steps} chunk steps did not reach the end of the first "
+                f"episode of {int((~ended).sum())} envs; GRPO compares whole episodes, so set it to at "
+                f"least the episode length in chunk steps (env steps / policy.chunk_size)"
+            )
         device = batch.reward.device
         groups = torch.arange(batch.num_envs, device=device) // size
         outcome = success.float() if cfg.outcome == "success" else episode_return.float()
@@ -205,9 +216,11 @@ class GRPO:
             members = slice(g * size, (g + 1) * size)
             tasks = set(instructions[members]) if instructions else {"task"}
             if len(tasks) > 1:
-                raise ConfigError(f"the envs of GRPO group {g} run different tasks ({sorted(tasks)}); a group must "
-                                  f"share one task and initial state: give every env the same task, or make "
-                                  f"consecutive blocks of algo.group_size envs run one task")
+                raise ConfigError(
+                    f"the envs of GRPO group {g} run different tasks ({sorted(tasks)}); a group must "
+                    f"share one task and initial state: give every env the same task, or make "
+                    f"consecutive blocks of algo.group_size envs run one task"
+                )
             task = tasks.pop()
             kept = self.sampling.offer(Group(task, int(success[members].sum()), size))
             informative[members] = kept
@@ -217,9 +230,13 @@ class GRPO:
             self.kept.append(Kept(batch, rows, advantages, int(informative.sum()) // size))
         self.batches_collected += 1
         kept_groups = sum(k.groups for k in self.kept)
-        metrics = {"grpo/success_rate": float(success.float().mean()),
-                   "grpo/informative_groups": float(informative.sum() // size),
-                   "grpo/kept_groups": float(kept_groups), **self.sampling.metrics(), "train/lr": cfg.lr}
+        metrics = {
+            "grpo/success_rate": float(success.float().mean()),
+            "grpo/informative_groups": float(informative.sum() // size),
+            "grpo/kept_groups": float(kept_groups),
+            **self.sampling.metrics(),
+            "train/lr": cfg.lr,
+        }
         if kept_groups < cfg.groups_per_batch and self.batches_collected < cfg.max_batches_per_update:
             return {**metrics, "grpo/resampling": 1.0}  # collect another batch before stepping
         kept, self.kept = self.kept, []
@@ -244,7 +261,7 @@ class GRPO:
             if parallel:
                 parallel.broadcast(order)  # every rank walks the same minibatches
             for start in range(0, order.numel(), minibatch):
-                picked = order[start:start + minibatch]
+                picked = order[start : start + minibatch]
                 mine = picked[parallel.part(len(picked))] if parallel else picked
                 self.optimizer.zero_grad()
                 loss = self._loss(kept, rows[mine], sources[mine]) if len(mine) else None
@@ -272,24 +289,48 @@ class GRPO:
             new.append(ratio_log_probs(recomputed.log_prob, recomputed.term_log_prob, cfg.ratio))
             old.append(ratio_log_probs(chunk.log_prob, chunk.record.get("term_log_prob"), cfg.ratio).to(new[-1].device))
             env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
-            advantages.append(term_advantages(k.advantages[env_of_row].to(new[-1].device), new[-1].shape[1],
-                                              cfg.denoise_discount))
+            advantages.append(
+                term_advantages(k.advantages[env_of_row].to(new[-1].device), new[-1].shape[1], cfg.denoise_discount)
+            )
         new_log_prob = torch.cat(new)
-        return grpo_loss(new_log_prob, torch.cat(old), torch.cat(advantages), torch.ones_like(new_log_prob),
-                         cfg.clip_low, cfg.clip_high)
+        return grpo_loss(
+            new_log_prob,
+            torch.cat(old),
+            torch.cat(advantages),
+            torch.ones_like(new_log_prob),
+            cfg.clip_low,
+            cfg.clip_high,
+        )
 
     def state_dict(self) -> dict:
         """With the groups kept for the next update: a resumed run trains on the same data."""
-        return {"optimizer": self.optimizer.state_dict(), "batches_collected": self.batches_collected,
-                "kept": [{"batch": k.batch.state_dict(), "rows": k.rows.cpu(), "advantages": k.advantages.cpu(),
-                          "groups": k.groups} for k in self.kept]}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "batches_collected": self.batches_collected,
+            "kept": [
+                {
+                    "batch": k.batch.state_dict(),
+                    "rows": k.rows.cpu(),
+                    "advantages": k.advantages.cpu(),
+                    "groups": k.groups,
+                }
+                for k in self.kept
+            ],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.batches_collected = int(state.get("batches_collected", 0))
         device = self.policy.device
-        self.kept = [Kept(Trajectory.from_state_dict(k["batch"]).to(device), k["rows"].to(device),
-                          k["advantages"].to(device), int(k["groups"])) for k in state.get("kept", [])]
+        self.kept = [
+            Kept(
+                Trajectory.from_state_dict(k["batch"]).to(device),
+                k["rows"].to(device),
+                k["advantages"].to(device),
+                int(k["groups"]),
+            )
+            for k in state.get("kept", [])
+        ]
 
 
 @ALGOS.register("grpo", GRPOConfig)

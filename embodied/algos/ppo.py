@@ -17,12 +17,12 @@ import torch
 from torch import nn
 
 from embodied.algos.advantages import explained_variance, gae
-from embodied.algos.reward_scaling import ReturnScaler
 from embodied.algos.buffers import Trajectory
 from embodied.algos.distributed import DataParallel
+from embodied.algos.reward_scaling import ReturnScaler
 from embodied.core.errors import ConfigError
-from embodied.core.registry import ALGOS
 from embodied.core.policy import Policy
+from embodied.core.registry import ALGOS
 
 
 @dataclass
@@ -193,8 +193,10 @@ def parameter_groups(policy: Policy, cfg: PPOConfig) -> list[dict]:
     if cfg.value_lr is None:
         return [{"params": list(policy.parameters())}]
     value = {id(p) for p in policy.value_parameters()}
-    return [{"params": [p for p in policy.parameters() if id(p) not in value]},
-            {"params": [p for p in policy.parameters() if id(p) in value], "lr": cfg.value_lr, "value": True}]
+    return [
+        {"params": [p for p in policy.parameters() if id(p) not in value]},
+        {"params": [p for p in policy.parameters() if id(p) in value], "lr": cfg.value_lr, "value": True},
+    ]
 
 
 class PPO:
@@ -222,8 +224,16 @@ class PPO:
         done = batch.terminated | batch.truncated
         reward = self.return_scaler(batch.reward, done) if self.return_scaler else batch.reward
         bootstrap = batch.bootstrap_value
-        advantages, returns = gae(reward, batch.value, batch.terminated, batch.truncated,
-                                  bootstrap, batch.last_value, cfg.gamma, cfg.gae_lambda)
+        advantages, returns = gae(
+            reward,
+            batch.value,
+            batch.terminated,
+            batch.truncated,
+            bootstrap,
+            batch.last_value,
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
 
         flat_adv, flat_ret = advantages.reshape(-1), returns.reshape(-1)
         size = flat_adv.numel()
@@ -253,7 +263,7 @@ class PPO:
             if parallel:
                 parallel.broadcast(order)  # every rank walks the same minibatches
             for start in range(0, size - minibatch + 1, minibatch):
-                rows = order[start:start + minibatch]
+                rows = order[start : start + minibatch]
                 advantages = flat_adv[rows]
                 if cfg.normalize_advantages:
                     advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -266,9 +276,17 @@ class PPO:
                     recomputed = self.policy.recompute(batch.flat_observation(part_rows), chunk)
                     new_log_prob = ratio_log_probs(recomputed.log_prob, recomputed.term_log_prob, cfg.ratio)
                     part_advantages = term_advantages(advantages[part], new_log_prob.shape[1], cfg.denoise_discount)
-                    loss = ppo_loss(new_log_prob, old_log_prob[part_rows], part_advantages, recomputed.value,
-                                    chunk.value, flat_ret[part_rows], recomputed.entropy, self._loss_cfg,
-                                    None if behaviour_weight is None else behaviour_weight[part_rows])
+                    loss = ppo_loss(
+                        new_log_prob,
+                        old_log_prob[part_rows],
+                        part_advantages,
+                        recomputed.value,
+                        chunk.value,
+                        flat_ret[part_rows],
+                        recomputed.entropy,
+                        self._loss_cfg,
+                        None if behaviour_weight is None else behaviour_weight[part_rows],
+                    )
                     objective = cfg.vf_coef * loss.value_loss if warming_up else loss.total
                     (objective / cfg.gradient_accumulation_steps).backward()
                     losses.append(loss)
@@ -301,8 +319,10 @@ class PPO:
     def _accumulation_parts(self, size: int) -> list[slice]:
         steps = self.cfg.gradient_accumulation_steps
         if size % steps:
-            raise ConfigError(f"a minibatch (shard) of {size} samples does not split into "
-                              f"algo.gradient_accumulation_steps={steps} equal parts")
+            raise ConfigError(
+                f"a minibatch (shard) of {size} samples does not split into "
+                f"algo.gradient_accumulation_steps={steps} equal parts"
+            )
         part = size // steps
         return [slice(i * part, (i + 1) * part) for i in range(steps)]
 

@@ -50,10 +50,14 @@ class ReplayBuffer:
             raise ConfigError(f"a replay buffer needs a capacity >= 1, got {capacity}")
         self.capacity = capacity
         self.data = Transitions(
-            state=torch.zeros(capacity, state_dim), action=torch.zeros(capacity, action_dim),
-            reward=torch.zeros(capacity), next_state=torch.zeros(capacity, state_dim),
-            discount=torch.zeros(capacity), intervened=torch.zeros(capacity, dtype=torch.bool),
-            mc_return=torch.full((capacity,), -torch.inf))
+            state=torch.zeros(capacity, state_dim),
+            action=torch.zeros(capacity, action_dim),
+            reward=torch.zeros(capacity),
+            next_state=torch.zeros(capacity, state_dim),
+            discount=torch.zeros(capacity),
+            intervened=torch.zeros(capacity, dtype=torch.bool),
+            mc_return=torch.full((capacity,), -torch.inf),
+        )
         self.size = 0
         self.cursor = 0  # where the next transition goes; the oldest are overwritten first
         self.added = 0  # ever
@@ -64,8 +68,9 @@ class ReplayBuffer:
 
     def add(self, items: Transitions) -> None:
         for start in range(0, len(items), self.capacity):
-            part = Transitions(**{f.name: getattr(items, f.name)[start:start + self.capacity]
-                                  for f in fields(Transitions)})
+            part = Transitions(
+                **{f.name: getattr(items, f.name)[start : start + self.capacity] for f in fields(Transitions)}
+            )
             rows = (self.cursor + torch.arange(len(part))) % self.capacity
             for f in fields(Transitions):
                 getattr(self.data, f.name)[rows] = getattr(part, f.name).to(getattr(self.data, f.name).dtype)
@@ -81,8 +86,12 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         used = slice(0, self.size)
-        return {"data": {f.name: getattr(self.data, f.name)[used].clone() for f in fields(Transitions)},
-                "cursor": self.cursor, "added": self.added, "generator": self.generator.get_state()}
+        return {
+            "data": {f.name: getattr(self.data, f.name)[used].clone() for f in fields(Transitions)},
+            "cursor": self.cursor,
+            "added": self.added,
+            "generator": self.generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         data = state["data"]
@@ -121,27 +130,33 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
     return returns.astype(np.float32)
 
 
-def from_dataset(root: str | Path, to_squashed: Callable[[torch.Tensor], torch.Tensor], gamma: float,
-                 state_dim: int, action_dim: int) -> Transitions:
+def from_dataset(
+    root: str | Path, to_squashed: Callable[[torch.Tensor], torch.Tensor], gamma: float, state_dim: int, action_dim: int
+) -> Transitions:
     """Transitions from a LeRobotDataset recorded by the robot client (`robots/recording.py`):
     demonstrations and corrections. An episode's last frame is terminal when it succeeded;
     otherwise it has no next state and is left out."""
-    frames = read_frames(root, ["observation.state", "action", "next.reward", "next.success", "episode_index"],
-                         optional=("intervention", "safety_override"))
+    frames = read_frames(
+        root,
+        ["observation.state", "action", "next.reward", "next.success", "episode_index"],
+        optional=("intervention", "safety_override"),
+    )
     length = len(frames["action"])
     state = frames["observation.state"].astype(np.float32).reshape(length, -1)
     action = frames["action"].astype(np.float32).reshape(length, -1)
     if state.shape[1] != state_dim or action.shape[1] != action_dim:
-        raise ConfigError(f"the dataset at {root} has states of {state.shape[1]} and actions of {action.shape[1]}; "
-                          f"the env has {state_dim} and {action_dim}")
+        raise ConfigError(
+            f"the dataset at {root} has states of {state.shape[1]} and actions of {action.shape[1]}; "
+            f"the env has {state_dim} and {action_dim}"
+        )
     reward = frames["next.reward"].astype(np.float32).reshape(-1)
     success = frames["next.success"].reshape(-1).astype(bool)
     episode = frames["episode_index"].reshape(-1)
-    intervened = (frames["intervention"].reshape(-1).astype(bool) if "intervention" in frames
-                  else np.zeros(length, bool))
+    intervened = frames["intervention"].reshape(-1).astype(bool) if "intervention" in frames else np.zeros(length, bool)
     # The safety layer's holds are no one's demonstration: they stay out of the transitions.
-    overridden = (frames["safety_override"].reshape(-1).astype(bool) if "safety_override" in frames
-                  else np.zeros(length, bool))
+    overridden = (
+        frames["safety_override"].reshape(-1).astype(bool) if "safety_override" in frames else np.zeros(length, bool)
+    )
     keep, next_state, discount, mc_return = [], [], [], []
     for index in np.unique(episode):
         rows = np.flatnonzero(episode == index)
@@ -158,7 +173,11 @@ def from_dataset(root: str | Path, to_squashed: Callable[[torch.Tensor], torch.T
     if len(rows) == 0:
         raise ConfigError(f"the dataset at {root} holds no usable transitions")
     return Transitions(
-        state=torch.from_numpy(state[rows]), action=to_squashed(torch.from_numpy(action[rows])).cpu(),
-        reward=torch.from_numpy(reward[rows]), next_state=torch.from_numpy(np.stack(next_state)),
-        discount=torch.tensor(discount), intervened=torch.from_numpy(intervened[rows]),
-        mc_return=torch.tensor(mc_return))
+        state=torch.from_numpy(state[rows]),
+        action=to_squashed(torch.from_numpy(action[rows])).cpu(),
+        reward=torch.from_numpy(reward[rows]),
+        next_state=torch.from_numpy(np.stack(next_state)),
+        discount=torch.tensor(discount),
+        intervened=torch.from_numpy(intervened[rows]),
+        mc_return=torch.tensor(mc_return),
+    )

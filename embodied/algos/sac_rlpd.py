@@ -31,12 +31,12 @@ from typing import Any, Optional
 
 import torch
 
-from embodied.algos.critics import CriticEnsemble, HLGauss
 from embodied.algos.buffers import Trajectory
-from embodied.core.errors import ConfigError
-from embodied.core.registry import ALGOS
+from embodied.algos.critics import CriticEnsemble, HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, concat, from_dataset, from_trajectory
+from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
+from embodied.core.registry import ALGOS
 
 logger = logging.getLogger(__name__)
 
@@ -104,18 +104,24 @@ class SACRLPD:
         check_sac_config(cfg)
         for method in ("sample", "log_prob", "to_squashed"):
             if not hasattr(policy, method):
-                raise ConfigError(f"algo '{cfg.name}' needs a policy with a squashed action distribution "
-                                  f"(policy=squashed_gaussian), not '{type(policy).__name__}'")
+                raise ConfigError(
+                    f"algo '{cfg.name}' needs a policy with a squashed action distribution "
+                    f"(policy=squashed_gaussian), not '{type(policy).__name__}'"
+                )
         self.cfg = cfg
         self.policy = policy
         spec = policy.spec
         device = policy.device
-        self.hl_gauss = (HLGauss(cfg.hl_gauss_low, cfg.hl_gauss_high, cfg.hl_gauss_bins, cfg.hl_gauss_sigma_ratio).to(device)
-                         if cfg.critic_loss == "hl_gauss" else None)
+        self.hl_gauss = (
+            HLGauss(cfg.hl_gauss_low, cfg.hl_gauss_high, cfg.hl_gauss_bins, cfg.hl_gauss_sigma_ratio).to(device)
+            if cfg.critic_loss == "hl_gauss"
+            else None
+        )
         bins = cfg.hl_gauss_bins if self.hl_gauss is not None else 1
         torch.manual_seed(cfg.seed)
-        self.critics = CriticEnsemble(cfg.num_critics, spec.state_dim, spec.action_dim, cfg.critic_hidden,
-                                      cfg.critic_layer_norm, bins).to(device)
+        self.critics = CriticEnsemble(
+            cfg.num_critics, spec.state_dim, spec.action_dim, cfg.critic_hidden, cfg.critic_layer_norm, bins
+        ).to(device)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_temperature = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -spec.action_dim / 2
@@ -146,8 +152,9 @@ class SACRLPD:
         if self.pretrained or not self.cfg.offline_pretrain_steps:
             self.pretrained = True
             return {}
-        logger.info("pretraining on %d offline transitions for %d steps", len(self.offline),
-                    self.cfg.offline_pretrain_steps)
+        logger.info(
+            "pretraining on %d offline transitions for %d steps", len(self.offline), self.cfg.offline_pretrain_steps
+        )
         metrics: dict[str, float] = {}
         for _ in range(self.cfg.offline_pretrain_steps):
             batch = self.offline.sample(self.cfg.batch_size).to(self.policy.device)
@@ -162,8 +169,11 @@ class SACRLPD:
         if self.cfg.retain_offline and bool(new.intervened.any()):  # HIL-SERL: corrections are demos too
             self.offline.add(Transitions(**{k: v[new.intervened] for k, v in vars(new).items()}))
         self.env_steps += len(new)
-        metrics: dict[str, float] = {"replay/online": len(self.online), "replay/offline": len(self.offline),
-                                     "replay/intervened": float(new.intervened.float().mean())}
+        metrics: dict[str, float] = {
+            "replay/online": len(self.online),
+            "replay/offline": len(self.offline),
+            "replay/intervened": float(new.intervened.float().mean()),
+        }
         if self.env_steps <= self.cfg.warmup_steps:
             return {**metrics, "train/warming_up": 1.0}
         if not self.cfg.retain_offline and not self.offline_dropped:
@@ -197,7 +207,7 @@ class SACRLPD:
         with torch.no_grad():
             next_action, next_log_prob = self.policy.sample(batch.next_state)
             next_q = self.q_values(self.target_critics, batch.next_state, next_action)  # (N, B)
-            subset = torch.randperm(self.cfg.num_critics, generator=self.generator)[:self.cfg.critic_subset]
+            subset = torch.randperm(self.cfg.num_critics, generator=self.generator)[: self.cfg.critic_subset]
             next_v = next_q[subset.to(next_q.device)].min(dim=0).values
             if self.cfg.backup_entropy:
                 next_v = next_v - self.temperature * next_log_prob
@@ -223,8 +233,12 @@ class SACRLPD:
         self.critic_optimizer.step()
         polyak(self.target_critics, self.critics, self.cfg.tau)
         self.critic_steps += 1
-        return {**metrics, "train/critic_loss": td_loss.item() / self.cfg.num_critics,
-                "train/q_mean": q_data.mean().item(), "train/target_mean": target.mean().item()}
+        return {
+            **metrics,
+            "train/critic_loss": td_loss.item() / self.cfg.num_critics,
+            "train/q_mean": q_data.mean().item(),
+            "train/target_mean": target.mean().item(),
+        }
 
     def calql_penalty(self, batch: Transitions, q_data: torch.Tensor, offline_rows: int) -> torch.Tensor:
         """CQL's logsumexp over sampled actions minus Q on the data's actions, on the offline
@@ -239,8 +253,7 @@ class SACRLPD:
         q_uniform = self.q_values(self.critics, repeated, uniform).view(-1, rows, k)
         q_policy = torch.maximum(q_policy, mc_return.view(1, rows, 1))  # the calibration
         # importance weights: log-densities of the proposals (uniform on [-1, 1]^A: -A log 2)
-        scores = torch.cat([q_uniform + action_dim * math.log(2),
-                            q_policy - policy_log_prob.view(1, rows, k)], dim=-1)
+        scores = torch.cat([q_uniform + action_dim * math.log(2), q_policy - policy_log_prob.view(1, rows, k)], dim=-1)
         return (torch.logsumexp(scores, dim=-1) - q_data[:, :offline_rows]).mean(1).sum()
 
     def actor_step(self, batch: Transitions, offline_rows: int = 0) -> dict[str, float]:
@@ -261,21 +274,29 @@ class SACRLPD:
         self.temperature_optimizer.zero_grad()
         temperature_loss.backward()
         self.temperature_optimizer.step()
-        return {**metrics, "train/actor_loss": actor_loss.item(), "train/entropy": -log_prob.mean().item(),
-                "train/temperature": self.temperature.item()}
+        return {
+            **metrics,
+            "train/actor_loss": actor_loss.item(),
+            "train/entropy": -log_prob.mean().item(),
+            "train/temperature": self.temperature.item(),
+        }
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {
-            "critics": self.critics.state_dict(), "target_critics": self.target_critics.state_dict(),
+            "critics": self.critics.state_dict(),
+            "target_critics": self.target_critics.state_dict(),
             "log_temperature": self.log_temperature.detach().clone(),
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "temperature_optimizer": self.temperature_optimizer.state_dict(),
-            "online": self.online.state_dict(), "offline": self.offline.state_dict(),
+            "online": self.online.state_dict(),
+            "offline": self.offline.state_dict(),
             "generator": self.generator.get_state(),
-            "env_steps": self.env_steps, "critic_steps": self.critic_steps,
-            "pretrained": self.pretrained, "offline_dropped": self.offline_dropped,
+            "env_steps": self.env_steps,
+            "critic_steps": self.critic_steps,
+            "pretrained": self.pretrained,
+            "offline_dropped": self.offline_dropped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

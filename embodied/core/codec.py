@@ -87,8 +87,11 @@ def unpack(frames: Sequence[Frame], limits: Limits = DEFAULT_LIMITS) -> Any:
         _check_dtype(dtype)
         if not isinstance(index, int) or not 1 <= index < len(frames) or index in used:
             raise CodecError(f"array record names frame {index!r}, which is missing or already used")
-        if (not isinstance(shape, list) or len(shape) > limits.max_ndim
-                or not all(isinstance(n, int) and n >= 0 for n in shape)):
+        if (
+            not isinstance(shape, list)
+            or len(shape) > limits.max_ndim
+            or not all(isinstance(n, int) and n >= 0 for n in shape)
+        ):
             raise CodecError(f"malformed array shape {shape!r}")
         used.add(index)
         expected = math.prod(shape) * dtype.itemsize
@@ -128,7 +131,7 @@ def decode(data: Frame, limits: Limits = DEFAULT_LIMITS) -> Any:
             offset += 8
             if offset + size > view.nbytes:
                 raise CodecError("message is shorter than its frame lengths say")
-            frames.append(view[offset:offset + size])
+            frames.append(view[offset : offset + size])
             offset += size
     except struct.error:
         raise CodecError("message is shorter than its frame lengths say") from None

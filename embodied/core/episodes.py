@@ -52,18 +52,28 @@ class Episode:
         return int(len(self.actions))
 
     def to_message(self) -> dict[str, Any]:
-        return {"states": self.states.astype(np.float32), "actions": self.actions.astype(np.float32),
-                "rewards": self.rewards.astype(np.float32), "intervened": self.intervened.astype(bool),
-                "terminated": bool(self.terminated), "success": bool(self.success),
-                "instruction": self.instruction, "policy_version": self.policy_version,
-                **({"outcome_images": self.outcome_images} if self.outcome_images else {})}
+        return {
+            "states": self.states.astype(np.float32),
+            "actions": self.actions.astype(np.float32),
+            "rewards": self.rewards.astype(np.float32),
+            "intervened": self.intervened.astype(bool),
+            "terminated": bool(self.terminated),
+            "success": bool(self.success),
+            "instruction": self.instruction,
+            "policy_version": self.policy_version,
+            **({"outcome_images": self.outcome_images} if self.outcome_images else {}),
+        }
 
 
 def episode_bytes(spec: EnvSpec, ticks: int, outcome_cameras: Sequence[str] = ()) -> int:
     """An upper bound on the size of an episode message of `ticks` ticks."""
     images = sum(math.prod(spec.image_shapes[camera]) for camera in outcome_cameras)
-    return (ticks * (8 * spec.state_dim + 4 * spec.action_dim + 8 + images) + 4 * spec.state_dim
-            + 4 * MAX_INSTRUCTION_CHARS + (1 << 16))
+    return (
+        ticks * (8 * spec.state_dim + 4 * spec.action_dim + 8 + images)
+        + 4 * spec.state_dim
+        + 4 * MAX_INSTRUCTION_CHARS
+        + (1 << 16)
+    )
 
 
 def parse_episode(body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Sequence[str] = ()) -> Episode:
@@ -79,8 +89,10 @@ def parse_episode(body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Seq
         raise ValueError(f"actions must be float32 ({ticks}, {spec.action_dim}), got {actions.shape}")
     states = _array(body, "states", np.float32, 2)
     if states.shape != (ticks + 1, spec.state_dim):
-        raise ValueError(f"states must be float32 ({ticks + 1}, {spec.state_dim}): one per acted tick and the "
-                         f"one after the last action; got {states.shape}")
+        raise ValueError(
+            f"states must be float32 ({ticks + 1}, {spec.state_dim}): one per acted tick and the "
+            f"one after the last action; got {states.shape}"
+        )
     rewards = _array(body, "rewards", np.float32, 1)
     intervened = _array(body, "intervened", np.bool_, 1)
     for name, array in (("rewards", rewards), ("intervened", intervened)):
@@ -103,27 +115,41 @@ def parse_episode(body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Seq
     version = body.get("policy_version")
     if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
         raise ValueError(f"policy_version must be an integer or null, got {version!r}")
-    return Episode(states=states, actions=actions, rewards=rewards, intervened=intervened,
-                   terminated=flags["terminated"], success=flags["success"], instruction=instruction,
-                   policy_version=version, outcome_images=_outcome_images(body, spec, ticks, outcome_cameras))
+    return Episode(
+        states=states,
+        actions=actions,
+        rewards=rewards,
+        intervened=intervened,
+        terminated=flags["terminated"],
+        success=flags["success"],
+        instruction=instruction,
+        policy_version=version,
+        outcome_images=_outcome_images(body, spec, ticks, outcome_cameras),
+    )
 
 
 def _outcome_images(body: dict[str, Any], spec: EnvSpec, ticks: int, cameras: Sequence[str]) -> dict[str, np.ndarray]:
     images = body.get("outcome_images", {})
     if not isinstance(images, dict) or set(images) != set(cameras):
-        raise ValueError(f"outcome_images must hold exactly the cameras {sorted(cameras)} (the learner's "
-                         f"outcome_cameras), got {sorted(images) if isinstance(images, dict) else type(images).__name__}")
+        raise ValueError(
+            f"outcome_images must hold exactly the cameras {sorted(cameras)} (the learner's "
+            f"outcome_cameras), got {sorted(images) if isinstance(images, dict) else type(images).__name__}"
+        )
     for camera, frames in images.items():
         shape = (ticks, *spec.image_shapes[camera])
         if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != shape:
-            raise ValueError(f"outcome_images['{camera}'] must be uint8 {shape}: one frame per acted tick, got "
-                             f"{getattr(frames, 'dtype', type(frames).__name__)} {getattr(frames, 'shape', '')}")
+            raise ValueError(
+                f"outcome_images['{camera}'] must be uint8 {shape}: one frame per acted tick, got "
+                f"{getattr(frames, 'dtype', type(frames).__name__)} {getattr(frames, 'shape', '')}"
+            )
     return dict(images)
 
 
 def _array(body: dict[str, Any], name: str, dtype: Any, ndim: int) -> np.ndarray:
     value = body.get(name)
     if not isinstance(value, np.ndarray) or value.dtype != dtype or value.ndim != ndim:
-        raise ValueError(f"{name} must be a {ndim}-d {np.dtype(dtype).name} array, got "
-                         f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}")
+        raise ValueError(
+            f"{name} must be a {ndim}-d {np.dtype(dtype).name} array, got "
+            f"{getattr(value, 'dtype', type(value).__name__)} {getattr(value, 'shape', '')}"
+        )
     return value

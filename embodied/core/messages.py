@@ -50,122 +50,300 @@ def _f(name: str, type_: str, meaning: str, required: bool = True) -> Field:
     return Field(name, type_, meaning, required)
 
 
-ERROR = (_f("code", "str", "malformed | version | kind | seq | hello | mismatch | full | busy | infer | episode"),
-         _f("message", "str", "what was wrong, for a person"))
+ERROR = (
+    _f("code", "str", "malformed | version | kind | seq | hello | mismatch | full | busy | infer | episode"),
+    _f("message", "str", "what was wrong, for a person"),
+)
 SPEC = "the env spec (`EnvSpec.to_dict()`: state_dim, action_dim, action bounds, image_shapes, control_hz, ...)"
-MARKS = (_f("received", "int", "the last trajectory number queued for the learner"),
-         _f("consumed", "int", "the last one used in an update or dropped as stale (the sender's flow control)"),
-         _f("durable", "int", "the last one a saved checkpoint holds (the sender may forget up to it)"),
-         _f("policy_version", "int", "the learner's newest weights"))
+MARKS = (
+    _f("received", "int", "the last trajectory number queued for the learner"),
+    _f("consumed", "int", "the last one used in an update or dropped as stale (the sender's flow control)"),
+    _f("durable", "int", "the last one a saved checkpoint holds (the sender may forget up to it)"),
+    _f("policy_version", "int", "the learner's newest weights"),
+)
 
 BODIES: tuple[Body, ...] = (
     # ---- env worker <-> env hub -------------------------------------------------------------
-    Body("env", "hello", "env worker", "embodied.sim.remote:EnvHub._handshake",
-         "a worker introduces the envs it holds; the hub checks their spec against the others'",
-         (_f("protocol", "int", "the protocol version"), _f("role", "str", "'env'"),
-          _f("env_ids", "list", "the env ids this worker steps"), _f("spec", "map", SPEC),
-          _f("tasks", "list", "each env's task"), _f("instructions", "list", "each env's instruction"))),
-    Body("env", "welcome", "env hub", "embodied.sim.worker:serve",
-         "the hub accepts the worker; the worker checks the spec the rollout expects",
-         (_f("protocol", "int", "the protocol version"), _f("spec", "map", SPEC))),
-    Body("env", "command", "env hub", "embodied.sim.group:run_command",
-         "call one of the worker's env-group methods (describe, observe, reset, rewind, step, render, "
-         "resume_state, restore); answered by a result with the same seq",
-         (_f("command", "str", "the method"), _f("args", "map", "its keyword arguments"))),
-    Body("env", "result", "env worker", "embodied.sim.group:unwrap_reply",
-         "the answer to a command: exactly one of ok and error",
-         (_f("ok", "any", "the method's return value", required=False),
-          _f("error", "str", "the traceback of a failed call", required=False))),
-    Body("env", "heartbeat", "env worker", "embodied.sim.remote:EnvHub.pump",
-         "sent when the worker has been idle for a heartbeat period", (_f("time", "float", "the worker's clock"),)),
+    Body(
+        "env",
+        "hello",
+        "env worker",
+        "embodied.sim.remote:EnvHub._handshake",
+        "a worker introduces the envs it holds; the hub checks their spec against the others'",
+        (
+            _f("protocol", "int", "the protocol version"),
+            _f("role", "str", "'env'"),
+            _f("env_ids", "list", "the env ids this worker steps"),
+            _f("spec", "map", SPEC),
+            _f("tasks", "list", "each env's task"),
+            _f("instructions", "list", "each env's instruction"),
+        ),
+    ),
+    Body(
+        "env",
+        "welcome",
+        "env hub",
+        "embodied.sim.worker:serve",
+        "the hub accepts the worker; the worker checks the spec the rollout expects",
+        (_f("protocol", "int", "the protocol version"), _f("spec", "map", SPEC)),
+    ),
+    Body(
+        "env",
+        "command",
+        "env hub",
+        "embodied.sim.group:run_command",
+        "call one of the worker's env-group methods (describe, observe, reset, rewind, step, render, "
+        "resume_state, restore); answered by a result with the same seq",
+        (_f("command", "str", "the method"), _f("args", "map", "its keyword arguments")),
+    ),
+    Body(
+        "env",
+        "result",
+        "env worker",
+        "embodied.sim.group:unwrap_reply",
+        "the answer to a command: exactly one of ok and error",
+        (
+            _f("ok", "any", "the method's return value", required=False),
+            _f("error", "str", "the traceback of a failed call", required=False),
+        ),
+    ),
+    Body(
+        "env",
+        "heartbeat",
+        "env worker",
+        "embodied.sim.remote:EnvHub.pump",
+        "sent when the worker has been idle for a heartbeat period",
+        (_f("time", "float", "the worker's clock"),),
+    ),
     Body("env", "close", "env hub", "embodied.sim.worker:serve", "the worker exits"),
-    Body("env", "error", "env hub or env worker", "embodied.sim.remote:SocketGroup.wait_for",
-         "a message that could not be used, or a worker whose envs do not match", ERROR),
+    Body(
+        "env",
+        "error",
+        "env hub or env worker",
+        "embodied.sim.remote:SocketGroup.wait_for",
+        "a message that could not be used, or a worker whose envs do not match",
+        ERROR,
+    ),
     # ---- robot client <-> policy server -------------------------------------------------------
-    Body("policy", "hello", "robot client", "embodied.serve:PolicyServer._hello",
-         "a robot introduces itself; the server checks its spec against the policy's",
-         (_f("protocol", "int", "the protocol version"), _f("role", "str", "'robot'"),
-          _f("name", "str", "the client's name, for logs"),
-          _f("session", "str", "the same across reconnects of one client run"), _f("spec", "map", SPEC))),
-    Body("policy", "welcome", "policy server", "embodied.robots.policy_client:PolicyClient._welcome",
-         "the server's metadata; a client that reconnects refuses another policy or normalisation",
-         (_f("policy", "str", "the policy's registry name"),
-          _f("policy_version", "int", "the weights' version"),
-          _f("chunk_size", "int", "actions per chunk"),
-          _f("normalization_id", "str|null", "a hash of the policy's input statistics"),
-          _f("deterministic", "bool", "whether actions are the policy's mode"),
-          _f("checkpoint", "str", "the checkpoint served (a fixed policy server)", required=False),
-          _f("learning", "bool", "the server learns from episodes (runtime=robots)", required=False),
-          _f("run", "str", "the learning run's directory", required=False),
-          _f("outcome_cameras", "list", "cameras whose outcome images episodes must carry", required=False))),
-    Body("policy", "infer", "robot client", "embodied.serve:PolicyServer._queue",
-         "one observation; answered by an action (or an error) with the same seq",
-         (_f("tick", "int", "the client's control tick"),
-          _f("observation", "map", "{state: float32 (S,), images: {camera: uint8 (H, W, 3)}, instruction: str}"),
-          _f("feedback", "map", "since the last request: reward, executed_action, intervened_ticks",
-             required=False))),
-    Body("policy", "action", "policy server", "embodied.robots.policy_client:PolicyClient._action",
-         "the action chunk for one infer",
-         (_f("actions", "array", "float32 (C, A)"), _f("tick", "int", "the request's tick"),
-          _f("policy_version", "int|null", "the weights that acted"),
-          _f("timing", "map", "queue_ms, infer_ms, server_ms, batch_size"))),
-    Body("policy", "episode", "robot client", "embodied.core.episodes:parse_episode",
-         "a finished episode for a learning server (runtime=robots); answered by an ack",
-         (_f("states", "array", "float32 (T + 1, S)"), _f("actions", "array", "float32 (T, A), as executed"),
-          _f("rewards", "array", "float32 (T,)"), _f("intervened", "array", "bool (T,)"),
-          _f("terminated", "bool", "the task ended it"), _f("success", "bool", "the robot's or the operator's verdict"),
-          _f("instruction", "str", "the task's instruction"),
-          _f("policy_version", "int|null", "the weights that acted at the episode's end"),
-          _f("outcome_images", "map", "camera -> uint8 (T, H, W, 3), for the welcome's outcome_cameras",
-             required=False))),
-    Body("policy", "ack", "policy server", "embodied.robots.policy_client:PolicyClient.send_episode",
-         "an episode taken by the learner",
-         (_f("transitions", "int", "the episode's length"), _f("policy_version", "int", "the learner's newest weights"),
-          _f("queued", "int", "episodes waiting for the learner"),
-          _f("finished", "bool", "the run needs no more episodes"))),
-    Body("policy", "heartbeat", "robot client", "embodied.serve:PolicyServer._dispatch",
-         "keeps an idle client's slot; answered by the server's heartbeat", (_f("time", "float", "the client's clock"),)),
-    Body("policy", "heartbeat", "policy server", "embodied.robots.policy_client:PolicyClient.ping",
-         "the answer to a client's heartbeat",
-         (_f("time", "float", "the server's clock"), _f("clients", "int", "clients connected"),
-          _f("requests", "int", "requests served"), _f("policy_version", "int|null", "the served weights"))),
-    Body("policy", "close", "robot client", "embodied.serve:PolicyServer._forget", "the client leaves; its slot is free"),
-    Body("policy", "error", "policy server", "embodied.robots.policy_client:PolicyClient._handle",
-         "a refused or failed request (mismatch, full, busy, hello: say hello first, infer: inference failed)",
-         ERROR),
+    Body(
+        "policy",
+        "hello",
+        "robot client",
+        "embodied.serve:PolicyServer._hello",
+        "a robot introduces itself; the server checks its spec against the policy's",
+        (
+            _f("protocol", "int", "the protocol version"),
+            _f("role", "str", "'robot'"),
+            _f("name", "str", "the client's name, for logs"),
+            _f("session", "str", "the same across reconnects of one client run"),
+            _f("spec", "map", SPEC),
+        ),
+    ),
+    Body(
+        "policy",
+        "welcome",
+        "policy server",
+        "embodied.robots.policy_client:PolicyClient._welcome",
+        "the server's metadata; a client that reconnects refuses another policy or normalisation",
+        (
+            _f("policy", "str", "the policy's registry name"),
+            _f("policy_version", "int", "the weights' version"),
+            _f("chunk_size", "int", "actions per chunk"),
+            _f("normalization_id", "str|null", "a hash of the policy's input statistics"),
+            _f("deterministic", "bool", "whether actions are the policy's mode"),
+            _f("checkpoint", "str", "the checkpoint served (a fixed policy server)", required=False),
+            _f("learning", "bool", "the server learns from episodes (runtime=robots)", required=False),
+            _f("run", "str", "the learning run's directory", required=False),
+            _f("outcome_cameras", "list", "cameras whose outcome images episodes must carry", required=False),
+        ),
+    ),
+    Body(
+        "policy",
+        "infer",
+        "robot client",
+        "embodied.serve:PolicyServer._queue",
+        "one observation; answered by an action (or an error) with the same seq",
+        (
+            _f("tick", "int", "the client's control tick"),
+            _f("observation", "map", "{state: float32 (S,), images: {camera: uint8 (H, W, 3)}, instruction: str}"),
+            _f("feedback", "map", "since the last request: reward, executed_action, intervened_ticks", required=False),
+        ),
+    ),
+    Body(
+        "policy",
+        "action",
+        "policy server",
+        "embodied.robots.policy_client:PolicyClient._action",
+        "the action chunk for one infer",
+        (
+            _f("actions", "array", "float32 (C, A)"),
+            _f("tick", "int", "the request's tick"),
+            _f("policy_version", "int|null", "the weights that acted"),
+            _f("timing", "map", "queue_ms, infer_ms, server_ms, batch_size"),
+        ),
+    ),
+    Body(
+        "policy",
+        "episode",
+        "robot client",
+        "embodied.core.episodes:parse_episode",
+        "a finished episode for a learning server (runtime=robots); answered by an ack",
+        (
+            _f("states", "array", "float32 (T + 1, S)"),
+            _f("actions", "array", "float32 (T, A), as executed"),
+            _f("rewards", "array", "float32 (T,)"),
+            _f("intervened", "array", "bool (T,)"),
+            _f("terminated", "bool", "the task ended it"),
+            _f("success", "bool", "the robot's or the operator's verdict"),
+            _f("instruction", "str", "the task's instruction"),
+            _f("policy_version", "int|null", "the weights that acted at the episode's end"),
+            _f(
+                "outcome_images",
+                "map",
+                "camera -> uint8 (T, H, W, 3), for the welcome's outcome_cameras",
+                required=False,
+            ),
+        ),
+    ),
+    Body(
+        "policy",
+        "ack",
+        "policy server",
+        "embodied.robots.policy_client:PolicyClient.send_episode",
+        "an episode taken by the learner",
+        (
+            _f("transitions", "int", "the episode's length"),
+            _f("policy_version", "int", "the learner's newest weights"),
+            _f("queued", "int", "episodes waiting for the learner"),
+            _f("finished", "bool", "the run needs no more episodes"),
+        ),
+    ),
+    Body(
+        "policy",
+        "heartbeat",
+        "robot client",
+        "embodied.serve:PolicyServer._dispatch",
+        "keeps an idle client's slot; answered by the server's heartbeat",
+        (_f("time", "float", "the client's clock"),),
+    ),
+    Body(
+        "policy",
+        "heartbeat",
+        "policy server",
+        "embodied.robots.policy_client:PolicyClient.ping",
+        "the answer to a client's heartbeat",
+        (
+            _f("time", "float", "the server's clock"),
+            _f("clients", "int", "clients connected"),
+            _f("requests", "int", "requests served"),
+            _f("policy_version", "int|null", "the served weights"),
+        ),
+    ),
+    Body(
+        "policy", "close", "robot client", "embodied.serve:PolicyServer._forget", "the client leaves; its slot is free"
+    ),
+    Body(
+        "policy",
+        "error",
+        "policy server",
+        "embodied.robots.policy_client:PolicyClient._handle",
+        "a refused or failed request (mismatch, full, busy, hello: say hello first, infer: inference failed)",
+        ERROR,
+    ),
     # ---- rollout <-> learner ---------------------------------------------------------------------
-    Body("learner", "hello", "rollout", "embodied.runtime.learner_link:LearnerLink._on_hello",
-         "a rollout introduces itself; the learner checks it serves the same run, policy and envs",
-         (_f("protocol", "int", "the protocol version"), _f("pid", "int", "the rollout's process"),
-          _f("sender", "str", "the rollout's name (rollout-0, ...)"), _f("run", "str", "the run directory"),
-          _f("policy", "str", "the policy's registry name"), _f("chunk_size", "int", "actions per chunk"),
-          _f("spec", "map", SPEC),
-          _f("first_held", "int", "the first trajectory number the rollout still holds"))),
-    Body("learner", "welcome", "learner", "embodied.runtime.rollout_link:RolloutLink._on_welcome",
-         "the learner accepts the rollout, repeats what must match and gives its marks",
-         (_f("learner_id", "str", "this learner process (a restarted one has another)"),
-          _f("protocol", "int", "the protocol version"), _f("run", "str", "the run directory"),
-          _f("policy", "str", "the policy's registry name"), _f("chunk_size", "int", "actions per chunk"),
-          _f("spec", "map", SPEC), *MARKS)),
-    Body("learner", "trajectory", "rollout", "embodied.runtime.learner_link:LearnerLink._on_trajectory",
-         "one batch, numbered by seq (go-back-N): each field of `Trajectory`, time-major",
-         (_f("observation", "map", "{state, images, instruction}"),), open=True),
-    Body("learner", "ack", "learner", "embodied.runtime.rollout_link:RolloutLink._on_message",
-         "the learner's marks after a trajectory, an update or a checkpoint",
-         (*MARKS, _f("resend_from", "int", "the first number missing: resend from it", required=False))),
-    Body("learner", "weights", "learner", "embodied.runtime.rollout_link:RolloutLink._on_weights",
-         "published on PUB (latest only): the trainable weights, tagged with their version",
-         (_f("learner_id", "str", "the learner that trained them"), _f("policy_version", "int", "their version"),
-          _f("weights", "map", "name -> array"))),
-    Body("learner", "heartbeat", "rollout", "embodied.runtime.learner_link:LearnerLink._handle_message",
-         "the weights the rollout holds, so the learner republishes to one that missed them",
-         (_f("learner_id", "str", "whose weights"), _f("policy_version", "int", "their version"))),
-    Body("learner", "heartbeat", "learner", "embodied.runtime.rollout_link:RolloutLink._on_message",
-         "the learner's marks, every heartbeat period", MARKS),
-    Body("learner", "close", "learner", "embodied.runtime.rollout_link:RolloutLink._on_message",
-         "training is over: the rollout exits"),
-    Body("learner", "error", "learner", "embodied.runtime.rollout_link:RolloutLink._on_message",
-         "a rollout that does not match, or one the learner does not know (hello)", ERROR),
+    Body(
+        "learner",
+        "hello",
+        "rollout",
+        "embodied.runtime.learner_link:LearnerLink._on_hello",
+        "a rollout introduces itself; the learner checks it serves the same run, policy and envs",
+        (
+            _f("protocol", "int", "the protocol version"),
+            _f("pid", "int", "the rollout's process"),
+            _f("sender", "str", "the rollout's name (rollout-0, ...)"),
+            _f("run", "str", "the run directory"),
+            _f("policy", "str", "the policy's registry name"),
+            _f("chunk_size", "int", "actions per chunk"),
+            _f("spec", "map", SPEC),
+            _f("first_held", "int", "the first trajectory number the rollout still holds"),
+        ),
+    ),
+    Body(
+        "learner",
+        "welcome",
+        "learner",
+        "embodied.runtime.rollout_link:RolloutLink._on_welcome",
+        "the learner accepts the rollout, repeats what must match and gives its marks",
+        (
+            _f("learner_id", "str", "this learner process (a restarted one has another)"),
+            _f("protocol", "int", "the protocol version"),
+            _f("run", "str", "the run directory"),
+            _f("policy", "str", "the policy's registry name"),
+            _f("chunk_size", "int", "actions per chunk"),
+            _f("spec", "map", SPEC),
+            *MARKS,
+        ),
+    ),
+    Body(
+        "learner",
+        "trajectory",
+        "rollout",
+        "embodied.runtime.learner_link:LearnerLink._on_trajectory",
+        "one batch, numbered by seq (go-back-N): each field of `Trajectory`, time-major",
+        (_f("observation", "map", "{state, images, instruction}"),),
+        open=True,
+    ),
+    Body(
+        "learner",
+        "ack",
+        "learner",
+        "embodied.runtime.rollout_link:RolloutLink._on_message",
+        "the learner's marks after a trajectory, an update or a checkpoint",
+        (*MARKS, _f("resend_from", "int", "the first number missing: resend from it", required=False)),
+    ),
+    Body(
+        "learner",
+        "weights",
+        "learner",
+        "embodied.runtime.rollout_link:RolloutLink._on_weights",
+        "published on PUB (latest only): the trainable weights, tagged with their version",
+        (
+            _f("learner_id", "str", "the learner that trained them"),
+            _f("policy_version", "int", "their version"),
+            _f("weights", "map", "name -> array"),
+        ),
+    ),
+    Body(
+        "learner",
+        "heartbeat",
+        "rollout",
+        "embodied.runtime.learner_link:LearnerLink._handle_message",
+        "the weights the rollout holds, so the learner republishes to one that missed them",
+        (_f("learner_id", "str", "whose weights"), _f("policy_version", "int", "their version")),
+    ),
+    Body(
+        "learner",
+        "heartbeat",
+        "learner",
+        "embodied.runtime.rollout_link:RolloutLink._on_message",
+        "the learner's marks, every heartbeat period",
+        MARKS,
+    ),
+    Body(
+        "learner",
+        "close",
+        "learner",
+        "embodied.runtime.rollout_link:RolloutLink._on_message",
+        "training is over: the rollout exits",
+    ),
+    Body(
+        "learner",
+        "error",
+        "learner",
+        "embodied.runtime.rollout_link:RolloutLink._on_message",
+        "a rollout that does not match, or one the learner does not know (hello)",
+        ERROR,
+    ),
 )
 
 _CHECKS = {
@@ -218,22 +396,32 @@ def _problems(definition: Body, body: Any) -> list[str]:
 
 def protocol_page() -> str:
     """The documentation's protocol page, generated from the definitions above."""
-    lines = ["# The protocol", "",
-             "Generated from `embodied/core/messages.py` (`python -m embodied.core.messages > docs/protocol.md`); "
-             "the tests check that this page and the code agree.", "",
-             "Every message is a msgpack envelope `{v, kind, seq, body}`, numpy arrays travelling as raw frames "
-             "beside it (`embodied/core/codec.py`): no pickle, object dtypes refused, every size bounded, every "
-             "malformed message answered with a typed `error`. Handshakes check the protocol version and what both "
-             "ends must agree on; every request has a deadline and both directions send heartbeats.", ""]
+    lines = [
+        "# The protocol",
+        "",
+        "Generated from `embodied/core/messages.py` (`python -m embodied.core.messages > docs/protocol.md`); "
+        "the tests check that this page and the code agree.",
+        "",
+        "Every message is a msgpack envelope `{v, kind, seq, body}`, numpy arrays travelling as raw frames "
+        "beside it (`embodied/core/codec.py`): no pickle, object dtypes refused, every size bounded, every "
+        "malformed message answered with a typed `error`. Handshakes check the protocol version and what both "
+        "ends must agree on; every request has a deadline and both directions send heartbeats.",
+        "",
+    ]
     for channel, description in CHANNELS.items():
         lines += [f"## The {channel} channel", "", description + ".", ""]
         for body in (b for b in BODIES if b.channel == channel):
-            lines += [f"### `{body.kind}` from the {body.sender}", "",
-                      f"{body.meaning[0].upper()}{body.meaning[1:]}. Handled by `{body.handler}`.", ""]
+            lines += [
+                f"### `{body.kind}` from the {body.sender}",
+                "",
+                f"{body.meaning[0].upper()}{body.meaning[1:]}. Handled by `{body.handler}`.",
+                "",
+            ]
             if body.fields:
                 lines += ["| field | type | meaning |", "| --- | --- | --- |"]
-                lines += [f"| `{f.name}` | {f.type}{'' if f.required else ', optional'} | {f.meaning} |"
-                          for f in body.fields]
+                lines += [
+                    f"| `{f.name}` | {f.type}{'' if f.required else ', optional'} | {f.meaning} |" for f in body.fields
+                ]
                 lines.append("")
             else:
                 lines += ["An empty map.", ""]

@@ -40,8 +40,9 @@ class Policy(ABC):
     critic: Any  # the value function's module
 
     @abstractmethod
-    def act(self, observation: Observation, deterministic: bool = False,
-            generator: torch.Generator | None = None) -> ActionChunk:
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
         """Sample (or, deterministic, take the mode of) an action chunk per env; random draws
         come from `generator` (default: torch's global one)."""
 

@@ -17,15 +17,23 @@ from embodied.core.codec import DEFAULT_LIMITS, CodecError, Frame, Limits, decod
 PROTOCOL_VERSION = 1
 
 # env side <-> rollout, rollout -> learner, learner -> rollout, and both directions' liveness
-KINDS = frozenset({
-    "hello", "welcome",  # handshake: client metadata, server metadata (or an error)
-    "command", "result",  # rollout -> env side: {command, args}; env side -> rollout: {ok} or {error}
-    "infer", "action",  # robot -> policy server: observation (+ last step's outcome); reply: chunk + timing
-    "episode",  # robot -> a learning policy server: a finished episode's transitions; reply: ack
-    "trajectory", "ack",  # rollout -> learner with acknowledgement
-    "weights",  # learner -> rollout, tagged with policy_version
-    "heartbeat", "close", "error",
-})
+KINDS = frozenset(
+    {
+        "hello",
+        "welcome",  # handshake: client metadata, server metadata (or an error)
+        "command",
+        "result",  # rollout -> env side: {command, args}; env side -> rollout: {ok} or {error}
+        "infer",
+        "action",  # robot -> policy server: observation (+ last step's outcome); reply: chunk + timing
+        "episode",  # robot -> a learning policy server: a finished episode's transitions; reply: ack
+        "trajectory",
+        "ack",  # rollout -> learner with acknowledgement
+        "weights",  # learner -> rollout, tagged with policy_version
+        "heartbeat",
+        "close",
+        "error",
+    }
+)
 
 
 class ProtocolError(Exception):
@@ -108,5 +116,8 @@ def plain(value: Any) -> Any:
 
 def hello_mismatch(expected: dict[str, Any], hello: dict[str, Any]) -> list[str]:
     """The handshake keys (protocol, policy, chunk size, env spec) on which two ends differ."""
-    return [f"{key}: this side {expected[key]!r}, peer {hello.get(key)!r}"
-            for key in expected if key != "sender" and hello.get(key) != expected[key]]
+    return [
+        f"{key}: this side {expected[key]!r}, peer {hello.get(key)!r}"
+        for key in expected
+        if key != "sender" and hello.get(key) != expected[key]
+    ]

@@ -25,8 +25,10 @@ def generate_keys(directory: str | Path) -> dict[str, Path]:
     directory = Path(directory)
     existing = [p.name for p in directory.glob("*.key*")] if directory.is_dir() else []
     if existing:
-        raise ConfigError(f"{directory} already holds keys ({', '.join(sorted(existing))}); "
-                          f"choose an empty directory rather than replace keys peers may trust")
+        raise ConfigError(
+            f"{directory} already holds keys ({', '.join(sorted(existing))}); "
+            f"choose an empty directory rather than replace keys peers may trust"
+        )
     previous = os.umask(0o077)  # secret keys are never readable by others, not even briefly
     try:
         (directory / "authorized").mkdir(parents=True, exist_ok=True)
@@ -36,8 +38,13 @@ def generate_keys(directory: str | Path) -> dict[str, Path]:
         authorized.write_bytes(Path(client_public).read_bytes())
     finally:
         os.umask(previous)
-    return {"server_public": Path(server_public), "server_secret": Path(server_secret),
-            "client_public": Path(client_public), "client_secret": Path(client_secret), "authorized": authorized}
+    return {
+        "server_public": Path(server_public),
+        "server_secret": Path(server_secret),
+        "client_public": Path(client_public),
+        "client_secret": Path(client_secret),
+        "authorized": authorized,
+    }
 
 
 def _load(path: Path, secret: bool) -> tuple[bytes, bytes | None]:

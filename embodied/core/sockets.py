@@ -11,8 +11,8 @@ from typing import Any
 
 import zmq
 
-from embodied.core.errors import ConfigError
 from embodied.core.codec import DEFAULT_LIMITS, Limits
+from embodied.core.errors import ConfigError
 from embodied.core.protocol import Message, decode_message, encode_message
 
 
@@ -37,8 +37,10 @@ def check_endpoint(endpoint: str, authenticated: bool = False) -> str:
         host = rest.rsplit(":", 1)[0]
         if ";" not in rest and (_is_loopback(host) or authenticated):
             return endpoint
-        raise EndpointError(f"refusing non-loopback endpoint {endpoint} without authentication: "
-                            f"create keys with `embodied keys <dir>` and configure them on both ends")
+        raise EndpointError(
+            f"refusing non-loopback endpoint {endpoint} without authentication: "
+            f"create keys with `embodied keys <dir>` and configure them on both ends"
+        )
     raise EndpointError(f"unsupported endpoint '{endpoint}': use tcp://127.0.0.1:<port> or ipc://<path>")
 
 

@@ -7,12 +7,17 @@ from typing import Any
 import torch
 
 from embodied.algos.buffers import Trajectory
+from embodied.algos.distributed import (
+    DataParallel,
+    full_optimizer_state,
+    full_weights,
+    optimizer_parameter_names,
+    shard_with_optimizer,
+)
 from embodied.checkpoint import load_policy_weights
-from embodied.algos.distributed import (DataParallel, full_optimizer_state, full_weights, optimizer_parameter_names,
-                                  shard_with_optimizer)
+from embodied.core.policy import Policy
 from embodied.offload import Offloader
 from embodied.runtime.wire import published_weights
-from embodied.core.policy import Policy
 
 
 class Learner:
@@ -90,8 +95,7 @@ class Learner:
         algo = self.algo.state_dict()
         if self.sharded_names is not None:
             algo["optimizer"] = full_optimizer_state(self.policy, self.algo.optimizer, self.sharded_names)
-        return {"algo": algo, "policy_version": self.policy_version,
-                "normalization_frozen": self.normalization_frozen}
+        return {"algo": algo, "policy_version": self.policy_version, "normalization_frozen": self.normalization_frozen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._check_unsharded()

@@ -28,8 +28,15 @@ from typing import Any
 import zmq
 
 from embodied.core.errors import EmbodiedError
-from embodied.core.protocol import (PROTOCOL_VERSION, Message, ProtocolError, encode_message_single, error_message,
-                                         hello_mismatch, plain)
+from embodied.core.protocol import (
+    PROTOCOL_VERSION,
+    Message,
+    ProtocolError,
+    encode_message_single,
+    error_message,
+    hello_mismatch,
+    plain,
+)
 from embodied.core.security import CurveServer
 from embodied.core.sockets import bind, receive, send
 
@@ -65,9 +72,16 @@ class _Sender:
 
 
 class LearnerLink:
-    def __init__(self, trajectory_endpoint: str, weights_endpoint: str, expected_hello: dict[str, Any],
-                 delivered: dict[str, int] | None = None, policy_version: int = 0, keys_dir: str | None = None,
-                 heartbeat_s: float = 1.0):
+    def __init__(
+        self,
+        trajectory_endpoint: str,
+        weights_endpoint: str,
+        expected_hello: dict[str, Any],
+        delivered: dict[str, int] | None = None,
+        policy_version: int = 0,
+        keys_dir: str | None = None,
+        heartbeat_s: float = 1.0,
+    ):
         self.learner_id = secrets.token_hex(8)  # tells a restarted learner from the one before
         self.heartbeat_s = heartbeat_s
         self._expected = plain(expected_hello)
@@ -148,8 +162,11 @@ class LearnerLink:
             self._requests.put(("ack", name))
 
     def publish(self, policy_version: int, weights: dict[str, Any]) -> None:
-        message = Message("weights", policy_version, {"learner_id": self.learner_id, "policy_version": policy_version,
-                                                      "weights": weights})
+        message = Message(
+            "weights",
+            policy_version,
+            {"learner_id": self.learner_id, "policy_version": policy_version, "weights": weights},
+        )
         self._requests.put(("weights", (policy_version, encode_message_single(message))))
 
     def last_heard(self, sender: str) -> float | None:
@@ -164,8 +181,10 @@ class LearnerLink:
                 self._requests.put(("close", None))
                 self._close_sent.wait(timeout=2.0)
             if not self._close_sent.is_set():
-                logger.warning("could not tell the rollouts to finish (%s)",
-                               self._error or "the learner link did not answer within 2 s")
+                logger.warning(
+                    "could not tell the rollouts to finish (%s)",
+                    self._error or "the learner link did not answer within 2 s",
+                )
         self._stop.set()
         self._thread.join(timeout=5.0)
         if self._thread.is_alive():  # sockets are not thread-safe: leave them to process exit
@@ -210,8 +229,12 @@ class LearnerLink:
 
     def _marks(self, state: _Sender) -> dict[str, int]:
         with self._lock:
-            return {"received": state.received, "consumed": state.consumed, "durable": state.durable,
-                "policy_version": self._policy_version}
+            return {
+                "received": state.received,
+                "consumed": state.consumed,
+                "durable": state.durable,
+                "policy_version": self._policy_version,
+            }
 
     def _handle_requests(self) -> None:
         while True:
@@ -292,15 +315,18 @@ class LearnerLink:
             if first_held > received + 1:
                 # The rollout process that sent these died before a checkpoint held them, and
                 # this learner's state holds none of them: skipping uses none twice.
-                logger.warning("trajectories %d-%d of %s died with an earlier rollout process; skipping them",
-                               received + 1, first_held - 1, name)
+                logger.warning(
+                    "trajectories %d-%d of %s died with an earlier rollout process; skipping them",
+                    received + 1,
+                    first_held - 1,
+                    name,
+                )
                 received = consumed = first_held - 1
             state = _Sender(identity, received, consumed, durable, time.monotonic())
             self._senders[name] = state
         self._names = {i: n for i, n in self._names.items() if n != name}
         self._names[identity] = name
-        welcome = {"learner_id": self.learner_id, "protocol": PROTOCOL_VERSION, **self._expected,
-                   **self._marks(state)}
+        welcome = {"learner_id": self.learner_id, "protocol": PROTOCOL_VERSION, **self._expected, **self._marks(state)}
         self._send(identity, Message("welcome", 0, welcome))
         self._hello.set()
         self._publish()
@@ -314,6 +340,7 @@ class LearnerLink:
             self._send(state.identity, Message("ack", message.seq, self._marks(state)))
         elif message.seq > state.received + 1 and state.gap_reported != state.received + 1:
             state.gap_reported = state.received + 1
-            self._send(state.identity, Message("ack", message.seq, {**self._marks(state),
-                                                                    "resend_from": state.received + 1}))
+            self._send(
+                state.identity, Message("ack", message.seq, {**self._marks(state), "resend_from": state.received + 1})
+            )
         # a sequence number at or below `received` is a resend this learner already has

@@ -31,20 +31,21 @@ from typing import Any
 
 import torch
 
-from embodied.checkpoint import flatten, unflatten
 from embodied.algos.distributed import SHARDINGS, DataParallel
+from embodied.checkpoint import flatten, unflatten
+from embodied.core import codec
 from embodied.core.errors import ConfigError
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import tensors_from_wire, tensors_to_wire, trajectory_from_wire, trajectory_to_wire
-from embodied.core import codec
 
 logger = logging.getLogger(__name__)
 
 
 # Between the ranks of one run on one machine: a model's weights and optimizer moments are
 # thousands of arrays, more than the wire limits for outside peers allow.
-RANK_LIMITS = codec.Limits(max_frames=1 << 20, max_header_bytes=1 << 30, max_frame_bytes=1 << 40,
-                           max_total_bytes=1 << 40)
+RANK_LIMITS = codec.Limits(
+    max_frames=1 << 20, max_header_bytes=1 << 30, max_frame_bytes=1 << 40, max_total_bytes=1 << 40
+)
 
 
 def broadcast_message(parallel: DataParallel, message: Any = None) -> Any:
@@ -54,8 +55,11 @@ def broadcast_message(parallel: DataParallel, message: Any = None) -> Any:
         data = codec.encode(message)
         length[0] = len(data)
     parallel.broadcast(length)
-    buffer = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if parallel.rank == 0
-              else torch.empty(int(length[0]), dtype=torch.uint8))
+    buffer = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if parallel.rank == 0
+        else torch.empty(int(length[0]), dtype=torch.uint8)
+    )
     parallel.broadcast(buffer)
     return message if parallel.rank == 0 else codec.decode(buffer.numpy().tobytes(), RANK_LIMITS)
 
@@ -63,8 +67,11 @@ def broadcast_message(parallel: DataParallel, message: Any = None) -> Any:
 def state_to_wire(learner: Learner) -> dict[str, Any]:
     tensors: dict[str, torch.Tensor] = {}
     skeleton = flatten(learner.state_dict(), tensors)
-    return {"weights": tensors_to_wire(learner.get_weights()), "skeleton": json.dumps(skeleton),
-            "tensors": tensors_to_wire(tensors)}
+    return {
+        "weights": tensors_to_wire(learner.get_weights()),
+        "skeleton": json.dumps(skeleton),
+        "tensors": tensors_to_wire(tensors),
+    }
 
 
 def load_state_from_wire(learner: Learner, wire: dict[str, Any]) -> None:
@@ -77,8 +84,9 @@ def check_learner_ranks(config: Any, ranks: int, sharding: str = "replicate") ->
     if sharding not in SHARDINGS:
         raise ConfigError(f"runtime.learner_sharding must be one of {SHARDINGS}, got '{sharding}'")
     if sharding == "fsdp" and ranks < 2:
-        raise ConfigError("runtime.learner_sharding=fsdp shards the policy over learner ranks: set "
-                          "runtime.learner_ranks >= 2")
+        raise ConfigError(
+            "runtime.learner_sharding=fsdp shards the policy over learner ranks: set runtime.learner_ranks >= 2"
+        )
     if ranks == 1:
         return
     if config.algo.name not in ("ppo", "grpo"):
@@ -89,9 +97,11 @@ def check_learner_ranks(config: Any, ranks: int, sharding: str = "replicate") ->
     minibatch = samples // config.algo.num_minibatches
     parts = ranks * config.algo.gradient_accumulation_steps
     if minibatch % parts:
-        raise ConfigError(f"minibatches of {minibatch} samples do not split over runtime.learner_ranks={ranks} x "
-                          f"algo.gradient_accumulation_steps={config.algo.gradient_accumulation_steps}; "
-                          f"change algo.num_minibatches or env.num_envs")
+        raise ConfigError(
+            f"minibatches of {minibatch} samples do not split over runtime.learner_ranks={ranks} x "
+            f"algo.gradient_accumulation_steps={config.algo.gradient_accumulation_steps}; "
+            f"change algo.num_minibatches or env.num_envs"
+        )
 
 
 def rank_device(device: torch.device, rank: int, world: int) -> torch.device:
@@ -116,17 +126,41 @@ class RankProcesses:
     def start(self, rank: int, world: int, address: str, spec: dict[str, Any]) -> subprocess.Popen:
         with open(self.log_dir / f"learner-rank-{rank}.log", "ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "embodied.runtime.learner_ranks", "--config", str(self.config_path),
-                 "--rank", str(rank), "--world", str(world), "--address", address, "--spec", json.dumps(spec)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    "-m",
+                    "embodied.runtime.learner_ranks",
+                    "--config",
+                    str(self.config_path),
+                    "--rank",
+                    str(rank),
+                    "--world",
+                    str(world),
+                    "--address",
+                    address,
+                    "--spec",
+                    json.dumps(spec),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
 
 class LearnerRanks:
     """Rank 0's handle on the other learner ranks, started by `starter` (`RankProcesses`, or
     Ray actors under `runtime=ray`: anything with `host`, `devices_here` and `start`)."""
 
-    def __init__(self, starter: Any, world: int, spec: dict[str, Any], log_dir: Path, device: torch.device,
-                 sharding: str = "replicate", join_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        starter: Any,
+        world: int,
+        spec: dict[str, Any],
+        log_dir: Path,
+        device: torch.device,
+        sharding: str = "replicate",
+        join_timeout_s: float = 600.0,
+    ):
         # Ranks elsewhere bring their own GPU; here rank r needs GPU r.
         self.device = rank_device(device, 0, world if starter.devices_here else 1)
         self.sharded = sharding == "fsdp"
@@ -171,8 +205,10 @@ class LearnerRanks:
     def attach(self, learner: Learner) -> None:
         """Make `learner` rank 0 and give every rank its state (fresh or restored)."""
         if not hasattr(learner.algo, "data_parallel"):
-            raise ConfigError(f"runtime.learner_ranks > 1 needs an algorithm that trains data-parallel (ppo, grpo), "
-                              f"not '{type(learner.algo).__name__}'")
+            raise ConfigError(
+                f"runtime.learner_ranks > 1 needs an algorithm that trains data-parallel (ppo, grpo), "
+                f"not '{type(learner.algo).__name__}'"
+            )
         learner.algo.data_parallel = self.parallel
         broadcast_message(self.parallel, {"kind": "state", "state": state_to_wire(learner)})
         if self.sharded:
@@ -186,15 +222,19 @@ class LearnerRanks:
 
     def before_update(self, batch: Any, progress: float, off_policy: bool) -> None:
         self._check_alive()
-        broadcast_message(self.parallel, {"kind": "update", "trajectory": trajectory_to_wire(batch),
-                                          "progress": progress, "off_policy": off_policy})
+        broadcast_message(
+            self.parallel,
+            {"kind": "update", "trajectory": trajectory_to_wire(batch), "progress": progress, "off_policy": off_policy},
+        )
 
     def _check_alive(self) -> None:
         dead = [p for p in self.processes if p.poll() is not None]
         if dead:
-            raise RuntimeError(f"learner rank process {dead[0].pid} exited (code {dead[0].returncode}); see "
-                               f"{self.log_dir}/learner-rank-*.log. Resume from the last checkpoint with "
-                               f"resume=<run dir>")
+            raise RuntimeError(
+                f"learner rank process {dead[0].pid} exited (code {dead[0].returncode}); see "
+                f"{self.log_dir}/learner-rank-*.log. Resume from the last checkpoint with "
+                f"resume=<run dir>"
+            )
 
     def stop(self, clean: bool) -> None:
         """After a clean finish the ranks are told to stop. After a failure they may be inside
@@ -221,8 +261,8 @@ class LearnerRanks:
 def follow(config: Any, rank: int, world: int, address: str, spec: dict[str, Any], device: torch.device) -> None:
     """Ranks 1..N-1: mirror rank 0's updates until it says stop."""
     from embodied.build import build_algo, build_policy
-    from embodied.process import start_process
     from embodied.core.types import EnvSpec
+    from embodied.process import start_process
 
     sharded = getattr(config.runtime, "learner_sharding", "replicate") == "fsdp"
     start_process(config.seed, config.runtime.torch_threads)
@@ -240,8 +280,11 @@ def follow(config: Any, rank: int, world: int, address: str, spec: dict[str, Any
                     learner.shard(parallel)
                     learner.published()  # rank 0 publishes the first weights
             elif message["kind"] == "update":
-                learner.update(trajectory_from_wire(message["trajectory"]), float(message["progress"]),
-                               off_policy=bool(message["off_policy"]))
+                learner.update(
+                    trajectory_from_wire(message["trajectory"]),
+                    float(message["progress"]),
+                    off_policy=bool(message["off_policy"]),
+                )
                 if sharded:
                     learner.published()  # rank 0 publishes after every update
             elif message["kind"] == "checkpoint":

@@ -10,12 +10,12 @@ import logging
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.intervention import build_operator
-from embodied.runtime.configs import LocalRuntimeConfig
+from embodied.process import start_process
 from embodied.reward_classifier import with_reward
+from embodied.runtime.configs import LocalRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
 from embodied.train import PeriodicEvaluation, TrainSession
-from embodied.process import start_process
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +34,14 @@ class LocalRuntime:
         try:
             policy = build_policy(config.policy, env.spec, device)
             learner = Learner(policy, build_algo(config.algo, policy), device)
-            rollout = Rollout(env, policy, device, pipeline=self.cfg.pipeline, seed=config.seed,
-                              operator=build_operator(config, env.num_envs))
+            rollout = Rollout(
+                env,
+                policy,
+                device,
+                pipeline=self.cfg.pipeline,
+                seed=config.seed,
+                operator=build_operator(config, env.num_envs),
+            )
             session.restore(learner, rollout)
             pretrained = learner.before_training()
             if pretrained:
@@ -56,12 +62,13 @@ class LocalRuntime:
                 if evaluation.due(session.iteration):
                     session.record_eval(evaluation.run(policy))
                 if session.should_checkpoint(session.finished):
-                    session.save(learner, env.resume_state(), {"sampling_rng": rollout.generator.get_state(),
-                                                               "spec": env.spec.to_dict()})
+                    session.save(
+                        learner,
+                        env.resume_state(),
+                        {"sampling_rng": rollout.generator.get_state(), "spec": env.spec.to_dict()},
+                    )
         finally:
             session.close()
             evaluation.close()
             env.close()
         return session
-
-

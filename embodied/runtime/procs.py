@@ -31,6 +31,10 @@ from embodied.algos.buffers import concat_envs
 from embodied.build import build_algo, build_policy, resolve_device
 from embodied.config import TrainConfig
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
+from embodied.core.protocol import PROTOCOL_VERSION
+from embodied.core.types import EnvSpec, EpisodeStats
+from embodied.process import start_process
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import Delivery, LearnerLink, LinkError
@@ -39,10 +43,6 @@ from embodied.runtime.rollout import env_share
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL, rollout_name
 from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
 from embodied.train import PeriodicEvaluation, TrainSession
-from embodied.process import start_process
-from embodied.core.protocol import PROTOCOL_VERSION
-from embodied.core.types import EnvSpec, EpisodeStats
-from embodied.core.policy import Policy
 
 logger = logging.getLogger(__name__)
 
@@ -57,19 +57,25 @@ def check_config(cfg: ProcsRuntimeConfig) -> None:
     if cfg.placement not in PLACEMENTS:
         raise ConfigError(f"runtime.placement must be one of {PLACEMENTS}, got '{cfg.placement}'")
     if cfg.placement == "collocated" and cfg.max_policy_lag:
-        raise ConfigError("runtime.placement=collocated takes turns on one device: the rollout waits for each "
-                          "update, so set runtime.max_policy_lag=0")
+        raise ConfigError(
+            "runtime.placement=collocated takes turns on one device: the rollout waits for each "
+            "update, so set runtime.max_policy_lag=0"
+        )
     if cfg.placement == "collocated" and cfg.learner_sharding == "fsdp":
-        raise ConfigError("runtime.placement=collocated offloads a whole policy; with runtime.learner_sharding=fsdp "
-                          "use runtime.placement=disaggregated")
+        raise ConfigError(
+            "runtime.placement=collocated offloads a whole policy; with runtime.learner_sharding=fsdp "
+            "use runtime.placement=disaggregated"
+        )
     if cfg.max_policy_lag < 0:
         raise ConfigError(f"runtime.max_policy_lag must be >= 0, got {cfg.max_policy_lag}")
     for key in ("heartbeat_s", "peer_timeout_s", "reconnect_timeout_s", "startup_timeout_s"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"runtime.{key} must be > 0, got {getattr(cfg, key)}")
     if cfg.peer_timeout_s <= 2 * cfg.heartbeat_s:
-        raise ConfigError(f"runtime.peer_timeout_s ({cfg.peer_timeout_s}) must exceed two heartbeats "
-                          f"(runtime.heartbeat_s={cfg.heartbeat_s})")
+        raise ConfigError(
+            f"runtime.peer_timeout_s ({cfg.peer_timeout_s}) must exceed two heartbeats "
+            f"(runtime.heartbeat_s={cfg.heartbeat_s})"
+        )
 
 
 def check_rollouts(config: TrainConfig, num_rollouts: int) -> None:
@@ -78,12 +84,16 @@ def check_rollouts(config: TrainConfig, num_rollouts: int) -> None:
     unit = max(group_size, 1)
     if config.env.num_envs // unit < num_rollouts:
         whole = f" (in whole groups of algo.group_size={group_size})" if group_size else ""
-        raise ConfigError(f"env.num_envs={config.env.num_envs} cannot give each of runtime.num_rollouts="
-                          f"{num_rollouts} rollouts an env{whole}")
+        raise ConfigError(
+            f"env.num_envs={config.env.num_envs} cannot give each of runtime.num_rollouts="
+            f"{num_rollouts} rollouts an env{whole}"
+        )
     workers = getattr(config.env, "num_workers", 0)
     if 0 < workers < num_rollouts:
-        raise ConfigError(f"env.num_workers={workers} cannot give each of runtime.num_rollouts={num_rollouts} "
-                          f"rollouts an env worker: set env.num_workers to 0 or at least {num_rollouts}")
+        raise ConfigError(
+            f"env.num_workers={workers} cannot give each of runtime.num_rollouts={num_rollouts} "
+            f"rollouts an env worker: set env.num_workers to 0 or at least {num_rollouts}"
+        )
     if num_rollouts > 1:
         for index in range(num_rollouts):
             env_ids, _ = env_share(config.env.num_envs, workers, num_rollouts, index, group_size)
@@ -161,14 +171,28 @@ class RolloutSupervisor:
     def start(self, endpoints: dict[str, str]) -> None:
         self.endpoints = endpoints
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-m", "embodied.runtime.rollout_process", "--config", str(self.config_path),
-                   "--trajectory-endpoint", endpoints["trajectory"], "--weights-endpoint", endpoints["weights"],
-                   "--index", str(self.index)]
+        command = [
+            sys.executable,
+            "-m",
+            "embodied.runtime.rollout_process",
+            "--config",
+            str(self.config_path),
+            "--trajectory-endpoint",
+            endpoints["trajectory"],
+            "--weights-endpoint",
+            endpoints["weights"],
+            "--index",
+            str(self.index),
+        ]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            # Ctrl-C stops the learner, which then tells the
-                                            # rollout to finish, rather than killing it mid-batch.
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Ctrl-C stops the learner, which then tells the
+                # rollout to finish, rather than killing it mid-batch.
+                start_new_session=True,
+            )
         self.pid = self.process.pid
         self.started_at = time.monotonic()
         self.state.record(self.name, self.pid, endpoints)
@@ -190,9 +214,15 @@ class RolloutSupervisor:
     def report_stuck(self, timeout_s: float) -> None:
         """Before a rollout that will not exit is killed: say so, with where it is stuck."""
         dumped = self.dump_stacks()
-        logger.warning("%s (pid %s) did not exit within %.0f s; killing it. %sIts log (%s) ends:\n%s",
-                       self.name, self.pid, timeout_s, "Its stacks are in its log. " if dumped else "", self.log_path,
-                       self.log_tail(60 if dumped else 20))
+        logger.warning(
+            "%s (pid %s) did not exit within %.0f s; killing it. %sIts log (%s) ends:\n%s",
+            self.name,
+            self.pid,
+            timeout_s,
+            "Its stacks are in its log. " if dumped else "",
+            self.log_path,
+            self.log_tail(60 if dumped else 20),
+        )
 
     def log_tail(self, lines: int = 20) -> str:
         if not self.log_path.is_file():
@@ -211,10 +241,11 @@ class RolloutSupervisor:
         reason = "stopped answering" if self.alive() else "exited"
         self.failures_in_a_row += 1
         if self.failures_in_a_row > self.cfg.max_rollout_restarts:
-            raise LinkError(f"the rollout process {self.name} {reason} {self.failures_in_a_row} times in a row; "
-                            f"its log ({self.log_path}) ends:\n{self.log_tail()}")
-        logger.warning("%s (pid %s) %s; restarting it. Log tail:\n%s", self.name, self.pid, reason,
-                       self.log_tail(5))
+            raise LinkError(
+                f"the rollout process {self.name} {reason} {self.failures_in_a_row} times in a row; "
+                f"its log ({self.log_path}) ends:\n{self.log_tail()}"
+            )
+        logger.warning("%s (pid %s) %s; restarting it. Log tail:\n%s", self.name, self.pid, reason, self.log_tail(5))
         self.stop(timeout_s=5.0)
         self.restarts += 1
         assert self.endpoints is not None
@@ -258,21 +289,33 @@ class ProcsRuntime:
         saved_state = session.saved_state()
         saved = saved_state[1] if saved_state else {}
         procs_state = saved.get("procs") or {}
-        expected = {"protocol": PROTOCOL_VERSION, "run": str(session.run_dir.resolve()),
-                    "policy": config.policy.name, "chunk_size": config.policy.chunk_size}
+        expected = {
+            "protocol": PROTOCOL_VERSION,
+            "run": str(session.run_dir.resolve()),
+            "policy": config.policy.name,
+            "chunk_size": config.policy.chunk_size,
+        }
         spec = saved.get("spec", procs_state.get("spec"))  # older checkpoints kept it under "procs"
         if spec is not None:
             expected["spec"] = spec
         supervisors = [self.supervisor_class(session.run_dir, cfg, index) for index in range(cfg.num_rollouts)]
         previous = [supervisor.previous() if saved_state else None for supervisor in supervisors]
         found = next((state for state in previous if state), None)
-        endpoints = ({"trajectory": found["trajectory"], "weights": found["weights"]} if found
-                     else {"trajectory": cfg.trajectory_endpoint, "weights": cfg.weights_endpoint})
+        endpoints = (
+            {"trajectory": found["trajectory"], "weights": found["weights"]}
+            if found
+            else {"trajectory": cfg.trajectory_endpoint, "weights": cfg.weights_endpoint}
+        )
         try:
-            link = LearnerLink(endpoints["trajectory"], endpoints["weights"], expected,
-                               delivered=procs_state.get("delivery"),
-                               policy_version=int(saved["learner"]["policy_version"]) if saved else 0,
-                               keys_dir=cfg.keys_dir, heartbeat_s=cfg.heartbeat_s)
+            link = LearnerLink(
+                endpoints["trajectory"],
+                endpoints["weights"],
+                expected,
+                delivered=procs_state.get("delivery"),
+                policy_version=int(saved["learner"]["policy_version"]) if saved else 0,
+                keys_dir=cfg.keys_dir,
+                heartbeat_s=cfg.heartbeat_s,
+            )
         except BaseException:
             session.close()
             raise
@@ -296,9 +339,16 @@ class ProcsRuntime:
                     supervisor.stop(timeout_s=30.0 if finished else 10.0)
         return session
 
-    def _loop(self, config: TrainConfig, session: TrainSession, link: LearnerLink,
-              supervisors: list[RolloutSupervisor], hello: dict[str, Any], procs_state: dict[str, Any],
-              device: torch.device) -> None:
+    def _loop(
+        self,
+        config: TrainConfig,
+        session: TrainSession,
+        link: LearnerLink,
+        supervisors: list[RolloutSupervisor],
+        hello: dict[str, Any],
+        procs_state: dict[str, Any],
+        device: torch.device,
+    ) -> None:
         """Learn from trajectories as they arrive until the run has its env steps."""
         cfg = self.cfg
         spec = EnvSpec.from_dict(hello["spec"])
@@ -316,8 +366,14 @@ class ProcsRuntime:
         finished = False
         try:
             if cfg.learner_ranks > 1:
-                ranks = LearnerRanks(self._rank_starter(session.run_dir), cfg.learner_ranks, hello["spec"],
-                                     session.run_dir / "logs", device, cfg.learner_sharding)
+                ranks = LearnerRanks(
+                    self._rank_starter(session.run_dir),
+                    cfg.learner_ranks,
+                    hello["spec"],
+                    session.run_dir / "logs",
+                    device,
+                    cfg.learner_sharding,
+                )
                 ranks.attach(learner)
             if collocated:
                 learner.collocate()
@@ -345,14 +401,16 @@ class ProcsRuntime:
                 weights = tensors_to_wire(learner.published())
                 if not collocated:  # the rollout collects while this learner evaluates and saves
                     link.publish(learner.policy_version, weights)
-                metrics.update({
-                    "train/policy_version": learner.policy_version,
-                    "train/policy_lag": lag,
-                    "train/stale_batches_dropped": dropped,
-                    "train/env_worker_restarts": sum(int(body["env_restarts"]) for body in bodies),
-                    "train/rollout_restarts": sum(supervisor.restarts for supervisor in supervisors),
-                    "train/trajectories_resent": sum(int(body["resent"]) for body in bodies),
-                })
+                metrics.update(
+                    {
+                        "train/policy_version": learner.policy_version,
+                        "train/policy_lag": lag,
+                        "train/stale_batches_dropped": dropped,
+                        "train/env_worker_restarts": sum(int(body["env_restarts"]) for body in bodies),
+                        "train/rollout_restarts": sum(supervisor.restarts for supervisor in supervisors),
+                        "train/trajectories_resent": sum(int(body["resent"]) for body in bodies),
+                    }
+                )
                 if collocated:
                     metrics["train/offload_s"] = learner.offloader.seconds
                     metrics["train/offload_gb"] = learner.offloader.bytes_moved / 1e9
@@ -367,8 +425,11 @@ class ProcsRuntime:
                     if ranks is not None:
                         ranks.before_checkpoint()
                     state = link.delivery_state()
-                    session.save(learner, None, {"spec": hello["spec"], "procs": {
-                        "delivery": state, "stale_batches_dropped": dropped}})
+                    session.save(
+                        learner,
+                        None,
+                        {"spec": hello["spec"], "procs": {"delivery": state, "stale_batches_dropped": dropped}},
+                    )
                     link.checkpointed(state)
                 if collocated:  # the rollout gets the device, and then the weights, once this learner has left it
                     learner.offloader.offload()
@@ -408,12 +469,16 @@ class ProcsRuntime:
                     logger.warning("%s from before has exited; starting a new one", supervisor.name)
                     supervisor.start(supervisor.endpoints)
                 elif not supervisor.alive():
-                    raise LinkError(f"the rollout process {supervisor.name} exited before connecting; its log "
-                                    f"({supervisor.log_path}) ends:\n{supervisor.log_tail()}")
+                    raise LinkError(
+                        f"the rollout process {supervisor.name} exited before connecting; its log "
+                        f"({supervisor.log_path}) ends:\n{supervisor.log_tail()}"
+                    )
             if time.monotonic() > deadline:
-                raise LinkError(f"no rollout connected within runtime.startup_timeout_s="
-                                f"{self.cfg.startup_timeout_s:.0f} s; the log of {supervisors[0].name} "
-                                f"({supervisors[0].log_path}) ends:\n{supervisors[0].log_tail()}")
+                raise LinkError(
+                    f"no rollout connected within runtime.startup_timeout_s="
+                    f"{self.cfg.startup_timeout_s:.0f} s; the log of {supervisors[0].name} "
+                    f"({supervisors[0].log_path}) ends:\n{supervisors[0].log_tail()}"
+                )
 
 
 class RolloutRounds:
@@ -432,8 +497,10 @@ class RolloutRounds:
         delivery = self.link.next_trajectory(timeout_s=self.heartbeat_s)
         if delivery is not None:
             if delivery.sender not in self.waiting:
-                raise LinkError(f"a trajectory came from {delivery.sender}, which this run does not have "
-                                f"(runtime.num_rollouts={len(self.supervisors)})")
+                raise LinkError(
+                    f"a trajectory came from {delivery.sender}, which this run does not have "
+                    f"(runtime.num_rollouts={len(self.supervisors)})"
+                )
             self.waiting[delivery.sender].append(delivery)
             self.supervisors[delivery.sender].progressed()
         if delivery is None or time.monotonic() - self.last_check > self.heartbeat_s:
@@ -456,11 +523,12 @@ class RolloutRounds:
             except (KeyError, TypeError, ValueError) as error:
                 raise LinkError(f"malformed trajectory {delivery.seq} from {delivery.sender}: {error}") from None
         if len({part.reward.shape[0] for part in parts}) > 1:
-            raise LinkError("the rollouts sent trajectories of different lengths: "
-                            + ", ".join(f"{d.sender}: {p.reward.shape[0]} steps" for d, p in zip(deliveries, parts)))
+            raise LinkError(
+                "the rollouts sent trajectories of different lengths: "
+                + ", ".join(f"{d.sender}: {p.reward.shape[0]} steps" for d, p in zip(deliveries, parts))
+            )
         return parts[0] if len(parts) == 1 else concat_envs(parts)
 
     def consumed(self, deliveries: list[Delivery], policy_version: int, durable: bool) -> None:
         for delivery in deliveries:
             self.link.consumed(delivery, policy_version, durable=durable)
-

@@ -82,17 +82,30 @@ class EnvWorkerRole(Role):
             return self._serve_in_child(arguments)
         from embodied.sim.worker import serve, single_env_factory
 
-        serve(arguments["endpoint"], single_env_factory(arguments["env_config"]), arguments["env_ids"],
-              arguments["base_seed"], arguments["stream"], arguments["worker_id"], keys_dir=arguments["keys_dir"])
+        serve(
+            arguments["endpoint"],
+            single_env_factory(arguments["env_config"]),
+            arguments["env_ids"],
+            arguments["base_seed"],
+            arguments["stream"],
+            arguments["worker_id"],
+            keys_dir=arguments["keys_dir"],
+        )
         return 0
 
     @staticmethod
     def _serve_in_child(arguments: dict[str, Any]) -> int:
         from embodied.sim.remote import worker_command
 
-        command, environment = worker_command(arguments["endpoint"], arguments["env_config"], arguments["env_ids"],
-                                              arguments["base_seed"], arguments["stream"], arguments["worker_id"],
-                                              arguments["keys_dir"])
+        command, environment = worker_command(
+            arguments["endpoint"],
+            arguments["env_config"],
+            arguments["env_ids"],
+            arguments["base_seed"],
+            arguments["stream"],
+            arguments["worker_id"],
+            arguments["keys_dir"],
+        )
         child = subprocess.Popen(command, env=environment)  # it exits once its parent, this actor, is gone
         returncode = child.wait()
         if returncode:
@@ -105,12 +118,22 @@ def start_actor(role: type, resources: RoleResources, timeout_s: float, *argumen
     supervisor's job, with fresh state, so Ray does not restart it."""
     import ray
 
-    actor = ray.remote(role).options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus,
-                                     resources=dict(resources.resources), max_restarts=0).remote()
+    actor = (
+        ray.remote(role)
+        .options(
+            num_cpus=resources.num_cpus,
+            num_gpus=resources.num_gpus,
+            resources=dict(resources.resources),
+            max_restarts=0,
+        )
+        .remote()
+    )
     try:
         pid, node_id = ray.get(actor.locate.remote(), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError:
         ray.kill(actor)
-        raise RuntimeError(f"Ray could not start a {role.__name__} actor within {timeout_s:.0f} s asking for "
-                           f"{resources}: does any node offer these resources?") from None
+        raise RuntimeError(
+            f"Ray could not start a {role.__name__} actor within {timeout_s:.0f} s asking for "
+            f"{resources}: does any node offer these resources?"
+        ) from None
     return ActorProcess(actor, actor.serve.remote(*arguments), pid, node_id)

@@ -36,22 +36,38 @@ logger = logging.getLogger(__name__)
 class RolloutRole(Role):
     """Ray actor body: the rollout role, whose env workers become actors too."""
 
-    def serve(self, config_path: str, endpoints: dict[str, str], index: int, env_worker: dict[str, Any],
-              host: str, keys_dir: Optional[str], log_path: str, startup_timeout_s: float) -> int:
+    def serve(
+        self,
+        config_path: str,
+        endpoints: dict[str, str],
+        index: int,
+        env_worker: dict[str, Any],
+        host: str,
+        keys_dir: Optional[str],
+        log_path: str,
+        startup_timeout_s: float,
+    ) -> int:
         import ray
 
         import embodied.sim.remote
         from embodied.runtime.rollout_process import serve_rollout
 
         if Path(log_path).parent.is_dir():  # same machine or a shared run directory
-            logging.basicConfig(filename=log_path, level=logging.INFO, force=True,
-                                format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+            logging.basicConfig(
+                filename=log_path,
+                level=logging.INFO,
+                force=True,
+                format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+            )
         # The env hub lives here: on a cluster it binds on this actor's node, wherever Ray put it.
         hub_host = host if host in LOOPBACK_HOSTS else ray.util.get_node_ip_address()
         embodied.sim.remote.PLACEMENT = embodied.sim.remote.WorkerPlacement(
-            launch=lambda worker_id, arguments: start_actor(EnvWorkerRole, RoleResources(**env_worker),
-                                                            startup_timeout_s, arguments),
-            host=hub_host, keys_dir=keys_dir)
+            launch=lambda worker_id, arguments: start_actor(
+                EnvWorkerRole, RoleResources(**env_worker), startup_timeout_s, arguments
+            ),
+            host=hub_host,
+            keys_dir=keys_dir,
+        )
         return serve_rollout(Path(config_path), endpoints["trajectory"], endpoints["weights"], index)
 
 
@@ -59,8 +75,7 @@ class LearnerRankRole(Role):
     """Ray actor body: learner rank r (`learner_ranks.follow`), on whichever node Ray placed
     it and on the GPU Ray gave it (its first visible one)."""
 
-    def serve(self, config_yaml: str, rank: int, world: int, address: str, spec: dict[str, Any],
-              log_path: str) -> int:
+    def serve(self, config_yaml: str, rank: int, world: int, address: str, spec: dict[str, Any], log_path: str) -> int:
         from omegaconf import OmegaConf
 
         from embodied.build import resolve_device
@@ -68,8 +83,12 @@ class LearnerRankRole(Role):
         from embodied.runtime.learner_ranks import follow, rank_device
 
         if Path(log_path).parent.is_dir():  # same machine or a shared run directory
-            logging.basicConfig(filename=log_path, level=logging.INFO, force=True,
-                                format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+            logging.basicConfig(
+                filename=log_path,
+                level=logging.INFO,
+                force=True,
+                format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+            )
         config = to_schema(TrainConfig, OmegaConf.create(config_yaml))  # the run's file may not be on this node
         follow(config, rank, world, address, spec, rank_device(resolve_device(config.runtime.device), 0, 1))
         return 0
@@ -88,8 +107,17 @@ class RankActors:
         self.log_dir = run_dir.resolve() / "logs"
 
     def start(self, rank: int, world: int, address: str, spec: dict[str, Any]) -> Any:
-        return start_actor(LearnerRankRole, self.cfg.learner_rank, self.cfg.startup_timeout_s, self.config_yaml,
-                           rank, world, address, spec, str(self.log_dir / f"learner-rank-{rank}.log"))
+        return start_actor(
+            LearnerRankRole,
+            self.cfg.learner_rank,
+            self.cfg.startup_timeout_s,
+            self.config_yaml,
+            rank,
+            world,
+            address,
+            spec,
+            str(self.log_dir / f"learner-rank-{rank}.log"),
+        )
 
 
 class RaySupervisor(RolloutSupervisor):
@@ -105,9 +133,19 @@ class RaySupervisor(RolloutSupervisor):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # Actors run elsewhere (another directory, another node): every path goes absolute.
         keys_dir = str(Path(cfg.keys_dir).expanduser().resolve()) if cfg.keys_dir else None
-        self.process = start_actor(RolloutRole, cfg.rollout, cfg.startup_timeout_s, str(self.config_path.resolve()),
-                                   endpoints, self.index, dataclasses.asdict(cfg.env_worker), cfg.host, keys_dir,
-                                   str(self.log_path.resolve()), cfg.startup_timeout_s)
+        self.process = start_actor(
+            RolloutRole,
+            cfg.rollout,
+            cfg.startup_timeout_s,
+            str(self.config_path.resolve()),
+            endpoints,
+            self.index,
+            dataclasses.asdict(cfg.env_worker),
+            cfg.host,
+            keys_dir,
+            str(self.log_path.resolve()),
+            cfg.startup_timeout_s,
+        )
         self.pid = self.process.pid
         self.started_at = time.monotonic()
 
@@ -160,9 +198,11 @@ class RayRuntime(ProcsRuntime):
         started_here = not ray.is_initialized()
         if started_here:
             if cfg.address is None:  # "local": never join a cluster that happens to run here
-                wanted = (cfg.rollout.num_cpus * cfg.num_rollouts
-                          + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1)
-                          + cfg.learner_rank.num_cpus * (cfg.learner_ranks - 1))
+                wanted = (
+                    cfg.rollout.num_cpus * cfg.num_rollouts
+                    + cfg.env_worker.num_cpus * max(getattr(config.env, "num_workers", 0), 1)
+                    + cfg.learner_rank.num_cpus * (cfg.learner_ranks - 1)
+                )
                 num_cpus = cfg.num_cpus or max(math.ceil(wanted), os.cpu_count() or 1)
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             else:
@@ -170,12 +210,13 @@ class RayRuntime(ProcsRuntime):
                 nodes = [node for node in ray.nodes() if node.get("Alive")]
                 if cfg.host in LOOPBACK_HOSTS and len(nodes) > 1:
                     ray.shutdown()
-                    raise ConfigError(f"the Ray cluster has {len(nodes)} nodes, but runtime.host={cfg.host} is "
-                                      f"reachable only from this one: set runtime.host to this node's address "
-                                      f"(and runtime.keys_dir)")
+                    raise ConfigError(
+                        f"the Ray cluster has {len(nodes)} nodes, but runtime.host={cfg.host} is "
+                        f"reachable only from this one: set runtime.host to this node's address "
+                        f"(and runtime.keys_dir)"
+                    )
         try:
             return super().train(config)
         finally:
             if started_here:
                 ray.shutdown()
-

@@ -40,19 +40,19 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.algos.buffers import Trajectory
+from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import RewardConfig, TrainConfig
+from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
 from embodied.core.errors import ConfigError
-from embodied.runtime.configs import RobotsRuntimeConfig
+from embodied.core.types import EnvSpec, EpisodeStats, Observation
+from embodied.process import start_process
 from embodied.reward_classifier import load_reward_classifier
+from embodied.runtime.configs import RobotsRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import load_published_weights, published_weights
 from embodied.serve import ClientState, PolicyServer, ServeConfig
 from embodied.train import PeriodicEvaluation, TrainSession
-from embodied.process import start_process
-from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
-from embodied.core.types import EnvSpec, EpisodeStats, Observation
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,11 @@ def check_config(cfg: RobotsRuntimeConfig, config: TrainConfig) -> None:
     if cfg.apply_weights not in APPLY_WEIGHTS:
         raise ConfigError(f"runtime.apply_weights must be one of {APPLY_WEIGHTS}, got '{cfg.apply_weights}'")
     if config.algo.name not in OFF_POLICY_ALGOS:
-        raise ConfigError(f"runtime=robots learns off-policy from what the robots executed (operator corrections and "
-                          f"safety clipping included), which algo '{config.algo.name}' cannot: its ratios need the "
-                          f"policy's own samples. Use algo={' or algo='.join(OFF_POLICY_ALGOS)}")
+        raise ConfigError(
+            f"runtime=robots learns off-policy from what the robots executed (operator corrections and "
+            f"safety clipping included), which algo '{config.algo.name}' cannot: its ratios need the "
+            f"policy's own samples. Use algo={' or algo='.join(OFF_POLICY_ALGOS)}"
+        )
     for key in ("max_queued_episodes", "max_episode_ticks", "max_clients"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"runtime.{key} must be >= 1, got {getattr(cfg, key)}")
@@ -85,11 +87,21 @@ def episode_trajectory(episode: Episode, policy_version: int) -> Trajectory:
     zeros = torch.zeros(ticks, 1)
     return Trajectory(
         observation=Observation(state=torch.as_tensor(episode.states[:-1])[:, None], instruction=[episode.instruction]),
-        actions=actions, log_prob=zeros, value=zeros, reward=column(episode.rewards), terminated=terminated[:, None],
-        truncated=truncated[:, None], bootstrap_value=zeros, success=success[:, None], executed_action=actions,
-        executed_steps=torch.ones(ticks, 1, dtype=torch.int64), intervened=column(episode.intervened),
-        policy_version=torch.full((ticks, 1), policy_version, dtype=torch.int64), last_value=torch.zeros(1),
-        next_state=torch.as_tensor(episode.states[1:])[:, None])
+        actions=actions,
+        log_prob=zeros,
+        value=zeros,
+        reward=column(episode.rewards),
+        terminated=terminated[:, None],
+        truncated=truncated[:, None],
+        bootstrap_value=zeros,
+        success=success[:, None],
+        executed_action=actions,
+        executed_steps=torch.ones(ticks, 1, dtype=torch.int64),
+        intervened=column(episode.intervened),
+        policy_version=torch.full((ticks, 1), policy_version, dtype=torch.int64),
+        last_value=torch.zeros(1),
+        next_state=torch.as_tensor(episode.states[1:])[:, None],
+    )
 
 
 class LatestWeights:
@@ -113,8 +125,15 @@ class LearnerThread(threading.Thread):
     """Runs the algorithm's update on each queued episode, records, evaluates and checkpoints;
     every call into the session happens here, so nothing else touches it while it runs."""
 
-    def __init__(self, session: TrainSession, learner: Learner, spec: EnvSpec, inbox: "queue.Queue[Episode]",
-                 latest: LatestWeights, reward: Optional[OutcomeReward] = None):
+    def __init__(
+        self,
+        session: TrainSession,
+        learner: Learner,
+        spec: EnvSpec,
+        inbox: "queue.Queue[Episode]",
+        latest: LatestWeights,
+        reward: Optional[OutcomeReward] = None,
+    ):
         super().__init__(name="learner", daemon=True)
         self.session, self.learner, self.spec, self.reward = session, learner, spec, reward
         self.inbox, self.latest = inbox, latest
@@ -157,8 +176,13 @@ class LearnerThread(threading.Thread):
         metrics["robots/episode_intervened"] = float(np.mean(episode.intervened))
         if self.reward is not None:
             metrics["robots/reported_return"] = reported  # the robot's own, beside the classifier's return
-        stats = EpisodeStats(env_id=0, task=episode.instruction, episode_return=float(episode.rewards.sum()),
-                             length=episode.length, success=episode.success)
+        stats = EpisodeStats(
+            env_id=0,
+            task=episode.instruction,
+            episode_return=float(episode.rewards.sum()),
+            length=episode.length,
+            success=episode.success,
+        )
         session.record(episode.length, [stats], metrics)
         if self.evaluation.due(session.iteration):
             session.record_eval(self.evaluation.run(learner.policy))
@@ -179,15 +203,24 @@ class OutcomeReward:
         self.model, self.threshold = load_reward_classifier(cfg.classifier), cfg.threshold
         missing = [camera for camera in self.model.cameras if camera not in spec.image_shapes]
         if missing:
-            raise ConfigError(f"reward.classifier reads cameras {self.model.cameras}; env has "
-                              f"{sorted(spec.image_shapes) or 'none'} (the robots' cameras: use env.obs_mode=rgb)")
+            raise ConfigError(
+                f"reward.classifier reads cameras {self.model.cameras}; env has "
+                f"{sorted(spec.image_shapes) or 'none'} (the robots' cameras: use env.obs_mode=rgb)"
+            )
         self.cameras = list(self.model.cameras)
 
     def __call__(self, episode: Episode, frames_per_pass: int = 256) -> np.ndarray:
-        probability = np.concatenate([
-            self.model.probability({camera: torch.from_numpy(episode.outcome_images[camera][start:start + frames_per_pass])
-                                    for camera in self.cameras}).numpy()
-            for start in range(0, episode.length, frames_per_pass)])
+        probability = np.concatenate(
+            [
+                self.model.probability(
+                    {
+                        camera: torch.from_numpy(episode.outcome_images[camera][start : start + frames_per_pass])
+                        for camera in self.cameras
+                    }
+                ).numpy()
+                for start in range(0, episode.length, frames_per_pass)
+            ]
+        )
         return (probability > self.threshold).astype(np.float32)
 
 
@@ -205,8 +238,10 @@ class RobotsRuntime:
         env.close()
         reward = OutcomeReward(config.reward, spec) if config.reward.classifier else None
         if spec.image_shapes and reward is None:
-            raise ConfigError("runtime=robots learns from state observations: the off-policy learners' critics read "
-                              "the state vector (use env.obs_mode=state; cameras only feed a reward.classifier)")
+            raise ConfigError(
+                "runtime=robots learns from state observations: the off-policy learners' critics read "
+                "the state vector (use env.obs_mode=state; cameras only feed a reward.classifier)"
+            )
         outcome_cameras = reward.cameras if reward is not None else []
         session = TrainSession(config)
         # The robots' spec (what they must match) has the classifier's cameras; the policy's has none.
@@ -229,9 +264,16 @@ class RobotsRuntime:
 
         inbox: queue.Queue[Episode] = queue.Queue()
         latest = LatestWeights()
-        metadata = {"policy": config.policy.name, "policy_version": learner.policy_version, "chunk_size": 1,
-                    "normalization_id": None, "deterministic": cfg.deterministic, "learning": True,
-                    "run": str(session.run_dir), "outcome_cameras": outcome_cameras}
+        metadata = {
+            "policy": config.policy.name,
+            "policy_version": learner.policy_version,
+            "chunk_size": 1,
+            "normalization_id": None,
+            "deterministic": cfg.deterministic,
+            "learning": True,
+            "run": str(session.run_dir),
+            "outcome_cameras": outcome_cameras,
+        }
 
         def apply_latest() -> None:
             taken = latest.take()
@@ -253,16 +295,35 @@ class RobotsRuntime:
             if cfg.apply_weights == "episode":
                 apply_latest()
             # `finished` tells the robot that the run needs no more episodes.
-            return {"transitions": episode.length, "policy_version": server.metadata["policy_version"],
-                    "queued": inbox.qsize(), "finished": received[0] >= config.total_env_steps}
+            return {
+                "transitions": episode.length,
+                "policy_version": server.metadata["policy_version"],
+                "queued": inbox.qsize(),
+                "finished": received[0] >= config.total_env_steps,
+            }
 
-        serve_config = ServeConfig(endpoint=cfg.endpoint, keys_dir=cfg.keys_dir, max_clients=cfg.max_clients,
-                                   batch_window_ms=cfg.batch_window_ms, client_timeout_s=cfg.client_timeout_s,
-                                   deterministic=cfg.deterministic, stats_every_s=0)
-        server = PolicyServer(infer, spec, metadata, serve_config, on_episode=on_episode,
-                              max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks, outcome_cameras))
-        print(f"learning from robots on {server.endpoint} (run {session.run_dir}); connect with "
-              f"`embodied robot server={server.endpoint}`", flush=True)
+        serve_config = ServeConfig(
+            endpoint=cfg.endpoint,
+            keys_dir=cfg.keys_dir,
+            max_clients=cfg.max_clients,
+            batch_window_ms=cfg.batch_window_ms,
+            client_timeout_s=cfg.client_timeout_s,
+            deterministic=cfg.deterministic,
+            stats_every_s=0,
+        )
+        server = PolicyServer(
+            infer,
+            spec,
+            metadata,
+            serve_config,
+            on_episode=on_episode,
+            max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks, outcome_cameras),
+        )
+        print(
+            f"learning from robots on {server.endpoint} (run {session.run_dir}); connect with "
+            f"`embodied robot server={server.endpoint}`",
+            flush=True,
+        )
         session.start_logging()
         thread = LearnerThread(session, learner, spec, inbox, latest, reward)
         thread.start()
@@ -281,4 +342,3 @@ class RobotsRuntime:
         if thread.error is not None:
             raise thread.error
         return session
-

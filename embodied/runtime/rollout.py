@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from embodied.algos.buffers import Trajectory, TrajectoryBuilder, concat_envs
+from embodied.core.env import BatchedEnv, episode_seed
+from embodied.core.policy import Policy
+from embodied.core.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from embodied.intervention import SimOperator
 from embodied.offload import Offloader
-from embodied.core.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
-from embodied.core.policy import Policy
-from embodied.core.env import BatchedEnv, episode_seed
 from embodied.sim.worker_envs import EnvWorkerError
 
 logger = logging.getLogger(__name__)
@@ -32,8 +32,9 @@ def sampling_seed(seed: int, rollout_index: int = 0) -> int:
     return int(np.random.SeedSequence([seed, SAMPLING_SEED_OFFSET, rollout_index]).generate_state(1)[0])
 
 
-def env_share(num_envs: int, num_workers: int, num_rollouts: int, index: int, group_size: int = 0
-              ) -> tuple[list[int], int]:
+def env_share(
+    num_envs: int, num_workers: int, num_rollouts: int, index: int, group_size: int = 0
+) -> tuple[list[int], int]:
     """Rollout `index` of `num_rollouts`: its env ids (a contiguous block, whole groups of
     `group_size` where GRPO starts envs in groups) and its number of env workers. The shares
     together are the config's envs and workers, so several rollouts run the episodes one would."""
@@ -45,9 +46,18 @@ def env_share(num_envs: int, num_workers: int, num_rollouts: int, index: int, gr
 
 
 class Rollout:
-    def __init__(self, env: BatchedEnv, policy: Policy, device: torch.device, max_env_restarts: int = 3,
-                 pipeline: bool = False, seed: int = 0, operator: SimOperator | None = None, index: int = 0,
-                 offload: bool = False):
+    def __init__(
+        self,
+        env: BatchedEnv,
+        policy: Policy,
+        device: torch.device,
+        max_env_restarts: int = 3,
+        pipeline: bool = False,
+        seed: int = 0,
+        operator: SimOperator | None = None,
+        index: int = 0,
+        offload: bool = False,
+    ):
         self.env = env
         self.operator = operator  # a scripted operator that may take over envs (embodied/intervention.py)
         # Pipelining needs an env whose env workers step independently (VectorizedEnv with workers).
@@ -71,8 +81,9 @@ class Rollout:
         same initial state (GRPO compares rollouts within a group). Seeds follow (run seed,
         group, round), apart from the training and evaluation streams."""
         groups = np.asarray(self.env.env_ids) // group_size  # the config's groups, whichever share this is
-        self.observation = self.env.reset(seeds=[episode_seed(base_seed, int(g), round_index, GROUP_STREAM)
-                                                 for g in groups])
+        self.observation = self.env.reset(
+            seeds=[episode_seed(base_seed, int(g), round_index, GROUP_STREAM) for g in groups]
+        )
 
     def restore(self, env_state: dict[str, Any]) -> None:
         self.observation = self.env.restore(env_state)

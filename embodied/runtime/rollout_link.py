@@ -21,10 +21,17 @@ from typing import Any, Callable
 
 import zmq
 
-from embodied.runtime.learner_link import EPHEMERAL_HELLO_KEYS, POLL_MS, LinkError
-from embodied.core.protocol import (PROTOCOL_VERSION, Message, ProtocolError, decode_message_single, encode_message,
-                                         hello_mismatch, plain)
+from embodied.core.protocol import (
+    PROTOCOL_VERSION,
+    Message,
+    ProtocolError,
+    decode_message_single,
+    encode_message,
+    hello_mismatch,
+    plain,
+)
 from embodied.core.sockets import connect, receive
+from embodied.runtime.learner_link import EPHEMERAL_HELLO_KEYS, POLL_MS, LinkError
 
 logger = logging.getLogger(__name__)
 
@@ -37,9 +44,17 @@ class Weights:
 
 
 class RolloutLink:
-    def __init__(self, trajectory_endpoint: str, weights_endpoint: str, hello: dict[str, Any],
-                 keys_dir: str | None = None, heartbeat_s: float = 1.0, timeout_s: float = 10.0,
-                 reconnect_timeout_s: float = 120.0, ack_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        trajectory_endpoint: str,
+        weights_endpoint: str,
+        hello: dict[str, Any],
+        keys_dir: str | None = None,
+        heartbeat_s: float = 1.0,
+        timeout_s: float = 10.0,
+        reconnect_timeout_s: float = 120.0,
+        ack_timeout_s: float = 30.0,
+    ):
         self.hello = plain({"protocol": PROTOCOL_VERSION, "pid": os.getpid(), **hello})
         self.name = hello["sender"]
         self.heartbeat_s, self.timeout_s = heartbeat_s, timeout_s
@@ -151,12 +166,15 @@ class RolloutLink:
                 if now - last_beat >= self.heartbeat_s:
                     last_beat = now
                     if self.connected:
-                        self._send(Message("heartbeat", 0, {"learner_id": self.held[0], "policy_version": self.held[1]}))
+                        self._send(
+                            Message("heartbeat", 0, {"learner_id": self.held[0], "policy_version": self.held[1]})
+                        )
                     else:
                         self._send_hello()
                 if self.connected and self.last_sent > self.received and now - self._progress > self.ack_timeout_s:
-                    logger.warning("no acknowledgement for %.0f s; resending from %d", now - self._progress,
-                                   self.received + 1)
+                    logger.warning(
+                        "no acknowledgement for %.0f s; resending from %d", now - self._progress, self.received + 1
+                    )
                     self._resend(self.received + 1)
         except LinkError as error:
             self._fail(error)
@@ -261,8 +279,12 @@ class RolloutLink:
                 self.last_sent = self.received
             self.connected = True
             self._condition.notify_all()
-        logger.info("connected to learner %s%s; resending %d trajectories", self.learner_id,
-                    " (restarted)" if restarted else "", max(self.last_sent - self.received, 0))
+        logger.info(
+            "connected to learner %s%s; resending %d trajectories",
+            self.learner_id,
+            " (restarted)" if restarted else "",
+            max(self.last_sent - self.received, 0),
+        )
         self._resend(self.received + 1)
 
     def _update_marks(self, body: dict[str, Any]) -> None:

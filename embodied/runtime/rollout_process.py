@@ -24,11 +24,11 @@ from embodied.config import TrainConfig, to_schema
 from embodied.core.compose import load_yaml
 from embodied.core.errors import EmbodiedError
 from embodied.intervention import build_operator
+from embodied.process import start_process
 from embodied.reward_classifier import with_reward
 from embodied.runtime.rollout import Rollout, env_share
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
-from embodied.process import start_process
 
 logger = logging.getLogger("embodied.rollout")
 
@@ -42,8 +42,9 @@ def dump_stacks_on_signal() -> None:
     faulthandler.register(STACK_DUMP_SIGNAL, file=files[0] if files else sys.stderr, all_threads=True)
 
 
-def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int, group_size: int = 0,
-        seed: int = 0) -> None:
+def run(
+    link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag: int, group_size: int = 0, seed: int = 0
+) -> None:
     """Collect and send batches until the learner closes the link. A batch is collected only
     when at most `max_policy_lag` sent batches are unused and the held weights are at most
     `max_policy_lag` versions behind the learner: with 0, every batch is on-policy."""
@@ -71,15 +72,17 @@ def run(link: RolloutLink, rollout: Rollout, rollout_steps: int, max_policy_lag:
             rollout.start_groups(group_size, link.last_sent, seed)
         batch, episodes, env_steps = rollout.collect(rollout_steps)
         rollout.offloader.offload()  # collocated: the learner gets the device before it gets the batch
-        link.send_trajectory({
-            "trajectory": trajectory_to_wire(batch),
-            "episodes": [vars(e) for e in episodes],
-            "env_steps": env_steps,
-            "env_restarts": rollout.env_restarts,
-            "resent": link.resent,
-            "reconnects": link.reconnects,
-            "offload_s": rollout.offloader.seconds,
-        })
+        link.send_trajectory(
+            {
+                "trajectory": trajectory_to_wire(batch),
+                "episodes": [vars(e) for e in episodes],
+                "env_steps": env_steps,
+                "env_restarts": rollout.env_restarts,
+                "resent": link.resent,
+                "reconnects": link.reconnects,
+                "offload_s": rollout.offloader.seconds,
+            }
+        )
 
 
 def rollout_name(index: int) -> str:
@@ -96,8 +99,9 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
     runtime = config.runtime
     start_process(config.seed, runtime.torch_threads)
     group_size = getattr(config.algo, "group_size", 0)
-    env_ids, workers = env_share(config.env.num_envs, getattr(config.env, "num_workers", 0), runtime.num_rollouts,
-                                 index, group_size)
+    env_ids, workers = env_share(
+        config.env.num_envs, getattr(config.env, "num_workers", 0), runtime.num_rollouts, index, group_size
+    )
     env_cfg = dataclasses.replace(config.env, num_workers=workers) if workers else config.env
     env = with_reward(build_env(env_cfg, seed=config.seed, env_ids=env_ids), config.reward)
     name = rollout_name(index)
@@ -105,15 +109,33 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
         device = resolve_device(runtime.rollout_device)
         policy = build_policy(config.policy, env.spec, device)
         # `run` keeps a rollout left over from another run from feeding this run's learner.
-        hello = {"sender": name, "run": str(config_path.resolve().parent), "policy": config.policy.name,
-                 "chunk_size": config.policy.chunk_size, "spec": env.spec.to_dict()}
-        link = RolloutLink(trajectory_endpoint, weights_endpoint, hello, keys_dir=runtime.keys_dir,
-                           heartbeat_s=runtime.heartbeat_s, timeout_s=runtime.peer_timeout_s,
-                           reconnect_timeout_s=runtime.reconnect_timeout_s)
+        hello = {
+            "sender": name,
+            "run": str(config_path.resolve().parent),
+            "policy": config.policy.name,
+            "chunk_size": config.policy.chunk_size,
+            "spec": env.spec.to_dict(),
+        }
+        link = RolloutLink(
+            trajectory_endpoint,
+            weights_endpoint,
+            hello,
+            keys_dir=runtime.keys_dir,
+            heartbeat_s=runtime.heartbeat_s,
+            timeout_s=runtime.peer_timeout_s,
+            reconnect_timeout_s=runtime.reconnect_timeout_s,
+        )
         try:
-            rollout = Rollout(env, policy, device, pipeline=runtime.pipeline, seed=config.seed,
-                              operator=build_operator(config, env.num_envs), index=index,
-                              offload=runtime.placement == "collocated")
+            rollout = Rollout(
+                env,
+                policy,
+                device,
+                pipeline=runtime.pipeline,
+                seed=config.seed,
+                operator=build_operator(config, env.num_envs),
+                index=index,
+                offload=runtime.placement == "collocated",
+            )
             run(link, rollout, config.algo.rollout_steps, runtime.max_policy_lag, group_size, config.seed)
         finally:
             link.close()

@@ -39,16 +39,14 @@ def tensors_from_wire(wire: dict[str, Any]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def published_weights(policy: torch.nn.Module, state: dict[str, torch.Tensor] | None = None
-                      ) -> dict[str, torch.Tensor]:
+def published_weights(policy: torch.nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """What a weight update carries: trainable parameters and all buffers (e.g. the
     observation-normalisation statistics). Frozen parameters never change, so they stay home.
     `state`: the policy's whole state dict where it was gathered elsewhere (a sharded policy)."""
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
     buffers = {name for name, _ in policy.named_buffers()}
     state = policy.state_dict() if state is None else state
-    return {name: value.detach().cpu().clone() for name, value in state.items()
-            if name in trainable or name in buffers}
+    return {name: value.detach().cpu().clone() for name, value in state.items() if name in trainable or name in buffers}
 
 
 def load_published_weights(policy: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:
@@ -62,8 +60,11 @@ def trajectory_to_wire(trajectory: Trajectory) -> dict[str, Any]:
     for f in fields(Trajectory):
         value = getattr(trajectory, f.name)
         if f.name == "observation":
-            wire[f.name] = {"state": value.state.numpy(), "images": {k: v.numpy() for k, v in value.images.items()},
-                            "instruction": list(value.instruction)}
+            wire[f.name] = {
+                "state": value.state.numpy(),
+                "images": {k: v.numpy() for k, v in value.images.items()},
+                "instruction": list(value.instruction),
+            }
         elif f.name == "record":
             wire[f.name] = tensors_to_wire(value)
         else:
@@ -98,13 +99,15 @@ def _check_shapes(trajectory: Trajectory) -> None:
         raise ValueError(f"trajectory reward must be (T, B), got shape {tuple(trajectory.reward.shape)}")
     steps, envs = trajectory.reward.shape
     observation = trajectory.observation
-    named = [("observation.state", observation.state),
-             *((f"observation.images.{k}", v) for k, v in observation.images.items()),
-             *((f"record.{k}", v) for k, v in trajectory.record.items()),
-             *((f.name, getattr(trajectory, f.name)) for f in fields(Trajectory)
-               if f.name not in ("observation", "record"))]
+    named = [
+        ("observation.state", observation.state),
+        *((f"observation.images.{k}", v) for k, v in observation.images.items()),
+        *((f"record.{k}", v) for k, v in trajectory.record.items()),
+        *((f.name, getattr(trajectory, f.name)) for f in fields(Trajectory) if f.name not in ("observation", "record")),
+    ]
     for name, tensor in named:
         expected = (envs,) if name == "last_value" else (steps, envs)
-        if tuple(tensor.shape[:len(expected)]) != expected:
-            raise ValueError(f"trajectory field '{name}' has shape {tuple(tensor.shape)}, "
-                             f"expected leading dims {expected}")
+        if tuple(tensor.shape[: len(expected)]) != expected:
+            raise ValueError(
+                f"trajectory field '{name}' has shape {tuple(tensor.shape)}, expected leading dims {expected}"
+            )

@@ -62,8 +62,16 @@ def test_gae_matches_reference_on_random_batches_with_mixed_episode_ends():
     bootstrap = torch.where(truncated, torch.randn(steps, envs, generator=generator), torch.zeros(steps, envs))
     last_value = torch.randn(envs, generator=generator)
     advantages, _ = gae(reward, value, terminated, truncated, bootstrap, last_value, 0.97, 0.9)
-    expected = reference_gae(reward.tolist(), value.tolist(), terminated.tolist(), truncated.tolist(),
-                             bootstrap.tolist(), last_value.tolist(), 0.97, 0.9)
+    expected = reference_gae(
+        reward.tolist(),
+        value.tolist(),
+        terminated.tolist(),
+        truncated.tolist(),
+        bootstrap.tolist(),
+        last_value.tolist(),
+        0.97,
+        0.9,
+    )
     torch.testing.assert_close(advantages, torch.tensor(expected))
 
 

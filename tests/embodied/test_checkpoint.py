@@ -10,8 +10,14 @@ def test_nested_state_round_trips_through_tensors_and_json():
     optimizer = torch.optim.Adam([torch.nn.Parameter(torch.randn(3))])
     optimizer.param_groups[0]["params"][0].grad = torch.ones(3)
     optimizer.step()
-    state = {"optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(), "seeds": np.arange(4),
-             "pair": (1, "a"), "none": None, 3: [np.zeros((0, 8), np.float32)]}
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "rng": torch.get_rng_state(),
+        "seeds": np.arange(4),
+        "pair": (1, "a"),
+        "none": None,
+        3: [np.zeros((0, 8), np.float32)],
+    }
     tensors = {}
     skeleton = flatten(state, tensors)
     restored = unflatten(skeleton, tensors)

@@ -26,8 +26,13 @@ STEPS_PER_ITERATION = 2 * 8
 
 
 def embodied(*args, check=True):
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "embodied.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=600,
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"embodied {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result
@@ -78,7 +83,10 @@ def test_resumed_run_reproduces_the_uninterrupted_one(uninterrupted, tmp_path):
     assert latest(run_dir).name == "iter_000002"
     assert_same_checkpoint(latest(run_dir), latest(uninterrupted))
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["env_steps"] for line in lines if "loss/approx_kl" in line] == [STEPS_PER_ITERATION, 2 * STEPS_PER_ITERATION]
+    assert [line["env_steps"] for line in lines if "loss/approx_kl" in line] == [
+        STEPS_PER_ITERATION,
+        2 * STEPS_PER_ITERATION,
+    ]
 
 
 def test_a_time_limit_ends_the_run_with_a_checkpoint_and_can_be_raised_on_resume(tmp_path):
@@ -87,8 +95,13 @@ def test_a_time_limit_ends_the_run_with_a_checkpoint_and_can_be_raised_on_resume
     assert latest(run_dir).name == "iter_000001"
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["env_steps"] for line in lines if "loss/approx_kl" in line] == [STEPS_PER_ITERATION]
-    embodied("train", f"resume={run_dir}", "time_limit_s=1e9",
-             f"total_env_steps={2 * STEPS_PER_ITERATION}", "eval_episodes=0")
+    embodied(
+        "train",
+        f"resume={run_dir}",
+        "time_limit_s=1e9",
+        f"total_env_steps={2 * STEPS_PER_ITERATION}",
+        "eval_episodes=0",
+    )
     assert latest(run_dir).name == "iter_000002"
 
 
@@ -100,8 +113,16 @@ def test_a_time_limit_that_is_not_positive_is_refused(tmp_path):
 
 
 def test_eval_command_reports_wilson_interval_and_writes_video(uninterrupted, tmp_path):
-    result = embodied("eval", f"checkpoint={uninterrupted}", "episodes=3", "video_episodes=1",
-                      f"output={tmp_path}", "env=maniskill_pushcube", "env.num_envs=1", "env.render_size=64")
+    result = embodied(
+        "eval",
+        f"checkpoint={uninterrupted}",
+        "episodes=3",
+        "video_episodes=1",
+        f"output={tmp_path}",
+        "env=maniskill_pushcube",
+        "env.num_envs=1",
+        "env.render_size=64",
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     overall = report["overall"]
     assert overall["episodes"] == 3
@@ -137,8 +158,14 @@ def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new
     from embodied.checkpoint import load_checkpoint, save_checkpoint
 
     run_dir = tmp_path / "run"
-    embodied("train", *TINY, "env.num_workers=0", f"run_dir={run_dir}", f"total_env_steps={STEPS_PER_ITERATION}",
-             "eval_episodes=0")
+    embodied(
+        "train",
+        *TINY,
+        "env.num_workers=0",
+        f"run_dir={run_dir}",
+        f"total_env_steps={STEPS_PER_ITERATION}",
+        "eval_episodes=0",
+    )
     checkpoint = latest(run_dir)
     weights, state = load_checkpoint(checkpoint)
     state["env"]["observation_state"] = state["env"]["observation_state"] + 1.0  # what a drifting replay looks like

@@ -8,9 +8,14 @@ from embodied.core.codec import CodecError, Limits, decode, encode, pack, unpack
 
 
 def test_nested_messages_with_arrays_round_trip_exactly():
-    message = {"state": np.arange(12, dtype=np.float32).reshape(3, 4), "done": np.array([True, False]),
-               "nested": [{"x": np.int64(3)}, "text", None], "image": np.zeros((2, 4, 4, 3), np.uint8),
-               "empty": np.zeros((0, 8), np.float32), "strided": np.arange(10.0)[::2]}
+    message = {
+        "state": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "done": np.array([True, False]),
+        "nested": [{"x": np.int64(3)}, "text", None],
+        "image": np.zeros((2, 4, 4, 3), np.uint8),
+        "empty": np.zeros((0, 8), np.float32),
+        "strided": np.arange(10.0)[::2],
+    }
     for decoded in (decode(encode(message)), unpack(pack(message))):
         np.testing.assert_array_equal(decoded["state"], message["state"])
         assert decoded["state"].dtype == np.float32 and decoded["done"].dtype == bool
@@ -82,7 +87,7 @@ def test_corrupted_valid_messages_never_escape_as_anything_but_codec_errors(posi
     target = 0 if header_only else 1
     raw = bytearray(frames[target])
     at = position % len(raw)
-    raw[at:at + len(patch)] = patch
+    raw[at : at + len(patch)] = patch
     frames[target] = bytes(raw)
     try:
         unpack(frames)

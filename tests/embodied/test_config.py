@@ -38,7 +38,10 @@ def test_token_vla_ppo_experiment_composes_the_multitask_recipe():
 
 
 def test_unknown_env_name_lists_known_ones_and_the_closest():
-    with pytest.raises(UnknownNameError, match=r"unknown env 'maniskil'; known: gymnasium, libero, maniskill, robosuite\. Did you mean 'maniskill'"):
+    with pytest.raises(
+        UnknownNameError,
+        match=r"unknown env 'maniskil'; known: gymnasium, libero, maniskill, robosuite\. Did you mean 'maniskill'",
+    ):
         load("env.name=maniskil")
 
 
@@ -98,6 +101,7 @@ def test_procs_runtime_shares_the_config_and_checks_its_values():
 
 # ---- one source of defaults: the schemas -------------------------------------------------------
 
+
 def schema_defaults(schema) -> dict:
     from omegaconf import OmegaConf
 
@@ -141,9 +145,15 @@ def test_no_yaml_file_restates_a_default_of_its_schema():
         name = section.get("name") or compose("train", [f"{group}={path.stem}"])[group].name
         schema = TeleopConfig if group == "teleop" else registries[group].get(name).schema
         found += restated(section, schema_defaults(schema), f"{group}/{path.name}: ")
-    tops = {"train": (TrainConfig, GROUPS), "sft": (SFTConfig, GROUPS), "eval": (EvalConfig, GROUPS),
-            "serve": (ServeConfig, ()), "demos": (DemosConfig, ("env",)), "reward": (RewardClassifierConfig, ()),
-            "robot": (RobotClientConfig, ("robot", "teleop"))}
+    tops = {
+        "train": (TrainConfig, GROUPS),
+        "sft": (SFTConfig, GROUPS),
+        "eval": (EvalConfig, GROUPS),
+        "serve": (ServeConfig, ()),
+        "demos": (DemosConfig, ("env",)),
+        "reward": (RewardClassifierConfig, ()),
+        "robot": (RobotClientConfig, ("robot", "teleop")),
+    }
     for name, (schema, groups) in tops.items():
         section = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / f"{name}.yaml"))
         found += restated(section, schema_defaults(schema), f"{name}.yaml: ", skip=tuple(groups))

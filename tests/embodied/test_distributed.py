@@ -7,8 +7,8 @@ import socket
 import pytest
 import torch
 
-from embodied.algos.ppo import PPO, PPOConfig
 from embodied.algos.distributed import DataParallel
+from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.types import EnvSpec
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from tests.embodied.test_ppo import _batch
@@ -28,8 +28,8 @@ def policy_batch_and_grpo():
     so the two ranks' parts differ in size (1 and 2)."""
     import numpy as np
 
-    from embodied.algos.grpo import GRPO, GRPOConfig
     from embodied.algos.buffers import TrajectoryBuilder
+    from embodied.algos.grpo import GRPO, GRPOConfig
     from embodied.core.types import Observation, StepResult
 
     torch.manual_seed(0)
@@ -39,10 +39,16 @@ def policy_batch_and_grpo():
         observation = Observation(state=torch.randn(envs, 3).numpy(), instruction=["push"] * envs)
         with torch.no_grad():
             chunk = policy.act(observation.to_torch())
-        result = StepResult(observation=observation, reward=np.ones(envs, np.float32), terminated=np.zeros(envs, bool),
-                            truncated=np.full(envs, t == 2), success=np.array([1, 0, 1, 0, 0, 1], bool),
-                            executed_steps=np.ones(envs, np.int64), executed_action=chunk.actions.numpy(),
-                            final_observation=observation)
+        result = StepResult(
+            observation=observation,
+            reward=np.ones(envs, np.float32),
+            terminated=np.zeros(envs, bool),
+            truncated=np.full(envs, t == 2),
+            success=np.array([1, 0, 1, 0, 0, 1], bool),
+            executed_steps=np.ones(envs, np.int64),
+            executed_action=chunk.actions.numpy(),
+            final_observation=observation,
+        )
         builder.add(observation, chunk, result, torch.zeros(envs))
     grpo = GRPO(GRPOConfig(group_size=2, num_minibatches=6, update_epochs=2, max_grad_norm=100.0), policy)
     return policy, builder.build(torch.zeros(envs)), grpo
@@ -53,9 +59,20 @@ def pi0_batch_and_ppo():
     from embodied.policies.pi0 import Pi0Config, Pi0Policy
 
     torch.manual_seed(0)
-    policy = Pi0Policy(Pi0Config(paligemma_variant="tiny", expert_variant="tiny_expert", vocab_size=300,
-                                 max_state_dim=4, max_action_dim=2, horizon=2, denoise_steps=2, sampler="flow_noise",
-                                 critic_hidden=[8]), SPEC)
+    policy = Pi0Policy(
+        Pi0Config(
+            paligemma_variant="tiny",
+            expert_variant="tiny_expert",
+            vocab_size=300,
+            max_state_dim=4,
+            max_action_dim=2,
+            horizon=2,
+            denoise_steps=2,
+            sampler="flow_noise",
+            critic_hidden=[8],
+        ),
+        SPEC,
+    )
     return policy, _batch(policy), PPO(PPOConfig(**CONFIG), policy)
 
 
@@ -69,8 +86,13 @@ def learner_rank(rank: int, world: int, address: str, results, algo: str) -> Non
     try:
         learner.update(batch, progress=0.0)
         # as numpy: torch would share tensor memory with a process that is about to exit
-        results.put((rank, [None if p.grad is None else p.grad.numpy().copy() for p in policy.parameters()],
-                     {k: v.numpy().copy() for k, v in policy.state_dict().items()}))
+        results.put(
+            (
+                rank,
+                [None if p.grad is None else p.grad.numpy().copy() for p in policy.parameters()],
+                {k: v.numpy().copy() for k, v in policy.state_dict().items()},
+            )
+        )
     finally:
         learner.data_parallel.leave()
 
@@ -88,8 +110,10 @@ def test_two_gloo_ranks_take_the_step_one_process_takes_on_the_whole_minibatch(a
     outcome = {}
     for _ in ranks:
         rank, grads, weights = results.get(timeout=120)
-        outcome[rank] = ([None if g is None else torch.from_numpy(g) for g in grads],
-                         {k: torch.from_numpy(v) for k, v in weights.items()})
+        outcome[rank] = (
+            [None if g is None else torch.from_numpy(g) for g in grads],
+            {k: torch.from_numpy(v) for k, v in weights.items()},
+        )
     for process in ranks:
         process.join(30)
         assert process.exitcode == 0
@@ -130,19 +154,49 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo, sharding):
     from embodied.checkpoint import resolve_checkpoint
     from tests.embodied.test_procs import updates_of
 
-    tiny = ["runtime=procs", "env.num_envs=4", "env.num_workers=0", "algo.num_minibatches=2", "algo.update_epochs=2",
-            "eval_episodes=0", "checkpoint_every=1", "runtime.device=cpu", "runtime.rollout_device=cpu",
-            "logger.progress_bar=false"]
-    tiny += (["algo.rollout_steps=10", "total_env_steps=80"] if algo == "ppo" else  # two updates each
-             ["algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]",
-              "total_env_steps=400"])
+    tiny = [
+        "runtime=procs",
+        "env.num_envs=4",
+        "env.num_workers=0",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=2",
+        "eval_episodes=0",
+        "checkpoint_every=1",
+        "runtime.device=cpu",
+        "runtime.rollout_device=cpu",
+        "logger.progress_bar=false",
+    ]
+    tiny += (
+        ["algo.rollout_steps=10", "total_env_steps=80"]
+        if algo == "ppo"
+        # two updates each
+        else [
+            "algo=grpo",
+            "algo.group_size=2",
+            "algo.outcome=return",
+            "algo.success_band=[0.0,1.0]",
+            "total_env_steps=400",
+        ]
+    )
     weights = {}
     for ranks in (1, 2):
         run_dir = tmp_path / f"ranks{ranks}"
         sharded = [f"runtime.learner_sharding={sharding}"] if ranks > 1 else []
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, *sharded,
-                                 f"runtime.learner_ranks={ranks}", f"run_dir={run_dir}"],
-                                capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embodied.cli",
+                "train",
+                *tiny,
+                *sharded,
+                f"runtime.learner_ranks={ranks}",
+                f"run_dir={run_dir}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr
         assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]
         weights[ranks] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
@@ -166,9 +220,9 @@ def test_gradient_accumulation_takes_the_same_step_in_parts():
 def test_a_learners_whole_state_travels_to_another_rank():
     """What rank 0 sends the others on start and resume: weights, optimizer moments, counters,
     normalisation statistics; here for a model with more arrays than outside peers may send."""
+    from embodied.core import codec
     from embodied.runtime.learner import Learner
     from embodied.runtime.learner_ranks import RANK_LIMITS, load_state_from_wire, state_to_wire
-    from embodied.core import codec
 
     def learner():
         torch.manual_seed(0)
@@ -191,7 +245,6 @@ def test_a_learners_whole_state_travels_to_another_rank():
 def test_learner_ranks_are_checked_before_any_process_starts():
 
     from embodied.config import TrainConfig, to_schema
-
     from embodied.core.compose import compose
     from embodied.core.errors import ConfigError
     from embodied.runtime.learner_ranks import check_learner_ranks
@@ -200,8 +253,10 @@ def test_learner_ranks_are_checked_before_any_process_starts():
     with pytest.raises(ConfigError, match="algo=ppo or algo=grpo"):
         check_learner_ranks(config, 2)
     check_learner_ranks(to_schema(TrainConfig, compose("train", ["runtime=procs", "algo=grpo"])), 2)
-    config = to_schema(TrainConfig, compose("train", ["runtime=procs", "env.num_envs=3", "algo.rollout_steps=10",
-                                                      "algo.num_minibatches=2"]))
+    config = to_schema(
+        TrainConfig,
+        compose("train", ["runtime=procs", "env.num_envs=3", "algo.rollout_steps=10", "algo.num_minibatches=2"]),
+    )
     with pytest.raises(ConfigError, match="do not split over runtime.learner_ranks=2"):
         check_learner_ranks(config, 2)  # minibatches of 15
     config = to_schema(TrainConfig, compose("train", ["runtime=procs"]))
@@ -260,7 +315,7 @@ def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
     policy, batch, ppo = pi0_batch_and_ppo()
     ppo.update(batch, progress=0.0)
     ppo.update(batch, progress=0.5)
-    for rank, (grads, weights, held, moments, squares) in outcome.items():
+    for rank, (grads, weights, held, moments, _squares) in outcome.items():
         assert 0.45 < held < 0.55 and 0.45 < moments < 0.55, (rank, held, moments)
         for (name, parameter), grad, weight in zip(policy.named_parameters(), grads, weights):
             assert (grad is None) == (parameter.grad is None), name
@@ -287,18 +342,41 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
     from embodied.checkpoint import resolve_checkpoint
     from tests.embodied.test_procs import updates_of
 
-    tiny = ["runtime=procs", "policy=pi0", "policy.paligemma_variant=tiny", "policy.expert_variant=tiny_expert",
-            "policy.vocab_size=300", "policy.max_state_dim=64", "policy.max_action_dim=8", "policy.horizon=2",
-            "policy.denoise_steps=2", "env.num_envs=4", "env.num_workers=0", "algo.rollout_steps=10",
-            "algo.num_minibatches=2", "algo.update_epochs=1", "eval_episodes=0", "eval_every=1",
-            "periodic_eval_episodes=2", "checkpoint_every=1", "runtime.device=cpu", "runtime.rollout_device=cpu",
-            "logger.progress_bar=false"]
+    tiny = [
+        "runtime=procs",
+        "policy=pi0",
+        "policy.paligemma_variant=tiny",
+        "policy.expert_variant=tiny_expert",
+        "policy.vocab_size=300",
+        "policy.max_state_dim=64",
+        "policy.max_action_dim=8",
+        "policy.horizon=2",
+        "policy.denoise_steps=2",
+        "env.num_envs=4",
+        "env.num_workers=0",
+        "algo.rollout_steps=10",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "eval_episodes=0",
+        "eval_every=1",
+        "periodic_eval_episodes=2",
+        "checkpoint_every=1",
+        "runtime.device=cpu",
+        "runtime.rollout_device=cpu",
+        "logger.progress_bar=false",
+    ]
     weights = {}
-    for name, ranks in (("one", ["runtime.learner_ranks=1"]),
-                        ("fsdp", ["runtime.learner_ranks=2", "runtime.learner_sharding=fsdp"])):
+    for name, ranks in (
+        ("one", ["runtime.learner_ranks=1"]),
+        ("fsdp", ["runtime.learner_ranks=2", "runtime.learner_sharding=fsdp"]),
+    ):
         run_dir = tmp_path / name
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, *ranks, "total_env_steps=80",
-                                 f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "embodied.cli", "train", *tiny, *ranks, "total_env_steps=80", f"run_dir={run_dir}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         updates = updates_of(run_dir)
         assert [u["train/iteration"] for u in updates] == [1, 2]
@@ -307,13 +385,28 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
     for name, value in weights["one"].items():
         # Adam turns float-order noise in near-zero gradients into up to a fraction of a step (lr 3e-4)
         torch.testing.assert_close(weights["fsdp"][name], value, rtol=1e-3, atol=1e-4)
-    evaluations = [json.loads(line) for line in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()
-                   if "eval/success_rate" in line]
+    evaluations = [
+        json.loads(line)
+        for line in (tmp_path / "fsdp" / "metrics.jsonl").read_text().splitlines()
+        if "eval/success_rate" in line
+    ]
     assert len(evaluations) == 2
 
     for steps, ranks in ((120, []), (160, ["runtime.learner_ranks=1", "runtime.learner_sharding=replicate"])):
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={tmp_path / 'fsdp'}",
-                                 f"total_env_steps={steps}", *ranks], capture_output=True, text=True, timeout=600)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embodied.cli",
+                "train",
+                f"resume={tmp_path / 'fsdp'}",
+                f"total_env_steps={steps}",
+                *ranks,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
     assert [u["train/iteration"] for u in updates_of(tmp_path / "fsdp")] == [1, 2, 3, 4]
     from embodied.core.errors import ConfigError

@@ -17,26 +17,50 @@ LIBERO_STATE = ["env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.s
 
 
 def embodied(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "embodied.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 @pytest.fixture(scope="module")
 def libero_checkpoint(tmp_path_factory):
     """An MLP trained one iteration on LIBERO's proprio state: it fits every LIBERO task."""
     run_dir = tmp_path_factory.mktemp("libero") / "run"
-    trainer = embodied("train", *LIBERO_STATE, "env.num_envs=2", "env.task_ids=[0,1]", "algo.rollout_steps=4",
-                       "algo.num_minibatches=2", "total_env_steps=8", "eval_episodes=0", "eval_every=0",
-                       "logger.progress_bar=false", f"run_dir={run_dir}")
+    trainer = embodied(
+        "train",
+        *LIBERO_STATE,
+        "env.num_envs=2",
+        "env.task_ids=[0,1]",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err
     return run_dir
 
 
 def eval_args(run_dir, output, trials=3, videos=0):
-    return [f"checkpoint={run_dir}", "suite=libero_goal", "task_ids=[0,2]", f"trials={trials}", *LIBERO_STATE,
-            "env.num_envs=2", "env.max_episode_steps=4", f"video_episodes={videos}", "progress_bar=false",
-            f"output={output}"]
+    return [
+        f"checkpoint={run_dir}",
+        "suite=libero_goal",
+        "task_ids=[0,2]",
+        f"trials={trials}",
+        *LIBERO_STATE,
+        "env.num_envs=2",
+        "env.max_episode_steps=4",
+        f"video_episodes={videos}",
+        "progress_bar=false",
+        f"output={output}",
+    ]
 
 
 def test_suite_eval_runs_every_task_times_trials_with_trial_seeds(libero_checkpoint, tmp_path):
@@ -45,8 +69,9 @@ def test_suite_eval_runs_every_task_times_trials_with_trial_seeds(libero_checkpo
     _, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
     records = [json.loads(line) for line in (output / "episodes.jsonl").read_text().splitlines()]
-    assert sorted((r["task"], r["trial"]) for r in records) == [(t, k) for t in ("libero_goal/0", "libero_goal/2")
-                                                                for k in range(3)]
+    assert sorted((r["task"], r["trial"]) for r in records) == [
+        (t, k) for t in ("libero_goal/0", "libero_goal/2") for k in range(3)
+    ]
     assert all(r["seed"] == r["trial"] and r["length"] == 4 for r in records)
     report = json.loads((output / "report.json").read_text())
     assert report["overall"]["episodes"] == 6 and [t["episodes"] for t in report["tasks"]] == [3, 3]
@@ -81,9 +106,10 @@ def test_a_killed_suite_eval_continues_where_it_stopped(libero_checkpoint, tmp_p
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     after = [json.loads(line) for line in log.read_text().splitlines()]
-    assert after[:len(before)] == before  # kept, not rerun
-    assert sorted((r["task"], r["trial"]) for r in after) == [(t, k) for t in ("libero_goal/0", "libero_goal/2")
-                                                              for k in range(4)]
+    assert after[: len(before)] == before  # kept, not rerun
+    assert sorted((r["task"], r["trial"]) for r in after) == [
+        (t, k) for t in ("libero_goal/0", "libero_goal/2") for k in range(4)
+    ]
 
 
 def test_suite_eval_refuses_to_mix_settings_into_an_existing_output(libero_checkpoint, tmp_path):
@@ -100,18 +126,38 @@ def test_suite_eval_refuses_to_mix_settings_into_an_existing_output(libero_check
 
 def test_maniskill_suite_in_the_same_harness(tmp_path):
     run_dir = tmp_path / "run"
-    trainer = embodied("train", "env.num_envs=2", "algo.rollout_steps=4", "algo.num_minibatches=2", "total_env_steps=8",
-                       "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}")
+    trainer = embodied(
+        "train",
+        "env.num_envs=2",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err
     output = tmp_path / "eval"
-    report = evaluate_suite(EvalConfig(checkpoint=str(run_dir), suite="maniskill", task_ids=[0], trials=2,
-                                       output=str(output), progress_bar=False))
+    report = evaluate_suite(
+        EvalConfig(
+            checkpoint=str(run_dir), suite="maniskill", task_ids=[0], trials=2, output=str(output), progress_bar=False
+        )
+    )
     assert report == output
     result = json.loads((output / "report.json").read_text())
     assert [t["task"] for t in result["tasks"]] == ["maniskill/PushCube-v1"] and result["overall"]["episodes"] == 2
     assert result["instructions"]["maniskill/PushCube-v1"] == "push the cube to the goal region"
     # A state policy for PushCube does not fit PickCube's observations: said so, by task.
     with pytest.raises(ConfigError, match="does not fit maniskill/PickCube-v1"):
-        evaluate_suite(EvalConfig(checkpoint=str(run_dir), suite="maniskill", task_ids=[1], trials=1,
-                                  output=str(tmp_path / "pick"), progress_bar=False))
+        evaluate_suite(
+            EvalConfig(
+                checkpoint=str(run_dir),
+                suite="maniskill",
+                task_ids=[1],
+                trials=1,
+                output=str(tmp_path / "pick"),
+                progress_bar=False,
+            )
+        )

@@ -43,14 +43,23 @@ def test_clip_higher_lets_a_positive_advantage_push_further_up_than_down():
 
 def test_dynamic_sampling_keeps_informative_groups_and_reports_tasks_never_covered():
     sampler = DynamicSampling(groups_per_batch=2)
-    offers = [Group("push", 8, 8), Group("pick", 3, 8), Group("stack", 0, 8), Group("push", 8, 8),
-              Group("pick", 5, 8), Group("pick", 4, 8)]
+    offers = [
+        Group("push", 8, 8),
+        Group("pick", 3, 8),
+        Group("stack", 0, 8),
+        Group("push", 8, 8),
+        Group("pick", 5, 8),
+        Group("pick", 4, 8),
+    ]
     kept = [sampler.offer(g) for g in offers]
     assert kept == [False, True, False, False, True, False]  # the last is informative, but the batch is full
     assert sampler.full and [g.success_rate for g in sampler.take_batch()] == [3 / 8, 5 / 8]
     assert sampler.uncovered() == ["push", "stack"]
-    assert sampler.metrics() == {"sampling/pick/informative_fraction": 1.0, "sampling/push/informative_fraction": 0.0,
-                                 "sampling/stack/informative_fraction": 0.0}
+    assert sampler.metrics() == {
+        "sampling/pick/informative_fraction": 1.0,
+        "sampling/push/informative_fraction": 0.0,
+        "sampling/stack/informative_fraction": 0.0,
+    }
 
 
 def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
@@ -60,14 +69,33 @@ def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
 
     run_dir = tmp_path / "run"
     # PushCube episodes are 50 steps; 4 envs in 2 groups of 2 from two initial states.
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=token_vla", "algo=grpo",
-                             "algo.group_size=2", "algo.num_minibatches=2", "algo.success_band=[0.0,1.0]",
-                             "algo.outcome=return", "env.num_envs=4", "total_env_steps=200", "eval_episodes=0",
-                             "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "policy=token_vla",
+            "algo=grpo",
+            "algo.group_size=2",
+            "algo.num_minibatches=2",
+            "algo.success_band=[0.0,1.0]",
+            "algo.outcome=return",
+            "env.num_envs=4",
+            "total_env_steps=200",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-              if "grpo/success_rate" in line][0]
+    update = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "grpo/success_rate" in line
+    ][0]
     assert update["env_steps"] == 200
     assert update["grpo/informative_groups"] == 2 and "loss/policy_loss" in update
     assert abs(update["loss/approx_kl"]) < 0.5
@@ -77,8 +105,8 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
     import numpy as np
     import torch
 
-    from embodied.runtime.rollout import Rollout
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runtime.rollout import Rollout
     from embodied.sim.maniskill import make_maniskill
     from embodied.sim.maniskill_common import ManiSkillConfig
 
@@ -96,7 +124,6 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
     assert not np.array_equal(first[0], first[2]) and not np.array_equal(first[0], second[0])
 
 
-
 def _episodes(instructions, steps=3, ends_at=2, success=None):
     """A batch of one short episode per env, ending at step `ends_at` (None: never)."""
     from embodied.algos.buffers import TrajectoryBuilder
@@ -107,10 +134,16 @@ def _episodes(instructions, steps=3, ends_at=2, success=None):
     for t in range(steps):
         observation = Observation(state=np.zeros((envs, 3), np.float32), instruction=list(instructions))
         done = np.full(envs, ends_at is not None and t == ends_at)
-        result = StepResult(observation=observation, reward=np.ones(envs, np.float32), terminated=np.zeros(envs, bool),
-                            truncated=done, success=(np.arange(envs) % 2 == 0) if success is None
-                            else np.asarray(success, bool), executed_steps=np.ones(envs, np.int64),
-                            executed_action=np.zeros((envs, 1, 2), np.float32), final_observation=observation)
+        result = StepResult(
+            observation=observation,
+            reward=np.ones(envs, np.float32),
+            terminated=np.zeros(envs, bool),
+            truncated=done,
+            success=(np.arange(envs) % 2 == 0) if success is None else np.asarray(success, bool),
+            executed_steps=np.ones(envs, np.int64),
+            executed_action=np.zeros((envs, 1, 2), np.float32),
+            final_observation=observation,
+        )
         chunk = ActionChunk(torch.zeros(envs, 1, 2), torch.zeros(envs), torch.zeros(envs))
         builder.add(observation, chunk, result, torch.zeros(envs))
     return builder.build(torch.zeros(envs))
@@ -122,8 +155,9 @@ def test_grpo_refuses_groups_that_mix_tasks_or_episodes_that_did_not_end():
     from embodied.core.types import EnvSpec
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
-    policy = MLPGaussianPolicy(MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0),
-                                                          action_high=(1.0, 1.0)))
+    policy = MLPGaussianPolicy(
+        MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    )
     grpo = GRPO(GRPOConfig(group_size=2, num_minibatches=1, success_band=[0.0, 1.0]), policy)
     with pytest.raises(ConfigError, match="run different tasks"):
         grpo.update(_episodes(["push", "lift", "push", "lift"]), 0.0)
@@ -143,10 +177,12 @@ def test_resampling_collects_batches_until_enough_informative_groups_and_survive
 
     def make():
         torch.manual_seed(0)
-        policy = MLPGaussianPolicy(MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0),
-                                                              action_high=(1.0, 1.0)))
-        return policy, GRPO(GRPOConfig(group_size=2, num_minibatches=2, groups_per_batch=2,
-                                       max_batches_per_update=3), policy)
+        policy = MLPGaussianPolicy(
+            MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+        )
+        return policy, GRPO(
+            GRPOConfig(group_size=2, num_minibatches=2, groups_per_batch=2, max_batches_per_update=3), policy
+        )
 
     policy, grpo = make()
     before = [p.detach().clone() for p in policy.parameters()]

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from embodied.core.security import generate_keys
+from embodied.core.sockets import EndpointError
 from embodied.runtime.learner_link import LearnerLink, LinkError
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import tensors_from_wire, tensors_to_wire
-from embodied.core.security import generate_keys
-from embodied.core.sockets import EndpointError
 from tests.netproxy import DropProxy
 
 HELLO = {"policy": "mlp_gaussian", "chunk_size": 1, "spec": {"state_dim": 3, "action_low": (-1.0, -1.0)}}
@@ -20,8 +20,12 @@ FAST = {"heartbeat_s": 0.1}
 
 def rollout_link(learner: LearnerLink, trajectory_endpoint: str | None = None, **kwargs) -> RolloutLink:
     options = {"heartbeat_s": 0.1, "timeout_s": 1.0, "reconnect_timeout_s": 30.0, **kwargs}
-    return RolloutLink(trajectory_endpoint or learner.trajectory_endpoint, learner.weights_endpoint,
-                       {"sender": "rollout-0", **HELLO}, **options)
+    return RolloutLink(
+        trajectory_endpoint or learner.trajectory_endpoint,
+        learner.weights_endpoint,
+        {"sender": "rollout-0", **HELLO},
+        **options,
+    )
 
 
 def receive_all(learner: LearnerLink, count: int, timeout_s: float = 10.0) -> list[int]:
@@ -145,8 +149,11 @@ def test_weights_subscriber_keeps_only_the_newest(learner):
         assert learner.wait_hello(10) is not None
         for version in range(1, 20):
             learner.publish(version, tensors_to_wire({"w": torch.full((1000,), float(version))}))
-        rollout.wait(lambda: (rollout.current_weights() or None) is not None
-                     and rollout.current_weights().policy_version == 19, "the newest weights", 10)
+        rollout.wait(
+            lambda: (rollout.current_weights() or None) is not None and rollout.current_weights().policy_version == 19,
+            "the newest weights",
+            10,
+        )
         tensors = tensors_from_wire(rollout.current_weights().tensors)
         assert torch.equal(tensors["w"], torch.full((1000,), 19.0))
     finally:
@@ -178,8 +185,14 @@ def test_handshake_mismatch_fails_loudly_on_both_ends():
 
 
 def test_rollout_gives_up_with_an_error_when_no_learner_answers():
-    rollout = RolloutLink("tcp://127.0.0.1:9", "tcp://127.0.0.1:9", {"sender": "rollout-0", **HELLO},
-                          heartbeat_s=0.1, timeout_s=0.5, reconnect_timeout_s=1.0)
+    rollout = RolloutLink(
+        "tcp://127.0.0.1:9",
+        "tcp://127.0.0.1:9",
+        {"sender": "rollout-0", **HELLO},
+        heartbeat_s=0.1,
+        timeout_s=0.5,
+        reconnect_timeout_s=1.0,
+    )
     try:
         with pytest.raises(LinkError, match="no learner answered"):
             rollout.wait(lambda: False, "a learner", 10)
@@ -197,14 +210,26 @@ def test_curve_link_refuses_a_rollout_without_keys(tmp_path):
     weights_port = learner.weights_endpoint.rsplit(":", 1)[1]
     hello = {"sender": "rollout-0", **HELLO}
     try:
-        stranger = RolloutLink(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{weights_port}", hello,
-                               heartbeat_s=0.1, timeout_s=0.5, reconnect_timeout_s=30)
+        stranger = RolloutLink(
+            f"tcp://127.0.0.1:{port}",
+            f"tcp://127.0.0.1:{weights_port}",
+            hello,
+            heartbeat_s=0.1,
+            timeout_s=0.5,
+            reconnect_timeout_s=30,
+        )
         try:
             assert learner.wait_hello(1.5) is None
         finally:
             stranger.close()
-        member = RolloutLink(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{weights_port}", hello,
-                             keys_dir=str(keys), heartbeat_s=0.1, timeout_s=0.5)
+        member = RolloutLink(
+            f"tcp://127.0.0.1:{port}",
+            f"tcp://127.0.0.1:{weights_port}",
+            hello,
+            keys_dir=str(keys),
+            heartbeat_s=0.1,
+            timeout_s=0.5,
+        )
         try:
             assert learner.wait_hello(10) is not None
             learner.publish(1, tensors_to_wire({"w": torch.ones(2)}))

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Loaded at start-up by every Python process the tests start (PYTHONPATH): records the kind
 # and field types of each message the process encodes, one JSON line per message.
-RECORDER = textwrap.dedent('''
+RECORDER = textwrap.dedent("""
     import json, os
     import embodied.core.protocol as protocol
 
@@ -45,10 +45,18 @@ RECORDER = textwrap.dedent('''
         return _envelope(message)
 
     protocol._envelope = _recording
-''')
+""")
 
-SAMPLES = {"bool": True, "int": 0, "float": 0.5, "str": "", "map": {}, "list": [], "null": None,
-           "array": np.zeros(1, np.float32)}
+SAMPLES = {
+    "bool": True,
+    "int": 0,
+    "float": 0.5,
+    "str": "",
+    "map": {},
+    "list": [],
+    "null": None,
+    "array": np.zeros(1, np.float32),
+}
 
 
 def recorded(log_dir: Path) -> list[dict]:
@@ -59,8 +67,11 @@ def fits_some_channel(message: dict) -> list[str]:
     """What is wrong with a recorded message ([] if it fits a definition on some channel)."""
     fields = message["fields"]
     body = {key: SAMPLES.get(kind, object()) for key, kind in fields.items()} if isinstance(fields, dict) else fields
-    problems = {channel: check_body(channel, message["kind"], body) for channel in CHANNELS
-                if definitions(channel, message["kind"])}
+    problems = {
+        channel: check_body(channel, message["kind"], body)
+        for channel in CHANNELS
+        if definitions(channel, message["kind"])
+    }
     return [] if not problems or any(not found for found in problems.values()) else sum(problems.values(), [])
 
 
@@ -71,8 +82,11 @@ def recording(tmp_path):
     site.mkdir()
     log_dir.mkdir()
     (site / "sitecustomize.py").write_text(RECORDER)
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
-                   "EMBODIED_MESSAGE_LOG": str(log_dir)}
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+        "EMBODIED_MESSAGE_LOG": str(log_dir),
+    }
     return environment, log_dir
 
 
@@ -96,11 +110,15 @@ def test_every_definition_names_a_handler_that_exists_and_a_known_channel():
 def test_a_body_that_breaks_its_definition_is_told_apart():
     hello = {"protocol": 1, "role": "robot", "name": "arm", "session": "s", "spec": {}}
     assert check_body("policy", "hello", hello) == []
-    assert check_body("policy", "hello", {**hello, "extra": 1}) == ["robot client's hello: 'extra' is not a field of it"]
+    assert check_body("policy", "hello", {**hello, "extra": 1}) == [
+        "robot client's hello: 'extra' is not a field of it"
+    ]
     assert check_body("policy", "hello", {k: v for k, v in hello.items() if k != "spec"}) == [
-        "robot client's hello: 'spec' is missing"]
+        "robot client's hello: 'spec' is missing"
+    ]
     assert check_body("policy", "hello", {**hello, "protocol": "1"}) == [
-        "robot client's hello: 'protocol' should be int, got str"]
+        "robot client's hello: 'protocol' should be int, got str"
+    ]
     assert check_body("policy", "hello", [1]) == ["robot client's hello: the body is a list, not a map"]
     assert check_body("env", "infer", {}) == ["no 'infer' message is defined on the env channel"]
     # Two senders of one kind: a body fits if it fits either.
@@ -135,8 +153,9 @@ def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):
         thread.join(5)
         server.close()
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=environment, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     messages = recorded(log_dir)
     assert [m["kind"] for m in messages if m["kind"] != "heartbeat"] == ["hello", "welcome", "infer", "action", "close"]
@@ -144,17 +163,41 @@ def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):
     assert all(not fits_some_channel(m) for m in messages), [fits_some_channel(m) for m in messages]
 
 
-TINY = ["runtime.heartbeat_s=0.2", "runtime.peer_timeout_s=5", "policy.actor_hidden=[16]", "policy.critic_hidden=[16]",
-        "algo.rollout_steps=4", "algo.update_epochs=1", "algo.num_minibatches=2", "logger.progress_bar=false",
-        "logger.tensorboard=false", "eval_episodes=0"]
+TINY = [
+    "runtime.heartbeat_s=0.2",
+    "runtime.peer_timeout_s=5",
+    "policy.actor_hidden=[16]",
+    "policy.critic_hidden=[16]",
+    "algo.rollout_steps=4",
+    "algo.update_epochs=1",
+    "algo.num_minibatches=2",
+    "logger.progress_bar=false",
+    "logger.tensorboard=false",
+    "eval_episodes=0",
+]
 
 
 def test_a_procs_run_sends_only_defined_bodies_on_the_env_and_learner_channels(recording, tmp_path):
     environment, log_dir = recording
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "runtime=procs", "env.num_envs=2",
-                             "env.num_workers=1", "env.transport=zmq", "total_env_steps=16", *TINY,
-                             f"run_dir={tmp_path / 'run'}"], env=environment, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "runtime=procs",
+            "env.num_envs=2",
+            "env.num_workers=1",
+            "env.transport=zmq",
+            "total_env_steps=16",
+            *TINY,
+            f"run_dir={tmp_path / 'run'}",
+        ],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     messages = recorded(log_dir)
     wrong = [(m, fits_some_channel(m)) for m in messages if fits_some_channel(m)]
@@ -168,19 +211,37 @@ def test_a_robot_and_a_learning_server_send_only_defined_bodies_on_the_policy_ch
 
     environment, log_dir = recording
     run_dir = tmp_path / "run"
-    server = subprocess.Popen([sys.executable, "-m", "embodied.cli", "train", *LEARNER, "total_env_steps=20",
-                               f"run_dir={run_dir}"], env=environment, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", "train", *LEARNER, "total_env_steps=20", f"run_dir={run_dir}"],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = ""
         while "learning from robots on" not in line:
             line = server.stdout.readline()
             assert line or server.poll() is None, server.stderr.read()[-3000:]
         endpoint = line.split(" on ", 1)[1].split()[0]
-        client = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "robot=sim",
-                                 f"robot.env_from={run_dir}", f"server={endpoint}", "episodes=2",
-                                 "max_episode_steps=20", f"output={tmp_path / 'robot'}"], env=environment,
-                                capture_output=True, text=True, timeout=300)
+        client = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embodied.cli",
+                "robot",
+                "robot=sim",
+                f"robot.env_from={run_dir}",
+                f"server={endpoint}",
+                "episodes=2",
+                "max_episode_steps=20",
+                f"output={tmp_path / 'robot'}",
+            ],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert client.returncode == 0, client.stderr[-3000:]
         assert server.wait(timeout=120) == 0, server.stderr.read()[-3000:]
     finally:
@@ -204,8 +265,12 @@ def test_infer_is_one_blocking_call_and_says_when_no_server_answers():
     def echo(observation):
         return np.repeat(observation.state[:, None, :2], 3, axis=1)
 
-    server = PolicyServer(echo, spec, {"policy": "echo", "policy_version": 1, "chunk_size": 3},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
+    server = PolicyServer(
+        echo,
+        spec,
+        {"policy": "echo", "policy_version": 1, "chunk_size": 3},
+        ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0),
+    )
     stop = threading.Event()
     thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
     thread.start()

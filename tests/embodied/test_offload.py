@@ -8,12 +8,12 @@ import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.errors import ConfigError
-from embodied.offload import Offloader
-from embodied.runtime.learner import Learner
-from embodied.runtime.configs import ProcsRuntimeConfig
-from embodied.runtime.procs import check_config
 from embodied.core.types import EnvSpec, Observation
+from embodied.offload import Offloader
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.runtime.configs import ProcsRuntimeConfig
+from embodied.runtime.learner import Learner
+from embodied.runtime.procs import check_config
 
 SPEC = EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
 
@@ -30,7 +30,7 @@ def stepped_learner(seed: int = 0) -> Learner:
 def step(learner: Learner) -> None:
     optimizer = learner.algo.optimizer
     optimizer.zero_grad()
-    loss = sum((p ** 2).sum() for p in learner.policy.parameters())
+    loss = sum((p**2).sum() for p in learner.policy.parameters())
     loss.backward()
     optimizer.step()
 
@@ -73,11 +73,17 @@ def test_offloading_twice_or_reloading_a_loaded_module_changes_nothing():
         assert torch.equal(value, before[name])
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"placement": "shared"}, "runtime.placement must be one of"),
-    ({"placement": "collocated", "max_policy_lag": 1}, "set runtime.max_policy_lag=0"),
-    ({"placement": "collocated", "learner_ranks": 2, "learner_sharding": "fsdp"}, "runtime.placement=disaggregated"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"placement": "shared"}, "runtime.placement must be one of"),
+        ({"placement": "collocated", "max_policy_lag": 1}, "set runtime.max_policy_lag=0"),
+        (
+            {"placement": "collocated", "learner_ranks": 2, "learner_sharding": "fsdp"},
+            "runtime.placement=disaggregated",
+        ),
+    ],
+)
 def test_placements_that_cannot_work_are_refused(changes, message):
     with pytest.raises(ConfigError, match=message):
         check_config(ProcsRuntimeConfig(**changes))

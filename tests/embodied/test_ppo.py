@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.algos.ppo import PPO, PPOConfig, ppo_loss, ratio_log_probs, term_advantages
 from embodied.algos.buffers import TrajectoryBuilder
+from embodied.algos.ppo import PPO, PPOConfig, ppo_loss, ratio_log_probs, term_advantages
 from embodied.core.types import EnvSpec, Observation, StepResult
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
@@ -79,9 +79,14 @@ def _batch(policy, steps=8, envs=4, seed=0):
             chunk = policy.act(observation.to_torch())
         reward = torch.randn(envs, generator=generator).numpy().astype(np.float32)
         result = StepResult(
-            observation=observation, reward=reward, terminated=np.zeros(envs, bool), truncated=np.zeros(envs, bool),
-            success=np.zeros(envs, bool), executed_steps=np.ones(envs, np.int64),
-            executed_action=chunk.actions.numpy(), final_observation=observation,
+            observation=observation,
+            reward=reward,
+            terminated=np.zeros(envs, bool),
+            truncated=np.zeros(envs, bool),
+            success=np.zeros(envs, bool),
+            executed_steps=np.ones(envs, np.int64),
+            executed_action=chunk.actions.numpy(),
+            final_observation=observation,
         )
         builder.add(observation, chunk, result, torch.zeros(envs))
     return builder.build(torch.zeros(envs))

@@ -13,8 +13,14 @@ from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.procs import RolloutSupervisor
 
-PROCS = ["runtime=procs", "runtime.device=cpu", "runtime.rollout_device=cpu", "runtime.heartbeat_s=0.2",
-         "runtime.peer_timeout_s=5", "logger.progress_bar=false"]
+PROCS = [
+    "runtime=procs",
+    "runtime.device=cpu",
+    "runtime.rollout_device=cpu",
+    "runtime.heartbeat_s=0.2",
+    "runtime.peer_timeout_s=5",
+    "logger.progress_bar=false",
+]
 
 
 def train_command(*args: str) -> list[str]:
@@ -62,11 +68,25 @@ def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float =
 
 def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
     run_dir = tmp_path / "run"
-    trainer = subprocess.Popen(train_command(
-        "env.num_envs=4", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=25",
-        "algo.num_minibatches=4", "algo.update_epochs=2", "total_env_steps=2000", "checkpoint_every=5",
-        "eval_every=10", "periodic_eval_episodes=2", "eval_episodes=2", f"run_dir={run_dir}"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        train_command(
+            "env.num_envs=4",
+            "env.num_workers=2",
+            "env.transport=zmq",
+            "algo.rollout_steps=25",
+            "algo.num_minibatches=4",
+            "algo.update_epochs=2",
+            "total_env_steps=2000",
+            "checkpoint_every=5",
+            "eval_every=10",
+            "periodic_eval_episodes=2",
+            "eval_episodes=2",
+            f"run_dir={run_dir}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rollout = []
 
     def kill_a_worker() -> None:
@@ -88,10 +108,22 @@ def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
 def test_a_killed_rollout_process_is_restarted_and_training_continues(tmp_path):
     run_dir = tmp_path / "run"
     batch = 2 * 64
-    trainer = subprocess.Popen(train_command(
-        "experiment=mujoco_invertedpendulum", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=64",
-        "algo.num_minibatches=2", "algo.update_epochs=1", f"total_env_steps={20 * batch}", "eval_episodes=0",
-        f"run_dir={run_dir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        train_command(
+            "experiment=mujoco_invertedpendulum",
+            "env.num_envs=2",
+            "env.num_workers=0",
+            "algo.rollout_steps=64",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            f"total_env_steps={20 * batch}",
+            "eval_episodes=0",
+            f"run_dir={run_dir}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: len(updates_of(run_dir)) >= 3, "three updates", trainer)
         first = rollout_pid(run_dir)
@@ -111,10 +143,23 @@ def test_several_rollouts_share_the_envs_and_a_killed_one_is_restarted(tmp_path)
     """Two rollout processes, each with half the envs and one env worker; every update learns
     from a trajectory of each (4 envs x 10 steps), and a killed rollout is replaced."""
     run_dir = tmp_path / "run"
-    trainer = subprocess.Popen(train_command(
-        "runtime.num_rollouts=2", "env.num_envs=4", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=10",
-        "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=400", "eval_episodes=0",
-        f"run_dir={run_dir}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        train_command(
+            "runtime.num_rollouts=2",
+            "env.num_envs=4",
+            "env.num_workers=2",
+            "env.transport=zmq",
+            "algo.rollout_steps=10",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            "total_env_steps=400",
+            "eval_episodes=0",
+            f"run_dir={run_dir}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     rollouts = []
 
     def kill_a_rollout() -> None:
@@ -136,9 +181,18 @@ def test_several_rollouts_share_the_envs_and_a_killed_one_is_restarted(tmp_path)
 def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_path):
     run_dir = tmp_path / "run"
     iterations, batch = 40, 2 * 64
-    args = ["experiment=mujoco_invertedpendulum", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=64",
-            "algo.num_minibatches=2", "algo.update_epochs=1", f"total_env_steps={iterations * batch}",
-            "checkpoint_every=10", "eval_episodes=0", f"run_dir={run_dir}"]
+    args = [
+        "experiment=mujoco_invertedpendulum",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo.rollout_steps=64",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        f"total_env_steps={iterations * batch}",
+        "checkpoint_every=10",
+        "eval_episodes=0",
+        f"run_dir={run_dir}",
+    ]
     trainer = subprocess.Popen(train_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Past the checkpoint at iteration 10: what came after it is consumed but not durable.
@@ -151,8 +205,13 @@ def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_
     assert psutil.pid_exists(first), "the rollout should outlive the learner"
     assert resolve_checkpoint(run_dir).name == "iter_000010"
 
-    resumed = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}"],
-                             capture_output=True, text=True, timeout=300, env={**os.environ})
+    resumed = subprocess.run(
+        [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ},
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert rollout_pid(run_dir) == first  # adopted, not replaced
 
@@ -173,11 +232,24 @@ def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_
 
 def test_asynchronous_training_bounds_policy_lag_and_corrects_stale_samples(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run(train_command(
-        "experiment=mujoco_invertedpendulum", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=64",
-        "algo.num_minibatches=2", "algo.update_epochs=2", "total_env_steps=2560", "checkpoint_every=0",
-        "eval_episodes=0", "runtime.max_policy_lag=1", f"run_dir={run_dir}"),
-        capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        train_command(
+            "experiment=mujoco_invertedpendulum",
+            "env.num_envs=2",
+            "env.num_workers=0",
+            "algo.rollout_steps=64",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=2",
+            "total_env_steps=2560",
+            "checkpoint_every=0",
+            "eval_episodes=0",
+            "runtime.max_policy_lag=1",
+            f"run_dir={run_dir}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     updates = updates_of(run_dir)
     lags = [u["train/policy_lag"] for u in updates]
@@ -194,16 +266,32 @@ def test_synchronous_procs_reproduces_local_bit_for_bit_disaggregated_or_colloca
     and comes back between turns: the same again."""
     from safetensors.torch import load_file
 
-    tiny = ["env.num_envs=4", "env.num_workers=2", "algo.rollout_steps=10", "algo.num_minibatches=2",
-            "algo.update_epochs=2", "total_env_steps=120", "eval_episodes=0", "checkpoint_every=0",
-            "runtime.device=cpu", "logger.progress_bar=false"]
-    runs = {"local": ["runtime=local"], "procs": ["runtime=procs"],
-            "collocated": ["runtime=procs", "runtime.placement=collocated"]}
+    tiny = [
+        "env.num_envs=4",
+        "env.num_workers=2",
+        "algo.rollout_steps=10",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=2",
+        "total_env_steps=120",
+        "eval_episodes=0",
+        "checkpoint_every=0",
+        "runtime.device=cpu",
+        "logger.progress_bar=false",
+    ]
+    runs = {
+        "local": ["runtime=local"],
+        "procs": ["runtime=procs"],
+        "collocated": ["runtime=procs", "runtime.placement=collocated"],
+    }
     weights = {}
     for name, runtime in runs.items():
         run_dir = tmp_path / name
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *tiny, *runtime,
-                                 f"run_dir={run_dir}"], capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-m", "embodied.cli", "train", *tiny, *runtime, f"run_dir={run_dir}"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         weights[name] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
         assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2, 3]
@@ -221,13 +309,15 @@ def test_a_rollout_that_will_not_exit_is_killed_with_its_stacks_in_its_log(tmp_p
     every thread is before it kills it, and says so."""
     supervisor = RolloutSupervisor(tmp_path, ProcsRuntimeConfig())
     supervisor.log_path.parent.mkdir(parents=True)
-    hanging = ("import logging, sys, time\n"
-               f"logging.basicConfig(filename={str(supervisor.log_path)!r}, level=logging.INFO)\n"
-               "from embodied.runtime.rollout_process import dump_stacks_on_signal\n"
-               "dump_stacks_on_signal()\n"
-               "logging.info('ready')\n"
-               "def stuck_collecting():\n    time.sleep(600)\n"
-               "stuck_collecting()\n")
+    hanging = (
+        "import logging, sys, time\n"
+        f"logging.basicConfig(filename={str(supervisor.log_path)!r}, level=logging.INFO)\n"
+        "from embodied.runtime.rollout_process import dump_stacks_on_signal\n"
+        "dump_stacks_on_signal()\n"
+        "logging.info('ready')\n"
+        "def stuck_collecting():\n    time.sleep(600)\n"
+        "stuck_collecting()\n"
+    )
     supervisor.process = subprocess.Popen([sys.executable, "-c", hanging], start_new_session=True)
     supervisor.pid = supervisor.process.pid
     deadline = time.monotonic() + 60

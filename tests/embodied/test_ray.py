@@ -12,10 +12,24 @@ from safetensors.torch import load_file
 from embodied.checkpoint import resolve_checkpoint
 from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
 
-TINY = ["env.num_envs=4", "env.num_workers=2", "algo.rollout_steps=10", "algo.num_minibatches=2",
-        "algo.update_epochs=2", "eval_episodes=0", "runtime.device=cpu", "logger.progress_bar=false"]
-RAY = ["runtime=ray", "runtime.num_cpus=2", "runtime.rollout_device=cpu", "runtime.heartbeat_s=0.2",
-       "runtime.peer_timeout_s=10", "runtime.env_worker.num_cpus=0.5"]  # 2 CPUs: rollout 1, workers 0.5 each
+TINY = [
+    "env.num_envs=4",
+    "env.num_workers=2",
+    "algo.rollout_steps=10",
+    "algo.num_minibatches=2",
+    "algo.update_epochs=2",
+    "eval_episodes=0",
+    "runtime.device=cpu",
+    "logger.progress_bar=false",
+]
+RAY = [
+    "runtime=ray",
+    "runtime.num_cpus=2",
+    "runtime.rollout_device=cpu",
+    "runtime.heartbeat_s=0.2",
+    "runtime.peer_timeout_s=10",
+    "runtime.env_worker.num_cpus=0.5",
+]  # 2 CPUs: rollout 1, workers 0.5 each
 
 
 # Every process this module starts, and everything those start (the Ray cluster, its actors, their
@@ -26,8 +40,13 @@ RUN_ID = uuid.uuid4().hex
 
 
 def run_cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "embodied.cli", *args], env={**os.environ, MARK: RUN_ID},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", *args],
+        env={**os.environ, MARK: RUN_ID},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def train(*args: str) -> subprocess.Popen:
@@ -55,6 +74,7 @@ def still_running(processes: list[psutil.Process], timeout_s: float = 30.0) -> l
     """Those of `processes` still running after `timeout_s` (an exited one that nobody has
     reaped yet counts as ended). Ray's worker processes exit once they notice their node is
     gone, a moment after `ray.shutdown()` returns in the run."""
+
     def running(process: psutil.Process) -> bool:
         try:
             return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
@@ -110,7 +130,7 @@ def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path)
         trainer = train(*extra, *layout, f"run_dir={run_dir}")
         try:
             if runtime == "ray":
-                wait_for(lambda: len(updates_of(run_dir)) >= 1, "an update", trainer)
+                wait_for(lambda run_dir=run_dir: len(updates_of(run_dir)) >= 1, "an update", trainer)
                 assert len(actors("RolloutRole")) == 2 and len(actors("LearnerRankRole")) == 1
                 assert len(actors("EnvWorkerRole")) == 2
             out, err = trainer.communicate(timeout=600)
@@ -139,10 +159,24 @@ def test_libero_env_workers_run_as_actors_under_their_own_virtualenv(tmp_path):
     under that interpreter, and nothing of it outlives the run."""
     run_dir = tmp_path / "run"
     trainer = run_cli(
-        "train", *RAY, "env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.settle_steps=0",
-        "env.num_envs=2", "env.task_ids=[0,1]", "algo.rollout_steps=4", "algo.num_minibatches=2", "total_env_steps=16",
-        "eval_episodes=0", "eval_every=0", "checkpoint_every=0", "runtime.device=cpu", "logger.progress_bar=false",
-        f"run_dir={run_dir}")
+        "train",
+        *RAY,
+        "env=libero_goal",
+        "env.cameras=[]",
+        "env.num_workers=1",
+        "env.settle_steps=0",
+        "env.num_envs=2",
+        "env.task_ids=[0,1]",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "total_env_steps=16",
+        "eval_episodes=0",
+        "eval_every=0",
+        "checkpoint_every=0",
+        "runtime.device=cpu",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
     _, err = trainer.communicate(timeout=600)
     assert trainer.returncode == 0, err[-3000:]
     assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]

@@ -8,14 +8,20 @@ from embodied.checkpoint import save_checkpoint
 from embodied.cli import main
 from embodied.config import RewardConfig
 from embodied.core.errors import ConfigError
-from embodied.reward_classifier import RewardClassifier, frame_labels, load_reward_classifier, with_reward
 from embodied.core.types import EnvSpec
+from embodied.reward_classifier import RewardClassifier, frame_labels, load_reward_classifier, with_reward
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 
-SPEC = EnvSpec(state_dim=1, action_dim=1, action_low=(-1.0,), action_high=(1.0,),
-               image_shapes={"front": (32, 32, 3)}, control_hz=10.0)
+SPEC = EnvSpec(
+    state_dim=1,
+    action_dim=1,
+    action_low=(-1.0,),
+    action_high=(1.0,),
+    image_shapes={"front": (32, 32, 3)},
+    control_hz=10.0,
+)
 
 
 def toy_image(done: bool, rng: np.random.Generator) -> np.ndarray:
@@ -23,7 +29,7 @@ def toy_image(done: bool, rng: np.random.Generator) -> np.ndarray:
     image = rng.integers(60, 120, (32, 32, 3), dtype=np.uint8)
     if done:
         y, x = rng.integers(0, 16, 2)
-        image[y:y + 16, x:x + 16] = (230, 20, 20)
+        image[y : y + 16, x : x + 16] = (230, 20, 20)
     return image
 
 
@@ -46,8 +52,20 @@ def test_the_classifier_learns_a_separable_toy_set(tmp_path):
     recorder.close()
 
     run_dir = tmp_path / "classifier"
-    assert main(["reward", f"dataset={tmp_path / 'toy'}", "positive_tail=4", "steps=150", "batch_size=64",
-                 "val_fraction=0.3", f"run_dir={run_dir}"]) == 0
+    assert (
+        main(
+            [
+                "reward",
+                f"dataset={tmp_path / 'toy'}",
+                "positive_tail=4",
+                "steps=150",
+                "batch_size=64",
+                "val_fraction=0.3",
+                f"run_dir={run_dir}",
+            ]
+        )
+        == 0
+    )
     metrics = __import__("json").loads((run_dir / "metrics.json").read_text())
     assert metrics["val_accuracy"] >= 0.95 and metrics["val_recall"] >= 0.9
     model = load_reward_classifier(run_dir)
@@ -72,14 +90,20 @@ def classifier_checkpoint(path, camera, bias):
     for parameter in model.head.parameters():
         torch.nn.init.zeros_(parameter)
     model.head[-1].bias.data.fill_(bias)
-    save_checkpoint(path / "checkpoints", "iter_000001", model.head.state_dict(),
-                    {"cameras": [camera], "hidden": [8], "metrics": {}}, "{}")
+    save_checkpoint(
+        path / "checkpoints",
+        "iter_000001",
+        model.head.state_dict(),
+        {"cameras": [camera], "hidden": [8], "metrics": {}},
+        "{}",
+    )
     return str(path)
 
 
 def test_as_the_env_reward_the_classifier_replaces_the_reward_and_keeps_the_true_success(tmp_path):
-    env = make_maniskill(ManiSkillConfig(task="PickCube-v1", num_envs=2, num_workers=0, obs_mode="rgb",
-                                         image_size=32), seed=0)
+    env = make_maniskill(
+        ManiSkillConfig(task="PickCube-v1", num_envs=2, num_workers=0, obs_mode="rgb", image_size=32), seed=0
+    )
     camera = next(iter(env.spec.image_shapes))
     actions = np.zeros((2, 1, env.spec.action_dim), np.float32)
     try:
@@ -88,8 +112,9 @@ def test_as_the_env_reward_the_classifier_replaces_the_reward_and_keeps_the_true
         step = rewarded.step(actions)
         assert step.reward.tolist() == [1.0, 1.0] and not step.success.any()  # the env's own success stays
         assert rewarded.instructions == env.instructions  # everything else is the env's
-        strict = with_reward(env, RewardConfig(classifier=classifier_checkpoint(tmp_path / "no", camera, 10.0),
-                                               threshold=1.0))
+        strict = with_reward(
+            env, RewardConfig(classifier=classifier_checkpoint(tmp_path / "no", camera, 10.0), threshold=1.0)
+        )
         assert strict.step(actions).reward.tolist() == [0.0, 0.0]
         with pytest.raises(ConfigError, match="reads cameras"):
             with_reward(env, RewardConfig(classifier=classifier_checkpoint(tmp_path / "wrist", "wrist", 0.0)))

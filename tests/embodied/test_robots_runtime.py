@@ -11,29 +11,32 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.config import TrainConfig, to_schema
-
-from embodied.core.compose import compose
-from embodied.core.errors import ConfigError
 from embodied.algos.replay import from_trajectory
-from embodied.config import RewardConfig
+from embodied.config import RewardConfig, TrainConfig, to_schema
+from embodied.core.compose import compose
+from embodied.core.episodes import Episode, EpisodeNotTaken, parse_episode
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec
 from embodied.reward_classifier import load_reward_classifier
+from embodied.robots.policy_client import PolicyClient, ServerError
 from embodied.runtime.configs import RobotsRuntimeConfig
 from embodied.runtime.robot_learner import LatestWeights, OutcomeReward, RobotsRuntime, episode_trajectory
 from embodied.serve import PolicyServer, ServeConfig
-from embodied.core.episodes import Episode, EpisodeNotTaken, parse_episode
-from embodied.core.types import EnvSpec
-from embodied.robots.policy_client import PolicyClient, ServerError
 from tests.embodied.test_reward_classifier import classifier_checkpoint
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
 
 
 def episode(ticks=4, **changes) -> dict:
-    body = Episode(states=np.arange((ticks + 1) * 3, dtype=np.float32).reshape(ticks + 1, 3),
-                   actions=np.full((ticks, 2), 0.5, np.float32), rewards=np.arange(ticks, dtype=np.float32),
-                   intervened=np.array([False, True] * (ticks // 2)), terminated=True, success=True,
-                   instruction="push").to_message()
+    body = Episode(
+        states=np.arange((ticks + 1) * 3, dtype=np.float32).reshape(ticks + 1, 3),
+        actions=np.full((ticks, 2), 0.5, np.float32),
+        rewards=np.arange(ticks, dtype=np.float32),
+        intervened=np.array([False, True] * (ticks // 2)),
+        terminated=True,
+        success=True,
+        instruction="push",
+    ).to_message()
     return {**body, **changes}
 
 
@@ -50,17 +53,20 @@ def test_an_episode_becomes_transitions_that_end_where_the_task_ended():
     assert from_trajectory(episode_trajectory(cut, 0), lambda a: a).discount.tolist() == [1, 1, 1, 1]
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"states": np.zeros((4, 3), np.float32)}, "one per acted tick and the one after"),
-    ({"actions": np.zeros((4, 3), np.float32)}, r"actions must be float32 \(4, 2\)"),
-    ({"actions": np.zeros((4, 2), np.float64)}, "actions must be a 2-d float32"),
-    ({"actions": np.full((4, 2), 2.0, np.float32)}, "outside the action bounds"),
-    ({"rewards": np.array([0, np.nan, 0, 0], np.float32)}, "rewards contain NaN"),
-    ({"intervened": np.zeros(3, bool)}, "one entry per acted tick"),
-    ({"terminated": 1}, "terminated must be true or false"),
-    ({"actions": np.zeros((0, 2), np.float32)}, "1 to 100 acted ticks"),
-    ({"policy_version": "7"}, "policy_version must be an integer"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"states": np.zeros((4, 3), np.float32)}, "one per acted tick and the one after"),
+        ({"actions": np.zeros((4, 3), np.float32)}, r"actions must be float32 \(4, 2\)"),
+        ({"actions": np.zeros((4, 2), np.float64)}, "actions must be a 2-d float32"),
+        ({"actions": np.full((4, 2), 2.0, np.float32)}, "outside the action bounds"),
+        ({"rewards": np.array([0, np.nan, 0, 0], np.float32)}, "rewards contain NaN"),
+        ({"intervened": np.zeros(3, bool)}, "one entry per acted tick"),
+        ({"terminated": 1}, "terminated must be true or false"),
+        ({"actions": np.zeros((0, 2), np.float32)}, "1 to 100 acted ticks"),
+        ({"policy_version": "7"}, "policy_version must be an integer"),
+    ],
+)
 def test_a_malformed_episode_is_refused_naming_what_is_wrong(changes, message):
     with pytest.raises(ValueError, match=message):
         parse_episode(episode(**changes), SPEC, max_ticks=100)
@@ -68,18 +74,26 @@ def test_a_malformed_episode_is_refused_naming_what_is_wrong(changes, message):
         parse_episode([1, 2], SPEC, max_ticks=100)
 
 
-CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0,
-                     image_shapes={"front": (32, 32, 3), "wrist": (4, 4, 3)})
+CAMERA_SPEC = EnvSpec(
+    state_dim=3,
+    action_dim=2,
+    action_low=(-1.0, -1.0),
+    action_high=(1.0, 1.0),
+    control_hz=20.0,
+    image_shapes={"front": (32, 32, 3), "wrist": (4, 4, 3)},
+)
 
 
 def test_outcome_images_must_be_exactly_the_learners_cameras_one_frame_per_tick():
     frames = np.zeros((4, 32, 32, 3), np.uint8)
     parsed = parse_episode(episode(outcome_images={"front": frames}), CAMERA_SPEC, 100, outcome_cameras=["front"])
     assert parsed.outcome_images["front"].shape == (4, 32, 32, 3)
-    for images, message in (({}, r"exactly the cameras \['front'\]"),
-                            ({"front": frames, "wrist": np.zeros((4, 4, 4, 3), np.uint8)}, "exactly the cameras"),
-                            ({"front": frames[:3]}, r"uint8 \(4, 32, 32, 3\): one frame per acted tick"),
-                            ({"front": frames.astype(np.float32)}, "must be uint8")):
+    for images, message in (
+        ({}, r"exactly the cameras \['front'\]"),
+        ({"front": frames, "wrist": np.zeros((4, 4, 4, 3), np.uint8)}, "exactly the cameras"),
+        ({"front": frames[:3]}, r"uint8 \(4, 32, 32, 3\): one frame per acted tick"),
+        ({"front": frames.astype(np.float32)}, "must be uint8"),
+    ):
         with pytest.raises(ValueError, match=message):
             parse_episode(episode(outcome_images=images), CAMERA_SPEC, 100, outcome_cameras=["front"])
     with pytest.raises(ValueError, match=r"exactly the cameras \[\]"):  # not asked for: not taken
@@ -98,8 +112,12 @@ def test_the_classifier_rewards_each_tick_by_what_it_led_to(tmp_path):
     threshold = float(np.median(probability))
     reward = OutcomeReward(RewardConfig(classifier=path, threshold=threshold), CAMERA_SPEC)
     reward.model = model
-    parsed = parse_episode(episode(ticks=7, intervened=np.zeros(7, bool), outcome_images={"front": frames}),
-                           CAMERA_SPEC, 100, outcome_cameras=["front"])
+    parsed = parse_episode(
+        episode(ticks=7, intervened=np.zeros(7, bool), outcome_images={"front": frames}),
+        CAMERA_SPEC,
+        100,
+        outcome_cameras=["front"],
+    )
     expected = (probability > threshold).astype(np.float32)
     assert 0 < expected.sum() < 7
     np.testing.assert_array_equal(reward(parsed), expected)
@@ -121,9 +139,13 @@ def test_servers_refuse_episodes_they_cannot_learn_from_and_learning_ones_ack_th
         return {"transitions": taken[-1].length, "policy_version": 5}
 
     for learns in (False, True):
-        server = PolicyServer(infer, SPEC, {"policy": "zeros", "chunk_size": 1, "learning": learns},
-                              ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0),
-                              on_episode=on_episode if learns else None)
+        server = PolicyServer(
+            infer,
+            SPEC,
+            {"policy": "zeros", "chunk_size": 1, "learning": learns},
+            ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0),
+            on_episode=on_episode if learns else None,
+        )
         stop = threading.Event()
         thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
         thread.start()
@@ -164,30 +186,64 @@ def test_on_policy_algorithms_and_image_observations_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="algo=sac_rlpd"):
         RobotsRuntime(config.runtime).train(config)
     with pytest.raises(ConfigError, match="runtime.apply_weights"):
-        config = to_schema(TrainConfig, compose("train", ["runtime=robots", "algo=sac_rlpd",
-                                                          "policy=squashed_gaussian", "runtime.apply_weights=never"]))
+        config = to_schema(
+            TrainConfig,
+            compose(
+                "train", ["runtime=robots", "algo=sac_rlpd", "policy=squashed_gaussian", "runtime.apply_weights=never"]
+            ),
+        )
         RobotsRuntime(RobotsRuntimeConfig(apply_weights="never")).train(config)
 
 
-LEARNER = ["runtime=robots", "runtime.endpoint=tcp://127.0.0.1:*", "policy=squashed_gaussian", "policy.hidden=[32]",
-           "algo=sac_rlpd", "algo.utd_ratio=1", "algo.batch_size=16", "algo.num_critics=2", "algo.critic_hidden=[32]",
-           "eval_every=0", "eval_episodes=0", "checkpoint_every=1", "logger.progress_bar=false",
-           "logger.tensorboard=false"]
+LEARNER = [
+    "runtime=robots",
+    "runtime.endpoint=tcp://127.0.0.1:*",
+    "policy=squashed_gaussian",
+    "policy.hidden=[32]",
+    "algo=sac_rlpd",
+    "algo.utd_ratio=1",
+    "algo.batch_size=16",
+    "algo.num_critics=2",
+    "algo.critic_hidden=[32]",
+    "eval_every=0",
+    "eval_episodes=0",
+    "checkpoint_every=1",
+    "logger.progress_bar=false",
+    "logger.tensorboard=false",
+]
 
 
 def learn_from_a_robot(arguments, run_dir, output, episodes=5):
     """A learning server and a simulated robot client, each in its own process."""
-    server = subprocess.Popen([sys.executable, "-m", "embodied.cli", "train", *arguments], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", "train", *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = ""
         while "learning from robots on" not in line:
             line = server.stdout.readline()
             assert line or server.poll() is None, server.stderr.read()[-3000:]
         endpoint = line.split(" on ", 1)[1].split()[0]
-        client = subprocess.run([sys.executable, "-m", "embodied.cli", "robot", "robot=sim", f"robot.env_from={run_dir}",
-                                 f"server={endpoint}", f"episodes={episodes}", "max_episode_steps=20",
-                                 f"output={output}"], capture_output=True, text=True, timeout=300)
+        client = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "embodied.cli",
+                "robot",
+                "robot=sim",
+                f"robot.env_from={run_dir}",
+                f"server={endpoint}",
+                f"episodes={episodes}",
+                "max_episode_steps=20",
+                f"output={output}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert client.returncode == 0, client.stderr[-3000:]
         assert server.wait(timeout=120) == 0, server.stderr.read()[-3000:]
     finally:
@@ -237,8 +293,11 @@ def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learn
     env = ["env.obs_mode=rgb", "env.image_size=32"]
     classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success
     run_dir = tmp_path / "run"
-    summary = learn_from_a_robot([*LEARNER, *env, f"reward.classifier={classifier}", "total_env_steps=40",
-                                  f"run_dir={run_dir}"], run_dir, tmp_path / "robot")
+    summary = learn_from_a_robot(
+        [*LEARNER, *env, f"reward.classifier={classifier}", "total_env_steps=40", f"run_dir={run_dir}"],
+        run_dir,
+        tmp_path / "robot",
+    )
     assert summary["learner"]["transitions"] >= 40 and summary["learner"]["not_taken"] == 0
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == summary["learner"]["sent"]
@@ -268,14 +327,25 @@ def test_a_recording_robot_sends_the_state_its_last_action_led_to(tmp_path):
     def infer(observation):
         return np.full((observation.batch_size, 1, 1), 0.5, np.float32)
 
-    server = PolicyServer(infer, robot.spec, {"policy": "half", "chunk_size": 1, "learning": True},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0), on_episode=on_episode)
+    server = PolicyServer(
+        infer,
+        robot.spec,
+        {"policy": "half", "chunk_size": 1, "learning": True},
+        ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0),
+        on_episode=on_episode,
+    )
     stop = threading.Event()
     thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
     thread.start()
-    config = RobotClientConfig(server=server.endpoint, episodes=1, max_episode_steps=15, control_hz=100.0,
-                               output=str(tmp_path / "robot"), safety=SafetyConfig(safe_action="zero"),
-                               record=RecordingConfig(root=str(tmp_path / "data")))
+    config = RobotClientConfig(
+        server=server.endpoint,
+        episodes=1,
+        max_episode_steps=15,
+        control_hz=100.0,
+        output=str(tmp_path / "robot"),
+        safety=SafetyConfig(safe_action="zero"),
+        record=RecordingConfig(root=str(tmp_path / "data")),
+    )
     try:
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "robot").run()
     finally:

@@ -9,15 +9,17 @@ from embodied.algos.grpo import GRPOConfig
 from embodied.algos.ppo import PPOConfig
 from embodied.build import build_env
 from embodied.config import TrainConfig
+from embodied.core.env import episode_seed
 from embodied.core.errors import ConfigError
 from embodied.runtime.procs import check_rollouts
 from embodied.runtime.rollout import Rollout, env_share, sampling_seed
-from embodied.core.env import episode_seed
 from embodied.sim.maniskill_common import ManiSkillConfig
 
 
-@pytest.mark.parametrize("num_envs,num_workers,num_rollouts,group_size",
-                         [(4, 2, 2, 0), (7, 3, 3, 0), (8, 0, 2, 4), (12, 5, 2, 2), (5, 5, 5, 0)])
+@pytest.mark.parametrize(
+    "num_envs,num_workers,num_rollouts,group_size",
+    [(4, 2, 2, 0), (7, 3, 3, 0), (8, 0, 2, 4), (12, 5, 2, 2), (5, 5, 5, 0)],
+)
 def test_shares_split_envs_in_order_and_keep_groups_whole(num_envs, num_workers, num_rollouts, group_size):
     shares = [env_share(num_envs, num_workers, num_rollouts, index, group_size) for index in range(num_rollouts)]
     ids = [i for env_ids, _ in shares for i in env_ids]
@@ -63,8 +65,9 @@ def test_a_share_of_the_batched_scene_seeds_from_its_first_env():
     """The physx_cuda path (run on physx_cpu, one env): a share starts from its own env's seed."""
     from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
 
-    env = ManiSkillBatchedEnv(ManiSkillConfig(task="PushCube-v1", num_envs=4), base_seed=2,
-                              sim_backend="physx_cpu", env_ids=[3])
+    env = ManiSkillBatchedEnv(
+        ManiSkillConfig(task="PushCube-v1", num_envs=4), base_seed=2, sim_backend="physx_cpu", env_ids=[3]
+    )
     try:
         assert env.num_envs == 1 and env.env_ids == [3]
         assert env.first_seed == episode_seed(2, 3, 0)

@@ -12,13 +12,13 @@ import torch
 from scipy.stats import norm
 
 from embodied.algos.critics import HLGauss
-from embodied.algos.sac_rlpd import SACConfig, SACRLPD
-from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
-from embodied.runtime.rollout import Rollout
+from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
+from embodied.runtime.rollout import Rollout
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0), control_hz=10.0)
@@ -32,11 +32,15 @@ def small_policy(spec=SPEC):
 
 def transitions(count, reward=0.0, intervened=False, mc_return=-math.inf, seed=0, action_dim=2):
     g = torch.Generator().manual_seed(seed)
-    return Transitions(state=torch.randn(count, 3, generator=g),
-                       action=torch.rand(count, action_dim, generator=g) * 2 - 1,
-                       reward=torch.full((count,), reward), next_state=torch.randn(count, 3, generator=g),
-                       discount=torch.ones(count), intervened=torch.full((count,), intervened),
-                       mc_return=torch.full((count,), mc_return))
+    return Transitions(
+        state=torch.randn(count, 3, generator=g),
+        action=torch.rand(count, action_dim, generator=g) * 2 - 1,
+        reward=torch.full((count,), reward),
+        next_state=torch.randn(count, 3, generator=g),
+        discount=torch.ones(count),
+        intervened=torch.full((count,), intervened),
+        mc_return=torch.full((count,), mc_return),
+    )
 
 
 def constant_critics(critics, values):
@@ -51,7 +55,8 @@ def test_squashed_log_prob_is_the_change_of_variables_through_tanh():
     u = torch.linspace(-6, 6, 25, dtype=torch.float64).view(-1, 1)
     mean, log_std = torch.tensor([[0.3]], dtype=torch.float64), torch.tensor([[-0.7]], dtype=torch.float64)
     reference = torch.distributions.TransformedDistribution(
-        torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()])
+        torch.distributions.Normal(mean, log_std.exp()), [torch.distributions.TanhTransform()]
+    )
     expected = reference.log_prob(torch.tanh(u).clamp(-1 + 1e-15, 1 - 1e-15)).sum(-1)
     interior = u.abs().view(-1) < 4  # float64 tanh saturates beyond; the stable form does not
     torch.testing.assert_close(squash_log_prob(u, mean, log_std)[interior], expected[interior], rtol=1e-9, atol=1e-9)
@@ -123,8 +128,13 @@ def test_calql_floors_policy_action_values_at_the_monte_carlo_return():
         penalty = algo.calql_penalty(batch, q_data, offline_rows=5)
         torch.manual_seed(7)
         _, log_prob = policy.sample(batch.state.repeat_interleave(3, dim=0))
-        scores = torch.cat([torch.full((5, 3), 1.0 + 2 * math.log(2), dtype=torch.float64),
-                            floor - log_prob.detach().double().view(5, 3)], dim=-1)
+        scores = torch.cat(
+            [
+                torch.full((5, 3), 1.0 + 2 * math.log(2), dtype=torch.float64),
+                floor - log_prob.detach().double().view(5, 3),
+            ],
+            dim=-1,
+        )
         expected = 4 * (torch.logsumexp(scores, dim=-1) - 1.0).mean()  # summed over the 4 critics
         torch.testing.assert_close(penalty.double(), expected, rtol=1e-5, atol=1e-5)
 
@@ -241,8 +251,17 @@ def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     spec = record_pendulum_demo(tmp_path / "demos", 12)
     policy = small_policy(spec)
-    algo = SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos"), offline_pretrain_steps=5, calql_alpha=1.0,
-                             warmup_steps=2, retain_offline=False), policy)
+    algo = SACRLPD(
+        SACConfig(
+            **SMALL,
+            demos=str(tmp_path / "demos"),
+            offline_pretrain_steps=5,
+            calql_alpha=1.0,
+            warmup_steps=2,
+            retain_offline=False,
+        ),
+        policy,
+    )
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     metrics = algo.before_training()
     assert "pretrain/calql_penalty" in metrics and algo.critic_steps == 5
@@ -277,12 +296,18 @@ def test_resume_restores_critics_optimizers_buffers_and_counters(tmp_path):
         torch.manual_seed(11)
         b = resumed.update(batch, 0.0)
         assert a == b
-    for one, two in ((first.critics, resumed.critics), (first.target_critics, resumed.target_critics),
-                     (policy, resumed_policy)):
+    for one, two in (
+        (first.critics, resumed.critics),
+        (first.target_critics, resumed.target_critics),
+        (policy, resumed_policy),
+    ):
         for (name, x), y in zip(one.state_dict().items(), two.state_dict().values()):
             assert torch.equal(x, y), name
-    assert (first.env_steps, first.critic_steps, len(first.online), len(first.offline)) == \
-        (resumed.env_steps, resumed.critic_steps, len(resumed.online), len(resumed.offline)) == (5, 10, 5, 4)
+    assert (
+        (first.env_steps, first.critic_steps, len(first.online), len(first.offline))
+        == (resumed.env_steps, resumed.critic_steps, len(resumed.online), len(resumed.offline))
+        == (5, 10, 5, 4)
+    )
 
 
 def test_a_policy_without_a_squashed_distribution_is_refused():
@@ -295,14 +320,29 @@ def test_a_policy_without_a_squashed_distribution_is_refused():
         SACRLPD(SACConfig(**SMALL, calql_alpha=1.0), small_policy())
 
 
-TINY_SAC = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=squashed_gaussian", "policy.hidden=[32,32]",
-            "algo=sac_rlpd", "algo.critic_hidden=[32,32]", "algo.num_critics=2", "algo.batch_size=16",
-            "algo.utd_ratio=1", "eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu"]
+TINY_SAC = [
+    "env=mujoco_invertedpendulum",
+    "env.task=Pendulum-v1",
+    "policy=squashed_gaussian",
+    "policy.hidden=[32,32]",
+    "algo=sac_rlpd",
+    "algo.critic_hidden=[32,32]",
+    "algo.num_critics=2",
+    "algo.batch_size=16",
+    "algo.utd_ratio=1",
+    "eval_episodes=0",
+    "logger.progress_bar=false",
+    "runtime.device=cpu",
+]
 
 
 def train_run(run_dir, *args):
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", *TINY_SAC, f"run_dir={run_dir}", *args],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "embodied.cli", "train", *TINY_SAC, f"run_dir={run_dir}", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr
     return result
 
@@ -313,17 +353,30 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     record_pendulum_demo(tmp_path / "demos", 10)
     run_dir = tmp_path / "run"
-    first = train_run(run_dir, f"algo.demos={tmp_path / 'demos'}", "algo.offline_pretrain_steps=3",
-                      "algo.calql_alpha=1.0", "checkpoint_every=4", "runtime=procs", "runtime.device=cpu",
-                      "runtime.rollout_device=cpu", "total_env_steps=8").stderr
+    first = train_run(
+        run_dir,
+        f"algo.demos={tmp_path / 'demos'}",
+        "algo.offline_pretrain_steps=3",
+        "algo.calql_alpha=1.0",
+        "checkpoint_every=4",
+        "runtime=procs",
+        "runtime.device=cpu",
+        "runtime.rollout_device=cpu",
+        "total_env_steps=8",
+    ).stderr
     assert "pretraining on 10 offline transitions for 3 steps" in first
-    resumed = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", "total_env_steps=12"],
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", "total_env_steps=12"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr
     resumed = resumed.stderr
     assert "pretraining on" not in resumed  # the checkpoint says it is done
-    updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if "train/iteration" in line]
+    updates = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
+    ]
     assert [u["replay/online"] for u in updates] == list(range(1, 13))  # the buffer came back whole
     assert all(u["replay/offline"] == 10 for u in updates)
 
@@ -336,12 +389,19 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     train_run(tmp_path / "expert", "total_env_steps=2")
-    operator = SimOperator(InterventionConfig(expert=str(tmp_path / "expert"), threshold=1e-3, patience=2,
-                                              release=100), num_envs=1, chunk_size=1)
+    operator = SimOperator(
+        InterventionConfig(expert=str(tmp_path / "expert"), threshold=1e-3, patience=2, release=100),
+        num_envs=1,
+        chunk_size=1,
+    )
     env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
     torch.manual_seed(5)
-    rollout = Rollout(env, SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[8]), env.spec), torch.device("cpu"),
-                      operator=operator)
+    rollout = Rollout(
+        env,
+        SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[8]), env.spec),
+        torch.device("cpu"),
+        operator=operator,
+    )
     rollout.start()
     batch, _, _ = rollout.collect(6)
     env.close()
@@ -355,16 +415,36 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
     assert not np.allclose(batch.executed_action[0, 0, 0].numpy(), batch.actions[1, 0, 0].numpy())
 
     run = tmp_path / "run"
-    train_run(run, "total_env_steps=6", f"intervention.expert={tmp_path / 'expert'}", "intervention.threshold=1e-3",
-              "intervention.patience=1")
-    updates = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line]
+    train_run(
+        run,
+        "total_env_steps=6",
+        f"intervention.expert={tmp_path / 'expert'}",
+        "intervention.threshold=1e-3",
+        "intervention.patience=1",
+    )
+    updates = [
+        json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
+    ]
     assert sum(u["replay/intervened"] for u in updates) >= 5 and updates[-1]["replay/offline"] >= 5
 
 
 def test_on_policy_algorithms_refuse_a_scripted_operator(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "env=mujoco_invertedpendulum",
-                             "env.task=Pendulum-v1", "algo=ppo", f"intervention.expert={tmp_path}",
-                             f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "env=mujoco_invertedpendulum",
+            "env.task=Pendulum-v1",
+            "algo=ppo",
+            f"intervention.expert={tmp_path}",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0 and "off-policy algorithm" in result.stderr
 
 

@@ -7,22 +7,22 @@ import numpy as np
 import pytest
 import torch
 
+from embodied.algos.datasets import read_frames
 from embodied.build import build_policy
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.cli import main
 from embodied.config import SFTConfig, TrainConfig, to_schema
 from embodied.core.compose import compose
-from embodied.algos.datasets import read_frames
-from embodied.demos import DemosConfig, generate_demos
 from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec
+from embodied.demos import DemosConfig, generate_demos
+from embodied.robots.recording import DatasetRecorder, RecordingConfig
 from embodied.runtime.learner import Learner
 from embodied.sft import Demonstrations, run_sft, sft_config
-from embodied.train import TrainSession
-from embodied.core.types import EnvSpec
-from embodied.robots.recording import DatasetRecorder, RecordingConfig
 from embodied.sim.experts import make_expert
 from embodied.sim.maniskill import ManiSkillEnv, with_state_padding
 from embodied.sim.maniskill_common import ManiSkillConfig
+from embodied.train import TrainSession
 
 EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
 
@@ -35,10 +35,26 @@ SMALL_FLOW = ("policy.hidden=[64,64]", "policy.critic_hidden=[32]")
 
 
 def sft_run(tmp_path, dataset, *overrides, name="sft", policy=SMALL_FLOW):
-    config = to_schema(SFTConfig, compose("sft", [
-        f"dataset={dataset}", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", f"runs_root={tmp_path}",
-        f"run_dir={tmp_path / name}", "logger.progress_bar=false", "logger.tensorboard=false",
-        *policy, "batch_size=32", "log_every=10", *overrides]))
+    config = to_schema(
+        SFTConfig,
+        compose(
+            "sft",
+            [
+                f"dataset={dataset}",
+                EE_CONTROL,
+                "env.num_envs=2",
+                "env.num_workers=0",
+                f"runs_root={tmp_path}",
+                f"run_dir={tmp_path / name}",
+                "logger.progress_bar=false",
+                "logger.tensorboard=false",
+                *policy,
+                "batch_size=32",
+                "log_every=10",
+                *overrides,
+            ],
+        ),
+    )
     return run_sft(config)
 
 
@@ -73,8 +89,10 @@ def test_experts_refuse_tasks_and_controls_they_do_not_know():
 
 
 def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_new_seeds(pickcube_demos, tmp_path):
-    frames = read_frames(pickcube_demos, ["observation.state", "action", "policy_action", "intervention",
-                                          "episode_index", "next.success", "task"])
+    frames = read_frames(
+        pickcube_demos,
+        ["observation.state", "action", "policy_action", "intervention", "episode_index", "next.success", "task"],
+    )
     assert sorted(set(frames["episode_index"].tolist())) == [0, 1, 2]
     assert frames["intervention"].all() and np.isnan(frames["policy_action"].astype(np.float32)).all()
     assert set(frames["task"]) == {"pick up the cube and move it to the goal position"}
@@ -88,8 +106,9 @@ def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_
     grown = read_frames(copy, ["observation.state", "episode_index"])
     starts = np.stack([grown["observation.state"][grown["episode_index"] == e][0] for e in range(4)])
     original = read_frames(pickcube_demos, ["observation.state", "episode_index"])
-    assert np.array_equal(starts[:2], np.stack([original["observation.state"][original["episode_index"] == e][0]
-                                                for e in range(2)]))  # seeds 0, 1 (then 2, 3) ...
+    assert np.array_equal(
+        starts[:2], np.stack([original["observation.state"][original["episode_index"] == e][0] for e in range(2)])
+    )  # seeds 0, 1 (then 2, 3) ...
     assert json.loads((copy / "meta" / "demos.json").read_text())["next_seed"] == 4
     assert len({row.tobytes() for row in starts}) == 4  # ... and 3: no initial state twice
 
@@ -98,8 +117,12 @@ def test_multi_task_demos_alternate_tasks_and_train_one_policy_for_all(tmp_path)
     from embodied.config import EvalConfig
     from embodied.evaluate import evaluate_checkpoint
 
-    multitask = ["env=maniskill_multitask", "env.tasks=[PushCube-v1,PickCube-v1]", "env.num_envs=2",
-                 "env.num_workers=0"]
+    multitask = [
+        "env=maniskill_multitask",
+        "env.tasks=[PushCube-v1,PickCube-v1]",
+        "env.num_envs=2",
+        "env.num_workers=0",
+    ]
     root = tmp_path / "demos"
     generate_demos(demos_config(root, "episodes=4", *multitask))
     frames = read_frames(root, ["observation.state", "episode_index", "task"])
@@ -108,19 +131,24 @@ def test_multi_task_demos_alternate_tasks_and_train_one_policy_for_all(tmp_path)
     padded = with_state_padding(ManiSkillConfig(tasks=["PushCube-v1", "PickCube-v1"], control_mode="pd_ee_delta_pos"))
     assert frames["observation.state"].reshape(len(frames["task"]), -1).shape[1] == padded.state_dim
     run_dir = sft_run(tmp_path, root, "steps=20", "val_fraction=0", *multitask[:2], policy=("policy=token_vla",))
-    output = evaluate_checkpoint(EvalConfig(checkpoint=str(run_dir), episodes=2, progress_bar=False,
-                                            output=str(tmp_path / "eval")))
+    output = evaluate_checkpoint(
+        EvalConfig(checkpoint=str(run_dir), episodes=2, progress_bar=False, output=str(tmp_path / "eval"))
+    )
     report = json.loads((output / "report.json").read_text())
     assert set(report["instructions"]) == {"PushCube-v1", "PickCube-v1"}
 
 
 def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
     root = tmp_path / "rgb"
-    generate_demos(demos_config(root, "episodes=1", "env.obs_mode=rgb", "env.image_size=32", "max_attempts=1",
-                                "keep_failures=true"))
+    generate_demos(
+        demos_config(
+            root, "episodes=1", "env.obs_mode=rgb", "env.image_size=32", "max_attempts=1", "keep_failures=true"
+        )
+    )
     frames = read_frames(root, ["observation.images.base_camera", "episode_index"])
-    env = ManiSkillEnv(ManiSkillConfig(task="PickCube-v1", control_mode="pd_ee_delta_pos", obs_mode="rgb",
-                                       image_size=32))
+    env = ManiSkillEnv(
+        ManiSkillConfig(task="PickCube-v1", control_mode="pd_ee_delta_pos", obs_mode="rgb", image_size=32)
+    )
     try:
         first = env.reset(0).images["base_camera"]
     finally:
@@ -129,8 +157,15 @@ def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
     assert np.array_equal(frames["observation.images.base_camera"][0], first)
 
     # The built-in VLA learns from them, its frozen encoders run once per frame.
-    run_dir = sft_run(tmp_path, root, "env.obs_mode=rgb", "env.image_size=32", "steps=4", "log_every=2",
-                      policy=("policy=flow_vla", "policy.hidden=[32]", "policy.critic_hidden=[16]"))
+    run_dir = sft_run(
+        tmp_path,
+        root,
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "steps=4",
+        "log_every=2",
+        policy=("policy=flow_vla", "policy.hidden=[32]", "policy.critic_hidden=[16]"),
+    )
     losses = [json.loads(line)["sft/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 2 and all(np.isfinite(losses))
 
@@ -163,8 +198,17 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(pickcub
 def test_a_new_training_run_starts_from_the_sft_weights_with_init(pickcube_demos, tmp_path):
     run_dir = sft_run(tmp_path, pickcube_demos, "steps=10")
     sft_weights, _ = load_checkpoint(resolve_checkpoint(run_dir))
-    overrides = ["env=maniskill_pickcube", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", "policy=flow",
-                 "policy.hidden=[64,64]", "policy.critic_hidden=[32]", f"runs_root={tmp_path}", f"init={run_dir}"]
+    overrides = [
+        "env=maniskill_pickcube",
+        EE_CONTROL,
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "policy=flow",
+        "policy.hidden=[64,64]",
+        "policy.critic_hidden=[32]",
+        f"runs_root={tmp_path}",
+        f"init={run_dir}",
+    ]
     config = to_schema(TrainConfig, compose("train", overrides))
     spec = EnvSpec.from_dict(load_checkpoint(resolve_checkpoint(run_dir))[1]["spec"])
     policy = build_policy(config.policy, spec, torch.device("cpu"))
@@ -180,8 +224,10 @@ def test_a_new_training_run_starts_from_the_sft_weights_with_init(pickcube_demos
     assert reshaped and all(k.startswith("critic.") for k in reshaped) and "critic.4.weight" in loaded
     assert all(torch.equal(sft_weights[k], v) for k, v in loaded.items() if not k.startswith("critic."))
 
-    other = to_schema(TrainConfig, compose("train", [*overrides[:4], "policy=mlp_gaussian", f"runs_root={tmp_path}",
-                                                     f"init={run_dir}"]))
+    other = to_schema(
+        TrainConfig,
+        compose("train", [*overrides[:4], "policy=mlp_gaussian", f"runs_root={tmp_path}", f"init={run_dir}"]),
+    )
     mlp = build_policy(other.policy, spec, torch.device("cpu"))
     with pytest.raises(ConfigError, match=f"init={run_dir}: its weights do not fit policy 'mlp_gaussian'"):
         TrainSession(other).restore(Learner(mlp, None, torch.device("cpu")))
@@ -216,16 +262,28 @@ def test_interventions_only_keeps_the_corrections_and_chunks_end_with_their_segm
     assert observation.state[:, 0].tolist() == [0.0, 4.0] and observation.instruction == ["reach", "reach"]
     assert torch.allclose(actions[:, :, 0], torch.tensor([[0.0, 0.01, 0.02], [0.04, 0.04, 0.04]]))
     train, val = everything.split(0.5, seed=0)
-    assert len(train) and len(val) and not set(everything.episode[everything.rows[train]]) & set(
-        everything.episode[everything.rows[val]])
+    assert (
+        len(train)
+        and len(val)
+        and not set(everything.episode[everything.rows[train]]) & set(everything.episode[everything.rows[val]])
+    )
 
 
 def test_a_dataset_that_does_not_fit_the_env_is_refused_naming_each_difference(tmp_path):
     record(tmp_path / "d", [[(1, 0)]])
-    camera_spec = EnvSpec(state_dim=3, action_dim=1, action_low=(-1.0,), action_high=(1.0,),
-                          image_shapes={"front": (8, 8, 3)}, control_hz=10.0)
-    with pytest.raises(ConfigError, match=r"observation.state has shape \[2\], the env \[3\]; cameras \{\}, "
-                                          r"the env \{'front': \[8, 8, 3\]\}"):
+    camera_spec = EnvSpec(
+        state_dim=3,
+        action_dim=1,
+        action_low=(-1.0,),
+        action_high=(1.0,),
+        image_shapes={"front": (8, 8, 3)},
+        control_hz=10.0,
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"observation.state has shape \[2\], the env \[3\]; cameras \{\}, "
+        r"the env \{'front': \[8, 8, 3\]\}",
+    ):
         Demonstrations(tmp_path / "d", camera_spec, horizon=1)
     with pytest.raises(ConfigError, match="no LeRobotDataset"):
         Demonstrations(tmp_path / "missing", SPEC, horizon=1)
@@ -242,8 +300,9 @@ def test_token_gaussian_and_diffusion_policies_learn_the_demos_by_their_own_loss
 
 def test_an_hg_dagger_round_starts_from_the_corrected_policy_and_keeps_its_statistics(pickcube_demos, tmp_path):
     deployed = sft_run(tmp_path, pickcube_demos, "steps=10", name="deployed")
-    again = sft_run(tmp_path, pickcube_demos, "steps=1", "lr=0", f"init={deployed}", "frames=interventions",
-                    name="round")
+    again = sft_run(
+        tmp_path, pickcube_demos, "steps=1", "lr=0", f"init={deployed}", "frames=interventions", name="round"
+    )
     start, _ = load_checkpoint(resolve_checkpoint(deployed))
     after, _ = load_checkpoint(resolve_checkpoint(again))
     assert all(torch.equal(start[k], after[k]) for k in start)  # lr 0: the weights and statistics it began with

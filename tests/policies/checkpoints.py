@@ -28,8 +28,9 @@ def saves_whole(policy: Policy) -> bool:
     return left_out is None and kept is everything
 
 
-def save_and_restore(make_policy: Callable[[], Policy], directory: Path
-                     ) -> tuple[dict[str, torch.Tensor], dict, dict[str, torch.Tensor], Path]:
+def save_and_restore(
+    make_policy: Callable[[], Policy], directory: Path
+) -> tuple[dict[str, torch.Tensor], dict, dict[str, torch.Tensor], Path]:
     """A policy whose trainable weights all moved (as training moves them), checkpointed under
     `directory` without its frozen pretrained weights and loaded into a fresh policy, which must
     then hold the first one's whole state. Returns what the checkpoint kept, its record of what

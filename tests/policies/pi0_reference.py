@@ -69,7 +69,7 @@ def adapt_transformers() -> None:
     gemma_forward = GemmaModel.forward
 
     def unscaled_forward(self, *args, inputs_embeds=None, **kwargs):
-        normalizer = torch.tensor(self.config.hidden_size ** 0.5, dtype=inputs_embeds.dtype)
+        normalizer = torch.tensor(self.config.hidden_size**0.5, dtype=inputs_embeds.dtype)
         return gemma_forward(self, *args, inputs_embeds=inputs_embeds / normalizer, **kwargs)
 
     GemmaModel.forward = unscaled_forward
@@ -104,8 +104,9 @@ def add_adaptive_norms() -> None:
         layer_init(self, config, layer_idx)
         if adaptive(config):
             self.input_layernorm = ConditionedNorm(config.hidden_size, config.rms_norm_eps, config.adarms_cond_dim)
-            self.post_attention_layernorm = ConditionedNorm(config.hidden_size, config.rms_norm_eps,
-                                                            config.adarms_cond_dim)
+            self.post_attention_layernorm = ConditionedNorm(
+                config.hidden_size, config.rms_norm_eps, config.adarms_cond_dim
+            )
 
     def forward_layer(self, hidden_states, **kwargs):
         condition = kwargs.pop("adarms_cond", None)
@@ -152,9 +153,13 @@ def adapt_model_classes(spec: dict) -> None:
 def set_sizes(modeling_pi0: types.ModuleType, spec: dict) -> None:
     sizes = {"gemma_2b": spec["vlm"], "gemma_300m": spec["expert"]}
     modeling_pi0.get_gemma_config = lambda variant: modeling_pi0.GemmaConfig(
-        width=sizes[variant]["width"], depth=sizes[variant]["depth"], mlp_dim=sizes[variant]["mlp_dim"],
-        num_heads=sizes[variant]["num_heads"], num_kv_heads=sizes[variant]["num_kv_heads"],
-        head_dim=sizes[variant]["head_dim"])
+        width=sizes[variant]["width"],
+        depth=sizes[variant]["depth"],
+        mlp_dim=sizes[variant]["mlp_dim"],
+        num_heads=sizes[variant]["num_heads"],
+        num_kv_heads=sizes[variant]["num_kv_heads"],
+        head_dim=sizes[variant]["head_dim"],
+    )
 
     paligemma_class = modeling_pi0.PaliGemmaForConditionalGeneration
 
@@ -190,12 +195,20 @@ def main(work: Path) -> None:
     size = spec["image_size"]
     cameras = [f"observation.images.camera{i}" for i in range(spec["cameras"])]
     config = Config(
-        chunk_size=spec["horizon"], n_action_steps=spec["horizon"], max_state_dim=spec["max_state_dim"],
-        max_action_dim=spec["max_action_dim"], num_inference_steps=spec["steps"], image_resolution=(size, size),
-        device="cpu", tokenizer_max_length=spec["tokens"],
-        input_features={"observation.state": PolicyFeature(type=FeatureType.STATE, shape=(spec["max_state_dim"],)),
-                        **{name: PolicyFeature(type=FeatureType.VISUAL, shape=(3, size, size)) for name in cameras}},
-        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(spec["max_action_dim"],))})
+        chunk_size=spec["horizon"],
+        n_action_steps=spec["horizon"],
+        max_state_dim=spec["max_state_dim"],
+        max_action_dim=spec["max_action_dim"],
+        num_inference_steps=spec["steps"],
+        image_resolution=(size, size),
+        device="cpu",
+        tokenizer_max_length=spec["tokens"],
+        input_features={
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(spec["max_state_dim"],)),
+            **{name: PolicyFeature(type=FeatureType.VISUAL, shape=(3, size, size)) for name in cameras},
+        },
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(spec["max_action_dim"],))},
+    )
     policy = Policy(config).eval()
     generator = torch.Generator().manual_seed(spec["seed"])
     with torch.no_grad():  # every weight random and of a size that matters, norms included
@@ -211,13 +224,23 @@ def main(work: Path) -> None:
     for _ in range(max(1, spec.get("timed_runs", 1))):
         started = time.perf_counter()
         with torch.no_grad():
-            actions = policy.model.sample_actions(images, image_masks, torch.from_numpy(inputs["tokens"]),
-                                                  torch.from_numpy(inputs["token_mask"]), *state,
-                                                  noise=torch.from_numpy(inputs["noise"]))
+            actions = policy.model.sample_actions(
+                images,
+                image_masks,
+                torch.from_numpy(inputs["tokens"]),
+                torch.from_numpy(inputs["token_mask"]),
+                *state,
+                noise=torch.from_numpy(inputs["noise"]),
+            )
         seconds.append(time.perf_counter() - started)
     peak_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    np.savez(work / "reference.npz", actions=actions.numpy(), seconds=np.array(seconds), peak_bytes=peak_bytes,
-             parameters=sum(p.numel() for p in policy.model.parameters()))
+    np.savez(
+        work / "reference.npz",
+        actions=actions.numpy(),
+        seconds=np.array(seconds),
+        peak_bytes=peak_bytes,
+        parameters=sum(p.numel() for p in policy.model.parameters()),
+    )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,8 @@
 
 import torch
 
-from embodied.core.types import Observation
 from embodied.core.policy import Policy
+from embodied.core.types import Observation
 
 
 def bc_losses(policy: Policy, observation: Observation, actions: torch.Tensor, steps: int, lr: float) -> list[float]:

@@ -33,7 +33,9 @@ def test_tokens_are_the_last_256_ids_and_the_ends_map_as_documented():
 
 def test_out_of_range_actions_clip_and_the_gripper_is_not_rescaled():
     t = tokenizer()
-    np.testing.assert_array_equal(t.encode(np.array([[5.0, -3.0, 7.0]])), [[VOCAB - NUM_BINS, VOCAB - 1, VOCAB - NUM_BINS]])
+    np.testing.assert_array_equal(
+        t.encode(np.array([[5.0, -3.0, 7.0]])), [[VOCAB - NUM_BINS, VOCAB - 1, VOCAB - NUM_BINS]]
+    )
     np.testing.assert_allclose(t.normalize(np.array([0.25, 1.0, 0.3])), [0.5, 0.0, 0.3])
     with pytest.raises(ValueError, match="action token ids"):
         t.decode(np.array([[0, VOCAB - 1, VOCAB - 1]]))

@@ -11,10 +11,10 @@ import torch
 
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.errors import ConfigError
-from embodied.runtime.wire import published_weights
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.denoising import gaussian_log_prob
 from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
+from embodied.runtime.wire import published_weights
 from tests.embodied.test_ppo import _batch
 from tests.policies.sft import bc_losses
 
@@ -22,8 +22,9 @@ SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(
 
 
 def small(**overrides) -> DiffusionPolicyConfig:
-    return DiffusionPolicyConfig(**{"hidden": [32], "critic_hidden": [16], "denoise_steps": 5, "train_timesteps": 50,
-                                    **overrides})
+    return DiffusionPolicyConfig(
+        **{"hidden": [32], "critic_hidden": [16], "denoise_steps": 5, "train_timesteps": 50, **overrides}
+    )
 
 
 @pytest.mark.parametrize("scheduler", ["ddpm", "ddim"])
@@ -46,7 +47,9 @@ def test_each_step_is_the_diffusers_scheduler_step(scheduler):
             got = mean + (std * noise if t > 0 else 0)  # diffusers adds no noise at t = 0
         else:
             noise = torch.randn(3, 8, generator=generator, dtype=torch.float64)
-            expected = reference.step(eps, t, x_t, eta=0.7, use_clipped_model_output=True, variance_noise=noise).prev_sample
+            expected = reference.step(
+                eps, t, x_t, eta=0.7, use_clipped_model_output=True, variance_noise=noise
+            ).prev_sample
             got = mean + std * noise
         torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)  # diffusers keeps abar in float32
 
@@ -64,8 +67,9 @@ def test_chunk_log_prob_is_the_sum_of_floored_step_gaussians_recomputed_by_recom
         expected = []
         for k, t in enumerate(policy.timesteps):
             eps = policy.denoiser(torch.cat([state, _time(policy, t, len(state))], -1), chain[:, k])
-            mean, std = denoising_step(chain[:, k], eps, policy.abar_step[k], policy.abar_next[k], scheduler,
-                                       policy.cfg.ddim_eta)
+            mean, std = denoising_step(
+                chain[:, k], eps, policy.abar_step[k], policy.abar_next[k], scheduler, policy.cfg.ddim_eta
+            )
             expected.append(gaussian_log_prob(chain[:, k + 1], mean, std.clamp(min=0.2).expand_as(mean)))
     expected = torch.stack(expected, 1)
     torch.testing.assert_close(chunk.record["term_log_prob"], expected)
@@ -109,7 +113,9 @@ def test_mean_reduction_averages_over_steps_and_dimensions():
         with torch.no_grad():
             results[reduction] = policy.act(observation, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(results["mean"].log_prob, results["sum"].log_prob / (5 * policy.dim))
-    torch.testing.assert_close(results["mean"].record["term_log_prob"], results["sum"].record["term_log_prob"] / policy.dim)
+    torch.testing.assert_close(
+        results["mean"].record["term_log_prob"], results["sum"].record["term_log_prob"] / policy.dim
+    )
 
 
 def test_last_k_fine_tuning_keeps_the_early_steps_on_the_weights_rl_started_from():
@@ -167,12 +173,20 @@ def test_sft_epsilon_loss_decreases_on_a_tiny_dataset():
 
 
 def test_bad_settings_are_config_errors():
-    for overrides in ({"scheduler": "euler"}, {"denoiser": "unet"}, {"finetune_steps": 6}, {"min_std": 0.0},
-                      {"denoise_steps": 60}, {"chunk_size": 5}, {"log_prob_reduction": "max"}):
+    for overrides in (
+        {"scheduler": "euler"},
+        {"denoiser": "unet"},
+        {"finetune_steps": 6},
+        {"min_std": 0.0},
+        {"denoise_steps": 60},
+        {"chunk_size": 5},
+        {"log_prob_reduction": "max"},
+    ):
         with pytest.raises(ConfigError, match="policy."):
             DiffusionPolicy(small(**overrides), SPEC)
-    image_spec = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2,
-                         image_shapes={"base": (64, 64, 3)})
+    image_spec = EnvSpec(
+        state_dim=4, action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2, image_shapes={"base": (64, 64, 3)}
+    )
     with pytest.raises(ConfigError, match="state"):
         DiffusionPolicy(small(), image_spec)
 
@@ -195,26 +209,60 @@ def test_dppo_update_with_one_ratio_per_step():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("algo", [
-    ["algo.ratio=term", "algo.denoise_discount=0.9", "algo.rollout_steps=4", "algo.num_minibatches=2",
-     "algo.update_epochs=1", "total_env_steps=8", "env.num_envs=2"],
-    ["algo=grpo", "algo.group_size=2", "algo.num_minibatches=2", "algo.outcome=return",
-     "algo.success_band=[0.0,1.0]", "env.num_envs=4", "total_env_steps=200"],
-], ids=["dppo", "grpo"])
+@pytest.mark.parametrize(
+    "algo",
+    [
+        [
+            "algo.ratio=term",
+            "algo.denoise_discount=0.9",
+            "algo.rollout_steps=4",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            "total_env_steps=8",
+            "env.num_envs=2",
+        ],
+        [
+            "algo=grpo",
+            "algo.group_size=2",
+            "algo.num_minibatches=2",
+            "algo.outcome=return",
+            "algo.success_band=[0.0,1.0]",
+            "env.num_envs=4",
+            "total_env_steps=200",
+        ],
+    ],
+    ids=["dppo", "grpo"],
+)
 def test_one_rl_iteration_end_to_end_on_maniskill_then_resume(tmp_path, algo):
     run_dir = tmp_path / "run"
-    common = [sys.executable, "-m", "embodied.cli", "train", "policy=diffusion", "policy.finetune_steps=2",
-              "policy.denoise_steps=4", "policy.hidden=[64]", "eval_episodes=0", "eval_every=0",
-              "logger.progress_bar=false"]
+    common = [
+        sys.executable,
+        "-m",
+        "embodied.cli",
+        "train",
+        "policy=diffusion",
+        "policy.finetune_steps=2",
+        "policy.denoise_steps=4",
+        "policy.hidden=[64]",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+    ]
     result = subprocess.run([*common, *algo, f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if "loss/policy_loss" in line]
+    updates = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/policy_loss" in line
+    ]
     assert updates and np.isfinite(updates[0]["loss/policy_loss"])
     steps = updates[-1]["env_steps"]
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}",
-                             f"total_env_steps={2 * steps}"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", f"total_env_steps={2 * steps}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    updates = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-               if "loss/policy_loss" in line]
+    updates = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/policy_loss" in line
+    ]
     assert updates[-1]["env_steps"] == 2 * steps

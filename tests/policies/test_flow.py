@@ -43,8 +43,9 @@ def test_noise_level_zero_reduces_the_sde_step_to_the_ode_step():
 @pytest.mark.parametrize("sampler,steps", [("flow_sde", 4), ("flow_sde", 2), ("flow_noise", 4), ("flow_noise", 1)])
 def test_sampled_log_prob_equals_the_recomputation_from_the_recorded_chain(sampler, steps):
     torch.manual_seed(0)
-    policy = FlowPolicy(FlowPolicyConfig(sampler=sampler, denoise_steps=steps, chunk_size=2, horizon=3,
-                                         hidden=[32, 32]), SPEC)
+    policy = FlowPolicy(
+        FlowPolicyConfig(sampler=sampler, denoise_steps=steps, chunk_size=2, horizon=3, hidden=[32, 32]), SPEC
+    )
     observation = Observation(state=torch.randn(6, 4))
     chunk = policy.act(observation, generator=torch.Generator().manual_seed(1))
     assert chunk.record["chain"].shape == (6, steps + 1, 6) and chunk.actions.shape == (6, 2, 2)
@@ -68,8 +69,13 @@ def test_flow_noise_log_prob_has_k_plus_one_terms():
     for k in range(3):
         t = torch.full((2,), float(times[k]))
         velocity = policy.velocity(policy._inputs(state, chain[:, k], t))
-        steps.append(gaussian_log_prob(chain[:, k + 1], chain[:, k] - float(times[k] - times[k + 1]) * velocity,
-                                       torch.full_like(chain[:, k], 0.1)))
+        steps.append(
+            gaussian_log_prob(
+                chain[:, k + 1],
+                chain[:, k] - float(times[k] - times[k + 1]) * velocity,
+                torch.full_like(chain[:, k], 0.1),
+            )
+        )
     torch.testing.assert_close(chunk.log_prob, start + sum(steps))
     # each denoising step is one term (ReinFlow-style ratios); the parameter-free start is none
     torch.testing.assert_close(chunk.record["term_log_prob"], torch.stack(steps, 1))
@@ -111,13 +117,31 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
     import sys
 
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=flow", "env.num_envs=2",
-                             "algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1",
-                             "total_env_steps=8", "eval_episodes=0", "eval_every=0", "logger.progress_bar=false",
-                             f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "policy=flow",
+            "env.num_envs=2",
+            "algo.rollout_steps=4",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            "total_env_steps=8",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-              if "loss/approx_kl" in line][0]
+    update = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/approx_kl" in line
+    ][0]
     assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])
 
 
@@ -126,8 +150,9 @@ def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():
     results = {}
     for reduction in ("sum", "mean"):
         torch.manual_seed(0)
-        policy = FlowPolicy(FlowPolicyConfig(sampler="flow_noise", denoise_steps=3, hidden=[16],
-                                             log_prob_reduction=reduction), SPEC)
+        policy = FlowPolicy(
+            FlowPolicyConfig(sampler="flow_noise", denoise_steps=3, hidden=[16], log_prob_reduction=reduction), SPEC
+        )
         chunk = policy.act(observation, generator=torch.Generator().manual_seed(0))
         results[reduction] = (chunk.log_prob, policy.recompute(observation, chunk).entropy)
     torch.testing.assert_close(results["mean"][0], results["sum"][0] / (4 * policy.dim))
@@ -140,12 +165,32 @@ def test_one_grpo_iteration_end_to_end_on_maniskill(tmp_path):
     import sys
 
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=flow", "policy.sampler=flow_noise",
-                             "algo=grpo", "algo.group_size=2", "algo.num_minibatches=2", "algo.outcome=return",
-                             "algo.success_band=[0.0,1.0]", "env.num_envs=4", "total_env_steps=200", "eval_episodes=0",
-                             "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "policy=flow",
+            "policy.sampler=flow_noise",
+            "algo=grpo",
+            "algo.group_size=2",
+            "algo.num_minibatches=2",
+            "algo.outcome=return",
+            "algo.success_band=[0.0,1.0]",
+            "env.num_envs=4",
+            "total_env_steps=200",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-              if "grpo/success_rate" in line][0]
+    update = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "grpo/success_rate" in line
+    ][0]
     assert update["grpo/informative_groups"] == 2 and np.isfinite(update["loss/policy_loss"])

@@ -34,8 +34,12 @@ def test_the_sentence_encoder_puts_paraphrases_closer_than_other_tasks():
 
 @pytest.fixture(scope="module")
 def vla_and_observation():
-    config = to_schema(TrainConfig, compose("train", ["policy=flow_vla", "env.obs_mode=rgb", "env.num_envs=2",
-                                                      "env.num_workers=0", "env.image_size=64"]))
+    config = to_schema(
+        TrainConfig,
+        compose(
+            "train", ["policy=flow_vla", "env.obs_mode=rgb", "env.num_envs=2", "env.num_workers=0", "env.image_size=64"]
+        ),
+    )
     env = build_env(config.env, seed=0)
     try:
         observation = env.reset()
@@ -74,17 +78,33 @@ def test_the_encoders_stay_frozen_and_in_eval_mode(vla_and_observation):
 
 def test_one_ppo_iteration_on_maniskill_cameras_and_a_checkpoint_round_trip(tmp_path):
     run_dir = tmp_path / "vla"
-    embodied("train", "policy=flow_vla", "env.obs_mode=rgb", "env.image_size=64", "env.num_envs=2",
-             "env.num_workers=0", "algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1",
-             "total_env_steps=8", "eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu",
-             f"run_dir={run_dir}")
+    embodied(
+        "train",
+        "policy=flow_vla",
+        "env.obs_mode=rgb",
+        "env.image_size=64",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "logger.progress_bar=false",
+        "runtime.device=cpu",
+        f"run_dir={run_dir}",
+    )
     checkpoint = latest(run_dir)
     from embodied.checkpoint import load_checkpoint
 
     weights, state = load_checkpoint(checkpoint)
     assert state["learner"]["policy_version"] == 1
-    config = to_schema(TrainConfig, compose("train", ["policy=flow_vla", "env.obs_mode=rgb", "env.image_size=64",
-                                                      "env.num_envs=1", "env.num_workers=0"]))
+    config = to_schema(
+        TrainConfig,
+        compose(
+            "train", ["policy=flow_vla", "env.obs_mode=rgb", "env.image_size=64", "env.num_envs=1", "env.num_workers=0"]
+        ),
+    )
     env = build_env(config.env, seed=0)
     try:
         observation = env.reset().to_torch()

@@ -19,8 +19,18 @@ from safetensors.torch import load_file, save_file
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.pi0 import (GEMMA_SIZES, TINY_SIGLIP, Pi05Config, Pi0Config, Pi0Model, Pi0Policy, load_checkpoint,
-                          prompts, resize_with_pad, resolve_architecture)
+from embodied.policies.pi0 import (
+    GEMMA_SIZES,
+    TINY_SIGLIP,
+    Pi0Config,
+    Pi0Model,
+    Pi0Policy,
+    Pi05Config,
+    load_checkpoint,
+    prompts,
+    resize_with_pad,
+    resolve_architecture,
+)
 from tests.policies.sft import bc_losses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,8 +38,13 @@ REFERENCE_PYTHON = Path(os.environ.get("EMBODIED_PI0_REFERENCE_VENV", ROOT / ".v
 TINY = dict(paligemma_variant="tiny", expert_variant="tiny_expert", vocab_size=300)
 # The reference checkpoint's sizes: room for ManiSkill's state and actions in the PPO test.
 REFERENCE = dict(TINY, max_state_dim=64, max_action_dim=8, horizon=5, denoise_steps=4)
-SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(2.0,) * 3,
-               image_shapes={"wrist": (24, 32, 3), "base": (32, 32, 3)})
+SPEC = EnvSpec(
+    state_dim=5,
+    action_dim=3,
+    action_low=(-1.0,) * 3,
+    action_high=(2.0,) * 3,
+    image_shapes={"wrist": (24, 32, 3), "base": (32, 32, 3)},
+)
 
 
 def policy(model="pi0", **overrides) -> Pi0Policy:
@@ -40,11 +55,15 @@ def policy(model="pi0", **overrides) -> Pi0Policy:
 
 def observation(batch=3, seed=0, invert=False) -> Observation:
     g = torch.Generator().manual_seed(seed)
-    images = {name: torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
-              for name, shape in SPEC.image_shapes.items()}
-    return Observation(state=torch.randn(batch, SPEC.state_dim, generator=g),
-                       images={name: 255 - image if invert else image for name, image in images.items()},
-                       instruction=["push the cube", "pick it up", ""][:batch] + ["stack"] * max(batch - 3, 0))
+    images = {
+        name: torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
+        for name, shape in SPEC.image_shapes.items()
+    }
+    return Observation(
+        state=torch.randn(batch, SPEC.state_dim, generator=g),
+        images={name: 255 - image if invert else image for name, image in images.items()},
+        instruction=["push the cube", "pick it up", ""][:batch] + ["stack"] * max(batch - 3, 0),
+    )
 
 
 CONFIGS = {"pi0": Pi0Config, "pi05": Pi05Config}
@@ -53,13 +72,25 @@ CONFIGS = {"pi0": Pi0Config, "pi05": Pi05Config}
 def run_reference(work: Path, model: str) -> Path:
     """lerobot's PI0Policy / PI05Policy at the tiny sizes, random weights, saved by its
     save_pretrained; with the inputs given to its sample_actions and the chunk that came out."""
-    assert REFERENCE_PYTHON.exists(), (f"the reference virtualenv is missing ({REFERENCE_PYTHON}); "
-                                       f"tools/setup.sh test makes it")
+    assert REFERENCE_PYTHON.exists(), (
+        f"the reference virtualenv is missing ({REFERENCE_PYTHON}); tools/setup.sh test makes it"
+    )
     cfg = CONFIGS[model](**REFERENCE)
-    spec = {"model": model, "vlm": asdict(GEMMA_SIZES["tiny"]), "expert": asdict(GEMMA_SIZES["tiny_expert"]),
-            "vision": asdict(TINY_SIGLIP), "vocab_size": cfg.vocab_size, "image_size": 32, "cameras": 2,
-            "horizon": cfg.horizon, "max_state_dim": cfg.max_state_dim, "max_action_dim": cfg.max_action_dim,
-            "steps": cfg.denoise_steps, "tokens": 6, "seed": 3}
+    spec = {
+        "model": model,
+        "vlm": asdict(GEMMA_SIZES["tiny"]),
+        "expert": asdict(GEMMA_SIZES["tiny_expert"]),
+        "vision": asdict(TINY_SIGLIP),
+        "vocab_size": cfg.vocab_size,
+        "image_size": 32,
+        "cameras": 2,
+        "horizon": cfg.horizon,
+        "max_state_dim": cfg.max_state_dim,
+        "max_action_dim": cfg.max_action_dim,
+        "steps": cfg.denoise_steps,
+        "tokens": 6,
+        "seed": 3,
+    }
     generator = torch.Generator().manual_seed(0)
     batch = 3
     frames = torch.randint(0, 256, (batch, 24, 32, 3), dtype=torch.uint8, generator=generator)
@@ -75,8 +106,12 @@ def run_reference(work: Path, model: str) -> Path:
     }
     (work / "spec.json").write_text(json.dumps(spec))
     np.savez(work / "inputs.npz", **inputs)
-    subprocess.run([str(REFERENCE_PYTHON), str(Path(__file__).with_name("pi0_reference.py")), str(work)],
-                   check=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    subprocess.run(
+        [str(REFERENCE_PYTHON), str(Path(__file__).with_name("pi0_reference.py")), str(work)],
+        check=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     return work
 
 
@@ -101,8 +136,15 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
     model = Pi0Model(cfg)
     load_checkpoint(model, cfg.checkpoint)
     t = {name: torch.from_numpy(value) for name, value in np.load(work / "inputs.npz").items()}
-    ours = model.sample([t["image0"], t["image1"]], [t["image_mask0"], t["image_mask1"]], t["tokens"],
-                        t["token_mask"], t["state"], t["noise"], cfg.denoise_steps)
+    ours = model.sample(
+        [t["image0"], t["image1"]],
+        [t["image_mask0"], t["image_mask1"]],
+        t["tokens"],
+        t["token_mask"],
+        t["state"],
+        t["noise"],
+        cfg.denoise_steps,
+    )
     assert np.abs(reference).max() > 0.5  # the chunk is not trivially small
     np.testing.assert_allclose(ours.numpy(), reference, atol=1e-5, rtol=1e-5)
 
@@ -110,27 +152,44 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
 def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
     """The policy's packed context (prefix keys and values, state, mask in one tensor) gives
     the chunk the model's own sampler gives, from the same noise and a fresh normaliser."""
-    spec = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3,
-                   image_shapes={"base": (32, 32, 3)})
-    pi0 = Pi0Policy(Pi0Config(**{**REFERENCE, "sampler": "ode", "chunk_size": 5,
-                                 "pretrained": str(lerobot_checkpoint / "checkpoint")}), spec)
-    seen = Observation(state=torch.randn(2, 5), images={"base": torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)},
-                       instruction=["push", "pick the cube"])
+    spec = EnvSpec(
+        state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3, image_shapes={"base": (32, 32, 3)}
+    )
+    pi0 = Pi0Policy(
+        Pi0Config(
+            **{**REFERENCE, "sampler": "ode", "chunk_size": 5, "pretrained": str(lerobot_checkpoint / "checkpoint")}
+        ),
+        spec,
+    )
+    seen = Observation(
+        state=torch.randn(2, 5),
+        images={"base": torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)},
+        instruction=["push", "pick the cube"],
+    )
     with torch.no_grad():
         chunk = pi0.act(seen, deterministic=True, generator=torch.Generator().manual_seed(4))
         noise = torch.randn(2, pi0.dim, generator=torch.Generator().manual_seed(4)).view(2, 5, 8)
         tokens, token_mask = ByteTokenizer()(prompts(seen.instruction, None), pi0.cfg.max_instruction_tokens)
         state = torch.nn.functional.pad(pi0.normalizer(seen.state), (0, 64 - 5))
-        expected = pi0.model.sample([resize_with_pad(seen.images["base"], 32)], [torch.ones(2, dtype=torch.bool)],
-                                    tokens, token_mask, state, noise, 4)
+        expected = pi0.model.sample(
+            [resize_with_pad(seen.images["base"], 32)],
+            [torch.ones(2, dtype=torch.bool)],
+            tokens,
+            token_mask,
+            state,
+            noise,
+            4,
+        )
     torch.testing.assert_close(chunk.actions, expected[:, :, :3].clamp(-1, 1), atol=1e-5, rtol=1e-5)
 
 
 def test_checkpoint_mismatches_are_refused_by_name(tmp_path, lerobot_checkpoint):
     checkpoint = lerobot_checkpoint / "checkpoint"
     with pytest.raises(ConfigError, match="of another shape"):  # built at other sizes
-        Pi0Policy(Pi0Config(**{**REFERENCE, "expert_variant": "tiny", "pretrained": str(checkpoint)}),
-                  EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3))
+        Pi0Policy(
+            Pi0Config(**{**REFERENCE, "expert_variant": "tiny", "pretrained": str(checkpoint)}),
+            EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3),
+        )
     with pytest.raises(ConfigError, match="max_action_dim=8"):
         resolve_architecture(Pi0Config(**{**REFERENCE, "max_action_dim": 7, "pretrained": str(checkpoint)}))
     assert resolve_architecture(Pi0Config(pretrained=str(checkpoint))).paligemma_variant == "gemma_2b"  # config.json
@@ -197,8 +256,10 @@ def test_the_expert_value_is_the_state_tokens_output_in_the_full_suffix():
 def test_the_value_head_reads_the_expert_or_the_prefix_detached_or_not(model, value_from, detach):
     pi0 = policy(model, value_from=value_from, detach_value_input=detach)
     pi0.value(observation()).sum().backward()
-    reached = {part: any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
-               for part, module in (("critic", pi0.critic), ("vlm", pi0.model.vlm), ("expert", pi0.model.expert))}
+    reached = {
+        part: any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+        for part, module in (("critic", pi0.critic), ("vlm", pi0.model.vlm), ("expert", pi0.model.expert))
+    }
     assert reached["critic"]
     assert reached["vlm"] == (not detach)
     assert reached["expert"] == (value_from == "expert" and not detach)
@@ -216,8 +277,9 @@ def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm(model)
         assert moved == (not expert_only)
 
 
-def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_checked_on_load(tmp_path,
-                                                                                       lerobot_checkpoint):
+def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_checked_on_load(
+    tmp_path, lerobot_checkpoint
+):
     import shutil
 
     from embodied.checkpoint import load_checkpoint, load_policy_weights
@@ -226,10 +288,18 @@ def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_check
 
     base = tmp_path / "pi0"
     shutil.copytree(lerobot_checkpoint / "checkpoint", base)
-    spec = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3,
-                   image_shapes=SPEC.image_shapes)
-    make = lambda **frozen: Pi0Policy(Pi0Config(**REFERENCE, pretrained=str(base), critic_hidden=[16],  # noqa: E731
-                                                **(frozen or {"train_expert_only": True})), spec)
+    spec = EnvSpec(
+        state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3, image_shapes=SPEC.image_shapes
+    )
+    make = lambda **frozen: Pi0Policy(
+        Pi0Config(
+            **REFERENCE,
+            pretrained=str(base),
+            critic_hidden=[16],  # noqa: E731
+            **(frozen or {"train_expert_only": True}),
+        ),
+        spec,
+    )
     weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
     parts = lambda names: {name.split(".")[1] for name in names if name.startswith("model.")}  # noqa: E731
     vlm = {"vision", "projector", "vlm"}
@@ -286,15 +356,39 @@ def test_sizes_that_do_not_fit_are_refused():
 def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model, tmp_path, request):
     work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", f"policy={model}",
-                             f"policy.pretrained={work / 'checkpoint'}",
-                             "policy.paligemma_variant=tiny", "policy.expert_variant=tiny_expert",
-                             "policy.vocab_size=300", "policy.max_state_dim=64", "policy.max_action_dim=8",
-                             "policy.horizon=5", "policy.denoise_steps=4", "policy.sampler=flow_noise",
-                             "env.obs_mode=rgb", "env.image_size=32", "env.num_envs=2", "env.num_workers=0",
-                             "algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1",
-                             "total_env_steps=8", "eval_episodes=0", "eval_every=0", "logger.progress_bar=false",
-                             f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            f"policy={model}",
+            f"policy.pretrained={work / 'checkpoint'}",
+            "policy.paligemma_variant=tiny",
+            "policy.expert_variant=tiny_expert",
+            "policy.vocab_size=300",
+            "policy.max_state_dim=64",
+            "policy.max_action_dim=8",
+            "policy.horizon=5",
+            "policy.denoise_steps=4",
+            "policy.sampler=flow_noise",
+            "env.obs_mode=rgb",
+            "env.image_size=32",
+            "env.num_envs=2",
+            "env.num_workers=0",
+            "algo.rollout_steps=4",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            "total_env_steps=8",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])

@@ -4,17 +4,18 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.runtime.wire import published_weights
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
+from embodied.runtime.wire import published_weights
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0))
 
 
 def observation(batch=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return Observation(state=torch.randn(batch, 5, generator=g),
-                       instruction=["push the cube", "lift it", "", "push the cube"][:batch])
+    return Observation(
+        state=torch.randn(batch, 5, generator=g), instruction=["push the cube", "lift it", "", "push the cube"][:batch]
+    )
 
 
 def demonstrated_actions():
@@ -50,7 +51,7 @@ def test_causal_log_prob_is_the_sum_of_term_log_probs_under_the_restricted_softm
         for token in tokens:
             grown = torch.cat([mask, torch.ones(1, embeddings.shape[1] - mask.shape[1], dtype=torch.long)], 1)
             logits = policy.backbone(inputs_embeds=embeddings, attention_mask=grown).logits[0, -1]
-            action_log_probs = torch.log_softmax(logits[policy.actions.first_token:], -1)
+            action_log_probs = torch.log_softmax(logits[policy.actions.first_token :], -1)
             total += float(action_log_probs[token - policy.actions.first_token])
             embeddings = torch.cat([embeddings, policy._token_embeddings()(token.view(1, 1))], 1)
     assert float(chunk.log_prob[0]) == pytest.approx(total, abs=1e-4)
@@ -99,13 +100,33 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
     import sys
 
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=token_vla", "policy.decoder=causal",
-                             "env.num_envs=2", "algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1",
-                             "total_env_steps=8", "eval_episodes=2", "eval_every=1", "periodic_eval_episodes=2",
-                             "logger.progress_bar=false", f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "policy=token_vla",
+            "policy.decoder=causal",
+            "env.num_envs=2",
+            "algo.rollout_steps=4",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            "total_env_steps=8",
+            "eval_episodes=2",
+            "eval_every=1",
+            "periodic_eval_episodes=2",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
-    update = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-              if "loss/approx_kl" in line][0]
+    update = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/approx_kl" in line
+    ][0]
     assert update["env_steps"] == 8 and abs(update["loss/approx_kl"]) < 1.0
     assert (run_dir / "eval" / "PushCube-v1" / "report.md").is_file()
 
@@ -117,8 +138,14 @@ def save_tiny_causal_lm(path, seed=0):
     from tests.policies.checkpoints import save_word_tokenizer
 
     save_word_tokenizer(path, ["[PAD]", "[UNK]", "push", "the", "cube", "lift", "it"])
-    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(seed)
     LlamaForCausalLM(config).save_pretrained(path)
 
@@ -160,8 +187,9 @@ def test_a_lora_checkpoint_keeps_what_training_changes_and_checks_the_frozen_res
 
     saved_weights, state = load_checkpoint(checkpoint)
     with pytest.raises(RuntimeError, match="missing.*action_queries"):
-        load_policy_weights(TokenVLAPolicy(config, SPEC),
-                            {k: v for k, v in saved_weights.items() if k != "action_queries"}, state)
+        load_policy_weights(
+            TokenVLAPolicy(config, SPEC), {k: v for k, v in saved_weights.items() if k != "action_queries"}, state
+        )
     with pytest.raises(RuntimeError, match="does not load frozen"):  # a full fine-tune has nothing frozen
         load_policy_weights(TokenVLAPolicy(TokenVLAConfig(backbone=str(base)), SPEC), saved_weights, state)
     save_tiny_causal_lm(base, seed=5)  # the base at that path changed since training
@@ -189,14 +217,29 @@ def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapte
     quiet = ["logger.progress_bar=false", "eval_episodes=0"]
 
     def cli(*args):
-        result = subprocess.run([sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True,
-                                timeout=600)
+        result = subprocess.run(
+            [sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True, timeout=600
+        )
         assert result.returncode == 0, result.stderr[-3000:]
 
-    cli("train", *quiet, "env=mujoco_invertedpendulum", "env.num_envs=2", "policy=token_vla", f"policy.backbone={base}",
-        "policy.lora_rank=4", "algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]",
-        "algo.rollout_steps=4", "algo.num_minibatches=1", "total_env_steps=8", "checkpoint_every=1",
-        f"run_dir={run_dir}")
+    cli(
+        "train",
+        *quiet,
+        "env=mujoco_invertedpendulum",
+        "env.num_envs=2",
+        "policy=token_vla",
+        f"policy.backbone={base}",
+        "policy.lora_rank=4",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.outcome=return",
+        "algo.success_band=[0.0,1.0]",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=1",
+        "total_env_steps=8",
+        "checkpoint_every=1",
+        f"run_dir={run_dir}",
+    )
     cli("train", *quiet, f"resume={run_dir}", "total_env_steps=16")
     checkpoint = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     assert checkpoint.name == "iter_000002"
@@ -216,7 +259,9 @@ def test_an_mlp_value_head_reads_the_hidden_state_before_the_actions_and_the_sta
     with torch.no_grad():
         chunk = policy.act(obs)
         prefix, mask = policy._prefix(obs)  # one plain pass over the whole prefix
-        hidden = policy.backbone(inputs_embeds=prefix, attention_mask=mask, output_hidden_states=True).hidden_states[-1][:, -1]
+        hidden = policy.backbone(inputs_embeds=prefix, attention_mask=mask, output_hidden_states=True).hidden_states[
+            -1
+        ][:, -1]
         expected = policy.value_head(torch.cat([hidden, policy.normalizer(obs.state)], -1)).squeeze(-1)
         torch.testing.assert_close(policy.value(obs), expected)
         torch.testing.assert_close(chunk.value, expected)
@@ -225,8 +270,8 @@ def test_an_mlp_value_head_reads_the_hidden_state_before_the_actions_and_the_sta
 
 
 def test_critic_warmup_leaves_the_shared_backbone_alone():
-    from embodied.algos.ppo import PPO, PPOConfig
     from embodied.algos.buffers import TrajectoryBuilder
+    from embodied.algos.ppo import PPO, PPOConfig
     from embodied.core.types import StepResult
 
     torch.manual_seed(0)
@@ -236,9 +281,16 @@ def test_critic_warmup_leaves_the_shared_backbone_alone():
         obs = Observation(state=np.random.default_rng(t).normal(size=(2, 5)).astype(np.float32), instruction=["go"] * 2)
         with torch.no_grad():
             chunk = policy.act(obs.to_torch())
-        result = StepResult(observation=obs, reward=np.ones(2, np.float32) * t, terminated=np.zeros(2, bool),
-                            truncated=np.zeros(2, bool), success=np.zeros(2, bool), executed_steps=np.ones(2, np.int64),
-                            executed_action=chunk.actions.numpy(), final_observation=obs)
+        result = StepResult(
+            observation=obs,
+            reward=np.ones(2, np.float32) * t,
+            terminated=np.zeros(2, bool),
+            truncated=np.zeros(2, bool),
+            success=np.zeros(2, bool),
+            executed_steps=np.ones(2, np.int64),
+            executed_action=chunk.actions.numpy(),
+            final_observation=obs,
+        )
         builder.add(obs, chunk, result, torch.zeros(2))
     batch = builder.build(torch.zeros(2))
     backbone = [p.detach().clone() for p in policy.backbone.parameters()]
@@ -249,14 +301,21 @@ def test_critic_warmup_leaves_the_shared_backbone_alone():
     assert any(not torch.equal(b, a) for b, a in zip(head, policy.value_head.parameters()))
 
 
-RGB = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0),
-              image_shapes={"base": (48, 64, 3), "wrist": (32, 32, 3)})
+RGB = EnvSpec(
+    state_dim=5,
+    action_dim=3,
+    action_low=(-1.0, -2.0, 0.0),
+    action_high=(1.0, 2.0, 1.0),
+    image_shapes={"base": (48, 64, 3), "wrist": (32, 32, 3)},
+)
 
 
 def camera_observation(batch=3, seed=0, invert=False):
     g = torch.Generator().manual_seed(seed)
-    images = {name: torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
-              for name, shape in RGB.image_shapes.items()}
+    images = {
+        name: torch.randint(0, 256, (batch, *shape), generator=g, dtype=torch.uint8)
+        for name, shape in RGB.image_shapes.items()
+    }
     if invert:
         images = {name: 255 - image for name, image in images.items()}
     return Observation(state=torch.randn(batch, 5, generator=g), images=images, instruction=["pick the cube"] * batch)
@@ -287,11 +346,26 @@ def test_a_smolvlm_and_its_tokenizer_load_from_a_local_path(tmp_path):
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]").save_pretrained(tmp_path)
     config = SmolVLMConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                           image_size=32, patch_size=8),
-        text_config=dict(model_type="llama", vocab_size=400, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=4),
-        scale_factor=2, image_token_id=5)
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
+        text_config=dict(
+            model_type="llama",
+            vocab_size=400,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+        ),
+        scale_factor=2,
+        image_token_id=5,
+    )
     SmolVLMForConditionalGeneration(config).save_pretrained(tmp_path)
 
     torch.manual_seed(0)
@@ -318,20 +392,47 @@ def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=token_vla",
-                             "policy.backbone=tiny_vlm", "env.obs_mode=rgb", "env.image_size=32", "env.num_envs=2",
-                             "env.num_workers=0", "algo=grpo", "algo.group_size=2", "algo.num_minibatches=2",
-                             "algo.outcome=return", "algo.success_band=[0.0,1.0]", "total_env_steps=100",
-                             "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "policy=token_vla",
+            "policy.backbone=tiny_vlm",
+            "env.obs_mode=rgb",
+            "env.image_size=32",
+            "env.num_envs=2",
+            "env.num_workers=0",
+            "algo=grpo",
+            "algo.group_size=2",
+            "algo.num_minibatches=2",
+            "algo.outcome=return",
+            "algo.success_band=[0.0,1.0]",
+            "total_env_steps=100",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["grpo/informative_groups"] == 1 and np.isfinite(update["loss/policy_loss"])
     weights, state = load_checkpoint(resolve_checkpoint(run_dir))  # tied embeddings and all
-    policy = TokenVLAPolicy(TokenVLAConfig(backbone="tiny_vlm"), EnvSpec(
-        state_dim=weights["state_embedding.weight"].shape[1], action_dim=weights["action_queries"].shape[0],
-        action_low=(-1.0,) * weights["action_queries"].shape[0], action_high=(1.0,) * weights["action_queries"].shape[0],
-        image_shapes={"base_camera": (32, 32, 3)}))
+    policy = TokenVLAPolicy(
+        TokenVLAConfig(backbone="tiny_vlm"),
+        EnvSpec(
+            state_dim=weights["state_embedding.weight"].shape[1],
+            action_dim=weights["action_queries"].shape[0],
+            action_low=(-1.0,) * weights["action_queries"].shape[0],
+            action_high=(1.0,) * weights["action_queries"].shape[0],
+            image_shapes={"base_camera": (32, 32, 3)},
+        ),
+    )
     policy.load_state_dict(weights)
     assert state["learner"]["policy_version"] == 1
 
@@ -348,7 +449,10 @@ def test_instructions_shared_by_rows_run_once_with_the_same_result_and_gradients
         policy.zero_grad()
         recomputed = policy.recompute(obs, chunk)
         (recomputed.log_prob.sum() + recomputed.value.sum()).backward()
-        results[shared] = (recomputed, {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None})
+        results[shared] = (
+            recomputed,
+            {name: p.grad.clone() for name, p in policy.named_parameters() if p.grad is not None},
+        )
     (shared, shared_grads), (plain, plain_grads) = results[True], results[False]
     torch.testing.assert_close(shared.log_prob, plain.log_prob)
     torch.testing.assert_close(shared.value, plain.value)

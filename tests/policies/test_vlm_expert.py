@@ -13,15 +13,19 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
 from tests.policies.sft import bc_losses
 
-SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
-               image_shapes={"base": (48, 64, 3)})
+SPEC = EnvSpec(
+    state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), image_shapes={"base": (48, 64, 3)}
+)
 
 
 def camera_observation(batch=3, seed=0, invert=False):
     g = torch.Generator().manual_seed(seed)
     image = torch.randint(0, 256, (batch, 48, 64, 3), generator=g, dtype=torch.uint8)
-    return Observation(state=torch.randn(batch, 3, generator=g), images={"base": 255 - image if invert else image},
-                       instruction=["pick the cube"] * batch)
+    return Observation(
+        state=torch.randn(batch, 3, generator=g),
+        images={"base": 255 - image if invert else image},
+        instruction=["pick the cube"] * batch,
+    )
 
 
 def policy(**overrides) -> VLMExpertPolicy:
@@ -44,7 +48,9 @@ def test_the_action_expert_sees_the_images_through_the_vlm():
     vla = policy()
     with torch.no_grad():
         a = vla.act(camera_observation(), deterministic=True, generator=torch.Generator().manual_seed(0)).actions
-        b = vla.act(camera_observation(invert=True), deterministic=True, generator=torch.Generator().manual_seed(0)).actions
+        b = vla.act(
+            camera_observation(invert=True), deterministic=True, generator=torch.Generator().manual_seed(0)
+        ).actions
     assert not torch.allclose(a, b)
 
 
@@ -53,8 +59,10 @@ def test_the_action_expert_sees_the_images_through_the_vlm():
 def test_the_value_head_reads_the_prefix_or_the_expert_detached_or_not(value_from, detach):
     vla = policy(value_from=value_from, detach_value_input=detach)
     vla.value(camera_observation()).sum().backward()
-    reached = {part: any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
-               for part, module in (("critic", vla.critic), ("expert", vla.expert), ("backbone", vla.backbone))}
+    reached = {
+        part: any(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+        for part, module in (("critic", vla.critic), ("expert", vla.expert), ("backbone", vla.backbone))
+    }
     assert reached["critic"]
     assert reached["backbone"] == (not detach)
     assert reached["expert"] == (value_from == "expert" and not detach)
@@ -89,7 +97,8 @@ def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on
     base = tmp_path / "vlm"
     save_tiny_vlm(base)
     make = lambda **overrides: VLMExpertPolicy(  # noqa: E731
-        VLMExpertConfig(backbone=str(base), critic_hidden=[16], **{"freeze_backbone": True, **overrides}), SPEC)
+        VLMExpertConfig(backbone=str(base), critic_hidden=[16], **{"freeze_backbone": True, **overrides}), SPEC
+    )
     weights, record, whole, checkpoint = save_and_restore(make, tmp_path / "checkpoints")
     assert record["source"] == str(base)
     assert not any(name.startswith("backbone.") for name in weights)
@@ -104,19 +113,39 @@ def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on
 
 def test_state_observations_and_unknown_value_heads_are_refused():
     with pytest.raises(ConfigError, match="env.obs_mode=rgb"):
-        VLMExpertPolicy(VLMExpertConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0,) * 2,
-                                               action_high=(1.0,) * 2))
+        VLMExpertPolicy(
+            VLMExpertConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2)
+        )
     with pytest.raises(ConfigError, match="policy.value_from"):
         VLMExpertPolicy(VLMExpertConfig(value_from="critic"), SPEC)
 
 
 def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "embodied.cli", "train", "policy=vlm_expert", "env.obs_mode=rgb",
-                             "env.image_size=32", "env.num_envs=2", "env.num_workers=0", "algo.rollout_steps=4",
-                             "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=8", "eval_episodes=0",
-                             "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}"],
-                            capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            "policy=vlm_expert",
+            "env.obs_mode=rgb",
+            "env.image_size=32",
+            "env.num_envs=2",
+            "env.num_workers=0",
+            "algo.rollout_steps=4",
+            "algo.num_minibatches=2",
+            "algo.update_epochs=1",
+            "total_env_steps=8",
+            "eval_episodes=0",
+            "eval_every=0",
+            "logger.progress_bar=false",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])

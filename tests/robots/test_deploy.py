@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import zmq
 
-from embodied.serve import PolicyServer, ServeConfig
 from embodied.core.protocol import Message
 from embodied.core.sockets import EndpointError, receive, send
 from embodied.core.types import EnvSpec, Observation
@@ -19,6 +18,7 @@ from embodied.robots.client import BrokerConfig, RobotClient, RobotClientConfig
 from embodied.robots.policy_client import PolicyClient, ServerError
 from embodied.robots.safety import SafetyConfig, WorkspaceConfig
 from embodied.robots.sim_robot import SimRobot, SimRobotConfig
+from embodied.serve import PolicyServer, ServeConfig
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
 PENDULUM = {"name": "gymnasium", "task": "InvertedPendulum-v4"}
@@ -32,17 +32,22 @@ def free_endpoint() -> str:
 
 def echo(chunk_size: int, action_dim: int):
     """Actions that tell each client its own state back: action[c] = state[:A] + c."""
+
     def infer(observation: Observation) -> np.ndarray:
         base = observation.state[:, None, :action_dim]
         return base + np.arange(chunk_size, dtype=np.float32)[None, :, None]
+
     return infer
 
 
 def start_server(spec=SPEC, chunk_size=2, infer=None, policy="echo", **config):
     """A policy server in a thread (default policy: `echo`); returns it and its shutdown."""
-    server = PolicyServer(infer or echo(chunk_size, spec.action_dim), spec,
-                          {"policy": policy, "policy_version": 3, "chunk_size": chunk_size},
-                          ServeConfig(endpoint=config.pop("endpoint", "tcp://127.0.0.1:*"), stats_every_s=0, **config))
+    server = PolicyServer(
+        infer or echo(chunk_size, spec.action_dim),
+        spec,
+        {"policy": policy, "policy_version": 3, "chunk_size": chunk_size},
+        ServeConfig(endpoint=config.pop("endpoint", "tcp://127.0.0.1:*"), stats_every_s=0, **config),
+    )
     stop = threading.Event()
     thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
     thread.start()
@@ -51,11 +56,13 @@ def start_server(spec=SPEC, chunk_size=2, infer=None, policy="echo", **config):
         stop.set()
         thread.join(5)
         server.close()
+
     return server, shutdown
 
 
 def observation(state):
     from embodied.robots.base import RobotObservation
+
     return RobotObservation(state=np.asarray(state, dtype=np.float32))
 
 
@@ -128,10 +135,12 @@ def test_a_malformed_request_gets_a_typed_error_and_harms_no_other_client():
         assert receive(raw)[1].body["code"] == "hello"  # unknown clients must say hello first
         send(raw, Message("hello", 2, {"name": "raw", "spec": json.loads(json.dumps(SPEC.to_dict()))}))
         assert raw.poll(5000) and receive(raw)[1].kind == "welcome"
-        for bad in ({"tick": 0, "observation": {"state": np.zeros(4, np.float64)}},
-                    {"tick": 0, "observation": {"state": np.zeros(3, np.float32)}},
-                    {"tick": "0", "observation": {"state": np.zeros(4, np.float32)}},
-                    {"observation": {"state": np.zeros(4, np.float32), "images": {"wrist": np.zeros((2, 2, 3), np.uint8)}}}):
+        for bad in (
+            {"tick": 0, "observation": {"state": np.zeros(4, np.float64)}},
+            {"tick": 0, "observation": {"state": np.zeros(3, np.float32)}},
+            {"tick": "0", "observation": {"state": np.zeros(4, np.float32)}},
+            {"observation": {"state": np.zeros(4, np.float32), "images": {"wrist": np.zeros((2, 2, 3), np.uint8)}}},
+        ):
             send(raw, Message("infer", 3, bad))
             assert raw.poll(5000)
             reply = receive(raw)[1]
@@ -175,13 +184,16 @@ class FakeServer:
             send(self.socket, Message("action", message.seq, frames_or_body), identity)
 
 
-@pytest.mark.parametrize("reply", [
-    {"actions": np.zeros((3, 2), np.float32)},  # wrong chunk length
-    {"actions": np.zeros((2, 2), np.float64)},  # wrong dtype
-    {"actions": np.full((2, 2), np.nan, np.float32)},  # not finite
-    {"actions": [[0.0, 0.0], [0.0, 0.0]]},  # not an array
-    [b"\x93garbage"],  # not a message at all
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"actions": np.zeros((3, 2), np.float32)},  # wrong chunk length
+        {"actions": np.zeros((2, 2), np.float64)},  # wrong dtype
+        {"actions": np.full((2, 2), np.nan, np.float32)},  # not finite
+        {"actions": [[0.0, 0.0], [0.0, 0.0]]},  # not an array
+        [b"\x93garbage"],  # not a message at all
+    ],
+)
 def test_malformed_replies_are_rejected_and_counted(reply):
     fake = FakeServer()
     client = PolicyClient(fake.endpoint, SPEC, request_timeout_s=5.0)
@@ -203,8 +215,15 @@ def pendulum_robot():
 
 
 def client_config(endpoint, tmp_path, **overrides):
-    values = dict(server=endpoint, episodes=2, max_episode_steps=30, control_hz=100.0, output=str(tmp_path),
-                  request_timeout_s=1.0, safety=SafetyConfig(safe_action="zero", watchdog_s=0.2))
+    values = dict(
+        server=endpoint,
+        episodes=2,
+        max_episode_steps=30,
+        control_hz=100.0,
+        output=str(tmp_path),
+        request_timeout_s=1.0,
+        safety=SafetyConfig(safe_action="zero", watchdog_s=0.2),
+    )
     values.update(overrides)
     return RobotClientConfig(**values)
 
@@ -214,8 +233,9 @@ def test_a_simulated_robot_completes_episodes_driven_by_the_server(tmp_path):
     server, shutdown = start_server(spec=robot.spec, chunk_size=4)
     try:
         config = client_config(server.endpoint, tmp_path, broker=BrokerConfig(execute_steps=2))
-        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec, request_timeout_s=1.0), config,
-                              tmp_path).run()
+        summary = RobotClient(
+            robot, PolicyClient(server.endpoint, robot.spec, request_timeout_s=1.0), config, tmp_path
+        ).run()
     finally:
         shutdown()
     assert [e["episode"] for e in summary["episodes"]] == [0, 1]
@@ -237,15 +257,19 @@ from embodied.core.types import EnvSpec
 spec = EnvSpec.from_dict({spec})
 def infer(observation):
     return np.zeros((observation.batch_size, 1, spec.action_dim), np.float32)
-server = PolicyServer(infer, spec, {{"policy": "zeros", "chunk_size": 1}}, ServeConfig(endpoint="{endpoint}", stats_every_s=0))
+server = PolicyServer(infer, spec, {{"policy": "zeros", "chunk_size": 1}},
+                      ServeConfig(endpoint="{endpoint}", stats_every_s=0))
 print("ready", flush=True)
 server.serve_forever()
 """
 
 
 def launch_server(spec, endpoint):
-    process = subprocess.Popen([sys.executable, "-c", SERVER_SCRIPT.format(spec=spec.to_dict(), endpoint=endpoint)],
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVER_SCRIPT.format(spec=spec.to_dict(), endpoint=endpoint)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert process.stdout.readline().strip() == "ready"
     return process
 
@@ -256,7 +280,9 @@ def test_watchdog_holds_the_robot_when_the_server_dies_and_the_client_reconnects
     endpoint = free_endpoint()
     server = launch_server(robot.spec, endpoint)
     config = client_config(endpoint, tmp_path, episodes=1, max_episode_steps=10_000, control_hz=50.0)
-    client = RobotClient(robot, PolicyClient(endpoint, robot.spec, request_timeout_s=0.5, retry_s=0.2), config, tmp_path)
+    client = RobotClient(
+        robot, PolicyClient(endpoint, robot.spec, request_timeout_s=0.5, retry_s=0.2), config, tmp_path
+    )
     quit_requested = threading.Event()
     client.should_quit = quit_requested.is_set
     result = {}
@@ -283,12 +309,15 @@ def test_watchdog_holds_the_robot_when_the_server_dies_and_the_client_reconnects
     assert (first_safe - last_policy) * period <= 0.2 + 2 * period  # within the watchdog's period
     assert "policy" in sources[first_safe:], "policy actions did not resume after the server returned"
     assert result["connection"]["reconnects"] >= 1
-    assert set(sources[last_policy + 1:first_safe]) <= {"none"}  # nothing else was sent meanwhile
+    assert set(sources[last_policy + 1 : first_safe]) <= {"none"}  # nothing else was sent meanwhile
 
 
 def test_the_workspace_box_keeps_a_maniskill_arm_inside(tmp_path):
-    robot = SimRobot(SimRobotConfig(env={"name": "maniskill", "task": "PickCube-v1", "control_mode": "pd_ee_delta_pos"},
-                                    hold_keeps_dims=[-1]))
+    robot = SimRobot(
+        SimRobotConfig(
+            env={"name": "maniskill", "task": "PickCube-v1", "control_mode": "pd_ee_delta_pos"}, hold_keeps_dims=[-1]
+        )
+    )
     start = robot.env.end_effector_position()
     reach = start[0] + 0.05
 
@@ -300,8 +329,9 @@ def test_the_workspace_box_keeps_a_maniskill_arm_inside(tmp_path):
     server, shutdown = start_server(robot.spec, 1, push_forward, "forward")
     box = WorkspaceConfig(low=[-1.0, -1.0, 0.0], high=[float(reach), 1.0, 1.0], action_scale=0.1)
     try:
-        config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=40,
-                               safety=SafetyConfig(workspace=box))
+        config = client_config(
+            server.endpoint, tmp_path, episodes=1, max_episode_steps=40, safety=SafetyConfig(workspace=box)
+        )
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
     finally:
         shutdown()
@@ -396,8 +426,12 @@ def test_a_hostile_hello_or_a_failing_policy_harms_only_its_sender():
 
 
 def test_one_request_pending_per_client():
-    server = PolicyServer(echo(2, 2), SPEC, {"policy": "echo", "chunk_size": 2},
-                          ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
+    server = PolicyServer(
+        echo(2, 2),
+        SPEC,
+        {"policy": "echo", "chunk_size": 2},
+        ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0),
+    )
     try:
         raw = zmq.Context.instance().socket(zmq.DEALER)
         raw.setsockopt(zmq.LINGER, 0)
@@ -411,7 +445,10 @@ def test_one_request_pending_per_client():
         assert server.run_once(1.0) == 1
         replies = [receive(raw)[1] for _ in range(3)]
         assert sorted((r.seq, r.kind, r.body.get("code")) for r in replies) == [
-            (2, "action", None), (3, "error", "busy"), (4, "error", "busy")]
+            (2, "action", None),
+            (3, "error", "busy"),
+            (4, "error", "busy"),
+        ]
         raw.close()
     finally:
         server.close()

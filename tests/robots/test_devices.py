@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from embodied.core.errors import ConfigError
+from embodied.robot_cli import KeyboardMonitor
 from embodied.robots.base import RobotError
 from embodied.robots.cameras import CameraConfig, CameraError, OpenCVCamera, fit_image
-from embodied.robot_cli import KeyboardMonitor
 from embodied.robots.lerobot_robot import LeRobotConfig, LeRobotRobot
 
 
@@ -96,8 +96,15 @@ class StandInArm:
 
 
 def lerobot_config(**overrides):
-    return LeRobotConfig(**{"action_low": [-100, -100, 0], "action_high": [100, 100, 100], "control_hz": 30.0,
-                            "image_size": [32, 32], **overrides})
+    return LeRobotConfig(
+        **{
+            "action_low": [-100, -100, 0],
+            "action_high": [100, 100, 100],
+            "control_hz": 30.0,
+            "image_size": [32, 32],
+            **overrides,
+        }
+    )
 
 
 def test_lerobot_robot_maps_features_to_state_images_and_actions():

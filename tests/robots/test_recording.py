@@ -20,8 +20,14 @@ from embodied.robots.sim_robot import SimRobot, SimRobotConfig
 from embodied.robots.teleop import OracleTeleop
 from tests.robots.test_deploy import start_server
 
-CAMERA_SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
-                      image_shapes={"front": (24, 32, 3)}, control_hz=10.0)
+CAMERA_SPEC = EnvSpec(
+    state_dim=3,
+    action_dim=2,
+    action_low=(-1.0, -1.0),
+    action_high=(1.0, 1.0),
+    image_shapes={"front": (24, 32, 3)},
+    control_hz=10.0,
+)
 
 
 READ = """
@@ -48,8 +54,13 @@ class Reloaded:
     def __init__(self, root):
         out = Path(tempfile.mkdtemp()) / "frames.npz"
         python = writer_python(RecordingConfig(root=str(root)))
-        result = subprocess.run([python, "-c", READ, str(root), str(out)], capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        result = subprocess.run(
+            [python, "-c", READ, str(root), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
         assert result.returncode == 0, result.stderr
         self.arrays = dict(np.load(out))
         self.num_episodes = int(self.arrays["num_episodes"])
@@ -81,12 +92,19 @@ def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
     oracle = OracleTeleop(lambda robot: np.array([1.5]), threshold=0.5, patience=3, release=5)
     root = tmp_path / "dataset"
     # 20 Hz: a 50 ms tick leaves a busy machine time to answer every tick (at 100 Hz one answer came late)
-    config = RobotClientConfig(server=server.endpoint, episodes=2, max_episode_steps=12, control_hz=20.0,
-                               instruction="swing up", safety=SafetyConfig(safe_action="zero"),
-                               record=RecordingConfig(root=str(root)))
+    config = RobotClientConfig(
+        server=server.endpoint,
+        episodes=2,
+        max_episode_steps=12,
+        control_hz=20.0,
+        instruction="swing up",
+        safety=SafetyConfig(safe_action="zero"),
+        record=RecordingConfig(root=str(root)),
+    )
     try:
-        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "run",
-                              teleop=oracle).run()
+        summary = RobotClient(
+            robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "run", teleop=oracle
+        ).run()
     finally:
         shutdown()
     steps = [json.loads(line) for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
@@ -121,8 +139,14 @@ def test_images_are_kept_exactly_a_rerecorded_episode_is_dropped_and_a_dataset_g
         try:
             for frames, keep, success in episodes:
                 for t in frames:
-                    recorder.add(np.full(3, t, np.float32), {"front": images[t]}, np.array([t / 10, -t / 10]),
-                                 None if t % 2 else np.zeros(2), intervention=t % 2 == 1, reward=float(t))
+                    recorder.add(
+                        np.full(3, t, np.float32),
+                        {"front": images[t]},
+                        np.array([t / 10, -t / 10]),
+                        None if t % 2 else np.zeros(2),
+                        intervention=t % 2 == 1,
+                        reward=float(t),
+                    )
                 recorder.end_episode(success, keep=keep)
         finally:
             recorder.close()
@@ -167,8 +191,12 @@ os.kill(os.getpid(), signal.SIGKILL)  # a crash: nothing of ours runs after this
 def test_a_killed_client_leaves_a_dataset_that_loads(tmp_path, partial, frames, finalize_every):
     """With finalize_every=3 the saved episode was not finalized yet: the writer does it."""
     root = tmp_path / "dataset"
-    client = subprocess.run([sys.executable, "-c", KILLED_CLIENT, str(root), partial, str(finalize_every)],
-                            capture_output=True, text=True, timeout=300)
+    client = subprocess.run(
+        [sys.executable, "-c", KILLED_CLIENT, str(root), partial, str(finalize_every)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert client.returncode == -9, client.stderr
     writer = psutil.Process(int(client.stdout.split()[-1]))
     writer.wait(timeout=120)  # the writer finishes the dataset on its own once the pipe closes
@@ -187,8 +215,14 @@ def test_finalizing_every_few_episodes_writes_the_same_dataset(tmp_path):
         try:
             for index in episodes:
                 for t in range(lengths[index]):
-                    recorder.add(np.array([index, t, 0], np.float32), {"front": np.full((24, 32, 3), index, np.uint8)},
-                                 np.zeros(2), None, intervention=True, reward=0.0)
+                    recorder.add(
+                        np.array([index, t, 0], np.float32),
+                        {"front": np.full((24, 32, 3), index, np.uint8)},
+                        np.zeros(2),
+                        None,
+                        intervention=True,
+                        reward=0.0,
+                    )
                 assert recorder.end_episode(True) == index
         finally:
             recorder.close()
@@ -212,13 +246,20 @@ def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
     recorder.add(np.zeros(3), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0)
     recorder.end_episode(True)
     recorder.close()
-    other = EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
-                    image_shapes={"front": (24, 32, 3)}, control_hz=10.0)
+    other = EnvSpec(
+        state_dim=5,
+        action_dim=2,
+        action_low=(-1.0, -1.0),
+        action_high=(1.0, 1.0),
+        image_shapes={"front": (24, 32, 3)},
+        control_hz=10.0,
+    )
     with pytest.raises(RecordingError, match="observation.state"):
         DatasetRecorder(RecordingConfig(root=str(root)), other, 10.0, "stack").open()
     with pytest.raises(RecordingError, match="state \\(4,\\)"):
         DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "").add(
-            np.zeros(4), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0)
+            np.zeros(4), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0
+        )
     with pytest.raises(RecordingError, match="whole number of frames per second"):
         DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 7.5, "")
     assert load(root).num_episodes == 1  # the refusals left the dataset as it was
@@ -279,9 +320,22 @@ def test_embodied_collect_records_what_an_operator_drives_without_a_policy(tmp_p
 
     train_run(tmp_path / "expert", "total_env_steps=2")
     root = tmp_path / "demos"
-    command = [sys.executable, "-m", "embodied.cli", "collect", "robot=sim", f"robot.env_from={tmp_path / 'expert'}",
-               "teleop=oracle", f"teleop.expert={tmp_path / 'expert'}", "teleop.patience=1", f"record.root={root}",
-               "episodes=2", "max_episode_steps=8", "control_hz=100", f"output={tmp_path / 'run'}"]
+    command = [
+        sys.executable,
+        "-m",
+        "embodied.cli",
+        "collect",
+        "robot=sim",
+        f"robot.env_from={tmp_path / 'expert'}",
+        "teleop=oracle",
+        f"teleop.expert={tmp_path / 'expert'}",
+        "teleop.patience=1",
+        f"record.root={root}",
+        "episodes=2",
+        "max_episode_steps=8",
+        "control_hz=100",
+        f"output={tmp_path / 'run'}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -290,6 +344,7 @@ def test_embodied_collect_records_what_an_operator_drives_without_a_policy(tmp_p
     dataset = load(root)
     assert dataset.num_episodes == 2 and dataset.num_frames == driven
     assert column(dataset, "intervention").all() and np.isnan(column(dataset, "policy_action")).all()
-    missing = subprocess.run(command[:4] + ["teleop=keyboard"], capture_output=True, text=True, timeout=120,
-                             stdin=subprocess.DEVNULL)
+    missing = subprocess.run(
+        command[:4] + ["teleop=keyboard"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+    )
     assert missing.returncode == 2 and "needs record.root" in missing.stderr

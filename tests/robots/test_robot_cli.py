@@ -6,10 +6,10 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from tests.embodied.test_cli import embodied
 from tests.robots.test_deploy import free_endpoint
@@ -25,12 +25,15 @@ class NoTorch:
             raise ImportError("torch is not installed on this robot PC")
 sys.meta_path.insert(0, NoTorch())
 """
-ROBOT_MAIN = NO_TORCH + """
+ROBOT_MAIN = (
+    NO_TORCH
+    + """
 from embodied.cli import main
 code = main(sys.argv[1:])
 assert "torch" not in sys.modules
 sys.exit(code)
 """
+)
 
 
 def robot_command(*args):
@@ -38,11 +41,26 @@ def robot_command(*args):
 
 
 def test_the_robot_side_imports_without_torch():
-    modules = ["embodied.robots.client", "embodied.robot_cli", "embodied.robots.policy_client", "embodied.robots.safety", "embodied.robots.broker",
-               "embodied.robots.cameras", "embodied.robots.sim_robot", "embodied.robots.lerobot_robot", "embodied.robots.components", "embodied.robots.recording",
-               "embodied.robots.teleop", "embodied.sim.worker",
-               "embodied.sim.gymnasium_env", "embodied.cli", "embodied.core.security"]
-    script = NO_TORCH + f"""
+    modules = [
+        "embodied.robots.client",
+        "embodied.robot_cli",
+        "embodied.robots.policy_client",
+        "embodied.robots.safety",
+        "embodied.robots.broker",
+        "embodied.robots.cameras",
+        "embodied.robots.sim_robot",
+        "embodied.robots.lerobot_robot",
+        "embodied.robots.components",
+        "embodied.robots.recording",
+        "embodied.robots.teleop",
+        "embodied.sim.worker",
+        "embodied.sim.gymnasium_env",
+        "embodied.cli",
+        "embodied.core.security",
+    ]
+    script = (
+        NO_TORCH
+        + f"""
 import importlib
 for name in {modules!r}:
     importlib.import_module(name)
@@ -51,6 +69,7 @@ assert main(["--help"]) == 0
 assert "torch" not in sys.modules
 print("imported without torch")
 """
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "imported without torch" in result.stdout
@@ -66,21 +85,41 @@ def test_the_core_install_pulls_no_torch():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "pendulum"
-    embodied("train", "experiment=mujoco_invertedpendulum", "total_env_steps=64", "algo.rollout_steps=64",
-             "algo.num_minibatches=2", "algo.update_epochs=1", "eval_episodes=0", "logger.progress_bar=false",
-             f"run_dir={run_dir}")
+    embodied(
+        "train",
+        "experiment=mujoco_invertedpendulum",
+        "total_env_steps=64",
+        "algo.rollout_steps=64",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "eval_episodes=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
     return run_dir
 
 
 @pytest.fixture(scope="module")
 def server(trained):
     endpoint = free_endpoint()
-    process = subprocess.Popen([sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={trained}",
-                                f"endpoint={endpoint}", "stats_every_s=0"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                               # as from a terminal: a suite started in the background inherits
-                               # SIGINT ignored, and Python then leaves it ignored
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "serve",
+            f"checkpoint={trained}",
+            f"endpoint={endpoint}",
+            "stats_every_s=0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        # as from a terminal: a suite started in the background inherits
+        # SIGINT ignored, and Python then leaves it ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     line = process.stdout.readline()
     assert line.startswith("serving mlp_gaussian"), line + process.stdout.read()
     yield endpoint
@@ -90,9 +129,20 @@ def server(trained):
 
 def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
     output = tmp_path / "robot"
-    result = subprocess.run(robot_command(f"robot.env_from={trained}", f"server={server}", "episodes=3",
-                                          "max_episode_steps=40", "control_hz=100", f"output={output}"),
-                            capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        robot_command(
+            f"robot.env_from={trained}",
+            f"server={server}",
+            "episodes=3",
+            "max_episode_steps=40",
+            "control_hz=100",
+            f"output={output}",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((output / "summary.json").read_text())
     assert summary["policy"] == "mlp_gaussian"
@@ -105,9 +155,20 @@ def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
 
 def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, server, tmp_path):
     output = tmp_path / "robot"
-    process = subprocess.Popen(robot_command(f"robot.env_from={trained}", f"server={server}", "episodes=100000",
-                                             "max_episode_steps=40", "control_hz=100", f"output={output}"),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    process = subprocess.Popen(
+        robot_command(
+            f"robot.env_from={trained}",
+            f"server={server}",
+            "episodes=100000",
+            "max_episode_steps=40",
+            "control_hz=100",
+            f"output={output}",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         deadline = time.monotonic() + 120
         while not (output / "steps.jsonl").is_file() or not (output / "steps.jsonl").stat().st_size:
@@ -133,9 +194,9 @@ def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, ser
 def test_a_trained_run_serves_as_the_oracles_expert(trained):
     import numpy as np
 
+    from embodied.robot_cli import build_teleop
     from embodied.robots.client import TeleopConfig
     from embodied.robots.sim_robot import SimRobot, SimRobotConfig
-    from embodied.robot_cli import build_teleop
     from embodied.robots.teleop import OracleTeleop
 
     oracle = build_teleop(TeleopConfig(name="oracle", expert=str(trained), threshold=0.05, patience=1), 1)

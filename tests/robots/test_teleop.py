@@ -45,8 +45,14 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
 
     server, shutdown = start_server(robot.spec, 1, zeros, "zeros")
     oracle = OracleTeleop(lambda robot: np.array([1.5]), threshold=0.5, patience=3, release=5)
-    config = RobotClientConfig(server=server.endpoint, episodes=1, max_episode_steps=40, control_hz=100.0,
-                               output=str(tmp_path), safety=SafetyConfig(safe_action="zero"))
+    config = RobotClientConfig(
+        server=server.endpoint,
+        episodes=1,
+        max_episode_steps=40,
+        control_hz=100.0,
+        output=str(tmp_path),
+        safety=SafetyConfig(safe_action="zero"),
+    )
     try:
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path, teleop=oracle).run()
     finally:
@@ -56,8 +62,9 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
     assert len(lines) == 40 - summary["overrun_ticks"] > 3
     operated = lines[2:]  # the oracle drove from its third look on (patience 3) to the end
     assert summary["teleop_ticks"] == len(operated)
-    assert all(line["source"] == "teleop" and line["intervened"] and line["executed_action"] == [1.5]
-               for line in operated)
+    assert all(
+        line["source"] == "teleop" and line["intervened"] and line["executed_action"] == [1.5] for line in operated
+    )
     # The policy's action is logged beside the operator's on ticks where the policy had one
     # (a reply that misses its tick leaves none, so a loaded machine may skip a few).
     with_policy = [line["policy_action"] for line in operated if "policy_action" in line]
@@ -168,8 +175,8 @@ def test_spacemouse_with_a_button_toggles_and_a_4d_action_moves_only_position():
 
 
 def test_a_spacemouse_that_cannot_be_opened_is_a_clear_error():
-    from embodied.robots.client import TeleopConfig
     from embodied.robot_cli import build_teleop
+    from embodied.robots.client import TeleopConfig
 
     with pytest.raises(ConfigError, match="(?i)spacemouse"):
         build_teleop(TeleopConfig(name="spacemouse", intervention="motion"), action_dim=7)
@@ -234,8 +241,13 @@ def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
     leader = StandInLeader({"shoulder.pos": 1.25, "elbow.pos": 0.0, "gripper.pos": 0.0})
     leader.action_features = {"shoulder.pos": float}
     teleop = LeaderArmTeleop(leader, action_dim=1, engage_tolerance=None, driving=True)
-    config = RobotClientConfig(episodes=1, max_episode_steps=10, control_hz=100.0, output=str(tmp_path),
-                               safety=SafetyConfig(safe_action="zero"))
+    config = RobotClientConfig(
+        episodes=1,
+        max_episode_steps=10,
+        control_hz=100.0,
+        output=str(tmp_path),
+        safety=SafetyConfig(safe_action="zero"),
+    )
     summary = RobotClient(robot, NoPolicy(), config, tmp_path, teleop=teleop).run()
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert summary["teleop_ticks"] == len(lines) == 10 - summary["overrun_ticks"] > 0  # a stall skips ticks
@@ -243,8 +255,8 @@ def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
 
 
 def test_a_leader_arm_without_lerobot_is_a_clear_error():
-    from embodied.robots.client import TeleopConfig
     from embodied.robot_cli import build_teleop
+    from embodied.robots.client import TeleopConfig
 
     with pytest.raises(ConfigError, match="teleop=leader needs lerobot"):
         build_teleop(TeleopConfig(name="leader", leader={"type": "so101_leader", "port": "/dev/null"}), action_dim=6)

@@ -11,19 +11,24 @@ from embodied.core.errors import ConfigError
 from embodied.sim.libero import SUITE_STEP_LIMITS, LiberoConfig, libero_python, make_libero
 
 
-
 def run_in_libero(code: str) -> dict:
     """Run `code` under LIBERO's interpreter; it prints one JSON line with its findings."""
-    result = subprocess.run([libero_python(LiberoConfig()), "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=300, env={"MUJOCO_GL": "egl", "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [libero_python(LiberoConfig()), "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"MUJOCO_GL": "egl", "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("suite", sorted(SUITE_STEP_LIMITS))
 def test_every_suite_builds_with_its_step_limit_and_instruction(suite):
-    env = make_libero(LiberoConfig(suite=suite, task_ids=[0], num_envs=1, num_workers=1, cameras=[],
-                                   settle_steps=0), seed=0)
+    env = make_libero(
+        LiberoConfig(suite=suite, task_ids=[0], num_envs=1, num_workers=1, cameras=[], settle_steps=0), seed=0
+    )
     try:
         assert env.spec.max_episode_steps == SUITE_STEP_LIMITS[suite]
         assert env.spec.state_dim == 8 and env.spec.action_dim == 7 and env.spec.control_hz == 20.0
@@ -53,8 +58,18 @@ def test_same_init_state_gives_the_same_first_observation_and_images_are_upright
 
 
 def test_episodes_are_truncated_at_the_step_limit():
-    env = make_libero(LiberoConfig(suite="libero_spatial", task_ids=[0], num_envs=1, num_workers=1, cameras=[],
-                                   settle_steps=0, max_episode_steps=3), seed=0)
+    env = make_libero(
+        LiberoConfig(
+            suite="libero_spatial",
+            task_ids=[0],
+            num_envs=1,
+            num_workers=1,
+            cameras=[],
+            settle_steps=0,
+            max_episode_steps=3,
+        ),
+        seed=0,
+    )
     try:
         env.reset()
         result = env.step(np.zeros((1, 3, 7), np.float32))

@@ -7,9 +7,9 @@ import pytest
 import sapien
 
 from embodied.core.errors import ConfigError
-from embodied.sim.worker_envs import WorkerEnvs
 from embodied.sim.maniskill import ManiSkillEnv, make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
+from embodied.sim.worker_envs import WorkerEnvs
 
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
 
@@ -142,8 +142,9 @@ def test_resume_state_replays_episodes_to_the_same_observation(pushcube):
     pushcube.reset()
     restored = pushcube.restore(saved)
     np.testing.assert_array_equal(restored.state, saved["observation_state"])
-    np.testing.assert_array_equal(pushcube.step(np.full((3, 1, 8), -0.2, np.float32)).observation.state,
-                                  expected.observation.state)
+    np.testing.assert_array_equal(
+        pushcube.step(np.full((3, 1, 8), -0.2, np.float32)).observation.state, expected.observation.state
+    )
 
 
 def test_unknown_task_names_the_closest_known_one():
@@ -155,8 +156,9 @@ def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
     """The physx_cuda code path, exercised on physx_cpu (where ManiSkill allows one env)."""
     from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
 
-    env = ManiSkillBatchedEnv(ManiSkillConfig(task="PushCube-v1", num_envs=1, max_episode_steps=5),
-                              base_seed=0, sim_backend="physx_cpu")
+    env = ManiSkillBatchedEnv(
+        ManiSkillConfig(task="PushCube-v1", num_envs=1, max_episode_steps=5), base_seed=0, sim_backend="physx_cpu"
+    )
     try:
         first = env.reset(seeds=[env.first_seed])
         again = env.reset(seeds=[env.first_seed])
@@ -192,8 +194,13 @@ def test_an_mlp_policy_refuses_camera_observations_it_would_ignore():
     from embodied.core.types import EnvSpec
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
-    spec = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0),
-                   image_shapes={"base_camera": (64, 64, 3)})
+    spec = EnvSpec(
+        state_dim=4,
+        action_dim=2,
+        action_low=(-1.0, -1.0),
+        action_high=(1.0, 1.0),
+        image_shapes={"base_camera": (64, 64, 3)},
+    )
     with pytest.raises(ConfigError, match="obs_mode=state"):
         MLPGaussianPolicy(MLPPolicyConfig(), spec)
 
@@ -230,8 +237,8 @@ def test_several_tasks_run_in_blocks_of_envs_with_padded_states_and_their_own_in
         assert observation.instruction == [INSTRUCTIONS[t] for t in tasks for _ in range(2)]
         for row, task in enumerate(t for t in tasks for _ in range(2)):
             state = observation.state[row]
-            np.testing.assert_array_equal(state[:len(native[task])], native[task])  # the task's own state...
-            assert not state[len(native[task]):].any()  # ... then zeros
+            np.testing.assert_array_equal(state[: len(native[task])], native[task])  # the task's own state...
+            assert not state[len(native[task]) :].any()  # ... then zeros
         result = env.step(np.zeros((6, 1, env.spec.action_dim), np.float32))
         assert result.observation.state.shape == (6, env.spec.state_dim)
     finally:

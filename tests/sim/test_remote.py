@@ -30,8 +30,9 @@ def test_worker_processes_give_the_same_results_as_in_process_envs(transport):
 
 
 def test_a_killed_zmq_worker_is_reported_promptly():
-    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2, transport="zmq"),
-                         seed=0)
+    env = make_gymnasium(
+        GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2, transport="zmq"), seed=0
+    )
     try:
         env.reset()
         env.workers[0].process.send_signal(signal.SIGKILL)
@@ -48,8 +49,15 @@ def test_an_env_worker_with_other_envs_is_refused_on_both_ends():
     from embodied.sim.remote import EnvHub
 
     pendulum = asdict(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=1))
-    hopper_spec = {"state_dim": 11, "action_dim": 3, "action_low": [-1.0] * 3, "action_high": [1.0] * 3,
-                   "image_shapes": {}, "max_episode_steps": 1000, "control_hz": 125.0}
+    hopper_spec = {
+        "state_dim": 11,
+        "action_dim": 3,
+        "action_low": [-1.0] * 3,
+        "action_high": [1.0] * 3,
+        "image_shapes": {},
+        "max_episode_steps": 1000,
+        "control_hz": 125.0,
+    }
     hub = EnvHub(pendulum, base_seed=0, stream=0, timeout_s=60, expected_spec=hopper_spec)
     try:
         with pytest.raises(EnvWorkerError, match=r"do not match the others: state_dim: this side 11, peer 4"):
@@ -75,10 +83,11 @@ def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
         "runpy.run_module('embodied.sim.worker', run_name='__main__')\n"
     )
     wrapper = tmp_path / "python"
-    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     wrapper.chmod(0o755)
-    config = GymnasiumConfig(task="InvertedPendulum-v4", num_envs=1, num_workers=1, transport="zmq",
-                             python=str(wrapper))
+    config = GymnasiumConfig(
+        task="InvertedPendulum-v4", num_envs=1, num_workers=1, transport="zmq", python=str(wrapper)
+    )
     env = make_gymnasium(config, seed=0)
     try:
         first = env.reset()
@@ -88,8 +97,16 @@ def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
         env.close()
 
 
-@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:5555", "tcp://192.168.1.4:5555", "udp://127.0.0.1:1",
-                                      "tcp://127.0.0.1.example.com:5555", "tcp://127.0.0.1;10.0.0.5:5555"])
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "tcp://0.0.0.0:5555",
+        "tcp://192.168.1.4:5555",
+        "udp://127.0.0.1:1",
+        "tcp://127.0.0.1.example.com:5555",
+        "tcp://127.0.0.1;10.0.0.5:5555",
+    ],
+)
 def test_non_loopback_endpoints_are_refused(endpoint):
     with pytest.raises(EndpointError):
         check_endpoint(endpoint)
@@ -105,11 +122,12 @@ def test_loopback_endpoints_are_allowed():
 def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transport, pipeline):
     import torch
 
-    from embodied.runtime.rollout import Rollout
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runtime.rollout import Rollout
 
-    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2,
-                                         transport=transport), seed=0)
+    env = make_gymnasium(
+        GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2, transport=transport), seed=0
+    )
     try:
         policy = MLPGaussianPolicy(MLPPolicyConfig(), env.spec)
         rollout = Rollout(env, policy, torch.device("cpu"), pipeline=pipeline)
@@ -134,10 +152,23 @@ def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
     import psutil
 
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "embodied.cli", "train", "experiment=mujoco_invertedpendulum",
-               "env.num_envs=2", "env.num_workers=2", "env.transport=zmq", "algo.rollout_steps=256",
-               "algo.num_minibatches=4", "algo.update_epochs=2", "total_env_steps=12288", "eval_episodes=0",
-               "logger.progress_bar=false", f"run_dir={run_dir}"]
+    command = [
+        sys.executable,
+        "-m",
+        "embodied.cli",
+        "train",
+        "experiment=mujoco_invertedpendulum",
+        "env.num_envs=2",
+        "env.num_workers=2",
+        "env.transport=zmq",
+        "algo.rollout_steps=256",
+        "algo.num_minibatches=4",
+        "algo.update_epochs=2",
+        "total_env_steps=12288",
+        "eval_episodes=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    ]
     trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         metrics = run_dir / "metrics.jsonl"
@@ -145,7 +176,11 @@ def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
         while not (metrics.exists() and metrics.read_text()) and time.monotonic() < deadline:
             assert trainer.poll() is None, trainer.communicate()[1]
             time.sleep(0.2)
-        workers = [p for p in psutil.Process(trainer.pid).children(recursive=True) if "embodied.sim.worker" in " ".join(p.cmdline())]
+        workers = [
+            p
+            for p in psutil.Process(trainer.pid).children(recursive=True)
+            if "embodied.sim.worker" in " ".join(p.cmdline())
+        ]
         assert len(workers) == 2, "expected two env worker processes"
         workers[0].kill()
         out, err = trainer.communicate(timeout=300)
@@ -159,8 +194,8 @@ def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
 def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one():
     import torch
 
-    from embodied.runtime.rollout import Rollout
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runtime.rollout import Rollout
 
     batches = []
     for pipeline in (False, True):
