@@ -77,7 +77,7 @@ def ours(work: Path, model: str, runs: int) -> None:
     started = time.perf_counter()
     with torch.device("meta"):
         network = Pi0Model(config)
-    load_checkpoint(network, config.checkpoint)
+    load_checkpoint(network, config.pretrained)
     load_s = time.perf_counter() - started
     t = {name: torch.from_numpy(value) for name, value in np.load(work / "inputs.npz").items()}
     seconds = []

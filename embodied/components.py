@@ -1,7 +1,7 @@
 """Imports every built-in component so that its registry entry exists: the simulators, the
-policies, the algorithms and the runtimes' schemas. The application imports it where it
-validates a config (`embodied.config`); components never import it. Modules import their
-heavy dependencies (simulators) lazily, so this stays cheap."""
+policies, the algorithms and the runtimes' schemas. The application's first config
+validation imports it (`embodied.config.validate_group`); components never do. Modules
+import their heavy dependencies (simulators) lazily, so this stays cheap."""
 
 import embodied.algos.grpo  # noqa: F401
 import embodied.algos.ppo  # noqa: F401

@@ -12,7 +12,6 @@ from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-import embodied.components  # noqa: F401  (fills the registries the groups are validated against)
 from embodied.core.compose import RENAMED, load_yaml, renamed, validate
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
@@ -137,6 +136,8 @@ def check_values(config: Any) -> None:
 
 
 def validate_group(group: str, section: Any) -> Any:
+    import embodied.components  # noqa: F401  (the built-in components' registry entries, at the first validation)
+
     if section is None:
         raise ConfigError(f"no '{group}' config selected; pass {group}=<name>")
     if is_dataclass(section):

@@ -43,7 +43,6 @@ class Body:
     handler: str  # "module:qualified name" of the code that handles it
     meaning: str
     fields: tuple[Field, ...] = ()
-    open: bool = False  # may carry keys beyond `fields` (named by another definition)
 
 
 def _f(name: str, type_: str, meaning: str, required: bool = True) -> Field:
@@ -91,7 +90,7 @@ BODIES: tuple[Body, ...] = (
         "env",
         "command",
         "env hub",
-        "embodied.sim.group:run_command",
+        "embodied.sim.worker_envs:run_command",
         "call one of the worker's env-group methods (describe, observe, reset, rewind, step, render, "
         "resume_state, restore); answered by a result with the same seq",
         (_f("command", "str", "the method"), _f("args", "map", "its keyword arguments")),
@@ -100,7 +99,7 @@ BODIES: tuple[Body, ...] = (
         "env",
         "result",
         "env worker",
-        "embodied.sim.group:unwrap_reply",
+        "embodied.sim.worker_envs:unwrap_reply",
         "the answer to a command: exactly one of ok and error",
         (
             _f("ok", "any", "the method's return value", required=False),
@@ -120,7 +119,7 @@ BODIES: tuple[Body, ...] = (
         "env",
         "error",
         "env hub or env worker",
-        "embodied.sim.remote:SocketGroup.wait_for",
+        "embodied.sim.remote:SocketWorker.wait_for",
         "a message that could not be used, or a worker whose envs do not match",
         ERROR,
     ),
@@ -146,6 +145,11 @@ BODIES: tuple[Body, ...] = (
         "embodied.robots.policy_client:PolicyClient._welcome",
         "the server's metadata; a client that reconnects refuses another policy or normalisation",
         (
+            _f("protocol", "int", "the protocol version"),
+            _f("server_id", "str", "this server process (a restarted one has another)"),
+            _f("spec", "map", SPEC),
+            _f("max_clients", "int", "robots served at once"),
+            _f("client_timeout_s", "float", "a client silent this long loses its slot"),
             _f("policy", "str", "the policy's registry name"),
             _f("policy_version", "int", "the weights' version"),
             _f("chunk_size", "int", "actions per chunk"),
@@ -289,9 +293,16 @@ BODIES: tuple[Body, ...] = (
         "trajectory",
         "rollout",
         "embodied.runtime.learner_link:LearnerLink._on_trajectory",
-        "one batch, numbered by seq (go-back-N): each field of `Trajectory`, time-major",
-        (_f("observation", "map", "{state, images, instruction}"),),
-        open=True,
+        "one batch, numbered by seq (go-back-N), with what the rollout measured while collecting it",
+        (
+            _f("trajectory", "map", "each field of `Trajectory`, time-major arrays (`embodied.runtime.wire`)"),
+            _f("episodes", "list", "the episodes that ended in the batch (`EpisodeStats` fields)"),
+            _f("env_steps", "int", "env steps the batch took"),
+            _f("env_restarts", "int", "env workers restarted so far"),
+            _f("resent", "int", "trajectories resent so far"),
+            _f("reconnects", "int", "reconnections to a learner so far"),
+            _f("offload_s", "float", "time spent moving the policy off and onto the device (collocated)"),
+        ),
     ),
     Body(
         "learner",
@@ -389,8 +400,7 @@ def _problems(definition: Body, body: Any) -> list[str]:
                 problems.append(f"'{field.name}' is missing")
         elif not any(_CHECKS[t](body[field.name]) for t in field.type.split("|")):
             problems.append(f"'{field.name}' should be {field.type}, got {type(body[field.name]).__name__}")
-    if not definition.open:
-        problems += [f"'{key}' is not a field of it" for key in body if key not in declared]
+    problems += [f"'{key}' is not a field of it" for key in body if key not in declared]
     return problems
 
 

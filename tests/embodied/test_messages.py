@@ -123,7 +123,11 @@ def test_a_body_that_breaks_its_definition_is_told_apart():
     assert check_body("env", "infer", {}) == ["no 'infer' message is defined on the env channel"]
     # Two senders of one kind: a body fits if it fits either.
     assert check_body("policy", "heartbeat", {"time": 1.0}) == []
-    assert len(check_body("policy", "heartbeat", {"time": 1.0, "clients": 1})) == 2
+    assert check_body("policy", "heartbeat", {"time": 1.0, "clients": 1}) == [
+        "robot client's heartbeat: 'clients' is not a field of it",
+        "policy server's heartbeat: 'requests' is missing",
+        "policy server's heartbeat: 'policy_version' is missing",
+    ]
 
 
 def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):

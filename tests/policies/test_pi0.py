@@ -134,7 +134,7 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
     reference = np.load(work / "reference.npz")["actions"]
     cfg = resolve_architecture(CONFIGS[model](**REFERENCE, pretrained=str(work / "checkpoint")))
     model = Pi0Model(cfg)
-    load_checkpoint(model, cfg.checkpoint)
+    load_checkpoint(model, cfg.pretrained)
     t = {name: torch.from_numpy(value) for name, value in np.load(work / "inputs.npz").items()}
     ours = model.sample(
         [t["image0"], t["image1"]],
