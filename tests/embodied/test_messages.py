@@ -211,46 +211,13 @@ def test_a_procs_run_sends_only_defined_bodies_on_the_env_and_learner_channels(r
 
 
 def test_a_robot_and_a_learning_server_send_only_defined_bodies_on_the_policy_channel(recording, tmp_path):
-    from tests.embodied.test_robots_runtime import LEARNER
+    from tests.embodied.test_robots_runtime import LEARNER, learn_from_a_robot
 
     environment, log_dir = recording
     run_dir = tmp_path / "run"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", "train", *LEARNER, "total_env_steps=20", f"run_dir={run_dir}"],
-        env=environment,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    learn_from_a_robot(
+        [*LEARNER, "total_env_steps=20", f"run_dir={run_dir}"], run_dir, tmp_path / "robot", episodes=2, env=environment
     )
-    try:
-        line = ""
-        while "learning from robots on" not in line:
-            line = server.stdout.readline()
-            assert line or server.poll() is None, server.stderr.read()[-3000:]
-        endpoint = line.split(" on ", 1)[1].split()[0]
-        client = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "robot",
-                "robot=sim",
-                f"robot.env_from={run_dir}",
-                f"server={endpoint}",
-                "episodes=2",
-                "max_episode_steps=20",
-                f"output={tmp_path / 'robot'}",
-            ],
-            env=environment,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert client.returncode == 0, client.stderr[-3000:]
-        assert server.wait(timeout=120) == 0, server.stderr.read()[-3000:]
-    finally:
-        if server.poll() is None:
-            server.kill()
     messages = recorded(log_dir)
     wrong = [(m, fits_some_channel(m)) for m in messages if fits_some_channel(m)]
     assert not wrong, wrong[:5]

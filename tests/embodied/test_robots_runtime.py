@@ -213,10 +213,12 @@ LEARNER = [
 ]
 
 
-def learn_from_a_robot(arguments, run_dir, output, episodes=5):
-    """A learning server and a simulated robot client, each in its own process."""
+def learn_from_a_robot(arguments, run_dir, output, episodes=5, env=None):
+    """A learning server and a simulated robot client, each in its own process (`env`: their
+    environment variables, default this process's)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "embodied.cli", "train", *arguments],
+        env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -240,6 +242,7 @@ def learn_from_a_robot(arguments, run_dir, output, episodes=5):
                 "max_episode_steps=20",
                 f"output={output}",
             ],
+            env=env,
             capture_output=True,
             text=True,
             timeout=300,
