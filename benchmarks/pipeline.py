@@ -62,10 +62,10 @@ def seconds_per_call(function, repeats: int = 20) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def rollout_rates(env, policy, steps: int) -> dict[str, float]:
+def rollout_rates(env, policy, steps: int, device: str = "cpu") -> dict[str, float]:
     rates: dict[str, float] = {}
     for pipeline in (False, True, False, True):  # interleaved, best of two each
-        rollout = Rollout(env, policy, torch.device("cpu"), pipeline=pipeline)
+        rollout = Rollout(env, policy, torch.device(device), pipeline=pipeline)
         rollout.start()
         rollout.collect(3)
         started = time.perf_counter()

@@ -136,6 +136,10 @@ def make_maniskill(
         return ManiSkillBatchedEnv(
             cfg, base_seed=seed, stream=stream, sim_backend="physx_cuda", env_ids=select_env_ids(cfg.num_envs, env_ids)
         )
+    if cfg.backend == "cpu_batched":
+        return ManiSkillBatchedEnv(
+            cfg, base_seed=seed, stream=stream, sim_backend="physx_cpu", env_ids=select_env_ids(cfg.num_envs, env_ids)
+        )
     from functools import partial
 
     from embodied.sim.vector import vectorize

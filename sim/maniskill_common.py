@@ -25,6 +25,7 @@ INSTRUCTIONS = {
     "RollBall-v1": "roll the ball to the goal region",
 }
 OBS_MODES = ("state", "rgb")
+BACKENDS = ("cpu", "gpu", "cpu_batched")
 
 
 @dataclass
@@ -35,7 +36,9 @@ class ManiSkillConfig:
     num_workers: int = 0  # cpu backend: worker processes holding the envs (0: this process)
     transport: str = "pipe"  # to worker processes: pipe | zmq
     python: Optional[str] = None  # zmq workers: interpreter to run them (default: this one)
-    backend: str = "cpu"  # cpu (physx_cpu) | gpu (physx_cuda)
+    # cpu (physx_cpu, one scene per env) | gpu (physx_cuda, num_envs in one scene) | cpu_batched (the gpu
+    # backend's code on physx_cpu with one env: that path checked on a machine without a GPU)
+    backend: str = "cpu"
     obs_mode: str = "state"  # state | rgb
     control_mode: str = "pd_joint_delta_pos"
     reward_mode: str = "normalized_dense"
@@ -67,8 +70,12 @@ def check_config(cfg: ManiSkillConfig) -> None:
             raise ConfigError("env.instruction names one task's instruction; with env.tasks each task has its own")
     if cfg.obs_mode not in OBS_MODES:
         raise ConfigError(f"env.obs_mode must be one of {OBS_MODES}, got '{cfg.obs_mode}'")
-    if cfg.backend not in ("cpu", "gpu"):
-        raise ConfigError(f"env.backend must be 'cpu' or 'gpu', got '{cfg.backend}'")
+    if cfg.backend not in BACKENDS:
+        raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
+    if cfg.backend == "cpu_batched" and cfg.num_envs != 1:
+        raise ConfigError(
+            f"env.backend=cpu_batched holds one env (physx_cpu scenes are single), got num_envs={cfg.num_envs}"
+        )
     if cfg.num_envs < 1:
         raise ConfigError(f"env.num_envs must be >= 1, got {cfg.num_envs}")
 

@@ -1,0 +1,121 @@
+"""The GPU campaign and its kit, kept working between the rare visits to a GPU machine: every
+step at toy size on this CPU (`--smoke`: physx_cpu, one env), the kit's import closure, and
+the staging of its parts as tools/gpu/there.sh does it there."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools" / "gpu"))
+import kit  # noqa: E402  (tools/gpu/kit.py, a script)
+
+
+def test_every_campaign_step_runs_at_toy_size_and_writes_its_result(tmp_path):
+    results, work, out = tmp_path / "results", tmp_path / "work", tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run(
+        [sys.executable, "benchmarks/gpu_campaign.py", "--smoke", "--results", str(results), "--work", str(work)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "OUT": str(out), "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for step in ("correctness", "throughput", "ppo", "vla", "pipeline", "placement", "rendering"):
+        record = json.loads((results / f"{step}.json").read_text())
+        assert "error" not in record and record["smoke"] and record["rows"], step
+        assert record["commit"] and record["machine"]["cpu_cores"] and "gpu_campaign.py" in record["command"]
+        assert (out / f"{step}.json").is_file() and (results / f"{step}.md").read_text().startswith("# GPU campaign")
+    # The same backend on both sides: the comparison finds no difference, or it would be broken.
+    for row in json.loads((results / "correctness.json").read_text())["rows"]:
+        assert row["reset_max_abs_diff"] == 0 and row["first_episode_state_drift"] == 0
+        assert row["episodes_reference"] == row["episodes_candidate"] and row["truncated_at_limit"]
+    assert json.loads((results / "correctness.json").read_text())["met"] is True
+
+
+def test_a_failing_step_is_recorded_and_the_campaign_goes_on(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_campaign
+
+    def broken(scale, work):
+        raise RuntimeError("the GPU went away")
+
+    monkeypatch.setitem(gpu_campaign.STEPS, "correctness", broken)
+    record = gpu_campaign.run_step("correctness", gpu_campaign.gpu_steps.Scale(smoke=True), tmp_path, tmp_path)
+    assert record["error"] == "RuntimeError: the GPU went away"
+    assert "Failed:** RuntimeError: the GPU went away" in (tmp_path / "correctness.md").read_text()
+    assert "| correctness | not measured on a GPU yet |" in gpu_campaign.report(tmp_path)  # a smoke run is no GPU run
+
+
+def test_the_kit_carries_what_the_campaign_imports_and_the_gpu_image_lacks():
+    needed = kit.needed()
+    assert {"mani-skill", "sapien", "pyzmq", "hydra-core", "omegaconf", "gymnasium", "mujoco"} <= set(needed)
+    assert not {"torch", "numpy", "transformers", "embodied-rl", "opencv-python"} & set(needed)
+    assert set(kit.EXTRAS) <= set(needed)
+
+
+def test_extra_parts_stay_under_the_limit_and_there_joins_their_pieces(tmp_path, monkeypatch):
+    """A file larger than a part travels in pieces over several calls; there.sh joins it once
+    all have arrived, and lays the working tree out as the `embodied` package."""
+    monkeypatch.setattr(kit, "PART_BYTES", 4096)
+    site = tmp_path / "built"
+    (site / "weights").mkdir(parents=True)
+    big, small = os.urandom(10_000), b"config"
+    (site / "weights" / "model.bin").write_bytes(big)
+    (site / "weights" / "config.json").write_bytes(small)
+    monkeypatch.setattr(kit, "install", lambda wheels, target: shutil.copytree(site, target))
+    kit_dir = tmp_path / "repo" / ".gpu"
+    kit_dir.mkdir(parents=True)
+    parts = kit.split_extras([], kit_dir)
+    assert len(parts) >= 3 and all(p.stat().st_size <= 4096 + tarfile.RECORDSIZE + 3 * 1024 for p in parts)
+    assert kit.pieces(parts) == {"weights/model.bin": 3}
+    # the working tree's package folders, and a manifest from a first call
+    repo = tmp_path / "repo"
+    for name in ("pyproject.toml", "embodied", "sim", "policies", "robots", "configs", "benchmarks", "tools"):
+        source = ROOT / name
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, repo / name)
+    manifest = {"commit": "abc", "pieces": kit.pieces(parts)}
+    (kit_dir / "MANIFEST.json").write_text(json.dumps(manifest))
+    stage = tmp_path / "site"
+    with tarfile.open(kit_dir / "site.tar.xz", "w:xz") as archive:  # a stand-in for the real site
+        info = tarfile.TarInfo("marker.txt")
+        info.size = 2
+        archive.addfile(info, io.BytesIO(b"ok"))
+    script = (ROOT / "tools" / "gpu" / "there.sh").read_text().replace("/tmp/embodied-gpu-site", str(stage))
+    (repo / "there.sh").write_text(script)
+    environment = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    for index, part in enumerate(parts):  # each call carries one part, as the device tool would
+        for other in parts:
+            if other != part:
+                other.rename(other.with_suffix(".later"))
+        result = subprocess.run(
+            ["bash", "there.sh", "--stage-only"], cwd=repo, env=environment, capture_output=True, text=True, timeout=120
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        for other in kit_dir.glob("*.later"):
+            other.rename(other.with_suffix(".tar"))
+        joined = (stage / "weights" / "model.bin").is_file()
+        assert joined == (index == len(parts) - 1)
+    assert (stage / "weights" / "model.bin").read_bytes() == big
+    assert (stage / "weights" / "config.json").read_bytes() == small and (stage / "marker.txt").read_text() == "ok"
+    assert (stage / "embodied" / "sim" / "maniskill.py").is_file() and (
+        stage / "embodied" / "configs" / "train.yaml"
+    ).is_file()
+    assert not list(stage.rglob("*.piece*"))
+
+
+@pytest.mark.parametrize("name", ["site.tar.xz"])
+def test_the_kit_is_git_ignored(name):
+    result = subprocess.run(["git", "check-ignore", f".gpu/{name}"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0
