@@ -570,6 +570,7 @@ def rendering(scale: Scale, work: Path) -> StepResult:
 
 
 MEASUREMENTS = {
+    "vla_sft": vla_sft,
     "compare_envs": compare_envs,
     "env_rates": env_rates,
     "pipeline_rates": pipeline_rates,
