@@ -13,6 +13,8 @@
     embodied teleop robot=sim teleop=keyboard       an operator drives the robot, no policy
     embodied collect robot=sim teleop=keyboard record.root=data/demos episodes=20   ... and records
     embodied keys keys/                             CURVE keypairs for non-loopback endpoints
+    embodied plot runs/a runs/b output=curves.png   learning curves of runs, as a PNG
+    embodied info                                   versions, devices and virtualenvs, for a bug report
 
 `robot`, `teleop` and `collect` need no torch: a robot PC installs only the client (see the README).
 """
@@ -24,7 +26,7 @@ from typing import Sequence
 
 from embodied.core.errors import EmbodiedError
 
-VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft", "reward")
+VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft", "reward", "plot", "info")
 
 
 def train(overrides: list[str]) -> int:
@@ -149,6 +151,25 @@ def robot(overrides: list[str], mode: str = "robot") -> int:
     return run(overrides, mode)
 
 
+def plot(arguments: list[str]) -> int:
+    from pathlib import Path
+
+    from embodied.plots import plot_runs
+
+    outputs = [a.split("=", 1)[1] for a in arguments if a.startswith("output=")]
+    run_dirs = [Path(a) for a in arguments if not a.startswith("output=")]
+    default = run_dirs[0] / "curves.png" if len(run_dirs) == 1 else Path("curves.png")
+    print(f"curves: {plot_runs(run_dirs, Path(outputs[-1]) if outputs else default)}")
+    return 0
+
+
+def info(arguments: list[str]) -> int:
+    from embodied.info import report
+
+    print(report())
+    return 0
+
+
 def keys(arguments: list[str]) -> int:
     from embodied.core.security import describe, generate_keys
 
@@ -181,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "demos": demos,
             "sft": sft,
             "reward": reward,
+            "plot": plot,
+            "info": info,
         }[verb](overrides)
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
