@@ -22,6 +22,31 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+# A Python that can make virtualenvs: Debian and Ubuntu ship venv's pip bootstrap apart
+# (python3-venv), which a stock Debian 12 lacks.
+ensure_python() {
+    if ! command -v "$python" >/dev/null; then
+        log "no $python: install Python 3.10 or newer (Debian/Ubuntu: apt-get install python3 python3-venv),"
+        log "or name another interpreter with EMBODIED_PYTHON=/path/to/python3"
+        exit 1
+    fi
+    if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+        log "$("$python" --version 2>&1) is too old: Python 3.10 or newer is needed (EMBODIED_PYTHON=...)"
+        exit 1
+    fi
+    if "$python" -c 'import ensurepip, venv' 2>/dev/null; then return; fi
+    if command -v apt-get >/dev/null; then
+        local version
+        version="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
+        log "$python cannot make virtualenvs: installing python$version-venv"
+        as_root apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "python$version-venv" >/dev/null
+    else
+        log "$python cannot make virtualenvs (no ensurepip): install your distribution's venv package"
+        exit 1
+    fi
+}
+
 # ensure_virtualenv <dir> <what> <files that decide its contents> -- <pip install arguments>
 # Creates the virtualenv once, and (re)installs only when those files changed.
 ensure_virtualenv() {
@@ -152,6 +177,7 @@ ensure_egl() {
     fi
 }
 
+ensure_python
 ensure_venv
 ensure_vulkan
 ensure_libero_venv
