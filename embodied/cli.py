@@ -135,12 +135,16 @@ def evaluate(overrides: list[str]) -> int:
 
 def serve(overrides: list[str]) -> int:
     import logging
+    import signal
 
     from embodied.config import to_schema
     from embodied.core.compose import compose
     from embodied.serve import ServeConfig, serve_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Ctrl-C stops the server even where it started with SIGINT ignored (a background job of a
+    # script), which Python would otherwise leave ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     serve_checkpoint(to_schema(ServeConfig, compose("serve", overrides)))
     return 0
 

@@ -116,9 +116,8 @@ def server(trained):
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
-        # as from a terminal: a suite started in the background inherits
-        # SIGINT ignored, and Python then leaves it ignored
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        # started as a background job of a script: SIGINT ignored, which the server undoes
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     line = process.stdout.readline()
     assert line.startswith("serving mlp_gaussian"), line + process.stdout.read()
