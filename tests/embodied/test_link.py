@@ -252,12 +252,11 @@ def test_learner_answers_malformed_frames_with_typed_errors_and_keeps_serving(le
     try:
         for frames in ([b"\xc1garbage"], [b"\x93\x01\x02"], [b"\x84\xa1v\x63\xa4kind\xa5hello\xa3seq\x00\xa4body\x80"]):
             peer.send_multipart(frames)
-            assert peer.poll(5000), "no reply to a malformed message"
+            assert peer.poll(60_000), "no reply to a malformed message"  # as soon as it comes
             reply = decode_message(peer.recv_multipart())
             assert reply.kind == "error" and reply.body["code"] in ("malformed", "version")
     finally:
-        peer.close()
-        context.term()
+        context.destroy(linger=0)  # closes the peer too, even after a failed check
     rollout = rollout_link(learner)
     try:
         rollout.send_trajectory({"step": 1})
