@@ -349,6 +349,13 @@ BODIES: tuple[Body, ...] = (
     ),
     Body(
         "learner",
+        "close",
+        "rollout",
+        "embodied.runtime.learner_link:LearnerLink._handle_message",
+        "the answer to the learner's close: this rollout is exiting (the learner says close until it hears this)",
+    ),
+    Body(
+        "learner",
         "error",
         "learner",
         "embodied.runtime.rollout_link:RolloutLink._on_message",

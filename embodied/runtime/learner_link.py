@@ -69,6 +69,7 @@ class _Sender:
     last_heard: float
     held: tuple[str, int] = ("", -1)  # (learner_id, policy_version) of the weights the rollout holds
     gap_reported: int = 0  # the resend point last asked for, so one gap asks once
+    finished: bool = False  # the rollout answered 'close': it is exiting
 
 
 class LearnerLink:
@@ -111,7 +112,8 @@ class LearnerLink:
         self._hello = threading.Event()
         self._error: LinkError | None = None
         self._stop = threading.Event()
-        self._close_sent = threading.Event()
+        self._closing = False  # 'close' is sent, and sent again each heartbeat until answered
+        self._rollouts_finished = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="learner-link", daemon=True)
         self._thread.start()
 
@@ -174,16 +176,21 @@ class LearnerLink:
             state = self._senders.get(sender)
             return state.last_heard if state else None
 
-    def close(self, tell_rollouts: bool = True) -> None:
-        """Stop serving; `tell_rollouts` asks connected rollouts to finish and exit."""
+    def close(self, tell_rollouts: bool = True, finish_timeout_s: float = 15.0) -> None:
+        """Stop serving; `tell_rollouts` asks connected rollouts to finish and exit, and waits
+        up to `finish_timeout_s` for each to answer, saying 'close' again every heartbeat: a
+        single 'close' can be lost when the sockets shut soon after it on a loaded machine."""
         if tell_rollouts:
             if self._thread.is_alive():
                 self._requests.put(("close", None))
-                self._close_sent.wait(timeout=2.0)
-            if not self._close_sent.is_set():
+                self._rollouts_finished.wait(timeout=finish_timeout_s)
+            if not self._rollouts_finished.is_set():
+                with self._lock:
+                    silent = sorted(name for name, state in self._senders.items() if not state.finished)
                 logger.warning(
-                    "could not tell the rollouts to finish (%s)",
-                    self._error or "the learner link did not answer within 2 s",
+                    "rollouts %s did not confirm that they finished (%s)",
+                    ", ".join(silent) or "?",
+                    self._error or f"no answer to 'close' within {finish_timeout_s:.0f} s",
                 )
         self._stop.set()
         self._thread.join(timeout=5.0)
@@ -251,9 +258,15 @@ class LearnerLink:
                 state = self._senders[payload]
                 self._send(state.identity, Message("ack", state.consumed, self._marks(state)))
             elif kind == "close":
-                for state in self._senders.values():
-                    self._send(state.identity, Message("close", 0, {}))
-                self._close_sent.set()
+                self._closing = True
+                self._tell_rollouts_to_finish()
+
+    def _tell_rollouts_to_finish(self) -> None:
+        unfinished = [state for state in self._senders.values() if not state.finished]
+        for state in unfinished:
+            self._send(state.identity, Message("close", 0, {}))
+        if not unfinished:
+            self._rollouts_finished.set()
 
     def _publish(self) -> None:
         if self._weights is not None:
@@ -261,6 +274,8 @@ class LearnerLink:
             self._last_publish = time.monotonic()
 
     def _beat(self) -> None:
+        if self._closing:
+            self._tell_rollouts_to_finish()
         for state in list(self._senders.values()):
             self._send(state.identity, Message("heartbeat", 0, self._marks(state)))
         # A subscriber that joined after the last update, or missed it, gets the latest again.
@@ -291,7 +306,10 @@ class LearnerLink:
         elif message.kind == "heartbeat" and isinstance(message.body, dict):
             state.held = (str(message.body.get("learner_id", "")), int(message.body.get("policy_version", -1)))
         elif message.kind == "close":
-            logger.info("rollout %s closed its link", name)
+            state.finished = True
+            logger.info("rollout %s finished", name)
+            if self._closing and all(s.finished for s in self._senders.values()):
+                self._rollouts_finished.set()
 
     def _on_hello(self, identity: bytes, hello: Any) -> None:
         if not isinstance(hello, dict) or not isinstance(hello.get("sender"), str):

@@ -252,6 +252,8 @@ class RolloutLink:
             if "resend_from" in body:
                 self._resend(int(body["resend_from"]))
         elif message.kind == "close":
+            self._send(Message("close", 0, {}))  # the learner says close until it hears this answer
+            self._dealer.setsockopt(zmq.LINGER, 1000)  # and the answer must leave before the socket goes
             with self._condition:
                 self.closed = True
                 self._condition.notify_all()

@@ -1,5 +1,6 @@
 """The learner <-> rollout link over real ZeroMQ sockets on loopback."""
 
+import threading
 import time
 
 import numpy as np
@@ -84,6 +85,32 @@ def test_reconnecting_rollout_resends_unacked_trajectories_after_network_drop(le
     finally:
         rollout.close()
         proxy.close()
+
+
+def test_a_closing_learner_says_close_until_the_rollout_answers(caplog):
+    """A 'close' lost on the way (here: a cut connection) is said again each heartbeat, and
+    the learner stops only once the rollout has answered it."""
+    learner = LearnerLink("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", EXPECTED, **FAST)
+    port = int(learner.trajectory_endpoint.rsplit(":", 1)[1])
+    proxy = DropProxy(port)
+    rollout = rollout_link(learner, proxy.endpoint)
+    closer = threading.Thread(target=learner.close, kwargs={"finish_timeout_s": 120.0})
+    try:
+        rollout.wait(lambda: rollout.connected, "the welcome", 30)
+        proxy.cut()
+        closer.start()  # its first 'close' finds no connection to the rollout
+        rollout.wait(lambda: not rollout.connected, "the rollout to notice the cut", 30)
+        assert not rollout.closed and closer.is_alive()
+        proxy.restore()
+        rollout.wait(lambda: False, "the learner's close", 30)  # returns as soon as the link is closed
+        closer.join(timeout=30)
+        assert not closer.is_alive()
+        assert "did not confirm" not in caplog.text
+    finally:
+        rollout.close()
+        proxy.close()
+        if closer.ident is not None:  # started
+            closer.join(timeout=120)
 
 
 def test_restarted_learner_gets_exactly_what_its_checkpoint_lacks(learner):
