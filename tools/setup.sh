@@ -19,30 +19,83 @@ job="${1:-install}"
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 as_root() {
-    if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+    if [ "$(id -u)" = 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        log "this step needs root: $*"
+        log "run this command as root (or install sudo), or run that step yourself and then this command again"
+        exit 1
+    fi
 }
 
-# A Python that can make virtualenvs: Debian and Ubuntu ship venv's pip bootstrap apart
-# (python3-venv), which a stock Debian 12 lacks.
+# apt_install <package>...: Debian/Ubuntu system packages, after one refresh of the package lists.
+apt_lists_fresh=0
+apt_install() {
+    if [ "$apt_lists_fresh" = 0 ]; then
+        as_root apt-get update -qq
+        apt_lists_fresh=1
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# system_packages <why> <Debian package>...: installs them through apt, or, on a system
+# without apt, says what is missing and stops.
+system_packages() {
+    local why="$1"
+    shift
+    if ! command -v apt-get >/dev/null; then
+        log "$why: install your distribution's packages for what Debian calls: $*"
+        log "then run this command again"
+        exit 1
+    fi
+    log "$why: installing $*"
+    apt_install "$@"
+}
+
+python_version() { "$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")'; }
+
+# A Python that can make virtualenvs: a container image or a minimal Debian 12 has no python3,
+# and Debian and Ubuntu ship venv's pip bootstrap apart (python3-venv).
 ensure_python() {
     if ! command -v "$python" >/dev/null; then
-        log "no $python: install Python 3.10 or newer (Debian/Ubuntu: apt-get install python3 python3-venv),"
-        log "or name another interpreter with EMBODIED_PYTHON=/path/to/python3"
-        exit 1
+        if [ -n "${EMBODIED_PYTHON:-}" ]; then
+            log "no $python: name an interpreter of Python 3.10 or newer with EMBODIED_PYTHON=/path/to/python3"
+            exit 1
+        fi
+        system_packages "no python3" python3 python3-venv
     fi
     if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
         log "$("$python" --version 2>&1) is too old: Python 3.10 or newer is needed (EMBODIED_PYTHON=...)"
         exit 1
     fi
-    if "$python" -c 'import ensurepip, venv' 2>/dev/null; then return; fi
-    if command -v apt-get >/dev/null; then
-        local version
-        version="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
-        log "$python cannot make virtualenvs: installing python$version-venv"
-        as_root apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "python$version-venv" >/dev/null
-    else
-        log "$python cannot make virtualenvs (no ensurepip): install your distribution's venv package"
+    if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+        system_packages "$python cannot make virtualenvs" "python$(python_version)-venv"
+    fi
+}
+
+# Some dependencies publish no Linux wheel and build from source (evdev, through robosuite's
+# keyboard input): they need a C compiler, Python's headers and the kernel's input headers.
+ensure_build_tools() {
+    local include
+    include="$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    if command -v cc >/dev/null && [ -f "$include/Python.h" ] && [ -f /usr/include/linux/input.h ]; then return; fi
+    system_packages "some dependencies build from source" gcc libc6-dev linux-libc-dev "python$(python_version)-dev"
+}
+
+# The tests read the checkout with git (what a wheel ships, what the GPU kit carries).
+ensure_git() {
+    if command -v git >/dev/null; then return; fi
+    system_packages "the tests read the checkout with git" git
+}
+
+# opencv-python (cameras; ManiSkill imports it too) links the system's libGL and GLib.
+ensure_opencv() {
+    if "$venv/bin/python" -c 'import cv2' >/dev/null 2>&1; then return; fi
+    system_packages "OpenCV cannot load the system's libGL and GLib" libgl1 libglib2.0-0
+    if ! "$venv/bin/python" -c 'import cv2'; then
+        log "OpenCV still does not load (see above)"
         exit 1
     fi
 }
@@ -55,10 +108,15 @@ ensure_virtualenv() {
     local files=()
     while [ "$1" != "--" ]; do files+=("$1"); shift; done
     shift
-    if [ ! -x "$dir/bin/python" ]; then
-        log "creating virtualenv $dir"
-        "$python" -m venv "$dir"
+    # Ready only once its pip is current: a first try cut off there (no network, a proxy's
+    # certificate) is finished by the next run instead of leaving an old pip behind.
+    if [ ! -f "$dir/.embodied-venv-ready" ]; then
+        if [ ! -x "$dir/bin/python" ]; then
+            log "creating virtualenv $dir"
+            "$python" -m venv "$dir"
+        fi
         "$dir/bin/pip" install -q -U pip setuptools wheel
+        touch "$dir/.embodied-venv-ready"
     fi
     local stamp="$dir/.embodied-install-stamp"
     local want
@@ -103,9 +161,8 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
     fi
-    as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq -t bookworm-backports \
-        mesa-vulkan-drivers libvulkan1 >/dev/null
+    apt_lists_fresh=0  # the backports source may be new
+    apt_install -t bookworm-backports mesa-vulkan-drivers libvulkan1
     if ! vulkan_works; then
         log "Vulkan still not usable after installing Mesa; see sapien.render.get_device_summary()"
         exit 1
@@ -160,6 +217,7 @@ PY
 }
 
 # LIBERO renders its cameras offscreen through EGL (Mesa's software renderer on a CPU machine).
+# PyOpenGL's EGL platform also loads GLVND's libOpenGL (libopengl0), which no EGL package pulls in.
 ensure_egl() {
     if egl_works; then return; fi
     log "no working EGL: installing Mesa's EGL and GL drivers"
@@ -167,9 +225,7 @@ ensure_egl() {
     if [ -f /etc/apt/sources.list.d/bookworm-backports.sources ]; then
         release=(-t bookworm-backports)  # the same Mesa as the Vulkan driver above
     fi
-    as_root apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${release[@]}" \
-        libegl1 libegl-mesa0 libgl1-mesa-dri >/dev/null
+    apt_install "${release[@]}" libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0
     if ! egl_works; then
         log "EGL still not usable; LIBERO can render with OSMesa instead: install libosmesa6 and"
         log "pass env.mujoco_gl=osmesa"
@@ -178,7 +234,9 @@ ensure_egl() {
 }
 
 ensure_python
+ensure_build_tools
 ensure_venv
+ensure_opencv
 ensure_vulkan
 ensure_libero_venv
 ensure_egl
@@ -188,6 +246,10 @@ export PATH="$venv/bin:$PATH"
 case "$job" in
     install) log "installed. Activate with: source $venv/bin/activate" ;;
     train) exec embodied train "$@" ;;
-    test) ensure_pi0_reference_venv; exec python -m pytest "$@" ;;
+    test)
+        ensure_git
+        ensure_pi0_reference_venv
+        exec python -m pytest "$@"
+        ;;
     *) log "unknown job '$job' (expected: train, test, install)"; exit 2 ;;
 esac
