@@ -24,7 +24,7 @@ OFF_POLICY_ALGOS = ("sac_rlpd",)
 
 class SimOperator:
     def __init__(self, cfg: InterventionConfig, num_envs: int, chunk_size: int):
-        self.infer = numpy_infer(load_run_policy(cfg.expert).policy)
+        self.infer = numpy_infer(load_run_policy(cfg.expert))
         self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs, max_takeover=cfg.max_takeover)
         self.chunk_size = chunk_size
 

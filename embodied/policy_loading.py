@@ -95,15 +95,21 @@ def _load_keeping_a_fresh_value_function(
         raise ConfigError(f"{origin}: its weights do not fit {label}: {error}") from None
 
 
-def numpy_infer(policy: Policy, deterministic: bool = True, seed: int = 0) -> Callable[[Observation], np.ndarray]:
-    """`policy` as `infer(observation) -> actions (B, C, A)` on numpy observations, drawing
-    from a generator of its own (`seed`) where it samples."""
+def numpy_infer(run: RunPolicy, deterministic: bool = True, seed: int = 0) -> Callable[[Observation], np.ndarray]:
+    """`run`'s policy as `infer(observation) -> actions (B, C, A)` on numpy observations,
+    drawing from a generator of its own (`seed`) where it samples. Each action is clipped to
+    the env's bounds, as the env clipped it before executing it in training: what a robot or
+    an env is sent is what the policy was trained to do, and a robot's safety layer counts
+    only real anomalies."""
+    policy = run.policy
+    low = np.asarray(run.spec.action_low, dtype=np.float32)
+    high = np.asarray(run.spec.action_high, dtype=np.float32)
     generator = torch.Generator(device=policy.device)
     generator.manual_seed(seed)
 
     @torch.no_grad()
     def infer(observation: Observation) -> np.ndarray:
         chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic, generator=generator)
-        return chunk.actions.float().cpu().numpy()
+        return np.clip(chunk.actions.float().cpu().numpy(), low, high)
 
     return infer

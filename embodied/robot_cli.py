@@ -104,7 +104,7 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     from embodied.core.types import Observation
     from embodied.policy_loading import load_run_policy, numpy_infer
 
-    infer = numpy_infer(load_run_policy(checkpoint).policy)
+    infer = numpy_infer(load_run_policy(checkpoint))
 
     def expert(robot: Robot) -> np.ndarray:
         seen = robot.get_observation()

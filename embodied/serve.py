@@ -439,7 +439,7 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
         "normalization_id": digest.hexdigest()[:16],
         "deterministic": config.deterministic,
     }
-    return numpy_infer(policy, config.deterministic), loaded.spec, metadata
+    return numpy_infer(loaded, config.deterministic), loaded.spec, metadata
 
 
 def serve_checkpoint(config: ServeConfig, should_stop: Callable[[], bool] = lambda: False) -> None:

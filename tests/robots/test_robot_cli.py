@@ -2,6 +2,7 @@
 checkpoint, drive the simulated robot with a client whose process cannot import torch."""
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 import tomllib
 
 from tests.embodied.test_cli import embodied
-from tests.robots.test_deploy import free_endpoint
+from tests.robots.test_deploy import client_config, free_endpoint, pendulum_robot, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -150,6 +151,45 @@ def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
     # chunk 1: every answer was executed, or arrived after its tick had passed and was skipped
     assert summary["round_trip_ms"]["n"] == summary["action_sources"]["policy"] + summary["skipped_actions"]
     assert "3 episodes" in result.stdout
+
+
+def test_a_served_checkpoint_sends_the_actions_its_training_env_executed(trained, tmp_path):
+    """Training clipped each action to the env's bounds before executing it; so does the
+    server. A policy whose mean lies far past the bounds trips the robot's bounds check on
+    no tick, and the robot is sent exactly the bound."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from embodied.checkpoint import resolve_checkpoint
+    from embodied.core.types import Observation
+    from embodied.robots.client import RobotClient
+    from embodied.robots.policy_client import PolicyClient
+    from embodied.serve import ServeConfig, load_checkpoint_policy
+
+    run = tmp_path / "pushing"
+    shutil.copytree(trained, run)
+    weights_file = resolve_checkpoint(run) / "weights.safetensors"
+    weights = load_file(str(weights_file))
+    last_bias = max(
+        (k for k in weights if k.startswith("actor.") and k.endswith(".bias")), key=lambda k: int(k.split(".")[1])
+    )
+    weights[last_bias] = weights[last_bias] + 10.0  # InvertedPendulum's bounds are [-3, 3]
+    save_file(weights, str(weights_file))
+
+    infer, spec, metadata = load_checkpoint_policy(ServeConfig(checkpoint=str(run), device="cpu"))
+    assert spec.action_high == (3.0,)
+    actions = infer(Observation(state=np.zeros((2, spec.state_dim), np.float32)))
+    np.testing.assert_array_equal(actions, np.full((2, metadata["chunk_size"], 1), 3.0, np.float32))
+
+    server, shutdown = start_server(spec=spec, chunk_size=metadata["chunk_size"], infer=infer)
+    robot = pendulum_robot()
+    try:
+        config = client_config(server.endpoint, tmp_path / "robot", episodes=1, max_episode_steps=20)
+        summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "robot").run()
+    finally:
+        shutdown()
+    assert summary["action_sources"]["policy"] > 0
+    assert summary["safety_interventions"]["bounds"] == 0
 
 
 def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, server, tmp_path):
