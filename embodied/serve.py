@@ -417,8 +417,6 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
     """The checkpoint's policy as a batch `infer` function, its env spec and the metadata a
     client is welcomed with. Normalisation statistics are module buffers, so they come with
     the weights; their hash is the `normalization_id` clients see."""
-    import hashlib
-
     from embodied.build import resolve_device
     from embodied.policy_loading import load_run_policy, numpy_infer
 
@@ -426,20 +424,29 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
         raise ConfigError("serve needs checkpoint=<run dir or checkpoint dir>")
     loaded = load_run_policy(config.checkpoint, device=resolve_device(config.device))
     policy = loaded.policy
-    digest = hashlib.sha256()
-    for name, buffer in sorted(policy.state_dict().items()):
-        if name not in dict(policy.named_parameters()):
-            digest.update(name.encode())
-            digest.update(buffer.detach().cpu().contiguous().numpy().tobytes())
     metadata = {
         "policy": loaded.config.policy.name,
         "policy_version": loaded.policy_version,
         "checkpoint": loaded.checkpoint.name,
         "chunk_size": int(policy.chunk_size),
-        "normalization_id": digest.hexdigest()[:16],
+        "normalization_id": normalization_id(policy),
         "deterministic": config.deterministic,
     }
     return numpy_infer(loaded, config.deterministic), loaded.spec, metadata
+
+
+def normalization_id(policy: Any) -> str:
+    """A hash of the policy's buffers (its normalisation statistics, running or a pretrained
+    checkpoint's): a client that reconnects to a server with other statistics refuses it."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    parameters = dict(policy.named_parameters())
+    for name, buffer in sorted(policy.state_dict().items()):
+        if name not in parameters:
+            digest.update(name.encode())
+            digest.update(buffer.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def serve_checkpoint(config: ServeConfig, should_stop: Callable[[], bool] = lambda: False) -> None:

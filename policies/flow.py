@@ -176,9 +176,17 @@ class FlowPolicy(nn.Module, Policy):
         return self.normalizer(observation.state.to(self.low.device, torch.float32))
 
     def _actions(self, x0: torch.Tensor) -> torch.Tensor:
-        """The first C of the H predicted actions, from [-1, 1] to the env's bounds."""
+        """The first C of the H predicted actions, in the env's units."""
         chunk = x0.view(-1, self.cfg.horizon, self.action_width)[:, : self.chunk_size, : self.spec.action_dim]
+        return self._to_env(chunk)
+
+    def _to_env(self, chunk: torch.Tensor) -> torch.Tensor:
+        """The model's actions (B, C, A) as env actions: from [-1, 1] to the env's bounds."""
         return from_unit(chunk, self.low, self.high)
+
+    def _to_model(self, actions: torch.Tensor) -> torch.Tensor:
+        """Env actions (B, H, A) in the model's units, the inverse of `_to_env`."""
+        return to_unit(actions, self.low, self.high)
 
     # ---- the policy contract ----------------------------------------------------------------
     def act(
@@ -282,7 +290,7 @@ class FlowPolicy(nn.Module, Policy):
     def _flow_matching_loss(self, state: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """Flow matching: regress v = x1 - x0 at a random t on x_t = (1 - t) x0 + t x1. Demos
         shorter than the horizon repeat their last action."""
-        x0 = to_unit(pad_to_horizon(actions.to(state.device), self.cfg.horizon), self.low, self.high)
+        x0 = self._to_model(pad_to_horizon(actions.to(state.device), self.cfg.horizon))
         x0 = nn.functional.pad(x0, (0, self.action_width - self.spec.action_dim)).reshape(len(state), -1)
         x1 = torch.randn_like(x0)
         t = torch.rand(len(state), device=state.device)

@@ -52,6 +52,7 @@ from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
+from embodied.policies.statistics import StatisticsNormalizer, read_checkpoint_statistics
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
@@ -68,6 +69,7 @@ STATE_BINS = 256  # pi0.5 writes each state dimension as one of 256 bins of [-1,
 # the policy's running normaliser gives z-scores, and a normal variable's 1st and 99th
 # percentiles lie 2.33 standard deviations out.
 Z_AT_99TH_PERCENTILE = 2.33
+NORMALIZATIONS = ("checkpoint", "running")
 VALUE_FROM = ("expert", "prefix")
 
 # A pi0 checkpoint's parameter names -> this module's: the policy wrapper's `model.` goes,
@@ -99,6 +101,11 @@ class Pi0Config(FlowPolicyConfig):
     freeze_vision: bool = False
     value_from: str = "expert"  # expert | prefix
     detach_value_input: bool = True
+    # checkpoint: with `pretrained`, the state and action statistics it was trained with (lerobot's
+    # processor files or openpi's norm_stats.json; refused if it has none); running: this run's
+    # own, from scratch (state z-scores, actions over the env's bounds), as without `pretrained`
+    normalization: str = "checkpoint"
+    asset_id: str = ""  # openpi checkpoints: which assets/<asset_id>/norm_stats.json, where there are several
 
 
 @dataclass
@@ -398,6 +405,8 @@ class Pi0Policy(FlowPolicy):
     def __init__(self, cfg: Pi0Config, spec: EnvSpec):
         if cfg.value_from not in VALUE_FROM:
             raise ConfigError(f"policy.value_from must be one of {VALUE_FROM}, got '{cfg.value_from}'")
+        if cfg.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
         cfg = resolve_architecture(cfg)
         if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
             raise ConfigError(
@@ -418,12 +427,44 @@ class Pi0Policy(FlowPolicy):
             model = Pi0Model(cfg)
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
         self.model, self.instructions = model, tokenizer
+        self.checkpoint_statistics = bool(cfg.pretrained) and cfg.normalization == "checkpoint"
+        self.action_normalizer: StatisticsNormalizer | None = None
+        if self.checkpoint_statistics:
+            self._use_statistics_of(cfg.pretrained, quantiles=model.pi05)
         self.cameras = sorted(spec.image_shapes)
         if cfg.train_expert_only:
             for part in (model.vision, model.projector, model.vlm):
                 part.requires_grad_(False)
         if cfg.freeze_vision:
             model.vision.requires_grad_(False)
+
+    def _use_statistics_of(self, pretrained: str, quantiles: bool) -> None:
+        """The checkpoint's own normalisation replaces this run's: fixed state statistics
+        (none: the state as it is) and actions unnormalised by its action statistics."""
+        statistics = read_checkpoint_statistics(pretrained, quantiles=quantiles, asset_id=self.cfg.asset_id)
+        self.normalizer = nn.Identity()
+        if statistics.state is not None:
+            self.normalizer = StatisticsNormalizer(statistics.state)
+            self.normalizer.fit(self.spec.state_dim)
+        if statistics.action is not None:
+            self.action_normalizer = StatisticsNormalizer(statistics.action)
+            self.action_normalizer.fit(self.spec.action_dim, self.cfg.horizon)
+
+    def _to_env(self, chunk: torch.Tensor) -> torch.Tensor:
+        if not self.checkpoint_statistics:
+            return super()._to_env(chunk)
+        if self.action_normalizer is not None:
+            chunk = self.action_normalizer.unnormalize(chunk)
+        return torch.maximum(torch.minimum(chunk, self.high), self.low)  # as the env executes it
+
+    def _to_model(self, actions: torch.Tensor) -> torch.Tensor:
+        if not self.checkpoint_statistics:
+            return super()._to_model(actions)
+        return actions if self.action_normalizer is None else self.action_normalizer(actions)
+
+    def update_normalization(self, observation: Observation) -> None:
+        if not self.checkpoint_statistics:  # the checkpoint's statistics stay as it was trained
+            super().update_normalization(observation)
 
     def pretrained_frozen(self) -> tuple[str, list[str]] | None:
         """What `train_expert_only` or `freeze_vision` freezes of a model loaded from
@@ -467,7 +508,9 @@ class Pi0Policy(FlowPolicy):
         images = [resize_with_pad(observation.images[name].to(device), self.cfg.image_size) for name in self.cameras]
         present = [torch.ones(batch, dtype=torch.bool, device=device) for _ in images]
         instructions = observation.instruction or [""] * batch
-        unit_state = (state / Z_AT_99TH_PERCENTILE).clamp(-1, 1) if self.model.pi05 else None
+        unit_state = None
+        if self.model.pi05:  # a checkpoint's statistics put it in [-1, 1] as pi0.5 was trained
+            unit_state = state if self.checkpoint_statistics else (state / Z_AT_99TH_PERCENTILE).clamp(-1, 1)
         tokens, token_mask = self.instructions(prompts(instructions, unit_state), self.cfg.max_instruction_tokens)
         embeddings, valid = self.model.embed_prefix(images, present, tokens.to(device), token_mask.to(device))
         hidden, cache = self.model.encode_prefix(embeddings, valid)

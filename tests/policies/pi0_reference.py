@@ -8,7 +8,10 @@ sizes the spec gives (or, with `"sizes": "real"`, lerobot's own: PaliGemma 2B an
 expert) with every weight drawn at random, saves it with lerobot's own `save_pretrained`
 (`checkpoint/`), and writes the action chunk its `sample_actions` makes from the given noise
 (`reference.npz`), with the seconds each of `timed_runs` calls took and the process's peak
-memory.
+memory. Where the spec gives `processors` (feature shapes, statistics, one norm_map per
+folder), it also saves lerobot's own pre/post-processor pipelines with those statistics (the
+first into the checkpoint, as lerobot's training does; each into `processors/<name>/`) and
+writes what they make of `raw_state` and of `actions` (`processors/<name>/reference.npz`).
 
 lerobot's pi0 runs on its fork of transformers, which is not on PyPI. On the released 4.57 it
 needs these changes, each what the fork (and openpi's model) does:
@@ -217,6 +220,8 @@ def main(work: Path) -> None:
     policy.save_pretrained(work / "checkpoint")
 
     inputs = np.load(work / "inputs.npz")
+    if "processors" in spec:
+        save_processors(work, spec, inputs)
     images = [torch.from_numpy(inputs[f"image{i}"]) for i in range(spec["cameras"])]
     image_masks = [torch.from_numpy(inputs[f"image_mask{i}"]) for i in range(spec["cameras"])]
     state = [torch.from_numpy(inputs["state"])] if spec["model"] == "pi0" else []  # pi0.5's is in the prompt
@@ -241,6 +246,59 @@ def main(work: Path) -> None:
         peak_bytes=peak_bytes,
         parameters=sum(p.numel() for p in policy.model.parameters()),
     )
+
+
+def save_processors(work: Path, spec: dict, inputs: np.lib.npyio.NpzFile) -> None:
+    """lerobot's normaliser and unnormaliser steps, in pipelines shaped as its policies save
+    them, for each norm_map of the spec; the first also beside the checkpoint's weights."""
+    from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
+    from lerobot.processor import (
+        AddBatchDimensionProcessorStep,
+        DeviceProcessorStep,
+        NormalizerProcessorStep,
+        PolicyProcessorPipeline,
+        RenameObservationsProcessorStep,
+        UnnormalizerProcessorStep,
+    )
+    from lerobot.processor.converters import policy_action_to_transition, transition_to_policy_action
+
+    processors = spec["processors"]
+    inputs_features = {"observation.state": PolicyFeature(FeatureType.STATE, (processors["state_dim"],))}
+    output_features = {"action": PolicyFeature(FeatureType.ACTION, (processors["action_dim"],))}
+    for index, (name, mapping) in enumerate(processors["norm_maps"].items()):
+        norm_map = {FeatureType(kind): NormalizationMode(mode) for kind, mode in mapping.items()}
+        stats = {
+            feature: {stat: np.asarray(value, dtype=np.float32) for stat, value in values.items()}
+            for feature, values in processors["stats"][name].items()
+        }
+        pre = PolicyProcessorPipeline(
+            steps=[
+                RenameObservationsProcessorStep(rename_map={}),
+                AddBatchDimensionProcessorStep(),
+                DeviceProcessorStep(device="cpu"),
+                NormalizerProcessorStep(
+                    features={**inputs_features, **output_features}, norm_map=norm_map, stats=stats
+                ),
+            ],
+            name="policy_preprocessor",
+        )
+        post = PolicyProcessorPipeline(
+            steps=[
+                UnnormalizerProcessorStep(features=output_features, norm_map=norm_map, stats=stats),
+                DeviceProcessorStep(device="cpu"),
+            ],
+            name="policy_postprocessor",
+            to_transition=policy_action_to_transition,
+            to_output=transition_to_policy_action,
+        )
+        folder = work / "processors" / name
+        for target in [folder, work / "checkpoint"] if index == 0 else [folder]:
+            pre.save_pretrained(target)
+            post.save_pretrained(target)
+        with torch.no_grad():
+            state = pre({"observation.state": torch.from_numpy(inputs["raw_state"])})["observation.state"]
+            actions = post(torch.from_numpy(inputs["raw_actions"]))
+        np.savez(folder / "reference.npz", state=state.numpy(), actions=actions.numpy())
 
 
 if __name__ == "__main__":

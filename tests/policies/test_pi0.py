@@ -69,6 +69,36 @@ def observation(batch=3, seed=0, invert=False) -> Observation:
 CONFIGS = {"pi0": Pi0Config, "pi05": Pi05Config}
 
 
+# lerobot's normalisation modes, as norm_maps of the saved processors; each fixture's first is
+# what its checkpoint carries (lerobot's defaults: pi0 MEAN_STD, pi0.5 QUANTILES).
+NORM_MAPS = {
+    "mean_std": {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"},
+    "quantiles": {"STATE": "QUANTILES", "ACTION": "QUANTILES"},
+    "min_max": {"STATE": "MIN_MAX", "ACTION": "MIN_MAX"},
+    "quantile10": {"STATE": "QUANTILE10", "ACTION": "QUANTILE10"},
+    "identity_state": {"STATE": "IDENTITY", "ACTION": "QUANTILES"},
+    "per_step": {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"},  # action statistics per horizon step
+}
+PROCESSOR_MODES = {"pi0": list(NORM_MAPS), "pi05": ["quantiles"]}
+
+
+def dataset_statistics(generator: torch.Generator, per_step: int = 0) -> dict[str, dict[str, list]]:
+    """Statistics as a dataset's, far from zero mean and unit spread, so a mode mixed up or
+    left out shows; `per_step`: action statistics of shape (per_step, A)."""
+    stats = {}
+    for feature, shape in (
+        ("observation.state", (SPEC.state_dim,)),
+        ("action", (per_step, SPEC.action_dim) if per_step else (SPEC.action_dim,)),
+    ):
+        mean = torch.randn(shape, generator=generator) * 2
+        std = torch.rand(shape, generator=generator) + 0.5
+        spread = {"min": -3.0, "max": 3.2, "q01": -2.3, "q99": 2.4, "q10": -1.3, "q90": 1.2}
+        stats[feature] = {"mean": mean.tolist(), "std": std.tolist()} | {
+            name: (mean + z * std).tolist() for name, z in spread.items()
+        }
+    return stats
+
+
 def run_reference(work: Path, model: str) -> Path:
     """lerobot's PI0Policy / PI05Policy at the tiny sizes, random weights, saved by its
     save_pretrained; with the inputs given to its sample_actions and the chunk that came out."""
@@ -104,6 +134,17 @@ def run_reference(work: Path, model: str) -> Path:
         "state": torch.randn(batch, cfg.max_state_dim, generator=generator).numpy(),
         "noise": torch.randn(batch, cfg.horizon, cfg.max_action_dim, generator=generator).numpy(),
     }
+    modes = PROCESSOR_MODES[model]
+    spec["processors"] = {
+        "state_dim": SPEC.state_dim,
+        "action_dim": SPEC.action_dim,
+        "norm_maps": {name: {"VISUAL": "IDENTITY", **NORM_MAPS[name]} for name in modes},
+        "stats": {
+            name: dataset_statistics(generator, per_step=cfg.horizon if name == "per_step" else 0) for name in modes
+        },
+    }
+    inputs["raw_state"] = (torch.randn(batch, SPEC.state_dim, generator=generator) * 3 + 1).numpy()
+    inputs["raw_actions"] = torch.randn(batch, cfg.horizon, SPEC.action_dim, generator=generator).numpy()
     (work / "spec.json").write_text(json.dumps(spec))
     np.savez(work / "inputs.npz", **inputs)
     subprocess.run(
@@ -151,7 +192,8 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
 
 def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
     """The policy's packed context (prefix keys and values, state, mask in one tensor) gives
-    the chunk the model's own sampler gives, from the same noise and a fresh normaliser."""
+    the chunk the model's own sampler gives, from the same noise, with the statistics the
+    checkpoint was saved with."""
     spec = EnvSpec(
         state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3, image_shapes={"base": (32, 32, 3)}
     )
@@ -180,7 +222,8 @@ def test_the_policy_acts_as_the_model_samples(lerobot_checkpoint):
             noise,
             4,
         )
-    torch.testing.assert_close(chunk.actions, expected[:, :, :3].clamp(-1, 1), atol=1e-5, rtol=1e-5)
+    unnormalized = pi0.action_normalizer.unnormalize(expected[:, :, :3])  # the checkpoint's MEAN_STD
+    torch.testing.assert_close(chunk.actions, unnormalized.clamp(-1, 1), atol=1e-5, rtol=1e-5)
 
 
 def test_checkpoint_mismatches_are_refused_by_name(tmp_path, lerobot_checkpoint):
@@ -364,6 +407,7 @@ def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model,
             "train",
             f"policy={model}",
             f"policy.pretrained={work / 'checkpoint'}",
+            "policy.normalization=running",  # ManiSkill's state and actions are not the checkpoint's
             "policy.paligemma_variant=tiny",
             "policy.expert_variant=tiny_expert",
             "policy.vocab_size=300",
@@ -393,3 +437,71 @@ def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model,
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])
     assert (run_dir / "checkpoints" / "latest").is_file()
+
+
+def test_lerobot_statistics_act_as_its_processors_in_every_mode(lerobot_checkpoint):
+    """What lerobot's own pipelines, saved with the statistics, make of a raw state and of
+    normalised actions: our reading of the saved files gives the same, in each mode."""
+    from embodied.policies.statistics import StatisticsNormalizer, read_lerobot_statistics
+
+    inputs = np.load(lerobot_checkpoint / "inputs.npz")
+    raw_state, raw_actions = torch.from_numpy(inputs["raw_state"]), torch.from_numpy(inputs["raw_actions"])
+    for name in PROCESSOR_MODES["pi0"]:
+        folder = lerobot_checkpoint / "processors" / name
+        reference = np.load(folder / "reference.npz")
+        statistics = read_lerobot_statistics(folder)
+        state = raw_state if statistics.state is None else StatisticsNormalizer(statistics.state)(raw_state)
+        actions = StatisticsNormalizer(statistics.action).unnormalize(raw_actions)
+        assert (statistics.state is None) == (name == "identity_state")
+        assert not np.allclose(reference["actions"], raw_actions.numpy(), atol=0.1)  # the statistics matter
+        np.testing.assert_allclose(state.numpy(), reference["state"], atol=1e-5, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(actions.numpy(), reference["actions"], atol=1e-5, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_a_lerobot_checkpoint_reads_and_acts_in_the_units_it_was_trained_in(model, request, tmp_path):
+    """policy.pretrained brings its statistics (pi0: MEAN_STD, pi0.5: QUANTILES, as lerobot
+    saves them): the state as lerobot's preprocessor normalises it, actions as its
+    postprocessor unnormalises them (then clipped to the env's bounds, as the env executes
+    them); they are module buffers, so they travel with our own checkpoints."""
+    from embodied.serve import normalization_id
+    from tests.policies.checkpoints import save_and_restore
+
+    work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
+    reference = np.load(work / "processors" / PROCESSOR_MODES[model][0] / "reference.npz")
+    inputs = np.load(work / "inputs.npz")
+    wide = EnvSpec(state_dim=5, action_dim=3, action_low=(-50.0,) * 3, action_high=(50.0,) * 3, image_shapes={})
+    config = CONFIGS[model](**REFERENCE, pretrained=str(work / "checkpoint"), train_expert_only=True)
+    make = lambda: Pi0Policy(config, wide)  # noqa: E731
+    pi0 = make()
+    with torch.no_grad():
+        state = pi0.normalizer(torch.from_numpy(inputs["raw_state"]))
+        actions = pi0._to_env(torch.from_numpy(inputs["raw_actions"]))
+    np.testing.assert_allclose(state.numpy(), reference["state"], atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(actions.numpy(), reference["actions"], atol=1e-5, rtol=1e-5)
+    narrow = torch.from_numpy(inputs["raw_actions"]) * 100
+    assert pi0._to_env(narrow).abs().max() == 50.0  # clipped to the bounds, as executed
+    weights = save_and_restore(make, tmp_path / "checkpoints")[0]
+    assert {"normalizer.offset", "action_normalizer.scale_out"} <= set(weights)
+    served = normalization_id(pi0)
+    with torch.no_grad():
+        pi0.action_normalizer.scale_out[0] *= 2
+    assert normalization_id(pi0) != served  # a client holding the old statistics refuses the server
+
+
+def test_a_checkpoint_without_statistics_is_refused_unless_the_run_keeps_its_own(lerobot_checkpoint, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (bare / name).write_bytes((lerobot_checkpoint / "checkpoint" / name).read_bytes())
+    with pytest.raises(ConfigError, match=r"holds no normalisation statistics.*policy.normalization=running"):
+        Pi0Policy(Pi0Config(**REFERENCE, pretrained=str(bare)), SPEC)
+    running = Pi0Policy(Pi0Config(**REFERENCE, pretrained=str(bare), normalization="running"), SPEC)
+    assert not running.checkpoint_statistics and running.action_normalizer is None
+    with pytest.raises(ConfigError, match=r"statistics of shape \(3,\) do not fit the env's \(2,\)"):
+        Pi0Policy(
+            Pi0Config(**REFERENCE, pretrained=str(lerobot_checkpoint / "checkpoint")),
+            EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2, image_shapes={}),
+        )
+    with pytest.raises(ConfigError, match="policy.normalization must be one of"):
+        Pi0Policy(Pi0Config(**REFERENCE, normalization="dataset"), SPEC)
