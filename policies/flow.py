@@ -51,6 +51,7 @@ from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
+SFT_TIMES = ("uniform", "beta")
 
 
 @dataclass
@@ -70,6 +71,11 @@ class FlowPolicyConfig:
     # mean over dimensions and stochastic steps (a per-action scale, so the PPO ratio does not
     # grow with the horizon and the number of steps).
     log_prob_reduction: str = "sum"
+    # SFT's flow-matching time t (1: noise, 0: the demonstrated actions): uniform, or beta, pi0's
+    # Beta(sft_time_alpha, sft_time_beta) * 0.999 + 0.001, which weights the noisy end
+    sft_time: str = "uniform"
+    sft_time_alpha: float = 1.5
+    sft_time_beta: float = 1.0
 
 
 def sde_step(
@@ -105,6 +111,10 @@ class FlowPolicy(nn.Module, Policy):
             )
         if cfg.log_prob_reduction not in ("sum", "mean"):
             raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
+        if cfg.sft_time not in SFT_TIMES or min(cfg.sft_time_alpha, cfg.sft_time_beta) <= 0:
+            raise ConfigError(
+                f"policy.sft_time must be one of {SFT_TIMES} (beta: alpha, beta > 0), got '{cfg.sft_time}'"
+            )
         if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
             raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
         if spec.image_shapes and not self.accepts_images:
@@ -114,6 +124,16 @@ class FlowPolicy(nn.Module, Policy):
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
         self.action_width = self._action_width()
         self.dim = cfg.horizon * self.action_width
+        # Only the env's action dimensions count in a chunk's log-likelihood and entropy: the
+        # padding (pi0 denoises 32 numbers per action) moves nothing, and counting it would scale
+        # the PPO ratio with the padding's width.
+        self.counted_dim = cfg.horizon * spec.action_dim
+        counted = None
+        if self.action_width > spec.action_dim:
+            counted = torch.zeros(cfg.horizon, self.action_width, dtype=torch.bool)
+            counted[:, : spec.action_dim] = True
+            counted = counted.flatten()
+        self.register_buffer("counted", counted, persistent=False)  # None: every dimension counts
         self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
         self.normalizer = RunningNormalizer(spec.state_dim)
         self._build_heads(context_dim or spec.state_dim)
@@ -218,7 +238,7 @@ class FlowPolicy(nn.Module, Policy):
         if self.cfg.log_prob_reduction == "sum":
             return 1.0
         terms = 1 if self.cfg.sampler == "flow_sde" else self.cfg.denoise_steps + 1
-        return float(terms * self.dim)
+        return float(terms * self.counted_dim)
 
     def _chain_log_prob(
         self, state: torch.Tensor, chain: torch.Tensor, sde_step_index: torch.Tensor
@@ -237,16 +257,22 @@ class FlowPolicy(nn.Module, Policy):
                     mean, std = self._transition(
                         state[chosen], chain[chosen, step], step, torch.ones_like(chosen[chosen])
                     )
-                    total[chosen] = gaussian_log_prob(chain[chosen, step + 1], mean, std)
+                    total[chosen] = self._log_density(chain[chosen, step + 1], mean, std)
             return total / self._reduction(), None
-        start = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
+        start = self._log_density(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
         terms = []
         for step in range(self.cfg.denoise_steps):
             mean, std = self._transition(state, chain[:, step], step, torch.ones(batch, dtype=torch.bool))
-            terms.append(gaussian_log_prob(chain[:, step + 1], mean, std))
+            terms.append(self._log_density(chain[:, step + 1], mean, std))
         terms = torch.stack(terms, 1)
-        per_term = float(self.dim) if self.cfg.log_prob_reduction == "mean" else 1.0
+        per_term = float(self.counted_dim) if self.cfg.log_prob_reduction == "mean" else 1.0
         return (start + terms.sum(-1)) / self._reduction(), terms / per_term
+
+    def _log_density(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        """The Gaussian transition's log-density over the counted (the env's) dimensions."""
+        if self.counted is None:
+            return gaussian_log_prob(x, mean, std)
+        return gaussian_log_prob(x[..., self.counted], mean[..., self.counted], std[..., self.counted])
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
         return self._recompute_on(self._state(observation), chunk)
@@ -264,12 +290,13 @@ class FlowPolicy(nn.Module, Policy):
             total = torch.zeros(batch, device=chain.device)
             for step in range(self.cfg.denoise_steps):
                 _, std = self._transition(state, chain[:, step], step, torch.ones(batch, dtype=torch.bool))
+                std = std if self.counted is None else std[..., self.counted]
                 total = total + (0.5 + HALF_LOG_2PI + torch.log(std)).sum(-1)
             return total
         if self.cfg.sampler == "flow_sde":
             # the mean over the uniformly chosen step of that step's (weight-independent) entropy
             entropies = [
-                self.dim * (0.5 + HALF_LOG_2PI + math.log(math.sqrt(self._dt(s)) * self._sigma(s)))
+                self.counted_dim * (0.5 + HALF_LOG_2PI + math.log(math.sqrt(self._dt(s)) * self._sigma(s)))
                 for s in range(self.cfg.denoise_steps)
             ]
             return torch.full((batch,), sum(entropies) / len(entropies), device=chain.device)
@@ -293,9 +320,15 @@ class FlowPolicy(nn.Module, Policy):
         x0 = self._to_model(pad_to_horizon(actions.to(state.device), self.cfg.horizon))
         x0 = nn.functional.pad(x0, (0, self.action_width - self.spec.action_dim)).reshape(len(state), -1)
         x1 = torch.randn_like(x0)
-        t = torch.rand(len(state), device=state.device)
+        t = self._sft_time(len(state), state.device)
         x_t = (1 - t[:, None]) * x0 + t[:, None] * x1
         return (self._field(state, x_t, t, noise=False)[0] - (x1 - x0)).pow(2).mean()
+
+    def _sft_time(self, batch: int, device: torch.device) -> torch.Tensor:
+        if self.cfg.sft_time == "uniform":
+            return torch.rand(batch, device=device)
+        beta = torch.distributions.Beta(torch.tensor(self.cfg.sft_time_alpha), torch.tensor(self.cfg.sft_time_beta))
+        return (beta.sample((batch,)) * 0.999 + 0.001).to(device)  # pi0's: never exactly the data end
 
     def update_normalization(self, observation: Observation) -> None:
         self.normalizer.update(observation.state.to(self.low.device))

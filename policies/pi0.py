@@ -105,6 +105,7 @@ class Pi0Config(FlowPolicyConfig):
     # processor files or openpi's norm_stats.json; refused if it has none); running: this run's
     # own, from scratch (state z-scores, actions over the env's bounds), as without `pretrained`
     normalization: str = "checkpoint"
+    sft_time: str = "beta"  # as pi0 and pi0.5 were trained: Beta(1.5, 1) * 0.999 + 0.001
     asset_id: str = ""  # openpi checkpoints: which assets/<asset_id>/norm_stats.json, where there are several
 
 

@@ -265,6 +265,43 @@ def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(model, sampler
     assert ((chunk.actions >= -1) & (chunk.actions <= 2)).all()
 
 
+@pytest.mark.parametrize("sampler", ["flow_sde", "flow_noise"])
+def test_the_chunk_log_prob_counts_only_the_env_action_dimensions(sampler):
+    """The padding to max_action_dim moves no joint: what the last denoising step put there
+    does not change the chunk's log-likelihood (the env's dimensions do), and flow_sde's
+    entropy is the same whatever the padding's width."""
+    pi0, seen = policy(sampler=sampler), observation()  # 3 env dimensions padded to 4
+    with torch.no_grad():
+        chunk = pi0.act(seen, generator=torch.Generator().manual_seed(1))
+        chunk.record["sde_step"] = torch.full_like(chunk.record["sde_step"], pi0.cfg.denoise_steps - 1)
+        before = pi0.recompute(seen, chunk).log_prob
+        last = chunk.record["chain"][:, -1].view(3, pi0.cfg.horizon, 4)
+        last[..., 3] += 5.0  # the padding
+        padded = pi0.recompute(seen, chunk).log_prob
+        last[..., 0] += 0.5  # an env dimension
+        moved = pi0.recompute(seen, chunk).log_prob
+    torch.testing.assert_close(padded, before)
+    assert (moved - before).abs().min() > 1e-3
+    if sampler == "flow_sde":
+        wider = policy(sampler=sampler, max_action_dim=8)
+        entropy = lambda p: p.recompute(seen, p.act(seen, generator=torch.Generator().manual_seed(1))).entropy  # noqa: E731
+        torch.testing.assert_close(entropy(wider), entropy(pi0))
+
+
+def test_sft_draws_flow_times_as_pi0_was_trained():
+    """Beta(1.5, 1) * 0.999 + 0.001 (t = 1 is noise), whose CDF is x^1.5; uniform on request."""
+    torch.manual_seed(0)
+    times = policy()._sft_time(40000, torch.device("cpu"))
+    assert 0.001 <= times.min() and times.max() <= 1.0
+    beta = (times - 0.001) / 0.999
+    for x in (0.1, 0.3, 0.5, 0.7, 0.9):
+        assert abs(float((beta <= x).float().mean()) - x**1.5) < 0.01, x
+    uniform = policy(sft_time="uniform")._sft_time(40000, torch.device("cpu"))
+    assert abs(float(uniform.mean()) - 0.5) < 0.01 and abs(float(times.mean()) - 0.6) < 0.01
+    with pytest.raises(ConfigError, match="policy.sft_time must be one of"):
+        policy(sft_time="logit_normal")
+
+
 @pytest.mark.parametrize("model", ["pi0", "pi05"])
 def test_the_actions_see_the_images_the_instruction_and_the_state(model):
     pi0 = policy(model)
