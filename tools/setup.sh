@@ -84,10 +84,13 @@ ensure_build_tools() {
     system_packages "some dependencies build from source" gcc libc6-dev linux-libc-dev "python$(python_version)-dev"
 }
 
-# The tests read the checkout with git (what a wheel ships, what the GPU kit carries).
-ensure_git() {
-    if command -v git >/dev/null; then return; fi
-    system_packages "the tests read the checkout with git" git
+# The tests read the checkout with git (what a wheel ships, what the GPU kit carries) and
+# pack and unpack the GPU kit's xz archives.
+ensure_test_tools() {
+    local missing=()
+    command -v git >/dev/null || missing+=(git)
+    command -v xz >/dev/null || missing+=(xz-utils)
+    if [ ${#missing[@]} -gt 0 ]; then system_packages "the tests need git and xz" "${missing[@]}"; fi
 }
 
 # opencv-python (cameras; ManiSkill imports it too) links the system's libGL and GLib.
@@ -247,7 +250,7 @@ case "$job" in
     install) log "installed. Activate with: source $venv/bin/activate" ;;
     train) exec embodied train "$@" ;;
     test)
-        ensure_git
+        ensure_test_tools
         ensure_pi0_reference_venv
         exec python -m pytest "$@"
         ;;
