@@ -178,4 +178,8 @@ def checkpoint_config(checkpoint: Path) -> Any:
     """The config a checkpoint was written with: a training run's or an SFT run's. Both name
     the env and the policy, which is what loading the policy needs."""
     saved = load_yaml(checkpoint / "config.yaml")
+    policy = saved.get("policy") or {}
+    if policy.get("name") in ("pi0", "pi05") and policy.get("pretrained") and "normalization" not in policy:
+        # written before pi0 read its checkpoint's statistics: the run kept running ones
+        saved.policy.normalization = "running"
     return to_schema(SFTConfig if "dataset" in saved else TrainConfig, saved)

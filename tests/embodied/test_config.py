@@ -177,3 +177,20 @@ def test_old_names_are_refused_with_the_new_ones():
     saved.policy.name = "flow_vlm"  # a run saved under the old name
     with pytest.raises(ConfigError, match="'policy=flow_vlm' was renamed 'policy=vlm_expert'"):
         to_schema(TrainConfig, saved)
+
+
+def test_a_pi0_run_saved_before_checkpoint_statistics_reloads_with_its_running_ones(tmp_path):
+    """Runs from a pretrained pi0 written before `policy.normalization` existed kept running
+    statistics; their saved config says so on reload, while a new run's says what it chose."""
+    from omegaconf import OmegaConf
+
+    from embodied.config import checkpoint_config, to_yaml
+
+    config = load("policy=pi05", "policy.pretrained=/models/pi05_libero")
+    assert config.policy.normalization == "checkpoint"
+    saved = OmegaConf.create(to_yaml(config))
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    assert checkpoint_config(tmp_path).policy.normalization == "checkpoint"
+    del saved.policy["normalization"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    assert checkpoint_config(tmp_path).policy.normalization == "running"
