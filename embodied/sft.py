@@ -195,9 +195,11 @@ def run_sft(config: SFTConfig) -> Path:
         drop_metrics_after(run_dir, "sft_step", step)
     elif config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
         load_run_policy(config.init, into=policy, label=f"policy '{config.policy.name}' on this env")
-    else:  # input statistics from the demonstrations, once: the policy meets these states first
-        policy.update_normalization(
-            Observation(state=torch.from_numpy(demos.state[demos.rows[train_samples]]).to(device))
+    else:  # statistics from the demonstrations, once: the policy meets these states first
+        rows = demos.rows[train_samples]
+        policy.fit_statistics(
+            Observation(state=torch.from_numpy(demos.state[rows]).to(device)),
+            torch.from_numpy(demos.action[rows]).to(device),
         )
     logger.info(
         "SFT on %d frames of %d episodes (%d held out), %s",

@@ -52,7 +52,7 @@ from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
-from embodied.policies.statistics import StatisticsNormalizer, read_checkpoint_statistics
+from embodied.policies.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
@@ -69,7 +69,7 @@ STATE_BINS = 256  # pi0.5 writes each state dimension as one of 256 bins of [-1,
 # the policy's running normaliser gives z-scores, and a normal variable's 1st and 99th
 # percentiles lie 2.33 standard deviations out.
 Z_AT_99TH_PERCENTILE = 2.33
-NORMALIZATIONS = ("checkpoint", "running")
+NORMALIZATIONS = ("checkpoint", "dataset", "running")
 VALUE_FROM = ("expert", "prefix")
 
 # A pi0 checkpoint's parameter names -> this module's: the policy wrapper's `model.` goes,
@@ -102,8 +102,10 @@ class Pi0Config(FlowPolicyConfig):
     value_from: str = "expert"  # expert | prefix
     detach_value_input: bool = True
     # checkpoint: with `pretrained`, the state and action statistics it was trained with (lerobot's
-    # processor files or openpi's norm_stats.json; refused if it has none); running: this run's
-    # own, from scratch (state z-scores, actions over the env's bounds), as without `pretrained`
+    # processor files or openpi's norm_stats.json; refused if it has none); dataset: computed by
+    # SFT from its demonstrations in the model's published mode (pi0 mean/std, pi0.5 quantiles),
+    # for a new robot; running: this run's own, from scratch (state z-scores, actions over the
+    # env's bounds), as without `pretrained`
     normalization: str = "checkpoint"
     sft_time: str = "beta"  # as pi0 and pi0.5 were trained: Beta(1.5, 1) * 0.999 + 0.001
     asset_id: str = ""  # openpi checkpoints: which assets/<asset_id>/norm_stats.json, where there are several
@@ -428,9 +430,16 @@ class Pi0Policy(FlowPolicy):
             model = Pi0Model(cfg)
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
         self.model, self.instructions = model, tokenizer
-        self.checkpoint_statistics = bool(cfg.pretrained) and cfg.normalization == "checkpoint"
+        # fixed statistics, a checkpoint's or a dataset's, where the running ones are not wanted
+        self.fixed_statistics = cfg.normalization == "dataset" or (
+            bool(cfg.pretrained) and cfg.normalization == "checkpoint"
+        )
         self.action_normalizer: StatisticsNormalizer | None = None
-        if self.checkpoint_statistics:
+        if cfg.normalization == "dataset":
+            mode = "lerobot QUANTILES" if model.pi05 else "lerobot MEAN_STD"
+            self.normalizer = StatisticsNormalizer.unfitted(spec.state_dim, mode, "SFT's demonstrations")
+            self.action_normalizer = StatisticsNormalizer.unfitted(spec.action_dim, mode, "SFT's demonstrations")
+        elif self.fixed_statistics:
             self._use_statistics_of(cfg.pretrained, quantiles=model.pi05)
         self.cameras = sorted(spec.image_shapes)
         if cfg.train_expert_only:
@@ -446,26 +455,35 @@ class Pi0Policy(FlowPolicy):
         self.normalizer = nn.Identity()
         if statistics.state is not None:
             self.normalizer = StatisticsNormalizer(statistics.state)
-            self.normalizer.fit(self.spec.state_dim)
+            self.normalizer.require_width(self.spec.state_dim)
         if statistics.action is not None:
             self.action_normalizer = StatisticsNormalizer(statistics.action)
-            self.action_normalizer.fit(self.spec.action_dim, self.cfg.horizon)
+            self.action_normalizer.require_width(self.spec.action_dim, self.cfg.horizon)
 
     def _to_env(self, chunk: torch.Tensor) -> torch.Tensor:
-        if not self.checkpoint_statistics:
+        if not self.fixed_statistics:
             return super()._to_env(chunk)
         if self.action_normalizer is not None:
             chunk = self.action_normalizer.unnormalize(chunk)
         return torch.maximum(torch.minimum(chunk, self.high), self.low)  # as the env executes it
 
     def _to_model(self, actions: torch.Tensor) -> torch.Tensor:
-        if not self.checkpoint_statistics:
+        if not self.fixed_statistics:
             return super()._to_model(actions)
         return actions if self.action_normalizer is None else self.action_normalizer(actions)
 
     def update_normalization(self, observation: Observation) -> None:
-        if not self.checkpoint_statistics:  # the checkpoint's statistics stay as it was trained
+        if not self.fixed_statistics:  # a checkpoint's or a dataset's statistics stay as they are
             super().update_normalization(observation)
+
+    def fit_statistics(self, observation: Observation, actions: torch.Tensor) -> None:
+        if self.cfg.normalization != "dataset":
+            return super().fit_statistics(observation, actions)
+        mode = "QUANTILES" if self.model.pi05 else "MEAN_STD"  # as lerobot and openpi train each
+        for normalizer, values in ((self.normalizer, observation.state), (self.action_normalizer, actions)):
+            normalizer.set(
+                dataset_feature(values.detach().cpu().numpy(), mode, f"SFT's {len(values)} demonstrated frames")
+            )
 
     def pretrained_frozen(self) -> tuple[str, list[str]] | None:
         """What `train_expert_only` or `freeze_vision` freezes of a model loaded from
@@ -503,6 +521,11 @@ class Pi0Policy(FlowPolicy):
     # every token), the VLM's output, each layer's key and value].
     def _state(self, observation: Observation) -> torch.Tensor:
         device = self.low.device
+        if self.cfg.normalization == "dataset" and not self.normalizer.fitted:
+            raise ConfigError(
+                "policy.normalization=dataset: the statistics come from SFT's demonstrations; run "
+                "`embodied sft` first (an RL run takes them with init=<the SFT run>)"
+            )
         state = self.normalizer(observation.state.to(device, torch.float32))
         state = F.pad(state, (0, self.cfg.max_state_dim - state.shape[-1]))
         batch = state.shape[0]
@@ -511,7 +534,7 @@ class Pi0Policy(FlowPolicy):
         instructions = observation.instruction or [""] * batch
         unit_state = None
         if self.model.pi05:  # a checkpoint's statistics put it in [-1, 1] as pi0.5 was trained
-            unit_state = state if self.checkpoint_statistics else (state / Z_AT_99TH_PERCENTILE).clamp(-1, 1)
+            unit_state = state if self.fixed_statistics else (state / Z_AT_99TH_PERCENTILE).clamp(-1, 1)
         tokens, token_mask = self.instructions(prompts(instructions, unit_state), self.cfg.max_instruction_tokens)
         embeddings, valid = self.model.embed_prefix(images, present, tokens.to(device), token_mask.to(device))
         hidden, cache = self.model.encode_prefix(embeddings, valid)

@@ -14,6 +14,9 @@ Two layouts:
 - openpi: `assets/<asset_id>/norm_stats.json` (`norm_stats.state` / `.actions`: mean, std,
   q01, q99). openpi chooses the mode by model: pi0 z-score, pi0.5 quantiles.
 
+SFT on a new dataset computes the statistics from it instead (`dataset_feature`), in the mode
+the model was published with.
+
 Every mode is an affine map per element, `normalised = (x - offset) / scale_in` and
 `x = normalised * scale_out + offset`, with each library's own epsilon where it puts it, so
 statistics of any shape (per dimension, or per horizon step and dimension) apply as they did
@@ -113,17 +116,31 @@ def _lerobot_step(folder: Path, name: str, registry_name: str, feature_type: str
     if "state_file" not in step:
         raise ConfigError(f"{file}: step '{registry_name}' names no state_file with its statistics")
     stats = _read_safetensors(folder / step["state_file"], key)
-    eps = float(config.get("eps", LEROBOT_EPS))
     source = f"{folder / step['state_file']}:{key}"
-    if mode == "MEAN_STD":
-        mean, std = _need(stats, ("mean", "std"), source)
-        statistics = FeatureStatistics(f"lerobot {mode}", source, mean, std + eps, std)
-    else:
-        low, high = _need(stats, LEROBOT_RANGES[mode], source)
-        half = np.where(high - low == 0, eps, high - low) / 2  # lerobot's guard for a constant feature
-        statistics = FeatureStatistics(f"lerobot {mode}", source, low + half, half, half)
+    statistics = lerobot_feature(mode, stats, source, float(config.get("eps", LEROBOT_EPS)))
     _check_shape(statistics, features[key].get("shape"), file, key)
     return statistics
+
+
+def lerobot_feature(
+    mode: str, stats: dict[str, np.ndarray], source: str, eps: float = LEROBOT_EPS
+) -> FeatureStatistics:
+    """A feature normalised as lerobot's (un)normaliser steps do in `mode`."""
+    if mode == "MEAN_STD":
+        mean, std = _need(stats, ("mean", "std"), source)
+        return FeatureStatistics(f"lerobot {mode}", source, mean, std + eps, std)
+    low, high = _need(stats, LEROBOT_RANGES[mode], source)
+    half = np.where(high - low == 0, eps, high - low) / 2  # lerobot's guard for a constant feature
+    return FeatureStatistics(f"lerobot {mode}", source, low + half, half, half)
+
+
+def dataset_feature(values: np.ndarray, mode: str, source: str) -> FeatureStatistics:
+    """A feature's statistics computed from a dataset's rows (N, D), in `mode` (MEAN_STD or
+    QUANTILES), as lerobot computes and applies them."""
+    values = np.asarray(values, dtype=np.float64).reshape(len(values), -1)
+    stats = {"mean": values.mean(0), "std": values.std(0)}
+    stats["q01"], stats["q99"] = np.quantile(values, [0.01, 0.99], axis=0)
+    return lerobot_feature(mode, stats, source)
 
 
 def _read_safetensors(file: Path, key: str) -> dict[str, np.ndarray]:
@@ -210,6 +227,23 @@ class StatisticsNormalizer(nn.Module):
         for name in ("offset", "scale_in", "scale_out"):
             self.register_buffer(name, torch.as_tensor(getattr(statistics, name), dtype=torch.float32))
 
+    @classmethod
+    def unfitted(cls, dim: int, mode: str, source: str) -> StatisticsNormalizer:
+        """A normaliser whose statistics are still to come (`set`); NaN until then, so nothing
+        can act on them by mistake."""
+        nan = np.full(dim, np.nan)
+        return cls(FeatureStatistics(mode, source, nan, nan, nan))
+
+    @property
+    def fitted(self) -> bool:
+        return not bool(torch.isnan(self.scale_in).any())
+
+    @torch.no_grad()
+    def set(self, statistics: FeatureStatistics) -> None:
+        self.mode, self.source = statistics.mode, statistics.source
+        for name in ("offset", "scale_in", "scale_out"):
+            getattr(self, name).copy_(torch.as_tensor(getattr(statistics, name)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         offset, scale_in, _ = self._for(x)
         return (x - offset) / scale_in
@@ -225,7 +259,7 @@ class StatisticsNormalizer(nn.Module):
             return tuple(b[: x.shape[-2]] for b in buffers)
         return buffers
 
-    def fit(self, dim: int, horizon: int | None = None) -> None:
+    def require_width(self, dim: int, horizon: int | None = None) -> None:
         """Refuse statistics of another width than the env's `dim` (or, per horizon step, of
         more or fewer steps than `horizon`), naming where they came from."""
         shape = tuple(self.offset.shape)

@@ -5,7 +5,8 @@
   which is what on-policy RL needs after the weights moved;
 - `bc_loss(observation, actions)` is the supervised loss for SFT on demonstrations;
 - `update_normalization(observation)` folds a batch into the input statistics, which live in
-  the module's buffers so they travel with the weights and the checkpoint.
+  the module's buffers so they travel with the weights and the checkpoint;
+- `fit_statistics(observation, actions)` sets them from SFT's demonstrations, once.
 
 The contract imports no torch, so the core stays light for env workers and robot clients.
 Every policy is also a `torch.nn.Module` (`class MyPolicy(nn.Module, Policy)`): the methods
@@ -88,6 +89,12 @@ class Policy(ABC):
 
     def update_normalization(self, observation: Observation) -> None:
         """Fold observations into the input statistics (no-op for policies without any)."""
+
+    def fit_statistics(self, observation: Observation, actions: torch.Tensor) -> None:
+        """The statistics of SFT's demonstrations (states and their actions (N, A)), once before
+        SFT. By default the states are folded into the input statistics; a policy that
+        normalises its actions by a dataset's statistics takes those too."""
+        self.update_normalization(observation)
 
     @property
     def device(self) -> torch.device:

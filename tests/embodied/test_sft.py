@@ -308,3 +308,34 @@ def test_an_hg_dagger_round_starts_from_the_corrected_policy_and_keeps_its_stati
     assert all(torch.equal(start[k], after[k]) for k in start)  # lr 0: the weights and statistics it began with
     with pytest.raises(ConfigError, match=f"init={deployed}: its weights do not fit policy 'mlp_gaussian'"):
         sft_run(tmp_path, pickcube_demos, "steps=1", f"init={deployed}", name="wrong", policy=("policy=mlp_gaussian",))
+
+
+def test_pi0_sft_on_a_new_dataset_keeps_the_datasets_statistics_in_its_checkpoint(pickcube_demos, tmp_path):
+    """policy.normalization=dataset: SFT computes the demonstrations' state and action
+    statistics in pi0's mode (mean/std), trains in those units, and its checkpoint carries
+    them, so the run's policy acts as trained when loaded again (eval, serve, init=)."""
+    from embodied.core.types import Observation
+    from embodied.policy_loading import load_run_policy
+
+    tiny_pi0 = (
+        "policy=pi0",
+        "policy.paligemma_variant=tiny",
+        "policy.expert_variant=tiny_expert",
+        "policy.vocab_size=300",
+        "policy.max_state_dim=64",
+        "policy.max_action_dim=8",
+        "policy.horizon=2",
+        "policy.denoise_steps=2",
+        "policy.normalization=dataset",
+    )
+    run_dir = sft_run(tmp_path, pickcube_demos, "steps=2", "val_fraction=0", policy=tiny_pi0)
+    frames = read_frames(pickcube_demos, ["observation.state", "action"])
+    loaded = load_run_policy(run_dir).policy
+    state = frames["observation.state"].astype(np.float64)
+    np.testing.assert_allclose(loaded.normalizer.offset.numpy(), state.mean(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        loaded.action_normalizer.scale_out.numpy(), frames["action"].std(0), rtol=1e-4, atol=1e-5
+    )
+    with torch.no_grad():
+        chunk = loaded.act(Observation(state=torch.from_numpy(state[:2]).float(), instruction=["pick", "pick"]))
+    assert torch.isfinite(chunk.actions).all()

@@ -534,11 +534,39 @@ def test_a_checkpoint_without_statistics_is_refused_unless_the_run_keeps_its_own
     with pytest.raises(ConfigError, match=r"holds no normalisation statistics.*policy.normalization=running"):
         Pi0Policy(Pi0Config(**REFERENCE, pretrained=str(bare)), SPEC)
     running = Pi0Policy(Pi0Config(**REFERENCE, pretrained=str(bare), normalization="running"), SPEC)
-    assert not running.checkpoint_statistics and running.action_normalizer is None
+    assert not running.fixed_statistics and running.action_normalizer is None
     with pytest.raises(ConfigError, match=r"statistics of shape \(3,\) do not fit the env's \(2,\)"):
         Pi0Policy(
             Pi0Config(**REFERENCE, pretrained=str(lerobot_checkpoint / "checkpoint")),
             EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0,) * 2, action_high=(1.0,) * 2, image_shapes={}),
         )
     with pytest.raises(ConfigError, match="policy.normalization must be one of"):
-        Pi0Policy(Pi0Config(**REFERENCE, normalization="dataset"), SPEC)
+        Pi0Policy(Pi0Config(**REFERENCE, normalization="quantiles"), SPEC)
+
+
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_dataset_statistics_come_from_sft_in_the_models_published_mode(model):
+    """policy.normalization=dataset: nothing acts before SFT gives the statistics; then pi0's
+    state has zero mean and unit spread over the demonstrations, pi0.5's has its 1st and 99th
+    percentiles at -1 and 1, and actions go to the model's units and back."""
+    pi0, seen = policy(model, normalization="dataset"), observation()
+    with pytest.raises(ConfigError, match="normalization=dataset: the statistics come from SFT"):
+        pi0.act(seen)
+    g = torch.Generator().manual_seed(0)
+    states = torch.randn(2000, SPEC.state_dim, generator=g) * 4 + 2
+    actions = torch.rand(2000, SPEC.action_dim, generator=g) * 3 - 1
+    pi0.fit_statistics(Observation(state=states), actions)
+    normalized = pi0.normalizer(states).double()
+    if model == "pi0":
+        torch.testing.assert_close(normalized.mean(0), torch.zeros(5, dtype=torch.float64), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            normalized.std(0, unbiased=False), torch.ones(5, dtype=torch.float64), atol=1e-4, rtol=0
+        )
+    else:
+        ends = torch.quantile(normalized, torch.tensor([0.01, 0.99], dtype=torch.float64), dim=0)
+        torch.testing.assert_close(
+            ends, torch.tensor([[-1.0], [1.0]], dtype=torch.float64).expand(2, 5), atol=1e-4, rtol=0
+        )
+    chunk = actions[:6].view(2, 3, 3)
+    torch.testing.assert_close(pi0._to_env(pi0._to_model(chunk)), chunk, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(pi0.act(seen).actions).all()
