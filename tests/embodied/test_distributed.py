@@ -341,17 +341,11 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
 
     from embodied.checkpoint import resolve_checkpoint
     from tests.embodied.test_procs import updates_of
+    from tests.policies.tiny import TINY_PI0
 
     tiny = [
         "runtime=procs",
-        "policy=pi0",
-        "policy.paligemma_variant=tiny",
-        "policy.expert_variant=tiny_expert",
-        "policy.vocab_size=300",
-        "policy.max_state_dim=64",
-        "policy.max_action_dim=8",
-        "policy.horizon=2",
-        "policy.denoise_steps=2",
+        *TINY_PI0,
         "env.num_envs=4",
         "env.num_workers=0",
         "algo.rollout_steps=10",

@@ -316,19 +316,11 @@ def test_pi0_sft_on_a_new_dataset_keeps_the_datasets_statistics_in_its_checkpoin
     them, so the run's policy acts as trained when loaded again (eval, serve, init=)."""
     from embodied.core.types import Observation
     from embodied.policy_loading import load_run_policy
+    from tests.policies.tiny import TINY_PI0
 
-    tiny_pi0 = (
-        "policy=pi0",
-        "policy.paligemma_variant=tiny",
-        "policy.expert_variant=tiny_expert",
-        "policy.vocab_size=300",
-        "policy.max_state_dim=64",
-        "policy.max_action_dim=8",
-        "policy.horizon=2",
-        "policy.denoise_steps=2",
-        "policy.normalization=dataset",
+    run_dir = sft_run(
+        tmp_path, pickcube_demos, "steps=2", "val_fraction=0", policy=(*TINY_PI0, "policy.normalization=dataset")
     )
-    run_dir = sft_run(tmp_path, pickcube_demos, "steps=2", "val_fraction=0", policy=tiny_pi0)
     frames = read_frames(pickcube_demos, ["observation.state", "action"])
     loaded = load_run_policy(run_dir).policy
     state = frames["observation.state"].astype(np.float64)
