@@ -435,10 +435,9 @@ class Pi0Policy(FlowPolicy):
             bool(cfg.pretrained) and cfg.normalization == "checkpoint"
         )
         self.action_normalizer: StatisticsNormalizer | None = None
-        if cfg.normalization == "dataset":
-            mode = "lerobot QUANTILES" if model.pi05 else "lerobot MEAN_STD"
-            self.normalizer = StatisticsNormalizer.unfitted(spec.state_dim, mode, "SFT's demonstrations")
-            self.action_normalizer = StatisticsNormalizer.unfitted(spec.action_dim, mode, "SFT's demonstrations")
+        if cfg.normalization == "dataset":  # set by fit_statistics
+            self.normalizer = StatisticsNormalizer.unfitted(spec.state_dim)
+            self.action_normalizer = StatisticsNormalizer.unfitted(spec.action_dim)
         elif self.fixed_statistics:
             self._use_statistics_of(cfg.pretrained, quantiles=model.pi05)
         self.cameras = sorted(spec.image_shapes)

@@ -130,8 +130,8 @@ def lerobot_feature(
         mean, std = _need(stats, ("mean", "std"), source)
         return FeatureStatistics(f"lerobot {mode}", source, mean, std + eps, std)
     low, high = _need(stats, LEROBOT_RANGES[mode], source)
-    half = np.where(high - low == 0, eps, high - low) / 2  # lerobot's guard for a constant feature
-    return FeatureStatistics(f"lerobot {mode}", source, low + half, half, half)
+    width = np.where(high - low == 0, eps, high - low)  # lerobot's guard for a constant feature
+    return _range_feature(f"lerobot {mode}", source, low, width)
 
 
 def dataset_feature(values: np.ndarray, mode: str, source: str) -> FeatureStatistics:
@@ -185,13 +185,18 @@ def _openpi_feature(norm_stats: dict[str, Any], key: str, quantiles: bool, file:
     stats = {name: np.asarray(value, dtype=np.float64) for name, value in norm_stats[key].items() if value is not None}
     if quantiles:
         low, high = _need(stats, ("q01", "q99"), source)
-        half = (high - low + OPENPI_EPS) / 2
-        return FeatureStatistics("openpi quantiles", source, low + half, half, half)
+        return _range_feature("openpi quantiles", source, low, high - low + OPENPI_EPS)
     mean, std = _need(stats, ("mean", "std"), source)
     return FeatureStatistics("openpi z-score", source, mean, std + OPENPI_EPS, std + OPENPI_EPS)
 
 
 # ---- shared -------------------------------------------------------------------------------------
+def _range_feature(mode: str, source: str, low: np.ndarray, width: np.ndarray) -> FeatureStatistics:
+    """[low, low + width] onto [-1, 1], both ways."""
+    half = width / 2
+    return FeatureStatistics(mode, source, low + half, half, half)
+
+
 def _read_json(file: Path) -> dict[str, Any]:
     try:
         loaded = json.loads(file.read_text())
@@ -228,11 +233,11 @@ class StatisticsNormalizer(nn.Module):
             self.register_buffer(name, torch.as_tensor(getattr(statistics, name), dtype=torch.float32))
 
     @classmethod
-    def unfitted(cls, dim: int, mode: str, source: str) -> StatisticsNormalizer:
+    def unfitted(cls, dim: int) -> StatisticsNormalizer:
         """A normaliser whose statistics are still to come (`set`); NaN until then, so nothing
         can act on them by mistake."""
         nan = np.full(dim, np.nan)
-        return cls(FeatureStatistics(mode, source, nan, nan, nan))
+        return cls(FeatureStatistics("not set yet", "SFT's demonstrations", nan, nan, nan))
 
     @property
     def fitted(self) -> bool:
