@@ -12,8 +12,8 @@ next sequence number, asks for a resend from the first one it misses, and acknow
 A learner restarted from a checkpoint welcomes its rollout with the checkpoint's marks, so it
 gets back exactly the trajectories the checkpoint lacks and uses none of them twice.
 
-PUSH/PULL, which DESIGN.md sketches for trajectories, has no way back for acknowledgements;
-ROUTER/DEALER carries data, acks and heartbeats on one connection and tells rollouts apart."""
+Trajectories travel over ROUTER/DEALER rather than PUSH/PULL, which has no way back for acknowledgements:
+one connection carries data, acks and heartbeats and tells rollouts apart."""
 
 from __future__ import annotations
 
