@@ -31,14 +31,13 @@ from embodied.core.policy import Policy
 from embodied.core.types import EpisodeStats
 from embodied.eval_episodes import write_report, write_videos
 from embodied.policy_loading import load_run_policy
+from embodied.sim.libero import SUITE_TASK_COUNTS
 
 MANISKILL_SUITE = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
 
 
 def _libero_tasks(suite: str) -> Callable[[Any], list[tuple[str, Any]]]:
     def tasks(base: Any) -> list[tuple[str, Any]]:
-        from embodied.sim.libero import SUITE_TASK_COUNTS
-
         return [
             (f"{suite}/{t}", dataclasses.replace(base, suite=suite, task_ids=[t]))
             for t in range(SUITE_TASK_COUNTS[suite])
@@ -53,10 +52,7 @@ def _maniskill_tasks(base: Any) -> list[tuple[str, Any]]:
 
 # suite name -> (env name, the per-task env configs derived from a base config of that env)
 SUITES: dict[str, tuple[str, Callable[[Any], list[tuple[str, Any]]]]] = {
-    **{
-        suite: ("libero", _libero_tasks(suite))
-        for suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
-    },
+    **{suite: ("libero", _libero_tasks(suite)) for suite in SUITE_TASK_COUNTS},  # with LIBERO-PRO's
     "maniskill": ("maniskill", _maniskill_tasks),
 }
 

@@ -1,5 +1,10 @@
 """LIBERO tasks (libero_spatial, libero_object, libero_goal, libero_10, libero_90) behind the
-batched env interface, offline, with the community's evaluation protocol:
+batched env interface, offline, with the community's evaluation protocol, and the LIBERO-PRO
+perturbations of the first four that the LIBERO package ships (`<suite>_<perturbation>`):
+`lan` (the instruction paraphrased), `object` (objects' appearance changed), `swap` (objects'
+positions swapped) and `task` (another goal in the same scene). A perturbed suite keeps its
+base suite's step limit; its instruction is the one its task file states where the
+perturbation changed it (`lan`, `task`), else the base suite's.
 
 - an episode reset with seed `s` starts from the task's standard init state `s mod 50`, with
   numpy's random state (which robosuite uses to jitter fixtures on every reset) seeded with
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,14 +39,21 @@ from embodied.core.paths import checkout_root
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
 
-SUITE_TASK_COUNTS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
-SUITE_STEP_LIMITS = {
+BASE_STEP_LIMITS = {
     "libero_spatial": 220,
     "libero_object": 280,
     "libero_goal": 300,
     "libero_10": 520,
     "libero_90": 400,
 }
+PERTURBATIONS = ("lan", "object", "swap", "task")  # LIBERO-PRO's, as the package ships them
+PRO_SUITES = {
+    f"{base}_{p}": base
+    for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+    for p in PERTURBATIONS
+}
+SUITE_STEP_LIMITS = {**BASE_STEP_LIMITS, **{suite: BASE_STEP_LIMITS[base] for suite, base in PRO_SUITES.items()}}
+SUITE_TASK_COUNTS = {suite: 90 if suite == "libero_90" else 10 for suite in SUITE_STEP_LIMITS}
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
 IMAGE_SIZES = (128, 224, 256)
 NOOP = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)  # hold still, gripper open
@@ -114,6 +127,15 @@ def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
     return np.array([x, y, z]) / sin_half * angle
 
 
+def stated_instruction(bddl_file: str) -> str:
+    """The `(:language ...)` a task file states. LIBERO names the standard instruction after
+    the file; LIBERO-PRO's paraphrases and new goals exist only here."""
+    match = re.search(r"\(:language\s+([^)]*)\)", Path(bddl_file).read_text())
+    if match is None:
+        raise ConfigError(f"{bddl_file} states no (:language ...)")
+    return " ".join(match.group(1).split())
+
+
 class LiberoEnv(SingleEnv):
     """One LIBERO task in this (worker) process."""
 
@@ -132,9 +154,14 @@ class LiberoEnv(SingleEnv):
         self.task_id = task_ids[env_id % len(task_ids)]
         task = suite.get_task(self.task_id)
         self.task = f"{cfg.suite}/{self.task_id}:{task.name}"
-        self.instruction = str(task.language)
         self.init_states = suite.get_task_init_states(self.task_id)
         bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+        self.instruction = str(task.language)
+        if cfg.suite in PRO_SUITES:
+            base_bddl = os.path.join(get_libero_path("bddl_files"), PRO_SUITES[cfg.suite], task.bddl_file)
+            stated = stated_instruction(bddl)
+            if not os.path.isfile(base_bddl) or stated != stated_instruction(base_bddl):
+                self.instruction = stated
         self.cfg = cfg
         self.cameras = list(cfg.cameras)
         size = cfg.image_size

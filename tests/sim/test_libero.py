@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from embodied.core.errors import ConfigError
-from embodied.sim.libero import SUITE_STEP_LIMITS, LiberoConfig, libero_python, make_libero
+from embodied.sim.libero import (
+    BASE_STEP_LIMITS,
+    PRO_SUITES,
+    SUITE_STEP_LIMITS,
+    LiberoConfig,
+    libero_python,
+    make_libero,
+)
 
 
 def run_in_libero(code: str) -> dict:
@@ -24,7 +31,7 @@ def run_in_libero(code: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("suite", sorted(SUITE_STEP_LIMITS))
+@pytest.mark.parametrize("suite", sorted(BASE_STEP_LIMITS))
 def test_every_suite_builds_with_its_step_limit_and_instruction(suite):
     env = make_libero(
         LiberoConfig(suite=suite, task_ids=[0], num_envs=1, num_workers=1, cameras=[], settle_steps=0), seed=0
@@ -37,6 +44,45 @@ def test_every_suite_builds_with_its_step_limit_and_instruction(suite):
         assert env.tasks[0].startswith(f"{suite}/0:")
     finally:
         env.close()
+
+
+def test_every_libero_pro_suite_ships_its_task_files_and_init_states():
+    found = run_in_libero(f"""
+        import json, os
+        from libero.libero import benchmark, get_libero_path
+
+        suites = benchmark.get_benchmark_dict()
+        counts = {{}}
+        for name in {sorted(PRO_SUITES)!r}:
+            suite = suites[name]()
+            counts[name] = sum(
+                os.path.isfile(suite.get_task_bddl_file_path(i)) and len(suite.get_task_init_states(i)) >= 50
+                for i in range(suite.n_tasks)
+            )
+        print(json.dumps(counts))
+    """)
+    assert found == {suite: 10 for suite in PRO_SUITES}
+
+
+def test_libero_pro_perturbations_run_with_their_own_instructions():
+    """Each perturbation of libero_goal's task 0 builds, resets and steps; a paraphrase (lan)
+    or a new goal (task) is what the policy is told, a perturbed scene keeps the instruction."""
+    instructions = {}
+    for suite in ("libero_goal", *(f"libero_goal_{p}" for p in ("lan", "object", "swap", "task"))):
+        env = make_libero(
+            LiberoConfig(suite=suite, task_ids=[0], num_envs=1, num_workers=1, cameras=[], settle_steps=0), seed=0
+        )
+        try:
+            assert env.spec.max_episode_steps == SUITE_STEP_LIMITS["libero_goal"]
+            observation = env.reset()
+            result = env.step(np.zeros((1, 2, 7), np.float32))
+            assert result.observation.state.shape == (1, 8) and np.isfinite(result.observation.state).all()
+            instructions[suite.removeprefix("libero_goal").lstrip("_") or "base"] = observation.instruction[0]
+        finally:
+            env.close()
+    assert instructions["base"] == "open the middle drawer of the cabinet"
+    assert instructions["object"] == instructions["swap"] == instructions["base"]
+    assert instructions["lan"] not in (instructions["base"], "") and instructions["task"] != instructions["base"]
 
 
 def test_same_init_state_gives_the_same_first_observation_and_images_are_upright():
