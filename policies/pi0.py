@@ -49,6 +49,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
+from embodied.policies.features import camera_inputs, checkpoint_inputs, parse_features
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
@@ -109,6 +110,10 @@ class Pi0Config(FlowPolicyConfig):
     normalization: str = "checkpoint"
     sft_time: str = "beta"  # as pi0 and pi0.5 were trained: Beta(1.5, 1) * 0.999 + 0.001
     asset_id: str = ""  # openpi checkpoints: which assets/<asset_id>/norm_stats.json, where there are several
+    # which env camera feeds which of the checkpoint's image inputs, in its order: empty (the
+    # inputs' own short names), a preset (libero_lerobot | libero_openpi) or
+    # <input>=<camera>,... (`empty`: masked, as trained without that camera)
+    features: str = ""
 
 
 @dataclass
@@ -440,7 +445,12 @@ class Pi0Policy(FlowPolicy):
             self.action_normalizer = StatisticsNormalizer.unfitted(spec.action_dim)
         elif self.fixed_statistics:
             self._use_statistics_of(cfg.pretrained, quantiles=model.pi05)
-        self.cameras = sorted(spec.image_shapes)
+        # a checkpoint acting as trained reads the inputs it was trained on; on a new robot
+        # (running or dataset statistics) the env's cameras are the inputs, as lerobot's
+        # fine-tuning takes its dataset's features
+        acts_as_trained = bool(cfg.pretrained) and cfg.normalization == "checkpoint"
+        inputs = checkpoint_inputs(cfg.pretrained, checkpoint_config(cfg.pretrained)) if acts_as_trained else None
+        self.cameras = camera_inputs(inputs, parse_features(cfg.features), spec)
         if cfg.train_expert_only:
             for part in (model.vision, model.projector, model.vlm):
                 part.requires_grad_(False)

@@ -196,7 +196,12 @@ def main(work: Path) -> None:
         from lerobot.policies.pi05.modeling_pi05 import PI05Policy as Policy
 
     size = spec["image_size"]
-    cameras = [f"observation.images.camera{i}" for i in range(spec["cameras"])]
+    cameras = [f"observation.images.{name}" for name in spec["cameras"]]
+    widths = spec.get("processors", {})  # the env's widths where they are known, as lerobot's training records them
+    state_dim, action_dim = (
+        widths.get("state_dim", spec["max_state_dim"]),
+        widths.get("action_dim", spec["max_action_dim"]),
+    )
     config = Config(
         chunk_size=spec["horizon"],
         n_action_steps=spec["horizon"],
@@ -207,10 +212,10 @@ def main(work: Path) -> None:
         device="cpu",
         tokenizer_max_length=spec["tokens"],
         input_features={
-            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(spec["max_state_dim"],)),
+            "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(state_dim,)),
             **{name: PolicyFeature(type=FeatureType.VISUAL, shape=(3, size, size)) for name in cameras},
         },
-        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(spec["max_action_dim"],))},
+        output_features={"action": PolicyFeature(type=FeatureType.ACTION, shape=(action_dim,))},
     )
     policy = Policy(config).eval()
     generator = torch.Generator().manual_seed(spec["seed"])
@@ -222,8 +227,8 @@ def main(work: Path) -> None:
     inputs = np.load(work / "inputs.npz")
     if "processors" in spec:
         save_processors(work, spec, inputs)
-    images = [torch.from_numpy(inputs[f"image{i}"]) for i in range(spec["cameras"])]
-    image_masks = [torch.from_numpy(inputs[f"image_mask{i}"]) for i in range(spec["cameras"])]
+    images = [torch.from_numpy(inputs[f"image{i}"]) for i in range(len(cameras))]
+    image_masks = [torch.from_numpy(inputs[f"image_mask{i}"]) for i in range(len(cameras))]
     state = [torch.from_numpy(inputs["state"])] if spec["model"] == "pi0" else []  # pi0.5's is in the prompt
     seconds = []
     for _ in range(max(1, spec.get("timed_runs", 1))):
