@@ -95,6 +95,8 @@ class Pi0Config(FlowPolicyConfig):
     vocab_size: int = PALIGEMMA_VOCAB  # PaliGemma's
     max_state_dim: int = 0  # state and actions are zero-padded to these; 0: the checkpoint's, else 32
     max_action_dim: int = 0
+    horizon: int = 0  # 0: the checkpoint's chunk_size (pi0's is 50), else 4
+    denoise_steps: int = 0  # 0: the checkpoint's num_inference_steps (pi0's is 10), else 4
     image_size: int = 0  # 0: 224 for the real variants, 32 for tiny
     tokenizer: str = ""  # a PaliGemma tokenizer's local path or hub id; empty: UTF-8 bytes (tiny models)
     max_instruction_tokens: int = 48
@@ -155,6 +157,9 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
             f"{resolved['paligemma_variant']} and {resolved['expert_variant']} cannot share attention: "
             f"their depth and heads differ"
         )
+    # as the checkpoint was trained and sampled, unless asked otherwise
+    resolved["horizon"] = cfg.horizon or int(saved.get("chunk_size") or 4)
+    resolved["denoise_steps"] = cfg.denoise_steps or int(saved.get("num_inference_steps") or 4)
     if cfg.image_size:
         image_size = cfg.image_size
     elif resolved["paligemma_variant"] == "tiny":
