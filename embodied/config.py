@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -101,17 +101,20 @@ class SFTConfig:
 
 @dataclass
 class EvalConfig:
+    GROUPS_OPTIONAL: ClassVar[bool] = True  # a run's checkpoint names its env and policy
     checkpoint: Optional[str] = None  # a run directory or one checkpoint directory in it
     env: Any = None  # default: the env the checkpoint was trained on
+    # instead of checkpoint: a published model as it is (policy=pi05 policy.pretrained=<dir>)
+    policy: Any = None
     episodes: int = 50
     video_episodes: int = 0
     deterministic: bool = True
     seed: int = 0
     output: Optional[str] = None  # default: <run dir>/eval/<env task or suites>
     progress_bar: bool = True
-    # Suite mode: every task of these suites (comma-separated, e.g. libero_spatial,libero_goal),
+    # Suite mode: every task of these suites (one, or a list: suite=[libero_spatial,libero_goal]),
     # `trials` each, trial k reset with seed k; resumable. `episodes` is then unused.
-    suite: Optional[str] = None
+    suite: Any = None  # one suite, or several as a list: suite=[libero_spatial,libero_spatial_swap]
     trials: int = 50  # per task in suite mode; trial k is reset with seed k (LIBERO: init state k)
     task_ids: Optional[list[int]] = None  # a subset of each suite's tasks
 
@@ -164,7 +167,7 @@ def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
     check_values(config)
     for group in group_names:
         section = cfg.get(group)
-        if section is None and schema is EvalConfig:
+        if section is None and getattr(schema, "GROUPS_OPTIONAL", False):
             continue
         setattr(config, group, validate_group(group, section))
     return config

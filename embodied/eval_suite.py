@@ -1,7 +1,8 @@
 """`embodied eval suite=<name>[,<name>...]`: every task of one or more suites, `trials`
 trials each, by the standard protocol, resumable.
 
-    embodied eval checkpoint=runs/x suite=libero_spatial,libero_goal trials=50 env.num_workers=4
+    embodied eval checkpoint=runs/x suite=[libero_spatial,libero_goal] trials=50 env.num_workers=4
+    embodied eval policy=pi05 policy.pretrained=/models/pi05_libero suite=[libero_spatial,libero_spatial_swap]
 
 Trial k of a task is reset with seed k: for LIBERO that is the task's standard init state k
 (see `embodied.sim.libero`), so every harness that follows the protocol evaluates the same scenes. Each
@@ -23,14 +24,12 @@ import torch
 from tqdm import tqdm
 
 from embodied.build import build_env
-from embodied.checkpoint import load_checkpoint_state, resolve_checkpoint, run_dir_of
-from embodied.config import checkpoint_config
 from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.types import EpisodeStats
 from embodied.eval_episodes import write_report, write_videos
-from embodied.policy_loading import load_run_policy
+from embodied.policy_loading import policy_source
 from embodied.sim.libero import SUITE_TASK_COUNTS
 
 MANISKILL_SUITE = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]
@@ -160,22 +159,21 @@ def run_trials(
 
 
 def evaluate_suite(config: Any) -> Path:
-    if not config.checkpoint:
-        raise ConfigError("eval needs checkpoint=<run dir or checkpoint dir>")
-    checkpoint = resolve_checkpoint(config.checkpoint)
-    trained = checkpoint_config(checkpoint)
-    suites = [s.strip() for s in config.suite.split(",") if s.strip()]
-    tasks = suite_tasks(suites, config.env, trained.env, config.task_ids)
-    output = Path(config.output) if config.output else run_dir_of(checkpoint) / "eval" / "+".join(suites)
-    state = load_checkpoint_state(checkpoint)
+    source = policy_source(config.checkpoint, config.policy)
+    names = [config.suite] if isinstance(config.suite, str) else list(config.suite)
+    suites = [s.strip() for name in names for s in str(name).split(",") if s.strip()]
+    tasks = suite_tasks(suites, config.env, source.trained_env, config.task_ids)
+    output = Path(config.output) if config.output else source.default_output / "+".join(suites)
     meta = {
-        "checkpoint": str(checkpoint),
+        "checkpoint": source.name,
         "suites": suites,
         "trials": config.trials,
         "task_ids": config.task_ids,
         "deterministic": config.deterministic,
         "env": [dataclasses.asdict(e) for _, _, e in tasks[:1]],
     }
+    if config.policy is not None:  # a published model: its settings (inputs, statistics) are the evaluation's
+        meta["policy"] = dataclasses.asdict(config.policy)
     log = TrialLog(output, meta)
     bar = tqdm(
         total=len(tasks) * config.trials,
@@ -184,6 +182,7 @@ def evaluate_suite(config: Any) -> Path:
         unit="trial",
         disable=not config.progress_bar,
     )
+    policy, loaded_for = None, None
     for suite, label, env_cfg in tasks:
         remaining = [k for k in range(config.trials) if k not in log.done(label)]
         if not remaining:
@@ -192,7 +191,8 @@ def evaluate_suite(config: Any) -> Path:
             dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))), seed=config.seed, stream=1
         )
         try:
-            policy = load_run_policy(checkpoint, spec=env.spec, label=label).policy
+            if env.spec != loaded_for:  # the tasks of a suite share one spec: the policy loads once
+                policy, loaded_for = source.load(env.spec, label).policy, env.spec
             instruction = env.instructions[0]
 
             def record(
@@ -241,11 +241,11 @@ def evaluate_suite(config: Any) -> Path:
         episodes,
         groups=groups,
         meta={
-            "checkpoint": str(checkpoint),
+            "checkpoint": source.name,
             "suites": suites,
             "trials": config.trials,
-            "policy_version": state.get("learner", {}).get("policy_version"),
-            "env_steps": state.get("env_steps"),
+            "policy_version": source.state.get("learner", {}).get("policy_version"),
+            "env_steps": source.state.get("env_steps"),
             "deterministic": config.deterministic,
             "seed": "k for trial k",
             "instructions": {r["task"]: r["instruction"] for r in log.records},

@@ -1,9 +1,12 @@
 """A run's policy, loaded again: the one way every verb does it. `embodied eval`, `embodied
 serve`, a new run's `init=` (RL or SFT), the scripted operator (`intervention.expert`) and
-the oracle teleop (`teleop.expert`) all call `load_run_policy`."""
+the oracle teleop (`teleop.expert`) all call `load_run_policy`. `eval` and `serve` also take
+a published model as it is, without a run around it (`load_pretrained_policy`); both reach
+either through `policy_source`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +16,14 @@ import numpy as np
 import torch
 
 from embodied.build import build_env, build_policy
-from embodied.checkpoint import load_checkpoint, load_policy_weights, resolve_checkpoint
-from embodied.config import checkpoint_config
+from embodied.checkpoint import (
+    load_checkpoint,
+    load_checkpoint_state,
+    load_policy_weights,
+    resolve_checkpoint,
+    run_dir_of,
+)
+from embodied.config import TrainConfig, checkpoint_config
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.types import EnvSpec, Observation
@@ -66,11 +75,72 @@ def load_run_policy(
     return RunPolicy(policy.eval(), spec, config, checkpoint, state)
 
 
+def load_pretrained_policy(policy_cfg: Any, spec: EnvSpec, device: str | torch.device = "cpu") -> RunPolicy:
+    """A published model (`policy.pretrained`) as it is, for `spec`, in eval mode: the
+    statistics, inputs and weights are the checkpoint's own; its version is 0."""
+    policy = build_policy(policy_cfg, spec, torch.device(device))
+    return RunPolicy(policy.eval(), spec, TrainConfig(policy=policy_cfg), Path(_pretrained(policy_cfg)), {})
+
+
+def _pretrained(policy_cfg: Any) -> str:
+    pretrained = getattr(policy_cfg, "pretrained", "")
+    if not pretrained:
+        raise ConfigError(
+            f"policy={policy_cfg.name} without policy.pretrained has random weights: give checkpoint=<run dir> "
+            f"or policy.pretrained=<a published model's folder>"
+        )
+    return pretrained
+
+
+@dataclass
+class PolicySource:
+    """Where `eval` and `serve` take their policy from: a run's checkpoint or a published model."""
+
+    name: str  # the checkpoint or model folder, for reports
+    default_output: Path  # where reports go unless `output=` says otherwise
+    trained_env: Any  # the env config it was trained on, where a run recorded it
+    state: dict[str, Any]  # the checkpoint's saved state ({} for a published model)
+    load: Callable[[EnvSpec, str], RunPolicy]  # (the env's spec, a label for errors) -> the policy
+
+
+def policy_source(checkpoint: str | None, policy_cfg: Any, device: str | torch.device = "cpu") -> PolicySource:
+    """`checkpoint=<run>` or `policy=<name> policy.pretrained=<folder>`: exactly one."""
+    if checkpoint and policy_cfg is not None:
+        raise ConfigError("give checkpoint=<run dir> or policy=<name> policy.pretrained=<folder>, not both")
+    if policy_cfg is not None:
+        name = _pretrained(policy_cfg)
+        return PolicySource(
+            name=name,
+            default_output=Path("runs") / f"eval-{policy_cfg.name}-{Path(name).name}",
+            trained_env=None,
+            state={},
+            load=lambda spec, label: load_pretrained_policy(policy_cfg, spec, device),
+        )
+    if not checkpoint:
+        raise ConfigError("needs checkpoint=<run dir or checkpoint dir> or policy=<name> policy.pretrained=<folder>")
+    resolved = resolve_checkpoint(checkpoint)
+    return PolicySource(
+        name=str(resolved),
+        default_output=run_dir_of(resolved) / "eval",
+        trained_env=checkpoint_config(resolved).env,
+        state=load_checkpoint_state(resolved),
+        load=lambda spec, label: load_run_policy(resolved, spec=spec, device=device, label=label),
+    )
+
+
 def _recorded_spec(state: dict[str, Any], config: Any) -> EnvSpec:
     if "spec" in state:
         return EnvSpec.from_dict(state["spec"])
     logger.info("the checkpoint does not record its env spec; reading it from env '%s'", config.env.name)
-    env = build_env(config.env, seed=0, stream=1)  # checkpoints written before the spec was stored
+    return env_spec(config.env)  # checkpoints written before the spec was stored
+
+
+def env_spec(env_cfg: Any) -> EnvSpec:
+    """The spec of `env_cfg`'s env, read from one built briefly (with one env where the
+    config says how many: the spec does not depend on it)."""
+    if hasattr(env_cfg, "num_envs"):
+        env_cfg = dataclasses.replace(env_cfg, num_envs=1)
+    env = build_env(env_cfg, seed=0, stream=1)
     try:
         return env.spec
     finally:

@@ -29,7 +29,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 import zmq
@@ -49,7 +49,12 @@ MAX_INSTRUCTION_CHARS = 4096
 
 @dataclass
 class ServeConfig:
+    GROUPS_OPTIONAL: ClassVar[bool] = True  # a run's checkpoint names its env and policy
     checkpoint: Optional[str] = None  # a run directory or one checkpoint directory
+    # instead of checkpoint: a published model as it is (policy=pi05 policy.pretrained=<dir>)
+    # for the robots of `env` (its spec is what clients must match)
+    policy: Any = None
+    env: Any = None
     endpoint: str = "tcp://127.0.0.1:5555"  # another address needs keys_dir (CURVE)
     keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); required off loopback
     device: str = "auto"
@@ -414,15 +419,26 @@ class PolicyServer:
 
 
 def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation], np.ndarray], EnvSpec, dict[str, Any]]:
-    """The checkpoint's policy as a batch `infer` function, its env spec and the metadata a
-    client is welcomed with. Normalisation statistics are module buffers, so they come with
-    the weights; their hash is the `normalization_id` clients see."""
+    """The checkpoint's policy (or the published model `policy.pretrained`, for `env`'s
+    robots) as a batch `infer` function, its env spec and the metadata a client is welcomed
+    with. Normalisation statistics are module buffers, so they come with the weights; their
+    hash is the `normalization_id` clients see."""
     from embodied.build import resolve_device
-    from embodied.policy_loading import load_run_policy, numpy_infer
+    from embodied.policy_loading import env_spec, load_run_policy, numpy_infer, policy_source
 
-    if not config.checkpoint:
-        raise ConfigError("serve needs checkpoint=<run dir or checkpoint dir>")
-    loaded = load_run_policy(config.checkpoint, device=resolve_device(config.device))
+    device = resolve_device(config.device)
+    if config.policy is not None:
+        if config.env is None:
+            raise ConfigError("serving a published model needs env=<env config>: its spec is what robots must match")
+        loaded = policy_source(config.checkpoint, config.policy, device).load(env_spec(config.env), "env")
+    else:
+        if config.env is not None:
+            raise ConfigError("env= goes with policy.pretrained; a run's checkpoint is served for its own env's spec")
+        if not config.checkpoint:
+            raise ConfigError(
+                "serve needs checkpoint=<run dir or checkpoint dir> or policy=<name> policy.pretrained=<folder>"
+            )
+        loaded = load_run_policy(config.checkpoint, device=device)
     policy = loaded.policy
     metadata = {
         "policy": loaded.config.policy.name,

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import save_file
 
 from embodied.core.errors import ConfigError
 from embodied.policies.statistics import StatisticsNormalizer, read_checkpoint_statistics
+from tests.policies.published import save_lerobot_processors
 
 RNG = np.random.default_rng(0)
 STATE = {"mean": RNG.normal(0, 2, 5), "std": RNG.uniform(0.5, 1.5, 5)}
@@ -45,16 +45,7 @@ def lerobot_checkpoint(folder: Path, norm_map: dict[str, str], stats: dict[str, 
         for feature, values in (("observation.state", STATE), ("action", ACTIONS))
         for name in ("mean", "std", "q01", "q99")
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    for pipeline, step in (
-        ("policy_preprocessor", "normalizer_processor"),
-        ("policy_postprocessor", "unnormalizer_processor"),
-    ):
-        state_file = f"{pipeline}_step_0_{step}.safetensors"
-        save_file(stats, str(folder / state_file))
-        config = {"eps": 1e-8, "features": features, "norm_map": norm_map}
-        entry = {"registry_name": step, "config": config, "state_file": state_file}
-        (folder / f"{pipeline}.json").write_text(json.dumps({"name": pipeline, "steps": [entry]}))
+    save_lerobot_processors(folder, features, norm_map, stats)
     return folder
 
 
