@@ -226,7 +226,7 @@ def main(work: Path) -> None:
 
     inputs = np.load(work / "inputs.npz")
     if "processors" in spec:
-        save_processors(work, spec, inputs)
+        save_processors(work, spec, inputs, pipeline_sampler(policy, spec, inputs))
     images = [torch.from_numpy(inputs[f"image{i}"]) for i in range(len(cameras))]
     image_masks = [torch.from_numpy(inputs[f"image_mask{i}"]) for i in range(len(cameras))]
     state = [torch.from_numpy(inputs["state"])] if spec["model"] == "pi0" else []  # pi0.5's is in the prompt
@@ -253,9 +253,33 @@ def main(work: Path) -> None:
     )
 
 
-def save_processors(work: Path, spec: dict, inputs: np.lib.npyio.NpzFile) -> None:
+def pipeline_sampler(policy, spec: dict, inputs: np.lib.npyio.NpzFile):
+    """state (B, max_state_dim), normalised -> the chunk lerobot's policy samples from the raw
+    camera frames (`frame<i>`, uint8 (B, H, W, 3), through lerobot's own image preprocessing),
+    the prompt tokens and the noise of the pipeline inputs."""
+    batch = {
+        f"observation.images.{name}": torch.from_numpy(inputs[f"frame{i}"]).permute(0, 3, 1, 2).float() / 255.0
+        for i, name in enumerate(spec["cameras"])
+    }
+    images, masks = policy._preprocess_images(batch)
+    tokens, token_mask = torch.from_numpy(inputs["pipeline_tokens"]), torch.from_numpy(inputs["pipeline_token_mask"])
+
+    def sample(state: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            extra = [state] if spec["model"] == "pi0" else []  # pi0.5's state is in its prompt
+            return policy.model.sample_actions(
+                images, masks, tokens, token_mask, *extra, noise=torch.from_numpy(inputs["pipeline_noise"])
+            )
+
+    return sample
+
+
+def save_processors(work: Path, spec: dict, inputs: np.lib.npyio.NpzFile, sample) -> None:
     """lerobot's normaliser and unnormaliser steps, in pipelines shaped as its policies save
-    them, for each norm_map of the spec; the first also beside the checkpoint's weights."""
+    them, for each norm_map of the spec; the first also beside the checkpoint's weights. Each
+    folder's reference.npz has what they make of a raw state and of actions, and the whole
+    pipeline's env actions: raw state -> preprocessor -> the model's chunk (`sample`) ->
+    the env's action dimensions -> postprocessor."""
     from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
     from lerobot.processor import (
         AddBatchDimensionProcessorStep,
@@ -303,7 +327,11 @@ def save_processors(work: Path, spec: dict, inputs: np.lib.npyio.NpzFile) -> Non
         with torch.no_grad():
             state = pre({"observation.state": torch.from_numpy(inputs["raw_state"])})["observation.state"]
             actions = post(torch.from_numpy(inputs["raw_actions"]))
-        np.savez(folder / "reference.npz", state=state.numpy(), actions=actions.numpy())
+            padded = torch.nn.functional.pad(state, (0, spec["max_state_dim"] - state.shape[-1]))
+            pipeline = post(sample(padded)[..., : processors["action_dim"]])
+        np.savez(
+            folder / "reference.npz", state=state.numpy(), actions=actions.numpy(), pipeline_actions=pipeline.numpy()
+        )
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from embodied.policies.pi0 import (
     resize_with_pad,
     resolve_architecture,
 )
+from embodied.policies.statistics import StatisticsNormalizer, lerobot_feature
 from tests.policies.sft import bc_losses
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,6 +68,12 @@ def observation(batch=3, seed=0, invert=False) -> Observation:
 
 
 CONFIGS = {"pi0": Pi0Config, "pi05": Pi05Config}
+PIPELINE_INSTRUCTIONS = ["push the cube", "pick it up", "stack"]
+PIPELINE_SEED = 4  # the generator our policy acts with, whose first draw is the initial noise
+# Square frames, of another size than the model's: resized, never padded. lerobot 0.4.4 pads a
+# non-square frame with -1 while its pixels are still in [0, 1], which becomes -3 in the
+# model's [-1, 1]; openpi (and this project) pad with black, -1 (see docs/flow-rl.md).
+PIPELINE_FRAME = (40, 40, 3)
 
 
 # lerobot's normalisation modes, as norm_maps of the saved processors; each fixture's first is
@@ -145,6 +152,22 @@ def run_reference(work: Path, model: str) -> Path:
     }
     inputs["raw_state"] = (torch.randn(batch, SPEC.state_dim, generator=generator) * 3 + 1).numpy()
     inputs["raw_actions"] = torch.randn(batch, cfg.horizon, SPEC.action_dim, generator=generator).numpy()
+    # the whole pipeline: raw frames, the prompt our policy writes, the noise its sampler draws
+    for i in range(len(spec["cameras"])):
+        inputs[f"frame{i}"] = torch.randint(0, 256, (batch, *PIPELINE_FRAME), generator=generator).numpy()
+        inputs[f"frame{i}"] = inputs[f"frame{i}"].astype(np.uint8)
+    unit_state = None
+    if model == "pi05":  # its prompt carries the state as its checkpoint's statistics normalise it
+        quantiles = spec["processors"]["stats"][modes[0]]["observation.state"]
+        normalizer = StatisticsNormalizer(
+            lerobot_feature("QUANTILES", {k: np.array(v) for k, v in quantiles.items()}, "")
+        )
+        state = normalizer(torch.from_numpy(inputs["raw_state"]))
+        unit_state = torch.nn.functional.pad(state, (0, cfg.max_state_dim - SPEC.state_dim))
+    tokens, token_mask = ByteTokenizer()(prompts(PIPELINE_INSTRUCTIONS, unit_state), cfg.max_instruction_tokens)
+    inputs["pipeline_tokens"], inputs["pipeline_token_mask"] = tokens.numpy(), token_mask.bool().numpy()
+    noise = torch.randn(batch, cfg.horizon * cfg.max_action_dim, generator=torch.Generator().manual_seed(PIPELINE_SEED))
+    inputs["pipeline_noise"] = noise.view(batch, cfg.horizon, cfg.max_action_dim).numpy()
     (work / "spec.json").write_text(json.dumps(spec))
     np.savez(work / "inputs.npz", **inputs)
     subprocess.run(
@@ -532,6 +555,38 @@ def test_a_lerobot_checkpoint_reads_and_acts_in_the_units_it_was_trained_in(mode
     with torch.no_grad():
         pi0.action_normalizer.scale_out[0] *= 2
     assert normalization_id(pi0) != served  # a client holding the old statistics refuses the server
+
+
+@pytest.mark.parametrize("model", ["pi0", "pi05"])
+def test_raw_observations_to_env_actions_match_lerobots_pipeline_in_every_mode(model, request, tmp_path):
+    """Raw state and camera frames -> our policy -> env actions, against lerobot's
+    preprocessor -> its image preprocessing and sample_actions -> postprocessor, for each
+    normalisation mode the checkpoint could have been saved with."""
+    import shutil
+
+    work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
+    inputs = np.load(work / "inputs.npz")
+    wide = EnvSpec(
+        state_dim=5, action_dim=3, action_low=(-50.0,) * 3, action_high=(50.0,) * 3, image_shapes=SPEC.image_shapes
+    )
+    observation = Observation(
+        state=torch.from_numpy(inputs["raw_state"]),
+        images={camera: torch.from_numpy(inputs[f"frame{i}"]) for i, camera in enumerate(sorted(SPEC.image_shapes))},
+        instruction=PIPELINE_INSTRUCTIONS,
+    )
+    for mode in PROCESSOR_MODES[model]:
+        folder = tmp_path / mode
+        shutil.copytree(work / "processors" / mode, folder)
+        for name in ("model.safetensors", "config.json"):
+            shutil.copy(work / "checkpoint" / name, folder / name)
+        config = CONFIGS[model](**REFERENCE, sampler="ode", chunk_size=REFERENCE["horizon"], pretrained=str(folder))
+        with torch.no_grad():
+            chunk = Pi0Policy(config, wide).act(
+                observation, deterministic=True, generator=torch.Generator().manual_seed(PIPELINE_SEED)
+            )
+        reference = np.load(folder / "reference.npz")["pipeline_actions"]
+        assert np.abs(reference).max() > 1.0, mode  # in the statistics' units, not the model's
+        np.testing.assert_allclose(chunk.actions.numpy(), reference, atol=1e-5, rtol=1e-5, err_msg=mode)
 
 
 def test_a_checkpoint_without_statistics_is_refused_unless_the_run_keeps_its_own(lerobot_checkpoint, tmp_path):
