@@ -70,7 +70,8 @@ def test_unclipped_value_loss_is_half_the_squared_error():
     assert float(loss.approx_kl) == 0.0 and float(loss.clipfrac) == 0.0
 
 
-def _batch(policy, steps=8, envs=4, seed=0):
+def _batch(policy, steps=8, envs=4, seed=0, rewards=None):
+    """A rollout of `policy` on random states; rewards random, or `rewards` (envs,) each step."""
     generator = torch.Generator().manual_seed(seed)
     builder = TrajectoryBuilder()
     for _ in range(steps):
@@ -78,6 +79,7 @@ def _batch(policy, steps=8, envs=4, seed=0):
         with torch.no_grad():
             chunk = policy.act(observation.to_torch())
         reward = torch.randn(envs, generator=generator).numpy().astype(np.float32)
+        reward = reward if rewards is None else np.asarray(rewards, np.float32)
         result = StepResult(
             observation=observation,
             reward=reward,
@@ -104,6 +106,22 @@ def test_first_minibatch_of_an_update_sees_ratio_one_and_logs_diagnostics():
     for key in ("loss/policy_loss", "loss/value_loss", "loss/approx_kl", "loss/clipfrac", "loss/explained_variance"):
         assert np.isfinite(metrics[key]), key
     assert metrics["train/lr"] == 3e-4
+
+
+def test_an_update_favours_rewarded_actions_over_punished_ones():
+    """The learning signal itself: if the loss stopped depending on the advantages (or their
+    sign flipped), this fails while every loss-term test could still pass. (The Gaussian's
+    spread may grow for all rows at once; what the advantages decide is the difference.)"""
+    spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
+    torch.manual_seed(0)
+    policy = MLPGaussianPolicy(MLPPolicyConfig(), spec)
+    batch = _batch(policy, steps=16, envs=4, rewards=[1.0, 1.0, -1.0, -1.0])  # envs 0, 1 rewarded
+    rows = torch.arange(16 * 4)
+    before = policy.recompute(batch.flat_observation(rows), batch.chunk(rows)).log_prob.detach()
+    PPO(PPOConfig(update_epochs=10, num_minibatches=2, ent_coef=0.0, lr=1e-3), policy).update(batch, progress=0.0)
+    after = policy.recompute(batch.flat_observation(rows), batch.chunk(rows)).log_prob.detach()
+    change = (after - before).view(16, 4)  # time-major rows: step x env
+    assert change[:, :2].mean() - change[:, 2:].mean() > 0.03, change.mean(0)
 
 
 def test_out_of_range_hyperparameters_are_config_errors():
