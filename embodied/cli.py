@@ -5,6 +5,7 @@
     embodied train resume=runs/train-20260101-120000
     embodied train init=runs/sft-20260101-120000 algo=ppo ...   RL from an SFT run's weights
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
+    embodied eval policy=pi05 policy.pretrained=/models/pi05_libero suite=[libero_spatial,libero_spatial_swap]
     embodied demos env=maniskill_pickcube episodes=50 root=data/pickcube   scripted-expert demos
     embodied sft dataset=data/pickcube env=maniskill_pickcube env.control_mode=pd_ee_delta_pos policy=flow
     embodied reward dataset=data/pickcube-rgb       a success classifier on images (reward.classifier=<run>)
