@@ -99,7 +99,7 @@ class Pi0Config(FlowPolicyConfig):
     denoise_steps: int = 0  # 0: the checkpoint's num_inference_steps (pi0's is 10), else 4
     image_size: int = 0  # 0: 224 for the real variants, 32 for tiny
     tokenizer: str = ""  # a PaliGemma tokenizer's local path or hub id; empty: UTF-8 bytes (tiny models)
-    max_instruction_tokens: int = 48
+    max_instruction_tokens: int = 0  # 0: the checkpoint's tokenizer_max_length, else 48 (pi0.5: 200)
     train_expert_only: bool = False  # freeze the VLM and the vision encoder
     freeze_vision: bool = False
     value_from: str = "expert"  # expert | prefix
@@ -121,7 +121,6 @@ class Pi0Config(FlowPolicyConfig):
 @dataclass
 class Pi05Config(Pi0Config):
     name: str = "pi05"
-    max_instruction_tokens: int = 200  # the prompt carries the state
     value_from: str = "prefix"  # prefix: mean VLM output + state | expert: the action tokens' mean output
 
 
@@ -160,6 +159,10 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     # as the checkpoint was trained and sampled, unless asked otherwise
     resolved["horizon"] = cfg.horizon or int(saved.get("chunk_size") or 4)
     resolved["denoise_steps"] = cfg.denoise_steps or int(saved.get("num_inference_steps") or 4)
+    default_tokens = 200 if cfg.name == "pi05" else 48  # pi0.5's prompt carries the state
+    resolved["max_instruction_tokens"] = cfg.max_instruction_tokens or int(
+        saved.get("tokenizer_max_length") or default_tokens
+    )
     if cfg.image_size:
         image_size = cfg.image_size
     elif resolved["paligemma_variant"] == "tiny":

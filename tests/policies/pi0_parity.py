@@ -18,7 +18,16 @@ import torch
 
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.pi0 import GEMMA_SIZES, TINY_SIGLIP, Pi0Config, Pi0Policy, Pi05Config, prompts, resize_with_pad
+from embodied.policies.pi0 import (
+    GEMMA_SIZES,
+    TINY_SIGLIP,
+    Pi0Config,
+    Pi0Policy,
+    Pi05Config,
+    prompts,
+    resize_with_pad,
+    resolve_architecture,
+)
 from embodied.policies.statistics import StatisticsNormalizer, lerobot_feature
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,7 +89,7 @@ def run_reference(work: Path, model: str) -> Path:
     assert REFERENCE_PYTHON.exists(), (
         f"the reference virtualenv is missing ({REFERENCE_PYTHON}); tools/setup.sh test makes it"
     )
-    cfg = CONFIGS[model](**REFERENCE)
+    cfg = resolve_architecture(CONFIGS[model](**REFERENCE))
     spec = {
         "model": model,
         "vlm": asdict(GEMMA_SIZES["tiny"]),
@@ -94,6 +103,7 @@ def run_reference(work: Path, model: str) -> Path:
         "max_action_dim": cfg.max_action_dim,
         "steps": cfg.denoise_steps,
         "tokens": 6,
+        "tokenizer_max_length": cfg.max_instruction_tokens,  # the pipeline's prompts
         "seed": 3,
     }
     generator = torch.Generator().manual_seed(0)

@@ -210,7 +210,7 @@ def main(work: Path) -> None:
         num_inference_steps=spec["steps"],
         image_resolution=(size, size),
         device="cpu",
-        tokenizer_max_length=spec["tokens"],
+        tokenizer_max_length=spec.get("tokenizer_max_length", spec["tokens"]),
         input_features={
             "observation.state": PolicyFeature(type=FeatureType.STATE, shape=(state_dim,)),
             **{name: PolicyFeature(type=FeatureType.VISUAL, shape=(3, size, size)) for name in cameras},
