@@ -13,13 +13,15 @@ to a policy server, which answers with a float32 50x7 action chunk.
              Like openpi's reference server it calls the policy synchronously inside the
              connection handler, so several clients are served one request at a time.
 
-Two model costs, the same for both servers: `transport only` (zeros, instantly: the round trip
-is the protocol's overhead) and `10 ms model` (each forward pass sleeps 10 ms whatever its batch
-size, standing for a GPU forward whose cost is flat in the batch up to 32). Each server runs in
+Three models, the same for both servers: `transport only` (zeros, instantly: the round trip
+is the protocol's overhead), `10 ms model` (each forward pass sleeps 10 ms whatever its batch
+size, standing for a GPU forward whose cost is flat in the batch up to 32) and `CPU network` (a
+real forward pass of a small convolutional policy on one CPU thread, whose cost grows with the
+batch). Each server runs in
 its own process; the clients run as threads in up to `--client-procs` other processes, each
 closed-loop (the next request as soon as the reply is in). Every client warms up first; replies
 are then counted over a window of `--seconds` after a settling second. `--quick` is a ~1 minute
-smoke run. Writes benchmarks/results/deploy.{json,md,png}."""
+smoke run. Writes benchmarks/results/deploy.{json,md,png} (deploy_report.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ import multiprocessing
 import os
 import platform
 import queue
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -43,7 +47,10 @@ IMAGE_SHAPE = (224, 224, 3)
 STATE_DIM, CHUNK, ACTION_DIM = 8, 50, 7
 INSTRUCTION = "put the red block in the bowl"
 PROTOCOLS = ("ours", "openpi")
-MODELS = {"transport only": 0.0, "10 ms model": 10.0}  # milliseconds per forward pass
+# The model behind both servers. Fixed costs (milliseconds per forward pass, whatever the
+# batch): "transport only" answers zeros at once, "10 ms model" waits 10 ms. "CPU network" is a
+# real forward pass whose cost grows with the batch (`PolicyNetwork`), so it has no fixed cost.
+MODELS = {"transport only": 0.0, "10 ms model": 10.0, "CPU network": None}
 WARMUP_REQUESTS = 5
 LEROBOT_REASON = (
     "not measured: lerobot does not install next to this project. lerobot >= 0.5 needs Python >= 3.12 "
@@ -65,19 +72,65 @@ def env_spec():
     )
 
 
-def forward_pass(model_ms: float) -> None:
-    """The model's cost: a fixed wait per call, whatever the batch."""
-    if model_ms > 0:
-        time.sleep(model_ms / 1000)
+class PolicyNetwork:
+    """A small convolutional policy, run with torch on one CPU thread: each camera through a
+    strided convolution stack, the state beside, an MLP to the action chunk (about 0.3 G
+    multiply-adds per observation). Unlike a fixed wait, its cost grows with the batch, as a
+    real model's does on a CPU."""
+
+    def __init__(self):
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(1)
+        torch.manual_seed(0)
+        self.torch = torch
+        self.encoder = nn.Sequential(
+            nn.Conv2d(3, 32, 8, stride=4),
+            nn.ReLU(),
+            nn.Conv2d(32, 64, 4, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(64, 128, 3, stride=1),
+            nn.ReLU(),
+            nn.Conv2d(128, 128, 3, stride=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+        )
+        self.head = nn.Sequential(
+            nn.Linear(len(IMAGES) * 2048 + STATE_DIM, 256), nn.ReLU(), nn.Linear(256, CHUNK * ACTION_DIM)
+        )
+
+    def __call__(self, images: dict[str, np.ndarray], state: np.ndarray) -> np.ndarray:
+        torch = self.torch
+        with torch.inference_mode():
+            features = [self.encoder(torch.tensor(images[name]).permute(0, 3, 1, 2).float() / 255.0) for name in IMAGES]
+            actions = self.head(torch.cat([*features, torch.tensor(state).float()], 1))
+        return actions.view(-1, CHUNK, ACTION_DIM).numpy()
+
+
+def make_model(model: str):
+    """`model`'s forward pass: (images {name: (B, H, W, 3)}, state (B, S)) -> (B, CHUNK, A)."""
+    model_ms = MODELS[model]
+    if model_ms is None:
+        return PolicyNetwork()
+
+    def fixed_cost(images: dict[str, np.ndarray], state: np.ndarray) -> np.ndarray:
+        if model_ms > 0:
+            time.sleep(model_ms / 1000)
+        return np.zeros((len(state), CHUNK, ACTION_DIM), np.float32)
+
+    return fixed_cost
 
 
 # ---- servers (each in its own process) -----------------------------------------------------
-def serve_ours(model_ms: float, address: Any, stop: Any) -> None:
+def serve_ours(model: str, address: Any, stop: Any) -> None:
     from embodied.serve import PolicyServer, ServeConfig
 
+    forward = make_model(model)
+
     def infer(observation) -> np.ndarray:
-        forward_pass(model_ms)
-        return np.zeros((len(observation.instruction), CHUNK, ACTION_DIM), np.float32)
+        return forward(observation.images, observation.state)
 
     server = PolicyServer(
         infer,
@@ -92,17 +145,19 @@ def serve_ours(model_ms: float, address: Any, stop: Any) -> None:
         server.close()
 
 
-async def openpi_server(model_ms: float, address: Any, stop: Any) -> None:
+async def openpi_server(model: str, address: Any, stop: Any) -> None:
     from openpi_client import msgpack_numpy
     from websockets.asyncio.server import serve
     from websockets.exceptions import ConnectionClosed
 
     metadata = {"policy": "zeros", "chunk_size": CHUNK, "action_dim": ACTION_DIM}
 
+    forward = make_model(model)
+
     def policy(observation: dict) -> dict:
         assert observation["images"]["base"].shape == IMAGE_SHAPE
-        forward_pass(model_ms)
-        return {"actions": np.zeros((CHUNK, ACTION_DIM), np.float32)}
+        images = {name: observation["images"][name][None] for name in IMAGES}
+        return {"actions": forward(images, observation["state"][None])[0]}
 
     async def connection(websocket) -> None:
         packer = msgpack_numpy.Packer()
@@ -128,8 +183,8 @@ async def openpi_server(model_ms: float, address: Any, stop: Any) -> None:
             await asyncio.sleep(0.1)
 
 
-def serve_openpi(model_ms: float, address: Any, stop: Any) -> None:
-    asyncio.run(openpi_server(model_ms, address, stop))
+def serve_openpi(model: str, address: Any, stop: Any) -> None:
+    asyncio.run(openpi_server(model, address, stop))
 
 
 # ---- clients (threads in client processes) -------------------------------------------------
@@ -221,12 +276,12 @@ def client_process(protocol: str, address: Any, seeds: list[int], ready: Any, go
 
 
 # ---- one measurement --------------------------------------------------------------------------
-def measure(protocol: str, model_ms: float, clients: int, args: argparse.Namespace) -> np.ndarray:
+def measure(protocol: str, model: str, clients: int, args: argparse.Namespace) -> np.ndarray:
     """The round trips (ms) of every reply that arrived inside the window."""
     context = multiprocessing.get_context("spawn")
     stop, address_queue = context.Event(), context.Queue()
     server = context.Process(
-        target=serve_ours if protocol == "ours" else serve_openpi, args=(model_ms, address_queue, stop), daemon=True
+        target=serve_ours if protocol == "ours" else serve_openpi, args=(model, address_queue, stop), daemon=True
     )
     server.start()
     procs: list[Any] = []
@@ -347,7 +402,7 @@ def ours_floor(args: argparse.Namespace) -> dict[str, float]:
     server's own handling of an observation (its `server_ms`), from this process."""
     context = multiprocessing.get_context("spawn")
     stop, address_queue = context.Event(), context.Queue()
-    server = context.Process(target=serve_ours, args=(0.0, address_queue, stop), daemon=True)
+    server = context.Process(target=serve_ours, args=("transport only", address_queue, stop), daemon=True)
     server.start()
     try:
         client = OursClient(address_queue.get(timeout=60), 0)
@@ -376,144 +431,6 @@ def ours_floor(args: argparse.Namespace) -> dict[str, float]:
 
 
 # ---- report -------------------------------------------------------------------------------------
-def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = {"ours": "tab:blue", "openpi": "tab:orange"}
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    one = results["latency_1_client"]
-    labels = [f"{model}\n{stat}" for model in MODELS for stat in ("p50", "p99")]
-    x = np.arange(len(labels))
-    for offset, protocol in ((-0.2, "ours"), (0.2, "openpi")):
-        values = [
-            one[model][protocol][f"{stat}_ms"] - model_ms
-            for model, model_ms in MODELS.items()
-            for stat in ("p50", "p99")
-        ]
-        axes[0].bar(x + offset, values, 0.4, label=protocol, color=colors[protocol])
-    axes[0].set_xticks(x, labels, fontsize=8)
-    axes[0].set_ylabel("round trip minus model (ms)")
-    axes[0].set_title("overhead, 1 client")
-    axes[0].legend()
-    for ax, model in zip(axes[1:], MODELS):
-        for protocol in PROTOCOLS:
-            rates = [results["throughput"][model][str(n)][protocol]["replies_per_s"] for n in client_counts]
-            ax.plot(client_counts, rates, "o-", label=protocol, color=colors[protocol])
-        ratio = results["throughput"][model][str(client_counts[-1])]["ratio"]
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(client_counts, [str(n) for n in client_counts])
-        ax.set_xlabel("clients")
-        ax.set_ylabel("replies / s (all clients)")
-        ax.set_title(f"{model}: ours {ratio:.1f}x openpi at {client_counts[-1]}")
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
-    counts = results["clients"]
-    one, through, goals = results["latency_1_client"], results["throughput"], results["goals"]
-    setup = results["setup"]
-    lines = [
-        f"# Robot <-> policy server: ours vs the openpi client protocol, loopback, {os.cpu_count()} cores",
-        "",
-        f"Observation: two uint8 {'x'.join(map(str, IMAGE_SHAPE))} images ({', '.join(IMAGES)}), a float32 "
-        f"({STATE_DIM},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
-        f"float32 {CHUNK}x{ACTION_DIM} action chunk. Each server runs in its own process; the clients run "
-        f"as threads spread over {args.client_procs} other processes (1 process for 1 client), the same "
-        f"arrangement for both protocols, each closed-loop: one request in flight, the next sent as soon as "
-        f"the reply is in. Each client makes {WARMUP_REQUESTS} warm-up requests; replies are then counted "
-        f"over {args.seconds:g} s after {args.settle:g} s of settling. {args.repeats} interleaved run(s) per "
-        f"point: throughput is the best run's, latency percentiles are over the replies of all runs. "
-        f"Latency is measured in the client, from handing over the observation to holding the decoded "
-        f"actions, so encoding and decoding on both ends count.",
-        "",
-        "- **ours**: `embodied.serve.PolicyServer` (one ZeroMQ ROUTER socket; requests that arrive together "
-        "are answered by one batched forward pass, batch window 2 ms) and `embodied.robots.policy_client.PolicyClient` "
-        "(frames: arrays travel as raw buffers, no copies in the codec).",
-        f"- **openpi**: openpi-client {setup['openpi_client']} `WebsocketClientPolicy.infer` (msgpack-numpy "
-        f"over a websocket, websockets {setup['websockets']}) against a server written here to openpi's "
-        "documented protocol: an asyncio websockets server that sends the packed metadata on connect, then "
-        "for every message unpacks the observation, calls the policy and sends back the packed "
-        "`{actions, server_timing}`. As in openpi's reference server, the policy is called synchronously "
-        "inside the connection handler, so requests from several clients are served one at a time; no "
-        "batching was added.",
-        "- **Model costs**, applied identically to both servers. *Transport only*: the model returns zeros "
-        "instantly, so the round trip is the protocol's overhead. *10 ms model*: each forward pass costs "
-        "10 ms (`time.sleep(0.010)` per call) whatever its batch size. This stands for a GPU forward of a VLA "
-        "whose cost is flat in the batch size up to 32: an assumption about the accelerator, not measured "
-        "here (no GPU). Ours answers up to 64 requests per forward pass; openpi one.",
-        f"- **lerobot gRPC async inference**: {LEROBOT_REASON}.",
-        "",
-        "## Latency at 1 client (ms)",
-        "",
-        "| model | protocol | p50 | p99 | mean | overhead p50 (minus model) |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
-    ]
-    for model, model_ms in MODELS.items():
-        for protocol in PROTOCOLS:
-            row = one[model][protocol]
-            lines.append(
-                f"| {model} | {protocol} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['mean_ms']:.2f} | "
-                f"{row['p50_ms'] - model_ms:.2f} |"
-            )
-    lines += [
-        "",
-        "## Throughput (replies/s, all clients together)",
-        "",
-        "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for model in MODELS:
-        for n in counts:
-            point = through[model][str(n)]
-            ours, theirs = point["ours"], point["openpi"]
-            lines.append(
-                f"| {model} | {n} | {ours['replies_per_s']:.0f} | {theirs['replies_per_s']:.0f} | "
-                f"**{point['ratio']:.2f}x** | {ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} | "
-                f"{theirs['p50_ms']:.1f} / {theirs['p99_ms']:.1f} |"
-            )
-    floor = results["ours_floor"]
-    bare_ratio = floor["bare_zeromq_p50_ms"] / one["transport only"]["openpi"]["p50_ms"]
-    lines += [
-        "",
-        f"Where ours' {one['transport only']['ours']['p50_ms']:.2f} ms (p50, transport only) goes: a "
-        f"heartbeat round trip over the same sockets, no arrays, takes {floor['heartbeat_p50_ms']:.2f} ms (p99 "
-        f"{floor['heartbeat_p99_ms']:.2f}); the server's own handling of an observation (decode, checks, "
-        f"batching, the zeros, encode) {floor['server_p50_ms']:.2f} ms. The rest is moving the "
-        f"{setup['observation_bytes'] / 1e3:.0f} kB through ZeroMQ over loopback TCP. The same frames through "
-        f"a bare pyzmq DEALER/ROUTER pair, with no envelope, codec or checks, take "
-        f"{floor['bare_zeromq_p50_ms']:.2f} ms (p99 {floor['bare_zeromq_p99_ms']:.2f}): "
-        f"{bare_ratio:.2f} of openpi's round trip"
-        + (
-            ", above the 1/3 target: no protocol on ZeroMQ over loopback TCP from Python reaches it on this machine."
-            if bare_ratio > 1 / 3
-            else "."
-        ),
-    ]
-    overhead, top = goals["overhead_1_client"], goals["throughput_top_clients"]
-    lines += [
-        "",
-        "## Goals",
-        "",
-        f"- Overhead at 1 client <= 1/3 of openpi's (transport only): ours / openpi = "
-        f"{overhead['p50_ratio']:.2f} at p50, {overhead['p99_ratio']:.2f} at p99: "
-        f"**{'met' if overhead['met'] else 'not met'}**.",
-        f"- Throughput at {counts[-1]} clients >= 5x openpi's: 10 ms model {top['10 ms model']['ratio']:.1f}x "
-        f"(**{'met' if top['10 ms model']['met'] else 'not met'}**); transport only "
-        f"{top['transport only']['ratio']:.1f}x (**{'met' if top['transport only']['met'] else 'not met'}**). "
-        "With the transport alone, each server and all the client processes share the same "
-        f"{os.cpu_count()} cores, so that figure compares CPU cost per reply more than how either server "
-        "handles many clients.",
-    ]
-    return lines
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run (2 s windows, 1 repeat)")
@@ -536,10 +453,10 @@ def main() -> None:
     started = time.perf_counter()
     runs: dict[tuple[str, str, int], list[np.ndarray]] = {}
     for repeat in range(args.repeats):
-        for model, model_ms in MODELS.items():
+        for model in MODELS:
             for n in args.clients:
                 for protocol in PROTOCOLS if repeat % 2 == 0 else PROTOCOLS[::-1]:
-                    latencies = measure(protocol, model_ms, n, args)
+                    latencies = measure(protocol, model, n, args)
                     runs.setdefault((model, protocol, n), []).append(latencies)
                     print(
                         f"[{time.perf_counter() - started:5.0f} s] {model}, {n} clients, {protocol}: "
@@ -573,18 +490,23 @@ def main() -> None:
             "goal": "<= 1/3",
             "met": p50_ratio <= 1 / 3,
         },
-        "throughput_top_clients": {
+        "throughput_top_clients": {  # the CPU network has none: it measures batching, not the protocol
             model: {
                 "clients": top,
                 "ratio": throughput[model][str(top)]["ratio"],
                 "goal": ">= 5",
                 "met": throughput[model][str(top)]["ratio"] >= 5,
             }
-            for model in MODELS
+            for model, model_ms in MODELS.items()
+            if model_ms is not None
         },
     }
     state, images = observation_arrays(0)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RESULTS)
     result = {
+        "commit": commit.stdout.strip(),
+        "command": " ".join(["python benchmarks/deploy.py", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU",
         "setup": {
             "cpu_cores": os.cpu_count(),
             "python": platform.python_version(),
@@ -614,6 +536,8 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "deploy.json").write_text(json.dumps(result, indent=2))
+    from deploy_report import plot, report
+
     lines = report(result, args)
     (RESULTS / "deploy.md").write_text("\n".join(lines) + "\n\n![deploy](deploy.png)\n")
     plot(RESULTS / "deploy.png", result, args.clients)

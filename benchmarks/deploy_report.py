@@ -1,0 +1,158 @@
+"""The report and the plot of benchmarks/deploy.py, from its results."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from deploy import ACTION_DIM, CHUNK, IMAGE_SHAPE, IMAGES, LEROBOT_REASON, MODELS, PROTOCOLS, STATE_DIM, WARMUP_REQUESTS
+
+
+def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"ours": "tab:blue", "openpi": "tab:orange"}
+    fig, axes = plt.subplots(1, 1 + len(MODELS), figsize=(4.4 * (1 + len(MODELS)), 3.6))
+    one = results["latency_1_client"]
+    labels = [f"{model}\n{stat}" for model in MODELS for stat in ("p50", "p99")]
+    x = np.arange(len(labels))
+    for offset, protocol in ((-0.2, "ours"), (0.2, "openpi")):
+        values = [
+            one[model][protocol][f"{stat}_ms"] - (model_ms or 0.0)
+            for model, model_ms in MODELS.items()
+            for stat in ("p50", "p99")
+        ]
+        axes[0].bar(x + offset, values, 0.4, label=protocol, color=colors[protocol])
+    axes[0].set_xticks(x, labels, fontsize=8)
+    axes[0].set_ylabel("round trip minus fixed model cost (ms)")
+    axes[0].set_title("overhead, 1 client")
+    axes[0].legend()
+    for ax, model in zip(axes[1:], MODELS):
+        for protocol in PROTOCOLS:
+            rates = [results["throughput"][model][str(n)][protocol]["replies_per_s"] for n in client_counts]
+            ax.plot(client_counts, rates, "o-", label=protocol, color=colors[protocol])
+        ratio = results["throughput"][model][str(client_counts[-1])]["ratio"]
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(client_counts, [str(n) for n in client_counts])
+        ax.set_xlabel("clients")
+        ax.set_ylabel("replies / s (all clients)")
+        ax.set_title(f"{model}: ours {ratio:.1f}x openpi at {client_counts[-1]}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    counts = results["clients"]
+    one, through, goals = results["latency_1_client"], results["throughput"], results["goals"]
+    setup = results["setup"]
+    lines = [
+        f"# Robot <-> policy server: ours vs the openpi client protocol, loopback, {os.cpu_count()} cores",
+        "",
+        f"Commit {results['commit']}, {results['machine']}; `{results['command']}`.",
+        "",
+        f"Observation: two uint8 {'x'.join(map(str, IMAGE_SHAPE))} images ({', '.join(IMAGES)}), a float32 "
+        f"({STATE_DIM},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
+        f"float32 {CHUNK}x{ACTION_DIM} action chunk. Each server runs in its own process; the clients run "
+        f"as threads spread over {args.client_procs} other processes (1 process for 1 client), the same "
+        f"arrangement for both protocols, each closed-loop: one request in flight, the next sent as soon as "
+        f"the reply is in. Each client makes {WARMUP_REQUESTS} warm-up requests; replies are then counted "
+        f"over {args.seconds:g} s after {args.settle:g} s of settling. {args.repeats} interleaved run(s) per "
+        f"point: throughput is the best run's, latency percentiles are over the replies of all runs. "
+        f"Latency is measured in the client, from handing over the observation to holding the decoded "
+        f"actions, so encoding and decoding on both ends count.",
+        "",
+        "- **ours**: `embodied.serve.PolicyServer` (one ZeroMQ ROUTER socket; requests that arrive together "
+        "are answered by one batched forward pass, batch window 2 ms) and `embodied.robots.policy_client.PolicyClient` "
+        "(frames: arrays travel as raw buffers, no copies in the codec).",
+        f"- **openpi**: openpi-client {setup['openpi_client']} `WebsocketClientPolicy.infer` (msgpack-numpy "
+        f"over a websocket, websockets {setup['websockets']}) against a server written here to openpi's "
+        "documented protocol: an asyncio websockets server that sends the packed metadata on connect, then "
+        "for every message unpacks the observation, calls the policy and sends back the packed "
+        "`{actions, server_timing}`. As in openpi's reference server, the policy is called synchronously "
+        "inside the connection handler, so requests from several clients are served one at a time; no "
+        "batching was added.",
+        "- **Model costs**, applied identically to both servers. *Transport only*: the model returns zeros "
+        "instantly, so the round trip is the protocol's overhead. *10 ms model*: each forward pass costs "
+        "10 ms (`time.sleep(0.010)` per call) whatever its batch size. This stands for a GPU forward of a VLA "
+        "whose cost is flat in the batch size up to 32: an assumption about the accelerator, not measured "
+        "here (no GPU). *CPU network*: a real forward pass of a small convolutional policy (both cameras "
+        "through a strided convolution stack, the state beside, an MLP to the chunk; torch on one thread), "
+        "whose cost grows with the batch as a real model's does on a CPU; the server's process and the "
+        "clients' share this machine's cores. Ours answers up to 64 requests per forward pass; openpi one.",
+        f"- **lerobot gRPC async inference**: {LEROBOT_REASON}.",
+        "",
+        "## Latency at 1 client (ms)",
+        "",
+        "| model | protocol | p50 | p99 | mean | overhead p50 (minus model) |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for model, model_ms in MODELS.items():
+        for protocol in PROTOCOLS:
+            row = one[model][protocol]
+            overhead = "n/a" if model_ms is None else f"{row['p50_ms'] - model_ms:.2f}"  # no fixed cost to subtract
+            lines.append(
+                f"| {model} | {protocol} | {row['p50_ms']:.2f} | {row['p99_ms']:.2f} | {row['mean_ms']:.2f} | "
+                f"{overhead} |"
+            )
+    lines += [
+        "",
+        "## Throughput (replies/s, all clients together)",
+        "",
+        "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for model in MODELS:
+        for n in counts:
+            point = through[model][str(n)]
+            ours, theirs = point["ours"], point["openpi"]
+            lines.append(
+                f"| {model} | {n} | {ours['replies_per_s']:.0f} | {theirs['replies_per_s']:.0f} | "
+                f"**{point['ratio']:.2f}x** | {ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} | "
+                f"{theirs['p50_ms']:.1f} / {theirs['p99_ms']:.1f} |"
+            )
+    floor = results["ours_floor"]
+    bare_ratio = floor["bare_zeromq_p50_ms"] / one["transport only"]["openpi"]["p50_ms"]
+    lines += [
+        "",
+        f"Where ours' {one['transport only']['ours']['p50_ms']:.2f} ms (p50, transport only) goes: a "
+        f"heartbeat round trip over the same sockets, no arrays, takes {floor['heartbeat_p50_ms']:.2f} ms (p99 "
+        f"{floor['heartbeat_p99_ms']:.2f}); the server's own handling of an observation (decode, checks, "
+        f"batching, the zeros, encode) {floor['server_p50_ms']:.2f} ms. The rest is moving the "
+        f"{setup['observation_bytes'] / 1e3:.0f} kB through ZeroMQ over loopback TCP. The same frames through "
+        f"a bare pyzmq DEALER/ROUTER pair, with no envelope, codec or checks, take "
+        f"{floor['bare_zeromq_p50_ms']:.2f} ms (p99 {floor['bare_zeromq_p99_ms']:.2f}): "
+        f"{bare_ratio:.2f} of openpi's round trip"
+        + (
+            ", above the 1/3 target: no protocol on ZeroMQ over loopback TCP from Python reaches it on this machine."
+            if bare_ratio > 1 / 3
+            else "."
+        ),
+    ]
+    overhead, top = goals["overhead_1_client"], goals["throughput_top_clients"]
+    lines += [
+        "",
+        "## Goals",
+        "",
+        f"- Overhead at 1 client <= 1/3 of openpi's (transport only): ours / openpi = "
+        f"{overhead['p50_ratio']:.2f} at p50, {overhead['p99_ratio']:.2f} at p99: "
+        f"**{'met' if overhead['met'] else 'not met'}**.",
+        f"- Throughput at {counts[-1]} clients >= 5x openpi's: 10 ms model {top['10 ms model']['ratio']:.1f}x "
+        f"(**{'met' if top['10 ms model']['met'] else 'not met'}**); transport only "
+        f"{top['transport only']['ratio']:.1f}x (**{'met' if top['transport only']['met'] else 'not met'}**). "
+        "With the transport alone, each server and all the client processes share the same "
+        f"{os.cpu_count()} cores, so that figure compares CPU cost per reply more than how either server "
+        "handles many clients.",
+        f"- No goal for the CPU network: its cost grows with the batch, so batching can only save the "
+        f"per-call overheads; measured, ours / openpi at {counts[-1]} clients = "
+        f"{through['CPU network'][str(counts[-1])]['ratio']:.2f}x.",
+    ]
+    return lines
