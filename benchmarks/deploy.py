@@ -21,7 +21,8 @@ batch). Each server runs in
 its own process; the clients run as threads in up to `--client-procs` other processes, each
 closed-loop (the next request as soon as the reply is in). Every client warms up first; replies
 are then counted over a window of `--seconds` after a settling second. `--quick` is a ~1 minute
-smoke run. Writes benchmarks/results/deploy.{json,md,png} (deploy_report.py)."""
+smoke run. Writes benchmarks/results/deploy.{json,md,png} (deploy_report.py); `--report` rebuilds the
+Markdown and the plot from deploy.json."""
 
 from __future__ import annotations
 
@@ -441,7 +442,13 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--client-procs", type=int, default=4, help="client processes (clients are their threads)")
+    parser.add_argument("--report", action="store_true", help="rebuild deploy.md and deploy.png from deploy.json")
     args = parser.parse_args()
+    if args.report:
+        from deploy_report import write
+
+        print("\n".join(write(RESULTS, json.loads((RESULTS / "deploy.json").read_text()))))
+        return
     if args.quick:
         args.seconds, args.settle, args.repeats = 2.0, 0.5, 1
     from importlib.metadata import version
@@ -536,12 +543,9 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "deploy.json").write_text(json.dumps(result, indent=2))
-    from deploy_report import plot, report
+    from deploy_report import write
 
-    lines = report(result, args)
-    (RESULTS / "deploy.md").write_text("\n".join(lines) + "\n\n![deploy](deploy.png)\n")
-    plot(RESULTS / "deploy.png", result, args.clients)
-    print("\n".join(lines))
+    print("\n".join(write(RESULTS, result)))
 
 
 if __name__ == "__main__":

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from deploy import ACTION_DIM, CHUNK, IMAGE_SHAPE, IMAGES, LEROBOT_REASON, MODELS, PROTOCOLS, STATE_DIM, WARMUP_REQUESTS
+
+
+def write(results_dir: Path, results: dict[str, Any]) -> list[str]:
+    """deploy.md and deploy.png from the results (deploy.json)."""
+    lines = report(results)
+    (results_dir / "deploy.md").write_text("\n".join(lines) + "\n\n![deploy](deploy.png)\n")
+    plot(results_dir / "deploy.png", results, results["clients"])
+    return lines
 
 
 def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
@@ -50,7 +57,7 @@ def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
     plt.close(fig)
 
 
-def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
+def report(results: dict[str, Any]) -> list[str]:
     counts = results["clients"]
     one, through, goals = results["latency_1_client"], results["throughput"], results["goals"]
     setup = results["setup"]
@@ -62,11 +69,11 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
         f"Observation: two uint8 {'x'.join(map(str, IMAGE_SHAPE))} images ({', '.join(IMAGES)}), a float32 "
         f"({STATE_DIM},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
         f"float32 {CHUNK}x{ACTION_DIM} action chunk. Each server runs in its own process; the clients run "
-        f"as threads spread over {args.client_procs} other processes (1 process for 1 client), the same "
+        f"as threads spread over {setup['client_procs']} other processes (1 process for 1 client), the same "
         f"arrangement for both protocols, each closed-loop: one request in flight, the next sent as soon as "
         f"the reply is in. Each client makes {WARMUP_REQUESTS} warm-up requests; replies are then counted "
-        f"over {args.seconds:g} s after {args.settle:g} s of settling. {args.repeats} interleaved run(s) per "
-        f"point: throughput is the best run's, latency percentiles are over the replies of all runs. "
+        f"over {setup['seconds']:g} s after {setup['settle']:g} s of settling. {setup['repeats']} interleaved "
+        f"run(s) per point: throughput is the best run's, latency percentiles are over the replies of all runs. "
         f"Latency is measured in the client, from handing over the observation to holding the decoded "
         f"actions, so encoding and decoding on both ends count.",
         "",
@@ -79,7 +86,8 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> list[str]:
         "for every message unpacks the observation, calls the policy and sends back the packed "
         "`{actions, server_timing}`. As in openpi's reference server, the policy is called synchronously "
         "inside the connection handler, so requests from several clients are served one at a time; no "
-        "batching was added.",
+        "batching was added. (`openpi-server` 0.1.0 on PyPI ships that server loop, but names no author "
+        "or project: it is not openpi's own release, so it is not used.)",
         "- **Model costs**, applied identically to both servers. *Transport only*: the model returns zeros "
         "instantly, so the round trip is the protocol's overhead. *10 ms model*: each forward pass costs "
         "10 ms (`time.sleep(0.010)` per call) whatever its batch size. This stands for a GPU forward of a VLA "
