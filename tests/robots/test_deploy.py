@@ -19,6 +19,7 @@ from embodied.robots.policy_client import PolicyClient, ServerError
 from embodied.robots.safety import SafetyConfig, WorkspaceConfig
 from embodied.robots.sim_robot import SimRobot, SimRobotConfig
 from embodied.serve import PolicyServer, ServeConfig
+from tests.waiting import wait_until
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
 PENDULUM = {"name": "gymnasium", "task": "InvertedPendulum-v4"}
@@ -289,12 +290,13 @@ def test_watchdog_holds_the_robot_when_the_server_dies_and_the_client_reconnects
     runner = threading.Thread(target=lambda: result.update(client.run()))
     runner.start()
     try:
-        time.sleep(2.0)
+        wait_until(lambda: client.sources["policy"] >= 20, "the policy to drive the robot")
         server.kill()
         server.wait()
-        time.sleep(1.5)
+        wait_until(lambda: client.sources["watchdog"] >= 10, "the watchdog to hold the robot")
         server = launch_server(robot.spec, endpoint)
-        time.sleep(2.0)
+        resumed_from = client.sources["policy"]
+        wait_until(lambda: client.sources["policy"] >= resumed_from + 20, "policy actions to resume")
         quit_requested.set()
         runner.join(30)
     finally:

@@ -14,6 +14,7 @@ from embodied.robot_cli import KeyboardMonitor
 from embodied.robots.base import RobotError
 from embodied.robots.cameras import CameraConfig, CameraError, OpenCVCamera, fit_image
 from embodied.robots.lerobot_robot import LeRobotConfig, LeRobotRobot
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def test_camera_keeps_the_latest_frame_in_rgb_at_the_policy_size(video):
     camera.connect()
     try:
         first, first_time = camera.read_latest()
-        time.sleep(0.1)
+        wait_until(lambda: camera.frames_captured > 2 and camera.read_latest()[1] > first_time, "newer frames")
         second, second_time = camera.read_latest()
         assert first.shape == (64, 64, 3) and first.dtype == np.uint8
         assert first[..., 0].mean() > 150 and first[..., 2].mean() < 50  # red arrives as RGB
@@ -47,7 +48,9 @@ def test_a_stalled_camera_is_an_error_not_a_stale_frame(video):
     camera = OpenCVCamera(CameraConfig(source=str(video), fps=1000, loop=False), "front")
     camera.connect()
     try:
-        time.sleep(0.3)  # 30 frames at 1000 fps: the file has ended, no new frames come
+        wait_until(lambda: camera.frames_captured >= 30, "the 30 frames of the file")  # then none come
+        newest = lambda: camera.read_latest(max_age_s=float("inf"))[1]  # noqa: E731
+        wait_until(lambda: time.monotonic() - newest() > 0.1, "the newest frame to be 0.1 s old")
         with pytest.raises(CameraError, match="old"):
             camera.read_latest(max_age_s=0.1)
     finally:

@@ -14,6 +14,7 @@ import tomllib
 
 from tests.embodied.test_cli import embodied
 from tests.robots.test_deploy import client_config, free_endpoint, pendulum_robot, start_server
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,7 +193,21 @@ def test_a_served_checkpoint_sends_the_actions_its_training_env_executed(trained
     assert summary["safety_interventions"]["bounds"] == 0
 
 
-def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, server, tmp_path):
+def logged_sources(output: Path) -> list[str]:
+    """Where each control tick's action came from, as far as the robot's log has it now."""
+    sources = []
+    for line in (output / "steps.jsonl").read_text().splitlines():
+        try:
+            sources.append(json.loads(line)["source"])
+        except json.JSONDecodeError:  # the line being written
+            break
+    return sources
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_sigusr1_latches_the_estop_and_sigterm_or_ctrl_c_ends_the_run_cleanly(trained, server, tmp_path, stop):
+    """Also where the robot was started with SIGINT ignored (a background job of a script):
+    Ctrl-C still ends it."""
     output = tmp_path / "robot"
     process = subprocess.Popen(
         robot_command(
@@ -207,16 +222,17 @@ def test_sigusr1_latches_the_estop_and_sigterm_ends_the_run_cleanly(trained, ser
         stderr=subprocess.STDOUT,
         text=True,
         cwd=ROOT,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     try:
         deadline = time.monotonic() + 120
         while not (output / "steps.jsonl").is_file() or not (output / "steps.jsonl").stat().st_size:
             assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
             time.sleep(0.1)
-        time.sleep(0.5)
+        wait_until(lambda: "policy" in logged_sources(output), "the policy to drive the robot")
         process.send_signal(signal.SIGUSR1)
-        time.sleep(1.0)
-        process.send_signal(signal.SIGTERM)
+        wait_until(lambda: logged_sources(output).count("estop") > 10, "the e-stop to hold for 10 ticks")
+        process.send_signal(stop)
         out, _ = process.communicate(timeout=60)
     finally:
         if process.poll() is None:
