@@ -9,7 +9,12 @@ batch, the regime where overlapping them pays most, in two ways:
                        may have none, so the wait stands in for it)
 
 With k env workers the pipeline can at best turn (inference + step) into max(inference,
-step + inference / k): 1.33x for k=2, 1.6x for k=4, 2x in the limit.
+stage step + inference / k), where a stage is one worker's share of the envs: 1.33x for k=2
+and 1.6x for k=4 if a stage alone steps as long as the whole batch (the workers run in
+parallel), 2x in the limit. The bound of each row is computed from its own stage times,
+measured in the same run: the whole batch's step, one stage stepped alone (the mean over the
+stages) and the whole batch's inference. A speed-up above its bound is a measurement to
+investigate, not a result.
 
     python benchmarks/pipeline.py [--task PushCube-v1] [--num-envs 16] [--workers 2 4] [--steps 60]
 
@@ -20,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -93,22 +100,42 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         observation = env.reset()
         zeros = np.zeros((args.num_envs, 1, env.spec.action_dim), np.float32)
         step_s = seconds_per_call(lambda: env.step(zeros))
+        stage_s = float(np.mean([seconds_per_call(lambda k=k: stage_step(env, k, zeros)) for k in range(workers)]))
         policy, hidden, inference_s = cpu_policy_as_slow_as(step_s, observation.to_torch(), env.spec)
         small = MLPGaussianPolicy(MLPPolicyConfig(actor_hidden=[64] * 2, critic_hidden=[64] * 2), env.spec)
+        off_cpu = OffCPUInference(small, step_s / args.num_envs)
+        with torch.no_grad():
+            off_cpu_s = seconds_per_call(lambda: off_cpu.act(observation.to_torch()))
         rates = {
             "cpu inference": rollout_rates(env, policy, args.steps),
-            "off-cpu inference": rollout_rates(env, OffCPUInference(small, step_s / args.num_envs), args.steps),
+            "off-cpu inference": rollout_rates(env, off_cpu, args.steps),
         }
     finally:
         env.close()
+    inference = {"cpu inference": inference_s, "off-cpu inference": off_cpu_s}
     return {
         "workers": workers,
         "env_step_ms": step_s * 1e3,
+        "stage_step_ms": stage_s * 1e3,
         "cpu_policy_hidden": hidden,
-        "cpu_inference_ms": inference_s * 1e3,
+        "inference_ms": {name: seconds * 1e3 for name, seconds in inference.items()},
         "env_steps_per_s": rates,
         "speedup": {name: r["pipelined"] / r["sequential"] for name, r in rates.items()},
+        "bound": {name: pipelining_bound(step_s, stage_s, seconds, workers) for name, seconds in inference.items()},
     }
+
+
+def stage_step(env, stage: int, actions: np.ndarray) -> None:
+    """One worker's share of the envs stepped alone, the others idle."""
+    env.send_stage_step(stage, actions[env.stage_rows(stage)])
+    env.receive_stage_step(stage)
+
+
+def pipelining_bound(step_s: float, stage_s: float, inference_s: float, stages: int) -> float:
+    """The best pipelined / sequential ratio these stage times allow: sequential pays the
+    whole batch's step and inference one after the other; pipelined, one stage's step and its
+    share of the inference run while the other stages' inference goes on."""
+    return (step_s + inference_s) / max(inference_s, stage_s + inference_s / stages)
 
 
 def main() -> None:
@@ -120,28 +147,48 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = [measure(args, workers) for workers in args.workers]
-    result = {"task": args.task, "num_envs": args.num_envs, "cpu_cores": os.cpu_count(), "runs": runs}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RESULTS)
+    result = {
+        "commit": commit.stdout.strip(),
+        "command": " ".join(["python benchmarks/pipeline.py", *sys.argv[1:]]),
+        "task": args.task,
+        "num_envs": args.num_envs,
+        "cpu_cores": os.cpu_count(),
+        "runs": runs,
+    }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "pipeline.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"# Pipelined rollout: {args.task}, {args.num_envs} envs, {os.cpu_count()} cores",
+        "",
+        f"Commit {result['commit']}; `{result['command']}`.",
         "",
         "Inference for the whole batch takes about one env step of the whole batch. CPU inference: an MLP "
         "sized to that, on the same cores as the envs. Off-CPU inference: a wait proportional to the rows, "
         f"leaving the cores to the envs, standing in for an accelerator. Best of two interleaved runs of "
         f"{args.steps} chunk steps each.",
         "",
-        "| env workers | env step (ms) | inference | sequential env steps/s | pipelined env steps/s | speed-up |",
-        "| ---: | ---: | --- | ---: | ---: | ---: |",
+        "| env workers | env step / one stage alone (ms) | inference | inference (ms) | sequential env steps/s "
+        "| pipelined env steps/s | speed-up | bound |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     bars = {}
+    beyond = []
     for run in runs:
         for name, rates in run["env_steps_per_s"].items():
+            speedup, bound = run["speedup"][name], run["bound"][name]
             lines.append(
-                f"| {run['workers']} | {run['env_step_ms']:.1f} | {name} | {rates['sequential']:.0f} | "
-                f"{rates['pipelined']:.0f} | **{run['speedup'][name]:.2f}x** |"
+                f"| {run['workers']} | {run['env_step_ms']:.1f} / {run['stage_step_ms']:.1f} | {name} | "
+                f"{run['inference_ms'][name]:.1f} | {rates['sequential']:.0f} | {rates['pipelined']:.0f} | "
+                f"**{speedup:.2f}x** | {bound:.2f}x |"
             )
-            bars[f"{run['workers']}w {name.split()[0]}"] = run["speedup"][name]
+            bars[f"{run['workers']}w {name.split()[0]}"] = speedup
+            if speedup > bound * 1.02:
+                beyond.append(f"{run['workers']} workers, {name}")
+    lines += [
+        "",
+        "Beyond its bound (by more than 2%): " + ("; ".join(beyond) if beyond else "none") + ".",
+    ]
     (RESULTS / "pipeline.md").write_text("\n".join(lines) + "\n\n![pipeline](pipeline.png)\n")
     bar_chart(
         RESULTS / "pipeline.png",
