@@ -49,11 +49,10 @@ from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.features import camera_inputs, checkpoint_inputs, parse_features
-from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
-from embodied.policies.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
+from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
@@ -70,7 +69,6 @@ STATE_BINS = 256  # pi0.5 writes each state dimension as one of 256 bins of [-1,
 # the policy's running normaliser gives z-scores, and a normal variable's 1st and 99th
 # percentiles lie 2.33 standard deviations out.
 Z_AT_99TH_PERCENTILE = 2.33
-NORMALIZATIONS = ("checkpoint", "dataset", "running")
 VALUE_FROM = ("expert", "prefix")
 
 # A pi0 checkpoint's parameter names -> this module's: the policy wrapper's `model.` goes,
@@ -415,13 +413,11 @@ class PaliGemmaPrompt:
         return ids, mask
 
 
-class Pi0Policy(FlowPolicy):
-    accepts_images = True
-
+class Pi0Policy(PretrainedFlowVLA):
     def __init__(self, cfg: Pi0Config, spec: EnvSpec):
         if cfg.value_from not in VALUE_FROM:
             raise ConfigError(f"policy.value_from must be one of {VALUE_FROM}, got '{cfg.value_from}'")
-        if cfg.normalization not in NORMALIZATIONS:
+        if cfg.normalization not in NORMALIZATIONS:  # before the checkpoint is read
             raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
         cfg = resolve_architecture(cfg)
         if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
@@ -443,71 +439,13 @@ class Pi0Policy(FlowPolicy):
             model = Pi0Model(cfg)
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
         self.model, self.instructions = model, tokenizer
-        # fixed statistics, a checkpoint's or a dataset's, where the running ones are not wanted
-        self.fixed_statistics = cfg.normalization == "dataset" or (
-            bool(cfg.pretrained) and cfg.normalization == "checkpoint"
-        )
-        self.action_normalizer: StatisticsNormalizer | None = None
-        if cfg.normalization == "dataset":  # set by fit_statistics
-            self.normalizer = StatisticsNormalizer.unfitted(spec.state_dim)
-            self.action_normalizer = StatisticsNormalizer.unfitted(spec.action_dim)
-        elif self.fixed_statistics:
-            self._use_statistics_of(cfg.pretrained, quantiles=model.pi05)
-        # a checkpoint acting as trained reads the inputs it was trained on; on a new robot
-        # (running or dataset statistics) the env's cameras are the inputs, as lerobot's
-        # fine-tuning takes its dataset's features
-        acts_as_trained = bool(cfg.pretrained) and cfg.normalization == "checkpoint"
-        inputs = checkpoint_inputs(cfg.pretrained, checkpoint_config(cfg.pretrained)) if acts_as_trained else None
-        self.cameras = camera_inputs(inputs, parse_features(cfg.features), spec)
+        self.published_mode = "QUANTILES" if model.pi05 else "MEAN_STD"  # as lerobot and openpi train each
+        self._use_normalization(cfg, spec, checkpoint_config(cfg.pretrained) if cfg.pretrained else {})
         if cfg.train_expert_only:
             for part in (model.vision, model.projector, model.vlm):
                 part.requires_grad_(False)
         if cfg.freeze_vision:
             model.vision.requires_grad_(False)
-
-    def _use_statistics_of(self, pretrained: str, quantiles: bool) -> None:
-        """The checkpoint's own normalisation replaces this run's: fixed state statistics
-        (none: the state as it is) and actions unnormalised by its action statistics."""
-        statistics = read_checkpoint_statistics(pretrained, quantiles=quantiles, asset_id=self.cfg.asset_id)
-        self.normalizer = nn.Identity()
-        if statistics.state is not None:
-            self.normalizer = StatisticsNormalizer(statistics.state)
-            self.normalizer.require_width(self.spec.state_dim)
-        if statistics.action is not None:
-            self.action_normalizer = StatisticsNormalizer(statistics.action)
-            self.action_normalizer.require_width(self.spec.action_dim, self.cfg.horizon)
-
-    def _to_env(self, chunk: torch.Tensor) -> torch.Tensor:
-        if not self.fixed_statistics:
-            return super()._to_env(chunk)
-        if self.action_normalizer is not None:
-            chunk = self.action_normalizer.unnormalize(chunk)
-        return torch.maximum(torch.minimum(chunk, self.high), self.low)  # as the env executes it
-
-    def _to_model(self, actions: torch.Tensor) -> torch.Tensor:
-        if not self.fixed_statistics:
-            return super()._to_model(actions)
-        return actions if self.action_normalizer is None else self.action_normalizer(actions)
-
-    def update_normalization(self, observation: Observation) -> None:
-        if not self.fixed_statistics:  # a checkpoint's or a dataset's statistics stay as they are
-            super().update_normalization(observation)
-
-    def fit_statistics(self, observation: Observation, actions: torch.Tensor) -> None:
-        if self.cfg.normalization != "dataset":
-            return super().fit_statistics(observation, actions)
-        mode = "QUANTILES" if self.model.pi05 else "MEAN_STD"  # as lerobot and openpi train each
-        for normalizer, values in ((self.normalizer, observation.state), (self.action_normalizer, actions)):
-            normalizer.set(
-                dataset_feature(values.detach().cpu().numpy(), mode, f"SFT's {len(values)} demonstrated frames")
-            )
-
-    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
-        """What `train_expert_only` or `freeze_vision` freezes of a model loaded from
-        `checkpoint`: a checkpoint of the run then holds what trains (gigabytes less at the
-        real sizes). Without a checkpoint the frozen weights are random and are saved."""
-        names = self.frozen_parameter_names() if self.cfg.pretrained else []
-        return (self.cfg.pretrained, names) if names else None
 
     def fsdp_units(self) -> list[nn.Module]:
         """Each is run through its own forward: the vision tower, the token embedding, the VLM
@@ -538,12 +476,7 @@ class Pi0Policy(FlowPolicy):
     # every token), the VLM's output, each layer's key and value].
     def _state(self, observation: Observation) -> torch.Tensor:
         device = self.low.device
-        if self.cfg.normalization == "dataset" and not self.normalizer.fitted:
-            raise ConfigError(
-                "policy.normalization=dataset: the statistics come from SFT's demonstrations; run "
-                "`embodied sft` first (an RL run takes them with init=<the SFT run>)"
-            )
-        state = self.normalizer(observation.state.to(device, torch.float32))
+        state = self._normalized_state(observation)
         state = F.pad(state, (0, self.cfg.max_state_dim - state.shape[-1]))
         batch = state.shape[0]
         images = [resize_with_pad(observation.images[name].to(device), self.cfg.image_size) for name in self.cameras]

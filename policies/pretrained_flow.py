@@ -1,0 +1,100 @@
+"""What the flow VLAs that load published checkpoints (pi0, pi0.5, SmolVLA) share beyond
+`policy=flow`: the normalisation statistics they act with and the cameras they read.
+
+- `normalization=checkpoint` with `pretrained`: the statistics the checkpoint was trained with
+  (policies/statistics.py), fixed; its image inputs, in its order (policies/features.py).
+- `normalization=dataset`: fixed statistics that SFT computes from its demonstrations in the
+  model's published mode (`published_mode`); the policy refuses to act before.
+- `normalization=running`, or no `pretrained`: this run's own (policy=flow's).
+The model's actions are unnormalised by the fixed statistics, then clipped to the env's bounds
+as the env executes them."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.features import camera_inputs, checkpoint_inputs, parse_features
+from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
+
+NORMALIZATIONS = ("checkpoint", "dataset", "running")
+
+
+class PretrainedFlowVLA(FlowPolicy):
+    accepts_images = True
+    published_mode = "MEAN_STD"  # how the model's publishers normalise a new dataset
+
+    def _use_normalization(self, cfg: FlowPolicyConfig, spec: EnvSpec, saved_config: dict) -> None:
+        """Set the statistics and the cameras from `cfg.normalization` (after FlowPolicy's
+        init, whose running normaliser they replace where fixed)."""
+        if cfg.normalization not in NORMALIZATIONS:
+            raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
+        acts_as_trained = bool(cfg.pretrained) and cfg.normalization == "checkpoint"
+        self.fixed_statistics = acts_as_trained or cfg.normalization == "dataset"
+        self.action_normalizer: StatisticsNormalizer | None = None
+        if cfg.normalization == "dataset":  # set by fit_statistics
+            self.normalizer = StatisticsNormalizer.unfitted(spec.state_dim)
+            self.action_normalizer = StatisticsNormalizer.unfitted(spec.action_dim)
+        elif acts_as_trained:
+            self._use_statistics_of(cfg.pretrained, quantiles=self.published_mode == "QUANTILES")
+        # a checkpoint acting as trained reads the inputs it was trained on; on a new robot
+        # (running or dataset statistics) the env's cameras are the inputs, as lerobot's
+        # fine-tuning takes its dataset's features
+        inputs = checkpoint_inputs(cfg.pretrained, saved_config) if acts_as_trained else None
+        self.cameras = camera_inputs(inputs, parse_features(cfg.features), spec)
+
+    def _use_statistics_of(self, pretrained: str, quantiles: bool) -> None:
+        """The checkpoint's own normalisation replaces this run's: fixed state statistics
+        (none: the state as it is) and actions unnormalised by its action statistics."""
+        statistics = read_checkpoint_statistics(pretrained, quantiles=quantiles, asset_id=self.cfg.asset_id)
+        self.normalizer = nn.Identity()
+        if statistics.state is not None:
+            self.normalizer = StatisticsNormalizer(statistics.state)
+            self.normalizer.require_width(self.spec.state_dim)
+        if statistics.action is not None:
+            self.action_normalizer = StatisticsNormalizer(statistics.action)
+            self.action_normalizer.require_width(self.spec.action_dim, self.cfg.horizon)
+
+    def _normalized_state(self, observation: Observation) -> torch.Tensor:
+        if self.cfg.normalization == "dataset" and not self.normalizer.fitted:
+            raise ConfigError(
+                "policy.normalization=dataset: the statistics come from SFT's demonstrations; run "
+                "`embodied sft` first (an RL run takes them with init=<the SFT run>)"
+            )
+        return self.normalizer(observation.state.to(self.low.device, torch.float32))
+
+    def _to_env(self, chunk: torch.Tensor) -> torch.Tensor:
+        if not self.fixed_statistics:
+            return super()._to_env(chunk)
+        if self.action_normalizer is not None:
+            chunk = self.action_normalizer.unnormalize(chunk)
+        return torch.maximum(torch.minimum(chunk, self.high), self.low)  # as the env executes it
+
+    def _to_model(self, actions: torch.Tensor) -> torch.Tensor:
+        if not self.fixed_statistics:
+            return super()._to_model(actions)
+        return actions if self.action_normalizer is None else self.action_normalizer(actions)
+
+    def update_normalization(self, observation: Observation) -> None:
+        if not self.fixed_statistics:  # a checkpoint's or a dataset's statistics stay as they are
+            super().update_normalization(observation)
+
+    def fit_statistics(self, observation: Observation, actions: torch.Tensor) -> None:
+        if self.cfg.normalization != "dataset":
+            return super().fit_statistics(observation, actions)
+        for normalizer, values in ((self.normalizer, observation.state), (self.action_normalizer, actions)):
+            normalizer.set(
+                dataset_feature(
+                    values.detach().cpu().numpy(), self.published_mode, f"SFT's {len(values)} demonstrated frames"
+                )
+            )
+
+    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
+        """What is frozen of a model loaded from `pretrained`: a checkpoint of the run then holds
+        what trains (gigabytes less at the real sizes). Without `pretrained` the frozen weights
+        are random and are saved."""
+        names = self.frozen_parameter_names() if self.cfg.pretrained else []
+        return (self.cfg.pretrained, names) if names else None
