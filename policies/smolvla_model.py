@@ -175,10 +175,18 @@ class SmolVLMVision(SiglipVision):
 
     def __init__(self, size: SiglipSize, image_size: int):
         super().__init__(size, image_size)
-        side = image_size // size.patch_size
-        fractions = torch.arange(side, dtype=torch.float32) / side * (1 - 1e-6)
-        buckets = torch.bucketize(fractions, torch.arange(1 / side, 1.0, 1 / side), right=True)
-        self.register_buffer("positions", (buckets[:, None] * side + buckets[None]).flatten(), persistent=False)
+        self.side = image_size // size.patch_size
+        self.set_positions()
+
+    def set_positions(self) -> None:
+        """The patch positions, a buffer not in checkpoints (computed again after a model built
+        on the meta device is loaded)."""
+        side = self.side
+        fractions = torch.arange(side, dtype=torch.float32, device="cpu") / side * (1 - 1e-6)
+        buckets = torch.bucketize(fractions, torch.arange(1 / side, 1.0, 1 / side, device="cpu"), right=True)
+        positions = (buckets[:, None] * side + buckets[None]).flatten()
+        device = self.embeddings.position_embedding.weight.device
+        self.register_buffer("positions", positions.to("cpu" if device.type == "meta" else device), persistent=False)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         embeddings = self.embeddings
@@ -400,6 +408,7 @@ def load_smolvla_checkpoint(model: SmolVLAModel, path: str) -> None:
             + "; ".join(p for p in problems if p)
         )
     model.load_state_dict(renamed, assign=True)
+    model.vision.set_positions()
 
 
 def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:

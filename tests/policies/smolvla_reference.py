@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from pi0_reference import import_torchvision  # beside this file, on the script's path
 
 
