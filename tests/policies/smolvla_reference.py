@@ -6,7 +6,10 @@
 Reads `spec.json` and `inputs.npz` there, builds lerobot's SmolVLAPolicy on a SmolVLM of the
 sizes the spec gives with every weight drawn at random, saves it with lerobot's own
 `save_pretrained` (`checkpoint/`) and writes the action chunk its `sample_actions` makes from
-the given images, tokens, state and noise (`reference.npz`).
+the given images, tokens, state and noise (`reference.npz`, with the seconds each of
+`timed_runs` calls took and the process's peak memory). Where the spec gives `processors`, it
+also saves lerobot's own pre/post-processor pipelines in each mode and what the whole pipeline
+makes of the raw state (pi0_reference.save_processors).
 
 lerobot builds SmolVLM from a hub id: its config and processor. Here the config is a local
 folder written from the spec (`smolvlm/`), and the processor, of which SmolVLA reads only two
@@ -16,13 +19,15 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import sys
+import time
 import types
 from pathlib import Path
 
 import numpy as np
 import torch
-from pi0_reference import import_torchvision  # beside this file, on the script's path
+from pi0_reference import import_torchvision, save_processors  # beside this file, on the script's path
 
 
 def smolvlm_folder(work: Path, spec: dict) -> Path:
@@ -109,16 +114,40 @@ def main(work: Path) -> None:
         for i, name in enumerate(cameras)
     }
     images, masks = policy.prepare_images(batch)
-    with torch.no_grad():
-        actions = policy.model.sample_actions(
-            images,
-            masks,
-            torch.from_numpy(inputs["tokens"]),
-            torch.from_numpy(inputs["token_mask"]),
-            torch.from_numpy(inputs["state"]),
-            noise=torch.from_numpy(inputs["noise"]),
-        )
-    np.savez(work / "reference.npz", actions=actions.numpy())
+    seconds = []
+    for _ in range(max(1, spec.get("timed_runs", 1))):
+        started = time.perf_counter()
+        with torch.no_grad():
+            actions = policy.model.sample_actions(
+                images,
+                masks,
+                torch.from_numpy(inputs["tokens"]),
+                torch.from_numpy(inputs["token_mask"]),
+                torch.from_numpy(inputs["state"]),
+                noise=torch.from_numpy(inputs["noise"]),
+            )
+        seconds.append(time.perf_counter() - started)
+    np.savez(
+        work / "reference.npz",
+        actions=actions.numpy(),
+        seconds=np.array(seconds),
+        peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        parameters=sum(p.numel() for p in policy.model.parameters()),
+    )
+    if "processors" in spec:
+
+        def sample(state: torch.Tensor) -> torch.Tensor:
+            with torch.no_grad():
+                return policy.model.sample_actions(
+                    images,
+                    masks,
+                    torch.from_numpy(inputs["pipeline_tokens"]),
+                    torch.from_numpy(inputs["pipeline_token_mask"]),
+                    state,
+                    noise=torch.from_numpy(inputs["pipeline_noise"]),
+                )
+
+        save_processors(work, spec, inputs, sample)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
 from embodied.policies.smolvla_model import resize_with_pad
 from tests.policies.checkpoints import save_word_tokenizer
-from tests.policies.pi0_parity import REFERENCE_PYTHON, ROOT
+from tests.policies.pi0_parity import NORM_MAPS, PIPELINE_SEED, REFERENCE_PYTHON, ROOT, dataset_statistics
 from tests.policies.published import save_lerobot_processors
 from tests.policies.sft import bc_losses
 
@@ -82,7 +82,28 @@ def lerobot_smolvla(tmp_path_factory) -> Path:
         "state": rng.standard_normal((batch, 32)).astype(np.float32),
         "noise": rng.standard_normal((batch, 5, 32)).astype(np.float32),
     }
-    (work / "spec.json").write_text(json.dumps(REFERENCE_SPEC))
+    # the whole pipeline, in each of lerobot's normalisation modes: raw inputs, the prompt our
+    # policy writes with the VLM folder's tokenizer, the noise its sampler draws
+    generator = torch.Generator().manual_seed(5)
+    spec = {
+        **REFERENCE_SPEC,
+        "processors": {
+            "state_dim": 5,
+            "action_dim": 3,
+            "norm_maps": {name: {"VISUAL": "IDENTITY", **NORM_MAPS[name]} for name in NORM_MAPS},
+            "stats": {
+                name: dataset_statistics(generator, per_step=5 if name == "per_step" else 0) for name in NORM_MAPS
+            },
+        },
+    }
+    inputs["raw_state"] = (torch.randn(batch, 5, generator=generator) * 3 + 1).numpy()
+    inputs["raw_actions"] = torch.randn(batch, 5, 3, generator=generator).numpy()
+    save_word_tokenizer(work / "smolvlm", WORDS)
+    tokens, token_mask = SmolVLMPrompt(str(work / "smolvlm"))(prompts(INSTRUCTIONS), REFERENCE_SPEC["tokens"])
+    inputs["pipeline_tokens"], inputs["pipeline_token_mask"] = tokens.numpy(), token_mask.bool().numpy()
+    noise = torch.randn(batch, 5 * 32, generator=torch.Generator().manual_seed(PIPELINE_SEED))
+    inputs["pipeline_noise"] = noise.view(batch, 5, 32).numpy()
+    (work / "spec.json").write_text(json.dumps(spec))
     np.savez(work / "inputs.npz", **inputs)
     subprocess.run(
         [str(REFERENCE_PYTHON), str(Path(__file__).with_name("smolvla_reference.py")), str(work)],
@@ -90,7 +111,6 @@ def lerobot_smolvla(tmp_path_factory) -> Path:
         timeout=600,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},
     )
-    save_word_tokenizer(work / "smolvlm", WORDS)
     return work
 
 
@@ -110,6 +130,30 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(lerobot_smolvla):
     reference = np.load(lerobot_smolvla / "reference.npz")["actions"]
     assert np.abs(reference).max() > 0.5  # the chunk is not trivially small
     np.testing.assert_allclose(ours.numpy(), reference, atol=1e-5, rtol=1e-5)
+
+
+def test_raw_observations_to_env_actions_match_lerobots_pipeline_in_every_mode(lerobot_smolvla, tmp_path):
+    """Raw state and frames -> our policy -> env actions, against lerobot's preprocessor ->
+    its image preparation and sample_actions -> postprocessor, in each normalisation mode."""
+    inputs = np.load(lerobot_smolvla / "inputs.npz")
+    observation = Observation(
+        state=torch.from_numpy(inputs["raw_state"]),
+        images={"base": torch.from_numpy(inputs["frame0"]), "wrist": torch.from_numpy(inputs["frame1"])},
+        instruction=INSTRUCTIONS,
+    )
+    for mode in NORM_MAPS:
+        folder = tmp_path / mode
+        shutil.copytree(lerobot_smolvla / "processors" / mode, folder)
+        for name in ("model.safetensors", "config.json"):
+            shutil.copy(lerobot_smolvla / "checkpoint" / name, folder / name)
+        policy = loaded(
+            lerobot_smolvla, pretrained=str(folder), normalization="checkpoint", sampler="ode", chunk_size=5
+        )
+        with torch.no_grad():
+            chunk = policy.act(observation, deterministic=True, generator=torch.Generator().manual_seed(PIPELINE_SEED))
+        reference = np.load(folder / "reference.npz")["pipeline_actions"]
+        assert np.abs(reference).max() > 1.0, mode  # in the statistics' units, not the model's
+        np.testing.assert_allclose(chunk.actions.numpy(), reference, atol=1e-5, rtol=1e-5, err_msg=mode)
 
 
 def test_the_policy_acts_in_the_units_of_its_checkpoints_statistics(lerobot_smolvla, tmp_path):
