@@ -6,7 +6,6 @@ ManiSkill cameras."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,106 +16,20 @@ import pytest
 import torch
 
 from embodied.core.errors import ConfigError
-from embodied.core.types import EnvSpec, Observation
+from embodied.core.types import Observation
 from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
 from embodied.policies.smolvla_model import resize_with_pad
-from tests.policies.checkpoints import save_word_tokenizer
-from tests.policies.pi0_parity import NORM_MAPS, PIPELINE_SEED, REFERENCE_PYTHON, ROOT, dataset_statistics
+from tests.policies.pi0_parity import NORM_MAPS, ROOT
 from tests.policies.published import save_lerobot_processors
 from tests.policies.sft import bc_losses
+from tests.policies.smolvla_parity import INSTRUCTIONS, TINY_SPEC, env_spec, loaded, pipeline_actions, run_reference
 
-# lerobot's SmolVLA at test sizes: a 6-layer SmolVLM of which the first 4 are kept, an expert
-# 0.75 as wide that attends jointly every second layer and cross-attends in between
-REFERENCE_SPEC = {
-    "vision": {"width": 32, "depth": 2, "mlp_dim": 64, "num_heads": 2, "patch_size": 8},
-    "text": {
-        "width": 64,
-        "depth": 6,
-        "mlp_dim": 128,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "head_dim": 16,
-        "rms_eps": 1e-5,
-    },
-    "image_size": 32,
-    "scale_factor": 2,
-    "vocab_size": 300,
-    "cameras": ["base", "wrist"],
-    "num_vlm_layers": 4,
-    "num_expert_layers": -1,
-    "self_attn_every_n_layers": 2,
-    "expert_width_multiplier": 0.75,
-    "horizon": 5,
-    "max_state_dim": 32,
-    "max_action_dim": 32,
-    "steps": 4,
-    "tokens": 12,
-    "state_dim": 5,
-    "action_dim": 3,
-    "seed": 3,
-}
-SPEC = EnvSpec(
-    state_dim=5,
-    action_dim=3,
-    action_low=(-50.0,) * 3,
-    action_high=(50.0,) * 3,
-    image_shapes={"base": (32, 32, 3), "wrist": (24, 32, 3)},  # the wrist's frames are letterboxed
-)
-INSTRUCTIONS = ["push the cube", "pick it up", "stack"]
-WORDS = ["[PAD]", "[UNK]", *sorted({word for text in INSTRUCTIONS for word in text.split()})]
+SPEC = env_spec(TINY_SPEC)
 
 
 @pytest.fixture(scope="module")
 def lerobot_smolvla(tmp_path_factory) -> Path:
-    """lerobot's SmolVLAPolicy, random weights, saved by its save_pretrained, with the chunk
-    its sample_actions made; beside it the SmolVLM folder it was built on, with a tokenizer."""
-    assert REFERENCE_PYTHON.exists(), f"the reference virtualenv is missing ({REFERENCE_PYTHON}); tools/setup.sh test"
-    work = tmp_path_factory.mktemp("smolvla_reference")
-    rng = np.random.default_rng(0)
-    batch = 3
-    inputs = {
-        "frame0": rng.integers(0, 256, (batch, *SPEC.image_shapes["base"]), dtype=np.uint8),
-        "frame1": rng.integers(0, 256, (batch, *SPEC.image_shapes["wrist"]), dtype=np.uint8),
-        "tokens": rng.integers(1, 300, (batch, REFERENCE_SPEC["tokens"])),
-        "token_mask": np.array([[1] * 12, [1] * 7 + [0] * 5, [1] * 3 + [0] * 9], dtype=bool),
-        "state": rng.standard_normal((batch, 32)).astype(np.float32),
-        "noise": rng.standard_normal((batch, 5, 32)).astype(np.float32),
-    }
-    # the whole pipeline, in each of lerobot's normalisation modes: raw inputs, the prompt our
-    # policy writes with the VLM folder's tokenizer, the noise its sampler draws
-    generator = torch.Generator().manual_seed(5)
-    spec = {
-        **REFERENCE_SPEC,
-        "processors": {
-            "state_dim": 5,
-            "action_dim": 3,
-            "norm_maps": {name: {"VISUAL": "IDENTITY", **NORM_MAPS[name]} for name in NORM_MAPS},
-            "stats": {
-                name: dataset_statistics(generator, per_step=5 if name == "per_step" else 0) for name in NORM_MAPS
-            },
-        },
-    }
-    inputs["raw_state"] = (torch.randn(batch, 5, generator=generator) * 3 + 1).numpy()
-    inputs["raw_actions"] = torch.randn(batch, 5, 3, generator=generator).numpy()
-    save_word_tokenizer(work / "smolvlm", WORDS)
-    tokens, token_mask = SmolVLMPrompt(str(work / "smolvlm"))(prompts(INSTRUCTIONS), REFERENCE_SPEC["tokens"])
-    inputs["pipeline_tokens"], inputs["pipeline_token_mask"] = tokens.numpy(), token_mask.bool().numpy()
-    noise = torch.randn(batch, 5 * 32, generator=torch.Generator().manual_seed(PIPELINE_SEED))
-    inputs["pipeline_noise"] = noise.view(batch, 5, 32).numpy()
-    (work / "spec.json").write_text(json.dumps(spec))
-    np.savez(work / "inputs.npz", **inputs)
-    subprocess.run(
-        [str(REFERENCE_PYTHON), str(Path(__file__).with_name("smolvla_reference.py")), str(work)],
-        check=True,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    return work
-
-
-def loaded(work: Path, **overrides) -> SmolVLAPolicy:
-    values = {"pretrained": str(work / "checkpoint"), "vlm": str(work / "smolvlm"), "normalization": "running"}
-    return SmolVLAPolicy(SmolVLAConfig(**{**values, **overrides}), SPEC)
+    return run_reference(tmp_path_factory.mktemp("smolvla_reference"))
 
 
 def test_sample_matches_lerobot_on_a_checkpoint_it_saved(lerobot_smolvla):
@@ -135,25 +48,10 @@ def test_sample_matches_lerobot_on_a_checkpoint_it_saved(lerobot_smolvla):
 def test_raw_observations_to_env_actions_match_lerobots_pipeline_in_every_mode(lerobot_smolvla, tmp_path):
     """Raw state and frames -> our policy -> env actions, against lerobot's preprocessor ->
     its image preparation and sample_actions -> postprocessor, in each normalisation mode."""
-    inputs = np.load(lerobot_smolvla / "inputs.npz")
-    observation = Observation(
-        state=torch.from_numpy(inputs["raw_state"]),
-        images={"base": torch.from_numpy(inputs["frame0"]), "wrist": torch.from_numpy(inputs["frame1"])},
-        instruction=INSTRUCTIONS,
-    )
     for mode in NORM_MAPS:
-        folder = tmp_path / mode
-        shutil.copytree(lerobot_smolvla / "processors" / mode, folder)
-        for name in ("model.safetensors", "config.json"):
-            shutil.copy(lerobot_smolvla / "checkpoint" / name, folder / name)
-        policy = loaded(
-            lerobot_smolvla, pretrained=str(folder), normalization="checkpoint", sampler="ode", chunk_size=5
-        )
-        with torch.no_grad():
-            chunk = policy.act(observation, deterministic=True, generator=torch.Generator().manual_seed(PIPELINE_SEED))
-        reference = np.load(folder / "reference.npz")["pipeline_actions"]
+        ours, reference = pipeline_actions(lerobot_smolvla, mode, tmp_path / mode)
         assert np.abs(reference).max() > 1.0, mode  # in the statistics' units, not the model's
-        np.testing.assert_allclose(chunk.actions.numpy(), reference, atol=1e-5, rtol=1e-5, err_msg=mode)
+        np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=1e-5, err_msg=mode)
 
 
 def test_the_policy_acts_in_the_units_of_its_checkpoints_statistics(lerobot_smolvla, tmp_path):
