@@ -43,7 +43,7 @@ def make_inputs(work: Path, model: str, runs: int) -> None:
         "sizes": "real",
         "vocab_size": 257152,
         "image_size": IMAGE_SIZE,
-        "cameras": CAMERAS,
+        "cameras": [f"camera{i}" for i in range(CAMERAS)],
         "horizon": HORIZON,
         "max_state_dim": PADDED,
         "max_action_dim": PADDED,
@@ -152,7 +152,7 @@ def report() -> None:
         sys.exit("no runs yet: python benchmarks/pi0_real_size.py")
     summary = {
         "setup": {
-            "cameras": CAMERAS,
+            "cameras": [f"camera{i}" for i in range(CAMERAS)],
             "image_size": IMAGE_SIZE,
             "horizon": HORIZON,
             "denoising_steps": STEPS,

@@ -36,7 +36,6 @@ with a small SigLIP, which run anywhere. `auto` takes them from the checkpoint's
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,7 +51,7 @@ from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA
+from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA, published_config
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
@@ -125,7 +124,7 @@ class Pi05Config(Pi0Config):
 def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     """`cfg` with the variants (and padded sizes) a checkpoint's config.json names, where they
     are `auto`; refused when anything the checkpoint fixes disagrees with what was asked."""
-    saved = checkpoint_config(cfg.pretrained) if cfg.pretrained else {}
+    saved = published_config(cfg.pretrained) if cfg.pretrained else {}
     if saved and saved.get("type", cfg.name) != cfg.name:
         raise ConfigError(
             f"{cfg.pretrained} holds a '{saved.get('type')}' policy; policy={cfg.name} loads {cfg.name} checkpoints"
@@ -168,19 +167,6 @@ def resolve_architecture(cfg: Pi0Config) -> Pi0Config:
     else:
         image_size = (saved.get("image_resolution") or [224])[0]
     return replace(cfg, image_size=int(image_size), **resolved)
-
-
-def checkpoint_config(path: str) -> dict:
-    folder = Path(path)
-    if not folder.exists():
-        raise ConfigError(f"policy.pretrained {path} does not exist")
-    config = (folder if folder.is_dir() else folder.parent) / "config.json"
-    if not config.is_file():
-        return {}
-    try:
-        return json.loads(config.read_text())
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{config} is not valid JSON: {error}") from None
 
 
 class Pi0Model(nn.Module):
@@ -440,7 +426,7 @@ class Pi0Policy(PretrainedFlowVLA):
         super().__init__(cfg, spec, context_dim=self._context_width(cfg, model))
         self.model, self.instructions = model, tokenizer
         self.published_mode = "QUANTILES" if model.pi05 else "MEAN_STD"  # as lerobot and openpi train each
-        self._use_normalization(cfg, spec, checkpoint_config(cfg.pretrained) if cfg.pretrained else {})
+        self._use_normalization(cfg, spec, published_config(cfg.pretrained) if cfg.pretrained else {})
         if cfg.train_expert_only:
             for part in (model.vision, model.projector, model.vlm):
                 part.requires_grad_(False)

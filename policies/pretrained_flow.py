@@ -11,6 +11,9 @@ as the env executes them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -21,6 +24,21 @@ from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
 
 NORMALIZATIONS = ("checkpoint", "dataset", "running")
+
+
+def published_config(path: str) -> dict:
+    """The config.json beside a published checkpoint (lerobot's, or an openpi conversion's),
+    {} where there is none."""
+    folder = Path(path)
+    if not folder.exists():
+        raise ConfigError(f"policy.pretrained {path} does not exist")
+    config = (folder if folder.is_dir() else folder.parent) / "config.json"
+    if not config.is_file():
+        return {}
+    try:
+        return json.loads(config.read_text())
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{config} is not valid JSON: {error}") from None
 
 
 class PretrainedFlowVLA(FlowPolicy):

@@ -31,8 +31,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.mlp import mlp
-from embodied.policies.pi0 import checkpoint_config
-from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA
+from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA, published_config
 from embodied.policies.smolvla_model import (
     TINY_SMOLVLM,
     SmolVLAModel,
@@ -82,7 +81,7 @@ class SmolVLAConfig(FlowPolicyConfig):
 def resolve(cfg: SmolVLAConfig) -> tuple[SmolVLAConfig, SmolVLMSize, dict]:
     """`cfg` with what the checkpoint fixes filled in, the VLM's sizes and the checkpoint's
     config.json; refused where they disagree or where the checkpoint uses what is not built."""
-    saved = checkpoint_config(cfg.pretrained) if cfg.pretrained else {}
+    saved = published_config(cfg.pretrained) if cfg.pretrained else {}
     if saved and saved.get("type", "smolvla") != "smolvla":
         raise ConfigError(f"{cfg.pretrained} holds a '{saved.get('type')}' policy; policy=smolvla loads smolvla ones")
     if saved.get("add_image_special_tokens"):
