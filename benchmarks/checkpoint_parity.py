@@ -204,7 +204,7 @@ def report() -> None:
     if real_size:
         lines += [
             "At real size (PaliGemma 2B + the 300M expert, random weights, the model alone; "
-            "[pi0_real_size.md](pi0_real_size.md), measured at an earlier commit):",
+            "[pi0_real_size.md](pi0_real_size.md), from its own run):",
             "",
             "| model | largest difference | checkpoint load s (ours) | peak GB (ours / lerobot) |",
             "| --- | ---: | ---: | --- |",
