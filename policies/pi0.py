@@ -51,7 +51,7 @@ from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA, published_config
+from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA, assign_weights, published_config
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
@@ -329,25 +329,7 @@ def load_checkpoint(model: Pi0Model, path: str) -> None:
         renamed[key] = tensor.float() if tensor.is_floating_point() else tensor
     if "vlm.embed_tokens.weight" not in renamed and tied_embedding is not None:
         renamed["vlm.embed_tokens.weight"] = tied_embedding
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(renamed))
-    unexpected = sorted(set(renamed) - set(expected))
-    wrong = [
-        f"{k} {tuple(renamed[k].shape)} (the model's: {tuple(expected[k].shape)})"
-        for k in expected
-        if k in renamed and renamed[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or wrong:
-        problems = [
-            f"{len(missing)} missing (e.g. {missing[:3]})" if missing else "",
-            f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})" if unexpected else "",
-            f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else "",
-        ]
-        raise ConfigError(
-            f"{file} does not match policy=pi0 with paligemma_variant/expert_variant as resolved: "
-            + "; ".join(p for p in problems if p)
-        )
-    model.load_state_dict(renamed, assign=True)
+    assign_weights(model, renamed, file, "policy=pi0 with paligemma_variant/expert_variant as resolved")
 
 
 def prompts(instructions: list[str], state: torch.Tensor | None) -> list[str]:

@@ -41,6 +41,28 @@ def published_config(path: str) -> dict:
         raise ConfigError(f"{config} is not valid JSON: {error}") from None
 
 
+def assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], file: Path, what: str) -> None:
+    """A checkpoint's `weights`, renamed to `model`'s names, become its parameters (`model` may
+    be on the meta device); any mismatch by name is refused: every parameter must be there, at
+    its shape, and nothing left over. `what` names the model the file was meant to fit."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = [
+        f"{k} {tuple(weights[k].shape)} (the model's: {tuple(expected[k].shape)})"
+        for k in expected
+        if k in weights and weights[k].shape != expected[k].shape
+    ]
+    if missing or unexpected or wrong:
+        problems = [
+            f"{len(missing)} missing (e.g. {missing[:3]})" if missing else "",
+            f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})" if unexpected else "",
+            f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else "",
+        ]
+        raise ConfigError(f"{file} does not match {what}: " + "; ".join(p for p in problems if p))
+    model.load_state_dict(weights, assign=True)
+
+
 class PretrainedFlowVLA(FlowPolicy):
     accepts_images = True
     published_mode = "MEAN_STD"  # how the model's publishers normalise a new dataset

@@ -33,6 +33,7 @@ from torch.nn import functional as F
 
 from embodied.core.errors import ConfigError
 from embodied.policies.gemma import SiglipSize, SiglipVision, attend, attention_bias, rotary, rotate, split_heads
+from embodied.policies.pretrained_flow import assign_weights
 
 
 @dataclass(frozen=True)
@@ -389,25 +390,7 @@ def load_smolvla_checkpoint(model: SmolVLAModel, path: str) -> None:
                 key = new + key[len(old) :]
                 break
         renamed[key] = tensor.float() if tensor.is_floating_point() else tensor
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(renamed))
-    unexpected = sorted(set(renamed) - set(expected))
-    wrong = [
-        f"{k} {tuple(renamed[k].shape)} (the model's: {tuple(expected[k].shape)})"
-        for k in expected
-        if k in renamed and renamed[k].shape != expected[k].shape
-    ]
-    if missing or unexpected or wrong:
-        problems = [
-            f"{len(missing)} missing (e.g. {missing[:3]})" if missing else "",
-            f"{len(unexpected)} unexpected (e.g. {unexpected[:3]})" if unexpected else "",
-            f"{len(wrong)} of another shape (e.g. {wrong[:2]})" if wrong else "",
-        ]
-        raise ConfigError(
-            f"{file} does not match policy=smolvla with policy.vlm and its layer counts as given: "
-            + "; ".join(p for p in problems if p)
-        )
-    model.load_state_dict(renamed, assign=True)
+    assign_weights(model, renamed, file, "policy=smolvla with policy.vlm and its layer counts as given")
     model.vision.set_positions()
 
 
