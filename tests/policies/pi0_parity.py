@@ -63,7 +63,7 @@ NORM_MAPS = {
     "identity_state": {"STATE": "IDENTITY", "ACTION": "QUANTILES"},
     "per_step": {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"},  # action statistics per horizon step
 }
-PROCESSOR_MODES = {"pi0": list(NORM_MAPS), "pi05": ["quantiles"]}
+PROCESSOR_MODES = {"pi0": list(NORM_MAPS), "pi05": ["quantiles", *(name for name in NORM_MAPS if name != "quantiles")]}
 
 
 def dataset_statistics(generator: torch.Generator, per_step: int = 0) -> dict[str, dict[str, list]]:
@@ -134,16 +134,21 @@ def run_reference(work: Path, model: str) -> Path:
     for i in range(len(spec["cameras"])):
         inputs[f"frame{i}"] = torch.randint(0, 256, (batch, *PIPELINE_FRAME), generator=generator).numpy()
         inputs[f"frame{i}"] = inputs[f"frame{i}"].astype(np.uint8)
-    unit_state = None
-    if model == "pi05":  # its prompt carries the state as its checkpoint's statistics normalise it
-        quantiles = spec["processors"]["stats"][modes[0]]["observation.state"]
-        normalizer = StatisticsNormalizer(
-            lerobot_feature("QUANTILES", {k: np.array(v) for k, v in quantiles.items()}, "")
-        )
-        state = normalizer(torch.from_numpy(inputs["raw_state"]))
-        unit_state = torch.nn.functional.pad(state, (0, cfg.max_state_dim - SPEC.state_dim))
-    tokens, token_mask = ByteTokenizer()(prompts(PIPELINE_INSTRUCTIONS, unit_state), cfg.max_instruction_tokens)
+    tokens, token_mask = ByteTokenizer()(prompts(PIPELINE_INSTRUCTIONS, None), cfg.max_instruction_tokens)
     inputs["pipeline_tokens"], inputs["pipeline_token_mask"] = tokens.numpy(), token_mask.bool().numpy()
+    if model == "pi05":  # its prompt carries the state as each mode's statistics normalise it
+        for name in modes:
+            state = torch.from_numpy(inputs["raw_state"])
+            mode = NORM_MAPS[name]["STATE"]
+            if mode != "IDENTITY":
+                stats = spec["processors"]["stats"][name]["observation.state"]
+                state = StatisticsNormalizer(lerobot_feature(mode, {k: np.array(v) for k, v in stats.items()}, ""))(
+                    state
+                )
+            unit_state = torch.nn.functional.pad(state, (0, cfg.max_state_dim - SPEC.state_dim))
+            tokens, token_mask = ByteTokenizer()(prompts(PIPELINE_INSTRUCTIONS, unit_state), cfg.max_instruction_tokens)
+            inputs[f"pipeline_tokens_{name}"] = tokens.numpy()
+            inputs[f"pipeline_token_mask_{name}"] = token_mask.bool().numpy()
     noise = torch.randn(batch, cfg.horizon * cfg.max_action_dim, generator=torch.Generator().manual_seed(PIPELINE_SEED))
     inputs["pipeline_noise"] = noise.view(batch, cfg.horizon, cfg.max_action_dim).numpy()
     (work / "spec.json").write_text(json.dumps(spec))

@@ -262,11 +262,14 @@ def pipeline_sampler(policy, spec: dict, inputs: np.lib.npyio.NpzFile):
         for i, name in enumerate(spec["cameras"])
     }
     images, masks = policy._preprocess_images(batch)
-    tokens, token_mask = torch.from_numpy(inputs["pipeline_tokens"]), torch.from_numpy(inputs["pipeline_token_mask"])
 
-    def sample(state: torch.Tensor) -> torch.Tensor:
+    def sample(state: torch.Tensor, mode: str) -> torch.Tensor:
+        # pi0.5's state is in its prompt, written for each mode's normalisation
+        suffix = f"_{mode}" if f"pipeline_tokens_{mode}" in inputs else ""
+        tokens = torch.from_numpy(inputs[f"pipeline_tokens{suffix}"])
+        token_mask = torch.from_numpy(inputs[f"pipeline_token_mask{suffix}"])
         with torch.no_grad():
-            extra = [state] if spec["model"] == "pi0" else []  # pi0.5's state is in its prompt
+            extra = [state] if spec["model"] == "pi0" else []
             return policy.model.sample_actions(
                 images, masks, tokens, token_mask, *extra, noise=torch.from_numpy(inputs["pipeline_noise"])
             )
@@ -278,7 +281,7 @@ def save_processors(work: Path, spec: dict, inputs: np.lib.npyio.NpzFile, sample
     """lerobot's normaliser and unnormaliser steps, in pipelines shaped as its policies save
     them, for each norm_map of the spec; the first also beside the checkpoint's weights. Each
     folder's reference.npz has what they make of a raw state and of actions, and the whole
-    pipeline's env actions: raw state -> preprocessor -> the model's chunk (`sample`) ->
+    pipeline's env actions: raw state -> preprocessor -> the model's chunk (`sample(state, mode)`) ->
     the env's action dimensions -> postprocessor."""
     from lerobot.configs.types import FeatureType, NormalizationMode, PolicyFeature
     from lerobot.processor import (
@@ -328,7 +331,7 @@ def save_processors(work: Path, spec: dict, inputs: np.lib.npyio.NpzFile, sample
             state = pre({"observation.state": torch.from_numpy(inputs["raw_state"])})["observation.state"]
             actions = post(torch.from_numpy(inputs["raw_actions"]))
             padded = torch.nn.functional.pad(state, (0, spec["max_state_dim"] - state.shape[-1]))
-            pipeline = post(sample(padded)[..., : processors["action_dim"]])
+            pipeline = post(sample(padded, name)[..., : processors["action_dim"]])
         np.savez(
             folder / "reference.npz", state=state.numpy(), actions=actions.numpy(), pipeline_actions=pipeline.numpy()
         )

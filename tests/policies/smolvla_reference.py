@@ -143,7 +143,7 @@ def main(work: Path) -> None:
     )
     if "processors" in spec:
 
-        def sample(state: torch.Tensor) -> torch.Tensor:
+        def sample(state: torch.Tensor, mode: str) -> torch.Tensor:  # the same prompt in every mode
             with torch.no_grad():
                 return policy.model.sample_actions(
                     images,
