@@ -51,7 +51,13 @@ from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
 from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA, assign_weights, published_config
+from embodied.policies.pretrained_flow import (
+    PretrainedFlowVLA,
+    assign_weights,
+    check_normalization,
+    published_config,
+    time_features,
+)
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),
@@ -62,7 +68,6 @@ GEMMA_SIZES = {
 SO400M = SiglipSize(width=1152, depth=27, mlp_dim=4304, num_heads=16, patch_size=14)
 TINY_SIGLIP = SiglipSize(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=8)
 PALIGEMMA_VOCAB = 257152
-MIN_PERIOD, MAX_PERIOD = 4e-3, 4.0
 STATE_BINS = 256  # pi0.5 writes each state dimension as one of 256 bins of [-1, 1]
 # pi0.5 reads states quantile-normalised to [-1, 1] (1st and 99th percentiles at the ends);
 # the policy's running normaliser gives z-scores, and a normal variable's 1st and 99th
@@ -296,15 +301,6 @@ class Pi0Model(nn.Module):
         return x
 
 
-def time_features(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Sines then cosines of 2 pi t / period, periods spaced geometrically from 4e-3 to 4
-    (computed in float64, as the reference does, then cast to t's dtype)."""
-    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
-    period = MIN_PERIOD * (MAX_PERIOD / MIN_PERIOD) ** fraction
-    angles = (2 * math.pi / period)[None] * t.to(torch.float64)[:, None]
-    return torch.cat([angles.sin(), angles.cos()], 1).to(t.dtype)
-
-
 def load_checkpoint(model: Pi0Model, path: str) -> None:
     """Load a pi0 checkpoint's weights into `model` (which may be on the meta device: the
     loaded tensors become its parameters, in float32), refusing any mismatch by name: every
@@ -385,8 +381,7 @@ class Pi0Policy(PretrainedFlowVLA):
     def __init__(self, cfg: Pi0Config, spec: EnvSpec):
         if cfg.value_from not in VALUE_FROM:
             raise ConfigError(f"policy.value_from must be one of {VALUE_FROM}, got '{cfg.value_from}'")
-        if cfg.normalization not in NORMALIZATIONS:  # before the checkpoint is read
-            raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
+        check_normalization(cfg)  # before the checkpoint is read
         cfg = resolve_architecture(cfg)
         if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
             raise ConfigError(

@@ -12,6 +12,7 @@ as the env executes them."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -24,6 +25,22 @@ from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
 
 NORMALIZATIONS = ("checkpoint", "dataset", "running")
+MIN_PERIOD, MAX_PERIOD = 4e-3, 4.0  # the time embedding's shortest and longest periods
+
+
+def check_normalization(cfg: FlowPolicyConfig) -> None:
+    if cfg.normalization not in NORMALIZATIONS:
+        raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
+
+
+def time_features(t: torch.Tensor, width: int) -> torch.Tensor:
+    """pi0's and SmolVLA's embedding of the flow time: sines then cosines of 2 pi t / period,
+    periods spaced geometrically from 4e-3 to 4 (computed in float64, as the reference does,
+    then cast to t's dtype)."""
+    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
+    period = MIN_PERIOD * (MAX_PERIOD / MIN_PERIOD) ** fraction
+    angles = (2 * math.pi / period)[None] * t.to(torch.float64)[:, None]
+    return torch.cat([angles.sin(), angles.cos()], 1).to(t.dtype)
 
 
 def published_config(path: str) -> dict:
@@ -70,8 +87,6 @@ class PretrainedFlowVLA(FlowPolicy):
     def _use_normalization(self, cfg: FlowPolicyConfig, spec: EnvSpec, saved_config: dict) -> None:
         """Set the statistics and the cameras from `cfg.normalization` (after FlowPolicy's
         init, whose running normaliser they replace where fixed)."""
-        if cfg.normalization not in NORMALIZATIONS:
-            raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
         acts_as_trained = bool(cfg.pretrained) and cfg.normalization == "checkpoint"
         self.fixed_statistics = acts_as_trained or cfg.normalization == "dataset"
         self.action_normalizer: StatisticsNormalizer | None = None

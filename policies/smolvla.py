@@ -31,7 +31,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import NORMALIZATIONS, PretrainedFlowVLA, published_config
+from embodied.policies.pretrained_flow import PretrainedFlowVLA, check_normalization, published_config
 from embodied.policies.smolvla_model import (
     TINY_SMOLVLM,
     SmolVLAModel,
@@ -149,8 +149,7 @@ class SmolVLAPolicy(PretrainedFlowVLA):
     published_mode = "MEAN_STD"  # lerobot's SmolVLA normalises state and actions by mean and std
 
     def __init__(self, cfg: SmolVLAConfig, spec: EnvSpec):
-        if cfg.normalization not in NORMALIZATIONS:  # before the checkpoint is read
-            raise ConfigError(f"policy.normalization must be one of {NORMALIZATIONS}, got '{cfg.normalization}'")
+        check_normalization(cfg)  # before the checkpoint is read
         cfg, vlm, saved = resolve(cfg)
         if spec.state_dim > cfg.max_state_dim or spec.action_dim > cfg.max_action_dim:
             raise ConfigError(

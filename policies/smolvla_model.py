@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 from embodied.core.errors import ConfigError
 from embodied.policies.gemma import SiglipSize, SiglipVision, attend, attention_bias, rotary, rotate, split_heads
-from embodied.policies.pretrained_flow import assign_weights
+from embodied.policies.pretrained_flow import assign_weights, time_features
 
 
 @dataclass(frozen=True)
@@ -302,8 +302,6 @@ class SmolVLAModel(nn.Module):
 
     # ---- suffix ----------------------------------------------------------------------------
     def embed_suffix(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        from embodied.policies.pi0 import time_features
-
         actions = self.action_in_proj(x)
         times = time_features(t, actions.shape[-1])[:, None].expand_as(actions)
         return self.action_time_mlp_out(F.silu(self.action_time_mlp_in(torch.cat([actions, times], -1))))
