@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import random
 from typing import Any
 
@@ -11,7 +12,9 @@ import torch
 
 def start_process(seed: int, torch_threads: int | None) -> None:
     """torch's thread count, and Python's, numpy's and torch's generators seeded with the
-    run seed."""
+    run seed. A crash in native code (a simulator, a renderer) writes every thread's Python
+    stack to stderr, so a run that dies of a signal says where."""
+    faulthandler.enable(all_threads=True)
     if torch_threads:
         torch.set_num_threads(torch_threads)
     random.seed(seed)
