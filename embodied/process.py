@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faulthandler
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,8 @@ def start_process(seed: int, torch_threads: int | None) -> None:
     """torch's thread count, and Python's, numpy's and torch's generators seeded with the
     run seed. A crash in native code (a simulator, a renderer) writes every thread's Python
     stack to stderr, so a run that dies of a signal says where."""
-    faulthandler.enable(all_threads=True)
+    if sys.__stderr__ is not None:  # the process's own stream: a replaced sys.stderr may have no file
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
     if torch_threads:
         torch.set_num_threads(torch_threads)
     random.seed(seed)
