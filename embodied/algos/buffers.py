@@ -31,6 +31,9 @@ class Trajectory:
     # bootstrapped targets of off-policy critics
     next_state: torch.Tensor
     record: dict[str, torch.Tensor] = field(default_factory=dict)  # sampling records (T, B, ...)
+    # (T, B, H, W, 3) the images each step led to, like `next_state`; kept only for policies
+    # that learn off-policy from pixels (`needs_next_images`), empty otherwise
+    next_images: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_steps(self) -> int:
@@ -46,6 +49,7 @@ class Trajectory:
             if isinstance(value, torch.Tensor):
                 moved[name] = value.to(device)
         moved["record"] = {k: v.to(device) for k, v in self.record.items()}
+        moved["next_images"] = {k: v.to(device) for k, v in self.next_images.items()}
         moved["observation"] = Observation(
             state=self.observation.state.to(device),
             images={k: v.to(device) for k, v in self.observation.images.items()},
@@ -100,7 +104,7 @@ def concat_envs(parts: list[Trajectory]) -> Trajectory:
                 images={k: torch.cat([v.images[k] for v in values], dim=1) for k in values[0].images},
                 instruction=[text for v in values for text in v.instruction],
             )
-        elif f.name == "record":
+        elif f.name in ("record", "next_images"):
             joined[f.name] = {k: torch.cat([v[k] for v in values], dim=1) for k in values[0]}
         else:
             joined[f.name] = torch.cat(values, dim=0 if f.name == "last_value" else 1)
@@ -112,11 +116,13 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
 
 
 class TrajectoryBuilder:
-    """Appends one env step at a time, then stacks into a `Trajectory`."""
+    """Appends one env step at a time, then stacks into a `Trajectory`; with
+    `keep_next_images`, the images each step led to as well."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_next_images: bool = False) -> None:
         self.steps: list[dict[str, Any]] = []
         self.instruction: list[str] = []
+        self.keep_next_images = keep_next_images
 
     def add(
         self,
@@ -127,6 +133,12 @@ class TrajectoryBuilder:
         intervened: np.ndarray | None = None,
     ) -> None:
         self.instruction = list(observation.instruction)
+        done = torch.as_tensor(result.done)
+        next_images = {}
+        if self.keep_next_images:
+            for name, image in result.observation.images.items():
+                final = torch.as_tensor(result.final_observation.images[name])
+                next_images[name] = torch.where(done.view(-1, 1, 1, 1), final, torch.as_tensor(image))
         self.steps.append(
             {
                 "state": torch.as_tensor(observation.state),
@@ -149,10 +161,11 @@ class TrajectoryBuilder:
                     else torch.as_tensor(intervened, dtype=torch.bool)
                 ),
                 "next_state": torch.where(
-                    torch.as_tensor(result.done).unsqueeze(-1),
+                    done.unsqueeze(-1),
                     torch.as_tensor(result.final_observation.state),
                     torch.as_tensor(result.observation.state),
                 ),
+                "next_images": next_images,
             }
         )
 
@@ -164,10 +177,11 @@ class TrajectoryBuilder:
             images={k: torch.stack([s["images"][k] for s in self.steps]) for k in first["images"]},
             instruction=self.instruction,
         )
-        plain = {f.name for f in fields(Trajectory)} - {"observation", "record", "last_value"}
+        plain = {f.name for f in fields(Trajectory)} - {"observation", "record", "last_value", "next_images"}
         return Trajectory(
             observation=observation,
             last_value=last_value,
             record={k: torch.stack([s["record"][k] for s in self.steps]) for k in first["record"]},
+            next_images={k: torch.stack([s["next_images"][k] for s in self.steps]) for k in first["next_images"]},
             **{name: stack(name) for name in plain},
         )

@@ -73,6 +73,10 @@ class Rollout:
         # runtime.placement=collocated: the policy waits in CPU memory while the learner has the device
         self.offloader = Offloader(policy, enabled=offload)
 
+    @property
+    def keeps_next_images(self) -> bool:
+        return bool(getattr(self.policy, "needs_next_images", False))
+
     def start(self) -> None:
         self.observation = self.env.reset()
 
@@ -132,7 +136,7 @@ class Rollout:
 
     @torch.no_grad()
     def _collect(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
-        builder = TrajectoryBuilder()
+        builder = TrajectoryBuilder(self.keeps_next_images)
         episodes: list[EpisodeStats] = []
         env_steps = 0
         for _ in range(num_steps):
@@ -157,7 +161,7 @@ class Rollout:
         env = self.env
         stages = range(env.num_stages)
         observations = [self.observation.select(env.stage_rows(k)) for k in stages]
-        builders = [TrajectoryBuilder() for _ in stages]
+        builders = [TrajectoryBuilder(self.keeps_next_images) for _ in stages]
         chunks: list[ActionChunk] = []
         for k in stages:
             chunks.append(self._act(observations[k]))

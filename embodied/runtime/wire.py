@@ -65,7 +65,7 @@ def trajectory_to_wire(trajectory: Trajectory) -> dict[str, Any]:
                 "images": {k: v.numpy() for k, v in value.images.items()},
                 "instruction": list(value.instruction),
             }
-        elif f.name == "record":
+        elif f.name in ("record", "next_images"):
             wire[f.name] = tensors_to_wire(value)
         else:
             wire[f.name] = value.numpy()
@@ -84,7 +84,7 @@ def trajectory_from_wire(wire: dict[str, Any]) -> Trajectory:
                 images={k: torch.from_numpy(np.array(v)) for k, v in item["images"].items()},
                 instruction=[str(text) for text in item["instruction"]],
             )
-        elif f.name == "record":
+        elif f.name in ("record", "next_images"):
             values[f.name] = tensors_from_wire(item)
         else:
             values[f.name] = torch.from_numpy(np.array(item))
@@ -103,7 +103,12 @@ def _check_shapes(trajectory: Trajectory) -> None:
         ("observation.state", observation.state),
         *((f"observation.images.{k}", v) for k, v in observation.images.items()),
         *((f"record.{k}", v) for k, v in trajectory.record.items()),
-        *((f.name, getattr(trajectory, f.name)) for f in fields(Trajectory) if f.name not in ("observation", "record")),
+        *((f"next_images.{k}", v) for k, v in trajectory.next_images.items()),
+        *(
+            (f.name, getattr(trajectory, f.name))
+            for f in fields(Trajectory)
+            if f.name not in ("observation", "record", "next_images")
+        ),
     ]
     for name, tensor in named:
         expected = (envs,) if name == "last_value" else (steps, envs)
