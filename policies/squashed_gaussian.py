@@ -1,11 +1,18 @@
-"""Tanh-squashed Gaussian actor over the state vector: the actor of SAC/RLPD.
+"""Tanh-squashed Gaussian actor over the state vector, and over camera images where the env
+has cameras: the actor of SAC/RLPD.
 
 Its action lives in [-1, 1]^A (`squashed`) and is mapped affinely onto the env's bounds. The
 log-probability is the squashed action's density (change of variables through tanh, in
 the stable form log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))); the constant of the
 affine map to the env's bounds is left out, so the entropy target is defined in [-1, 1]^A.
 The critics live with the algorithm (`embodied/algos/sac_rlpd.py`): only this actor is
-published to rollouts and served."""
+published to rollouts and served.
+
+From pixels (HIL-SERL's recipe) each camera goes through a frozen pretrained backbone
+(`policies/image_backbones.py`) and a small trainable projection (Linear, LayerNorm, tanh).
+The learner works on the *input* vector [state, frozen features of each camera]: its frozen
+part can be computed once per stored frame, and the actor and each critic project it with
+their own trainable heads (`PixelProjection`; `new_projection` gives the critics theirs)."""
 
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.image_backbones import frozen_backbone
 from embodied.policies.mlp import ACTIVATIONS
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -35,6 +43,10 @@ class SquashedGaussianConfig:
     layer_norm: bool = True
     log_std_min: float = -5.0
     log_std_max: float = 2.0
+    # from pixels: efficientnet_lite0 | random_cnn | timm:<model> (frozen), and each
+    # camera's trainable projection width
+    image_backbone: str = "efficientnet_lite0"
+    image_projection: int = 64
 
 
 def layer_norm_mlp(sizes: list[int], activation: type[nn.Module], layer_norm: bool) -> nn.Sequential:
@@ -57,14 +69,29 @@ def squash_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) 
     return (gaussian - jacobian).sum(-1)
 
 
+class PixelProjection(nn.Module):
+    """[state, frozen features of each camera] -> [state, tanh(LayerNorm(W features)) of each
+    camera]: the trainable part of the image encoder. Identity without cameras."""
+
+    def __init__(self, state_dim: int, cameras: int, feature_dim: int, width: int):
+        super().__init__()
+        self.state_dim, self.cameras, self.feature_dim = state_dim, cameras, feature_dim
+        self.heads = nn.ModuleList(
+            nn.Sequential(nn.Linear(feature_dim, width), nn.LayerNorm(width), nn.Tanh()) for _ in range(cameras)
+        )
+        self.output_dim = state_dim + cameras * width
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not self.cameras:
+            return inputs
+        state, features = inputs.split([self.state_dim, self.cameras * self.feature_dim], dim=-1)
+        parts = features.split(self.feature_dim, dim=-1)
+        return torch.cat([state, *(head(part) for head, part in zip(self.heads, parts))], dim=-1)
+
+
 class SquashedGaussianPolicy(nn.Module, Policy):
     def __init__(self, cfg: SquashedGaussianConfig, spec: EnvSpec):
         super().__init__()
-        if spec.image_shapes:
-            raise ConfigError(
-                f"policy '{cfg.name}' reads only the state vector, but the env sends images "
-                f"{sorted(spec.image_shapes)}: use state observations"
-            )
         if cfg.chunk_size != 1:
             raise ConfigError(
                 f"policy '{cfg.name}' acts one step at a time: policy.chunk_size must be 1, got {cfg.chunk_size}"
@@ -73,11 +100,20 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             raise ConfigError(f"policy.activation must be one of {sorted(ACTIVATIONS)}, got '{cfg.activation}'")
         if not cfg.log_std_min < cfg.log_std_max:
             raise ConfigError(f"policy.log_std_min ({cfg.log_std_min}) must be below log_std_max ({cfg.log_std_max})")
+        if spec.image_shapes and cfg.image_projection < 1:
+            raise ConfigError(f"policy.image_projection must be >= 1, got {cfg.image_projection}")
         self.spec = spec
         self.chunk_size = 1
         self.cfg = cfg
+        self.cameras = sorted(spec.image_shapes)
+        # the learner stores the next observation's frames too: its targets bootstrap from them
+        self.needs_next_images = bool(self.cameras)
+        self.backbone = frozen_backbone(cfg.image_backbone) if self.cameras else None
+        feature_dim = self.backbone.feature_dim if self.backbone is not None else 0
+        self.input_dim = spec.state_dim + len(self.cameras) * feature_dim
+        self.projection = self.new_projection()
         self.net = layer_norm_mlp(
-            [spec.state_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
+            [self.projection.output_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
         )
         low = torch.tensor(spec.action_low, dtype=torch.float32)
         high = torch.tensor(spec.action_high, dtype=torch.float32)
@@ -88,17 +124,46 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         self.register_buffer("action_center", (high + low) / 2)
         self.register_buffer("action_scale", (high - low) / 2)
 
-    # ---- the squashed space the critics see ---------------------------------------------------
-    def distribution(self, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, log_std = self.net(state.to(self.action_scale.device, torch.float32)).chunk(2, dim=-1)
+    # ---- inputs: the state and the frozen image features -------------------------------------
+    def new_projection(self) -> PixelProjection:
+        """A fresh trainable projection of the input vector (the actor's own, or a critic's)."""
+        feature_dim = self.backbone.feature_dim if self.backbone is not None else 0
+        return PixelProjection(self.spec.state_dim, len(self.cameras), feature_dim, self.cfg.image_projection)
+
+    @torch.no_grad()
+    def image_features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The frozen backbone's features of each camera, concatenated: (B, cameras x D)."""
+        device = self.action_scale.device
+        missing = [name for name in self.cameras if name not in images]
+        if missing:
+            raise ConfigError(f"policy '{self.cfg.name}' reads cameras {self.cameras}; the observation lacks {missing}")
+        return torch.cat([self.backbone.features(images[name].to(device)) for name in self.cameras], dim=-1)
+
+    def inputs(self, observation: Observation) -> torch.Tensor:
+        """The input vector (B, input_dim): the state, then each camera's frozen features."""
+        state = torch.as_tensor(observation.state).to(self.action_scale.device, torch.float32)
+        if self.backbone is None:
+            return state
+        return torch.cat([state, self.image_features(observation.images)], dim=-1)
+
+    def train(self, mode: bool = True) -> "SquashedGaussianPolicy":
+        super().train(mode)
+        if self.backbone is not None:
+            self.backbone.eval()
+        return self
+
+    # ---- the squashed space the critics see (on input vectors) ---------------------------------
+    def distribution(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        projected = self.projection(inputs.to(self.action_scale.device, torch.float32))
+        mean, log_std = self.net(projected).chunk(2, dim=-1)
         log_std = self.cfg.log_std_min + 0.5 * (self.cfg.log_std_max - self.cfg.log_std_min) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
     def sample(
-        self, state: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self, inputs: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised squashed action in [-1, 1]^A and its log-probability."""
-        mean, log_std = self.distribution(state)
+        mean, log_std = self.distribution(inputs)
         if deterministic:
             u = mean
         else:
@@ -107,8 +172,8 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             )
         return torch.tanh(u), squash_log_prob(u, mean, log_std)
 
-    def log_prob(self, state: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
-        mean, log_std = self.distribution(state)
+    def log_prob(self, inputs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
+        mean, log_std = self.distribution(inputs)
         return squash_log_prob(torch.atanh(squashed.clamp(-EDGE, EDGE)), mean, log_std)
 
     def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
@@ -121,13 +186,13 @@ class SquashedGaussianPolicy(nn.Module, Policy):
     def act(
         self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
     ) -> ActionChunk:
-        squashed, log_prob = self.sample(observation.state, deterministic, generator)
+        squashed, log_prob = self.sample(self.inputs(observation), deterministic, generator)
         return ActionChunk(
             actions=self.to_env(squashed).unsqueeze(1), log_prob=log_prob, value=torch.zeros_like(log_prob)
         )
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
-        log_prob = self.log_prob(observation.state, self.to_squashed(chunk.actions[:, 0]))
+        log_prob = self.log_prob(self.inputs(observation), self.to_squashed(chunk.actions[:, 0]))
         return Recomputed(log_prob=log_prob, entropy=-log_prob, value=torch.zeros_like(log_prob))
 
     def value(self, observation: Observation) -> torch.Tensor:
@@ -135,7 +200,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         return torch.zeros(observation.state.shape[0], device=self.action_scale.device)
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
-        return -self.log_prob(observation.state, self.to_squashed(actions.reshape(actions.shape[0], -1))).mean()
+        return -self.log_prob(self.inputs(observation), self.to_squashed(actions.reshape(actions.shape[0], -1))).mean()
 
 
 @POLICIES.register("squashed_gaussian", SquashedGaussianConfig)

@@ -37,10 +37,20 @@ class EnsembleLayerNorm(nn.Module):
 
 class CriticEnsemble(nn.Module):
     def __init__(
-        self, members: int, state_dim: int, action_dim: int, hidden: list[int], layer_norm: bool = True, bins: int = 1
+        self,
+        members: int,
+        state_dim: int,
+        action_dim: int,
+        hidden: list[int],
+        layer_norm: bool = True,
+        bins: int = 1,
+        projection: nn.Module | None = None,
     ):
+        """`projection`: a trainable module the members share, applied to the input first
+        (from pixels: each camera's frozen features projected); `state_dim` is its output."""
         super().__init__()
         self.members = members
+        self.projection = projection if projection is not None else nn.Identity()
         sizes = [state_dim + action_dim, *hidden, bins]
         layers: list[nn.Module] = []
         for i in range(len(sizes) - 1):
@@ -53,7 +63,7 @@ class CriticEnsemble(nn.Module):
 
     def forward(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """(N, B, bins) outputs of every critic for the same (B) state-action pairs."""
-        x = torch.cat([state, action], dim=-1)
+        x = torch.cat([self.projection(state), action], dim=-1)
         return self.net(x.unsqueeze(0).expand(self.members, *x.shape))
 
 

@@ -6,20 +6,24 @@ terminated (no bootstrap), 1 otherwise. `mc_return` is the discounted return to 
 the episode where the whole episode is known (offline data), else -inf: Cal-QL floors the
 Q-values of policy actions at it, and -inf means no floor.
 
+From pixels a transition also holds each camera's frames before and after the step, uint8
+as the camera gave them (`images`, `next_images`), and, where the learner caches them, the
+frozen backbone's features of those frames (`features`, `next_features`).
+
 Buffers are tensors with a fixed capacity; their `state_dict` goes into checkpoints, so a
 resumed run continues with the same data (its sampling generator included)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
 import torch
 
 from embodied.algos.buffers import Trajectory
-from embodied.algos.datasets import read_frames
+from embodied.algos.datasets import IMAGE_PREFIX, read_frames
 from embodied.core.errors import ConfigError
 
 
@@ -32,23 +36,66 @@ class Transitions:
     discount: torch.Tensor  # (N,) 0 where terminated
     intervened: torch.Tensor  # (N,) bool: an operator's action
     mc_return: torch.Tensor  # (N,) -inf where unknown
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # camera -> uint8 (N, H, W, 3)
+    next_images: dict[str, torch.Tensor] = field(default_factory=dict)
+    features: Optional[torch.Tensor] = None  # (N, F) the frozen backbone's, of `images`
+    next_features: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return int(self.reward.shape[0])
 
+    def columns(self) -> dict[str, torch.Tensor]:
+        """Every tensor by a flat name (`images/<camera>` for frames)."""
+        columns = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dict):
+                columns.update({f"{f.name}/{camera}": image for camera, image in value.items()})
+            elif value is not None:
+                columns[f.name] = value
+        return columns
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, torch.Tensor]) -> "Transitions":
+        values: dict[str, Any] = {"images": {}, "next_images": {}}
+        for name, value in columns.items():
+            kind, _, camera = name.partition("/")
+            if camera:
+                values[kind][camera] = value
+            else:
+                values[name] = value
+        return cls(**values)
+
     def to(self, device: Any) -> "Transitions":
-        return Transitions(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+        return Transitions.from_columns({name: value.to(device) for name, value in self.columns().items()})
+
+    def select(self, rows: Any) -> "Transitions":
+        return Transitions.from_columns({name: value[rows] for name, value in self.columns().items()})
 
 
 def concat(parts: list[Transitions]) -> Transitions:
-    return Transitions(**{f.name: torch.cat([getattr(p, f.name) for p in parts]) for f in fields(Transitions)})
+    names = parts[0].columns().keys()
+    return Transitions.from_columns({name: torch.cat([p.columns()[name] for p in parts]) for name in names})
 
 
 class ReplayBuffer:
-    def __init__(self, capacity: int, state_dim: int, action_dim: int, seed: int = 0):
+    def __init__(
+        self,
+        capacity: int,
+        state_dim: int,
+        action_dim: int,
+        seed: int = 0,
+        image_shapes: dict[str, tuple[int, ...]] | None = None,
+        feature_dim: int = 0,
+    ):
+        """`image_shapes`: the cameras whose frames transitions carry; `feature_dim` > 0: the
+        width of the cached frozen features of those frames."""
         if capacity < 1:
             raise ConfigError(f"a replay buffer needs a capacity >= 1, got {capacity}")
         self.capacity = capacity
+        frames = lambda: {  # noqa: E731
+            camera: torch.zeros(capacity, *shape, dtype=torch.uint8) for camera, shape in (image_shapes or {}).items()
+        }
         self.data = Transitions(
             state=torch.zeros(capacity, state_dim),
             action=torch.zeros(capacity, action_dim),
@@ -57,6 +104,10 @@ class ReplayBuffer:
             discount=torch.zeros(capacity),
             intervened=torch.zeros(capacity, dtype=torch.bool),
             mc_return=torch.full((capacity,), -torch.inf),
+            images=frames(),
+            next_images=frames(),
+            features=torch.zeros(capacity, feature_dim) if feature_dim else None,
+            next_features=torch.zeros(capacity, feature_dim) if feature_dim else None,
         )
         self.size = 0
         self.cursor = 0  # where the next transition goes; the oldest are overwritten first
@@ -67,27 +118,29 @@ class ReplayBuffer:
         return self.size
 
     def add(self, items: Transitions) -> None:
+        stored, given = self.data.columns(), items.columns()
+        if given.keys() != stored.keys():
+            raise ValueError(f"transitions with {sorted(given)} do not fit a buffer of {sorted(stored)}")
         for start in range(0, len(items), self.capacity):
-            part = Transitions(
-                **{f.name: getattr(items, f.name)[start : start + self.capacity] for f in fields(Transitions)}
-            )
-            rows = (self.cursor + torch.arange(len(part))) % self.capacity
-            for f in fields(Transitions):
-                getattr(self.data, f.name)[rows] = getattr(part, f.name).to(getattr(self.data, f.name).dtype)
-            self.cursor = int((self.cursor + len(part)) % self.capacity)
-            self.size = min(self.size + len(part), self.capacity)
-            self.added += len(part)
+            part = {name: value[start : start + self.capacity] for name, value in given.items()}
+            count = len(part["reward"])
+            rows = (self.cursor + torch.arange(count)) % self.capacity
+            for name, value in part.items():
+                stored[name][rows] = value.to(stored[name].dtype)
+            self.cursor = int((self.cursor + count) % self.capacity)
+            self.size = min(self.size + count, self.capacity)
+            self.added += count
 
     def sample(self, count: int) -> Transitions:
         if self.size == 0:
             raise ValueError("sampling from an empty replay buffer")
         rows = torch.randint(self.size, (count,), generator=self.generator)
-        return Transitions(**{f.name: getattr(self.data, f.name)[rows] for f in fields(Transitions)})
+        return self.data.select(rows)
 
     def state_dict(self) -> dict[str, Any]:
         used = slice(0, self.size)
         return {
-            "data": {f.name: getattr(self.data, f.name)[used].clone() for f in fields(Transitions)},
+            "data": {name: value[used].clone() for name, value in self.data.columns().items()},
             "cursor": self.cursor,
             "added": self.added,
             "generator": self.generator.get_state(),
@@ -98,14 +151,20 @@ class ReplayBuffer:
         size = int(data["reward"].shape[0])
         if size > self.capacity:
             raise ValueError(f"a saved buffer of {size} transitions does not fit a capacity of {self.capacity}")
-        for f in fields(Transitions):
-            getattr(self.data, f.name)[:size] = data[f.name]
+        stored = self.data.columns()
+        if data.keys() != stored.keys():
+            raise ValueError(f"a saved buffer of {sorted(data)} does not fit a buffer of {sorted(stored)}")
+        for name, value in stored.items():
+            value[:size] = data[name]
         self.size, self.cursor, self.added = size, int(state["cursor"]), int(state["added"])
         self.generator.set_state(state["generator"])
 
 
-def from_trajectory(batch: Trajectory, to_squashed: Callable[[torch.Tensor], torch.Tensor]) -> Transitions:
-    """The single-step transitions of a rollout batch (chunks of one action), executed actions."""
+def from_trajectory(
+    batch: Trajectory, to_squashed: Callable[[torch.Tensor], torch.Tensor], cameras: Iterable[str] = ()
+) -> Transitions:
+    """The single-step transitions of a rollout batch (chunks of one action), executed actions,
+    with the frames of `cameras` before and after each step."""
     if batch.executed_action.shape[2] != 1:
         raise ConfigError("off-policy learning here stores single actions: policy.chunk_size must be 1")
     flat = lambda x: x.reshape(-1, *x.shape[2:]).cpu()  # noqa: E731
@@ -117,6 +176,8 @@ def from_trajectory(batch: Trajectory, to_squashed: Callable[[torch.Tensor], tor
         discount=1.0 - flat(batch.terminated).float(),
         intervened=flat(batch.intervened).bool(),
         mc_return=torch.full((batch.num_steps * batch.num_envs,), -torch.inf),
+        images={camera: flat(batch.observation.images[camera]) for camera in cameras},
+        next_images={camera: flat(batch.next_images[camera]) for camera in cameras},
     )
 
 
@@ -131,15 +192,24 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
 
 
 def from_dataset(
-    root: str | Path, to_squashed: Callable[[torch.Tensor], torch.Tensor], gamma: float, state_dim: int, action_dim: int
+    root: str | Path,
+    to_squashed: Callable[[torch.Tensor], torch.Tensor],
+    gamma: float,
+    state_dim: int,
+    action_dim: int,
+    image_shapes: dict[str, tuple[int, ...]] | None = None,
 ) -> Transitions:
     """Transitions from a LeRobotDataset recorded by the robot client (`robots/recording.py`):
-    demonstrations and corrections. An episode's last frame is terminal when it succeeded;
-    otherwise it has no next state and is left out."""
+    demonstrations and corrections, with the frames of the cameras in `image_shapes`. An
+    episode's last frame is terminal when it succeeded; otherwise it has no next state and is
+    left out."""
+    image_shapes = image_shapes or {}
+    image_columns = [f"{IMAGE_PREFIX}{camera}" for camera in sorted(image_shapes)]
     frames = read_frames(
         root,
-        ["observation.state", "action", "next.reward", "next.success", "episode_index"],
+        ["observation.state", "action", "next.reward", "next.success", "episode_index", *image_columns],
         optional=("intervention", "safety_override"),
+        hint="record it with the robot client's record.root, with the cameras the policy reads",
     )
     length = len(frames["action"])
     state = frames["observation.state"].astype(np.float32).reshape(length, -1)
@@ -149,6 +219,12 @@ def from_dataset(
             f"the dataset at {root} has states of {state.shape[1]} and actions of {action.shape[1]}; "
             f"the env has {state_dim} and {action_dim}"
         )
+    for camera, column in zip(sorted(image_shapes), image_columns):
+        if frames[column].shape[1:] != tuple(image_shapes[camera]):
+            raise ConfigError(
+                f"the dataset at {root} has '{camera}' frames of {frames[column].shape[1:]}; "
+                f"the env's are {tuple(image_shapes[camera])}"
+            )
     reward = frames["next.reward"].astype(np.float32).reshape(-1)
     success = frames["next.success"].reshape(-1).astype(bool)
     episode = frames["episode_index"].reshape(-1)
@@ -157,7 +233,7 @@ def from_dataset(
     overridden = (
         frames["safety_override"].reshape(-1).astype(bool) if "safety_override" in frames else np.zeros(length, bool)
     )
-    keep, next_state, discount, mc_return = [], [], [], []
+    keep, following, discount, mc_return = [], [], [], []
     for index in np.unique(episode):
         rows = np.flatnonzero(episode == index)
         returns = discounted_returns(reward[rows], gamma)
@@ -166,18 +242,20 @@ def from_dataset(
             if (last and not success[row]) or overridden[row]:
                 continue  # cut off, not ended (nothing to bootstrap from), or a safety hold
             keep.append(row)
-            next_state.append(state[row] if last else state[rows[position + 1]])
+            following.append(row if last else rows[position + 1])  # terminal: never bootstrapped
             discount.append(0.0 if last else 1.0)
             mc_return.append(returns[position])
-    rows = np.asarray(keep, dtype=np.int64)
+    rows, next_rows = np.asarray(keep, dtype=np.int64), np.asarray(following, dtype=np.int64)
     if len(rows) == 0:
         raise ConfigError(f"the dataset at {root} holds no usable transitions")
     return Transitions(
         state=torch.from_numpy(state[rows]),
         action=to_squashed(torch.from_numpy(action[rows])).cpu(),
         reward=torch.from_numpy(reward[rows]),
-        next_state=torch.from_numpy(np.stack(next_state)),
+        next_state=torch.from_numpy(state[next_rows]),
         discount=torch.tensor(discount),
         intervened=torch.from_numpy(intervened[rows]),
         mc_return=torch.tensor(mc_return),
+        images={c: torch.from_numpy(frames[k][rows]) for c, k in zip(sorted(image_shapes), image_columns)},
+        next_images={c: torch.from_numpy(frames[k][next_rows]) for c, k in zip(sorted(image_shapes), image_columns)},
     )

@@ -15,6 +15,12 @@
 - `bc_weight` (ConRFT's Cal-ConRFT, Chen et al. 2025): the actor also regresses its mode
   onto the data's actions on the offline rows, demonstrations and the operator's corrections,
   so a correction shapes the policy at once instead of only through the critic.
+- From pixels (HIL-SERL): the policy's frozen backbone encodes each camera; actor and critics
+  each project its features with their own trainable head. Without augmentation the
+  features of every stored frame are computed once, when it is stored, so many updates per
+  transition cost no backbone passes; `image_augmentation: shift` (DrQ) shifts the frames of
+  each sampled batch instead, one shift per sample shared by its critic and actor steps, and
+  pays the backbone on every batch.
 
 It fits the learner contract: each rollout batch is added to replay and followed by
 `utd_ratio` critic steps per new transition and one actor step per new transition. The
@@ -26,11 +32,12 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import torch
 
+from embodied.algos.augment import random_shift
 from embodied.algos.buffers import Trajectory
 from embodied.algos.critics import CriticEnsemble, HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, concat, from_dataset, from_trajectory
@@ -73,6 +80,9 @@ class SACConfig:
     calql_alpha: float = 0.0  # > 0: the Cal-QL conservative term on offline batches
     calql_actions: int = 4  # sampled actions per state (each: policy and uniform) in that term
     bc_weight: float = 0.0  # > 0: the actor mode's squared error to the offline rows' actions, weighted
+    image_augmentation: str = "none"  # from pixels: none (features cached per frame) | shift (DrQ)
+    shift_pad: int = 4  # pixels of DrQ's random shift
+    feature_batch: int = 256  # frames per backbone pass when caching features
     seed: int = 0
 
 
@@ -89,6 +99,12 @@ def check_sac_config(cfg: SACConfig) -> None:
     for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.image_augmentation not in ("none", "shift"):
+        raise ConfigError(f"algo.image_augmentation must be none or shift, got '{cfg.image_augmentation}'")
+    if cfg.shift_pad < 0 or cfg.feature_batch < 1:
+        raise ConfigError(
+            f"algo.shift_pad must be >= 0 and algo.feature_batch >= 1, got {cfg.shift_pad}, {cfg.feature_batch}"
+        )
     if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.demos:
         raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.demos=<LeRobotDataset folder>")
 
@@ -102,7 +118,7 @@ def polyak(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None
 class SACRLPD:
     def __init__(self, cfg: SACConfig, policy: Policy):
         check_sac_config(cfg)
-        for method in ("sample", "log_prob", "to_squashed"):
+        for method in ("sample", "log_prob", "to_squashed", "new_projection"):
             if not hasattr(policy, method):
                 raise ConfigError(
                     f"algo '{cfg.name}' needs a policy with a squashed action distribution "
@@ -119,8 +135,15 @@ class SACRLPD:
         )
         bins = cfg.hl_gauss_bins if self.hl_gauss is not None else 1
         torch.manual_seed(cfg.seed)
+        projection = policy.new_projection()
         self.critics = CriticEnsemble(
-            cfg.num_critics, spec.state_dim, spec.action_dim, cfg.critic_hidden, cfg.critic_layer_norm, bins
+            cfg.num_critics,
+            projection.output_dim,
+            spec.action_dim,
+            cfg.critic_hidden,
+            cfg.critic_layer_norm,
+            bins,
+            projection if policy.cameras else None,
         ).to(device)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_temperature = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
@@ -128,12 +151,18 @@ class SACRLPD:
         self.actor_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
         self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.critic_lr)
         self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.temperature_lr)
-        self.online = ReplayBuffer(cfg.replay_capacity, spec.state_dim, spec.action_dim, seed=cfg.seed)
-        self.offline = ReplayBuffer(cfg.replay_capacity, spec.state_dim, spec.action_dim, seed=cfg.seed + 1)
+        self.image_shapes = {camera: tuple(spec.image_shapes[camera]) for camera in policy.cameras}
+        # frozen features are cached per stored frame unless each batch's frames are shifted
+        self.caches_features = bool(self.image_shapes) and cfg.image_augmentation == "none"
+        self.augment_generator = torch.Generator().manual_seed(cfg.seed + 3)
+        self.online = self._buffer(cfg.replay_capacity, seed=cfg.seed)
+        self.offline = self._buffer(cfg.replay_capacity, seed=cfg.seed + 1)
         self.demo_transitions = 0
         if cfg.demos:
-            demos = from_dataset(cfg.demos, policy.to_squashed, cfg.gamma, spec.state_dim, spec.action_dim)
-            self.offline.add(demos)
+            demos = from_dataset(
+                cfg.demos, policy.to_squashed, cfg.gamma, spec.state_dim, spec.action_dim, self.image_shapes
+            )
+            self.offline.add(self.with_features(demos))
             self.demo_transitions = len(demos)
             logger.info("offline data: %d transitions from %s", len(demos), cfg.demos)
         self.generator = torch.Generator().manual_seed(cfg.seed + 2)  # the target's critic subsets
@@ -146,6 +175,50 @@ class SACRLPD:
     def temperature(self) -> torch.Tensor:
         return self.log_temperature.exp()
 
+    def _buffer(self, capacity: int, seed: int = 0) -> ReplayBuffer:
+        spec = self.policy.spec
+        feature_dim = self.policy.input_dim - spec.state_dim if self.caches_features else 0
+        return ReplayBuffer(capacity, spec.state_dim, spec.action_dim, seed, self.image_shapes, feature_dim)
+
+    # ---- pixels: the input vectors of actor and critics ---------------------------------------
+    def with_features(self, transitions: Transitions) -> Transitions:
+        """`transitions` with the frozen features of their frames, where they are cached."""
+        if not self.caches_features:
+            return transitions
+        encode = (
+            lambda frames: torch.cat(  # noqa: E731
+                [
+                    self.policy.image_features({c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}).cpu()
+                    for i in range(0, len(transitions), self.cfg.feature_batch)
+                ]
+            )
+        )
+        return replace(transitions, features=encode(transitions.images), next_features=encode(transitions.next_images))
+
+    def inputs(self, batch: Transitions) -> Transitions:
+        """`batch` with its states replaced by the input vectors [state, frozen features]: the
+        cached features, or those of randomly shifted frames. One call per sampled batch, so
+        its critic and actor steps see the same shift."""
+        if not self.image_shapes:
+            return batch
+        if self.caches_features:
+            features, next_features = batch.features, batch.next_features
+        else:
+            shift = lambda frames: {  # noqa: E731
+                c: random_shift(v, self.cfg.shift_pad, self.augment_generator) for c, v in frames.items()
+            }
+            features = self.policy.image_features(shift(batch.images))
+            next_features = self.policy.image_features(shift(batch.next_images))
+        return replace(
+            batch,
+            state=torch.cat([batch.state, features], dim=-1),
+            next_state=torch.cat([batch.next_state, next_features], dim=-1),
+            images={},
+            next_images={},
+            features=None,
+            next_features=None,
+        )
+
     # ---- the learner contract ----------------------------------------------------------------
     def before_training(self) -> dict[str, float]:
         """Offline pretraining, once per run (a resumed run has done it already)."""
@@ -157,17 +230,22 @@ class SACRLPD:
         )
         metrics: dict[str, float] = {}
         for _ in range(self.cfg.offline_pretrain_steps):
-            batch = self.offline.sample(self.cfg.batch_size).to(self.policy.device)
+            batch = self.inputs(self.offline.sample(self.cfg.batch_size).to(self.policy.device))
             metrics = self.critic_step(batch, offline_rows=len(batch))
             metrics.update(self.actor_step(batch, offline_rows=len(batch)))
         self.pretrained = True
         return {f"pretrain/{k.split('/')[-1]}": v for k, v in metrics.items()}
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
-        new = from_trajectory(batch, self.policy.to_squashed)
+        if set(self.image_shapes) - set(batch.next_images):
+            raise ConfigError(
+                f"algo '{self.cfg.name}' learns from cameras {sorted(self.image_shapes)}, but the batch holds "
+                f"next frames of {sorted(batch.next_images)} only: its collector did not keep them"
+            )
+        new = self.with_features(from_trajectory(batch, self.policy.to_squashed, self.image_shapes))
         self.online.add(new)
         if self.cfg.retain_offline and bool(new.intervened.any()):  # HIL-SERL: corrections are demos too
-            self.offline.add(Transitions(**{k: v[new.intervened] for k, v in vars(new).items()}))
+            self.offline.add(new.select(new.intervened))
         self.env_steps += len(new)
         metrics: dict[str, float] = {
             "replay/online": len(self.online),
@@ -188,16 +266,17 @@ class SACRLPD:
 
     def _no_offline_data(self) -> ReplayBuffer:
         """WSRL after its warm-up: an empty offline buffer, so every batch is online."""
-        return ReplayBuffer(1, self.policy.spec.state_dim, self.policy.spec.action_dim)
+        return self._buffer(1)
 
     # ---- the objective -----------------------------------------------------------------------
     def sample(self) -> tuple[Transitions, int]:
-        """A batch: `offline_fraction` of it from demos + interventions where there are any."""
+        """A batch of input vectors: `offline_fraction` of it from demos + interventions where
+        there are any."""
         size = self.cfg.batch_size
         offline_rows = int(round(size * self.cfg.offline_fraction)) if len(self.offline) else 0
         parts = [self.offline.sample(offline_rows)] if offline_rows else []
         parts.append(self.online.sample(size - offline_rows))
-        return concat(parts).to(self.policy.device), offline_rows
+        return self.inputs(concat(parts).to(self.policy.device)), offline_rows
 
     def q_values(self, critics: CriticEnsemble, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         out = critics(state, action)  # (N, B, bins)
@@ -293,6 +372,7 @@ class SACRLPD:
             "online": self.online.state_dict(),
             "offline": self.offline.state_dict(),
             "generator": self.generator.get_state(),
+            "augment_generator": self.augment_generator.get_state(),
             "env_steps": self.env_steps,
             "critic_steps": self.critic_steps,
             "pretrained": self.pretrained,
@@ -313,6 +393,8 @@ class SACRLPD:
             self.offline = self._no_offline_data()
         self.offline.load_state_dict(state["offline"])
         self.generator.set_state(state["generator"])
+        if "augment_generator" in state:  # checkpoints from before pixel observations lack it
+            self.augment_generator.set_state(state["augment_generator"])
         self.env_steps, self.critic_steps = int(state["env_steps"]), int(state["critic_steps"])
         self.pretrained = bool(state["pretrained"])
 

@@ -1,0 +1,305 @@
+"""SAC/RLPD from camera images: the frozen backbone and its cached features, DrQ's shift, the
+critic's targets on pixels against a float64 recomputation, image buffers through resume,
+and training on real ManiSkill frames under both runtimes."""
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from embodied.algos.augment import random_shift
+from embodied.algos.replay import Transitions
+from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+from embodied.build import build_env
+from embodied.checkpoint import load_checkpoint, save_checkpoint
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec
+from embodied.policies.image_backbones import frozen_backbone
+from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
+from embodied.runtime.rollout import Rollout
+from embodied.sim.maniskill import ManiSkillConfig
+
+SIZE = 24
+SPEC = EnvSpec(
+    state_dim=3,
+    action_dim=2,
+    action_low=(-1.0, -1.0),
+    action_high=(1.0, 1.0),
+    control_hz=10.0,
+    image_shapes={"base": (SIZE, SIZE, 3), "wrist": (SIZE, SIZE, 3)},
+)
+SMALL = dict(batch_size=8, num_critics=3, critic_subset=2, critic_hidden=[16], utd_ratio=2, replay_capacity=64)
+
+
+def pixel_policy(spec=SPEC, backbone="random_cnn"):
+    torch.manual_seed(0)
+    return SquashedGaussianPolicy(
+        SquashedGaussianConfig(hidden=[16], image_backbone=backbone, image_projection=8), spec
+    )
+
+
+def pixel_transitions(count, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    frames = lambda: {  # noqa: E731
+        camera: torch.randint(0, 256, (count, SIZE, SIZE, 3), generator=g, dtype=torch.uint8)
+        for camera in SPEC.image_shapes
+    }
+    return Transitions(
+        state=torch.randn(count, 3, generator=g),
+        action=torch.rand(count, 2, generator=g) * 2 - 1,
+        reward=torch.randn(count, generator=g),
+        next_state=torch.randn(count, 3, generator=g),
+        discount=(torch.rand(count, generator=g) > 0.3).float(),
+        intervened=torch.zeros(count, dtype=torch.bool),
+        mc_return=torch.full((count,), -torch.inf),
+        images=frames(),
+        next_images=frames(),
+    )
+
+
+def maniskill_batches(policy, steps):
+    env = build_env(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=0, obs_mode="rgb", image_size=32), 0)
+    try:
+        rollout = Rollout(env, policy, torch.device("cpu"))
+        rollout.start()
+        return env.spec, [rollout.collect(1)[0] for _ in range(steps)]
+    finally:
+        env.close()
+
+
+def test_random_shift_crops_the_edge_padded_frame_at_one_offset_per_image():
+    images = torch.randint(0, 256, (6, 10, 12, 3), dtype=torch.uint8)
+    shifted = random_shift(images, 2, torch.Generator().manual_seed(0))
+    assert shifted.dtype == torch.uint8 and shifted.shape == images.shape
+    padded = F.pad(images.permute(0, 3, 1, 2).float(), (2, 2, 2, 2), mode="replicate").permute(0, 2, 3, 1)
+    offsets = []
+    for image, out in zip(padded, shifted):
+        matches = [
+            (dy, dx)
+            for dy in range(5)
+            for dx in range(5)
+            if torch.equal(image[dy : dy + 10, dx : dx + 12], out.float())
+        ]
+        assert len(matches) == 1
+        offsets += matches
+    assert len(set(offsets)) > 1  # per image, not one shift for the batch
+    assert torch.equal(random_shift(images, 0), images)
+
+
+def test_the_backbone_stays_frozen_and_cached_features_equal_a_fresh_forward_pass():
+    """The shipped EfficientNet-Lite0 reads real ManiSkill frames; after updates its weights
+    are unchanged, and every stored frame's cached features are the backbone's on that frame."""
+    torch.manual_seed(0)
+    env_spec = build_env(
+        ManiSkillConfig(task="PushCube-v1", num_envs=1, num_workers=0, obs_mode="rgb", image_size=32), 0
+    )
+    spec = env_spec.spec
+    env_spec.close()
+    policy = SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[16], image_projection=8), spec)
+    assert policy.input_dim == spec.state_dim + len(spec.image_shapes) * 1280
+    frozen = {name: value.clone() for name, value in policy.backbone.state_dict().items()}
+    assert not any(p.requires_grad for p in policy.backbone.parameters())
+    algo = SACRLPD(SACConfig(**SMALL), policy)
+    _, batches = maniskill_batches(policy, 3)
+    for batch in batches:
+        algo.update(batch, 0.0)
+    assert algo.critic_steps == 12 and len(algo.online) == 6
+    for name, value in policy.backbone.state_dict().items():
+        assert torch.equal(value, frozen[name]), name
+    data, stored = algo.online.data, len(algo.online)
+    fresh = policy.image_features({c: v[:stored] for c, v in data.images.items()})
+    fresh_next = policy.image_features({c: v[:stored] for c, v in data.next_images.items()})
+    assert torch.equal(data.features[:stored], fresh) and torch.equal(data.next_features[:stored], fresh_next)
+    camera = policy.cameras[0]
+    assert torch.equal(data.images[camera][0], batches[0].observation.images[camera][0, 0])
+    assert torch.equal(data.next_images[camera][0], batches[1].observation.images[camera][0, 0])  # no episode ended
+
+
+def test_one_shift_per_sample_reaches_both_its_critic_and_actor_steps(monkeypatch):
+    policy = pixel_policy()
+    algo = SACRLPD(SACConfig(**SMALL, image_augmentation="shift", shift_pad=4), policy)
+    algo.online.add(pixel_transitions(16))
+    seen = []
+    critic_step, actor_step = algo.critic_step, algo.actor_step
+    monkeypatch.setattr(
+        algo, "critic_step", lambda batch, rows: seen.append(("critic", batch)) or critic_step(batch, rows)
+    )
+    monkeypatch.setattr(
+        algo, "actor_step", lambda batch, rows=0: seen.append(("actor", batch)) or actor_step(batch, rows)
+    )
+    algo.online.generator.manual_seed(3)
+    for _ in range(2):
+        batch, rows = algo.sample()
+        algo.critic_step(batch, rows)
+        algo.actor_step(batch, rows)
+    (_, c1), (_, a1), (_, c2), (_, a2) = seen
+    assert a1 is c1 and a2 is c2
+    algo.online.generator.manual_seed(3)
+    unshifted = algo.online.sample(SMALL["batch_size"])
+    plain = policy.image_features(unshifted.images)
+    torch.testing.assert_close(c1.state[:, :3], unshifted.state)
+    assert not torch.allclose(c1.state[:, 3:], plain)  # the frames were shifted before the backbone
+
+
+def test_pixel_critic_targets_and_loss_match_a_float64_recomputation():
+    policy = pixel_policy()
+    algo = SACRLPD(SACConfig(**SMALL, gamma=0.9, init_temperature=0.3), policy)
+    batch = algo.with_features(pixel_transitions(8, seed=4))
+    inputs = algo.inputs(batch)
+    subset_generator = copy.deepcopy(algo.generator)
+    critics, targets = copy.deepcopy(algo.critics).double(), copy.deepcopy(algo.target_critics).double()
+    actor_projection, actor_net = copy.deepcopy(policy.projection).double(), copy.deepcopy(policy.net).double()
+    torch.manual_seed(7)
+    metrics = algo.critic_step(inputs, offline_rows=0)
+    with torch.no_grad():  # the float64 recomputation
+        backbone = copy.deepcopy(policy.backbone.net).double()
+        features = lambda frames: torch.cat(  # noqa: E731
+            [backbone(frames[c].permute(0, 3, 1, 2).double() / 255) for c in sorted(frames)], -1
+        )
+        state = torch.cat([batch.state.double(), features(batch.images)], -1)
+        next_state = torch.cat([batch.next_state.double(), features(batch.next_images)], -1)
+        mean, raw = actor_net(actor_projection(next_state)).chunk(2, -1)
+        log_std = -5 + 0.5 * 7 * (torch.tanh(raw) + 1)
+        torch.manual_seed(7)
+        u = mean + log_std.exp() * torch.randn(mean.shape).double()
+        gaussian = (
+            -0.5 * ((u - mean) / log_std.exp()) ** 2
+            - log_std
+            - 0.5 * torch.log(torch.tensor(2 * torch.pi, dtype=torch.float64))
+        )
+        log_prob = (gaussian - torch.log(1 - torch.tanh(u) ** 2)).sum(-1)
+        subset = torch.randperm(3, generator=subset_generator)[:2]
+        next_q = targets(next_state, torch.tanh(u)).squeeze(-1)[subset].min(0).values
+        target = batch.reward.double() + 0.9 * batch.discount.double() * (next_q - 0.3 * log_prob)
+        q = critics(state, batch.action.double()).squeeze(-1)
+        loss = (q - target).pow(2).mean(1).sum() / 3
+    assert metrics["train/target_mean"] == pytest.approx(float(target.mean()), rel=1e-5, abs=1e-5)
+    assert metrics["train/critic_loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert metrics["train/q_mean"] == pytest.approx(float(q.mean()), rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("augmentation", ["none", "shift"])
+def test_image_buffers_and_the_shift_generator_survive_resume_bit_exactly(tmp_path, augmentation):
+    config = SACConfig(**SMALL, image_augmentation=augmentation)
+    first = SACRLPD(config, policy := pixel_policy())
+    first.online.add(first.with_features(pixel_transitions(20)))
+    first.offline.add(first.with_features(pixel_transitions(5, seed=1)))
+    first.sample()
+    path = save_checkpoint(tmp_path, "iter_000001", policy.state_dict(), {"algo": first.state_dict()}, "")
+    weights, state = load_checkpoint(path)
+    resumed = SACRLPD(config, resumed_policy := pixel_policy())
+    resumed_policy.load_state_dict(weights)
+    resumed.load_state_dict(state["algo"])
+    for one, two in ((first.online, resumed.online), (first.offline, resumed.offline)):
+        assert len(one) == len(two)
+        for (name, x), y in zip(one.data.columns().items(), two.data.columns().values()):
+            assert x.dtype == y.dtype and torch.equal(x[: len(one)], y[: len(two)]), name
+    assert first.online.data.images["base"].dtype == torch.uint8
+    for _ in range(2):
+        (a, _), (b, _) = first.sample(), resumed.sample()
+        assert torch.equal(a.state, b.state) and torch.equal(a.next_state, b.next_state)
+
+
+def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_path, monkeypatch):
+    """A LeRobotDataset written by the robot client with two cameras: each transition holds
+    the frames of its step and of the next one; the terminal step's next frame is its own."""
+    import numpy as np
+
+    from embodied.robots.recording import DatasetRecorder, RecordingConfig
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "demos")), SPEC, 10.0, "push")
+    recorder.open()
+    frames = [
+        {c: np.full((SIZE, SIZE, 3), 10 * t + i, np.uint8) for i, c in enumerate(SPEC.image_shapes)} for t in range(4)
+    ]
+    for t, images in enumerate(frames):
+        recorder.add(np.full(3, t, np.float32), images, np.array([0.5, -0.5]), None, False, float(t == 3))
+    recorder.end_episode(True)
+    recorder.close()
+    algo = SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos")), pixel_policy())
+    data = algo.offline.data
+    assert len(algo.offline) == 4
+    for t in range(4):
+        following = min(t + 1, 3)
+        for camera in SPEC.image_shapes:
+            assert torch.equal(data.images[camera][t], torch.from_numpy(frames[t][camera]))
+            assert torch.equal(data.next_images[camera][t], torch.from_numpy(frames[following][camera]))
+    assert data.discount[:4].tolist() == [1.0, 1.0, 1.0, 0.0]
+    assert torch.equal(data.features[:4], algo.policy.image_features({c: v[:4] for c, v in data.images.items()}))
+    bad = EnvSpec(**{**SPEC.to_dict(), "image_shapes": {"base": (SIZE, SIZE, 3), "side": (SIZE, SIZE, 3)}})
+    with pytest.raises(ConfigError, match="observation.images.side"):
+        SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos")), pixel_policy(bad))
+
+
+def test_backbones_are_refused_by_name_with_what_would_serve():
+    with pytest.raises(ConfigError, match="efficientnet_lite0, random_cnn or timm:<model>"):
+        frozen_backbone("resnet")
+    with pytest.raises(ConfigError, match="image_augmentation"):
+        SACRLPD(SACConfig(**SMALL, image_augmentation="crop"), pixel_policy())
+
+
+def test_a_timm_backbone_without_timm_installed_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)
+    with pytest.raises(ConfigError, match="pip install timm"):
+        frozen_backbone("timm:resnet18")
+
+
+PIXEL_SAC = [
+    "env=maniskill_pushcube",
+    "env.obs_mode=rgb",
+    "env.image_size=32",
+    "env.num_envs=2",
+    "env.num_workers=0",
+    "policy=squashed_gaussian",
+    "policy.hidden=[16]",
+    "policy.image_backbone=random_cnn",
+    "policy.image_projection=8",
+    "algo=sac_rlpd",
+    "algo.critic_hidden=[16]",
+    "algo.num_critics=2",
+    "algo.batch_size=8",
+    "algo.utd_ratio=1",
+    "algo.replay_capacity=100",
+    "eval_episodes=0",
+    "checkpoint_every=2",
+    "logger.progress_bar=false",
+    "runtime.device=cpu",
+]
+
+
+def test_pixel_sac_trains_on_maniskill_frames_under_procs_and_resumes(tmp_path):
+    """The rollout process keeps each step's next frames and sends them over the wire; the
+    resumed run continues with its image buffers whole."""
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "embodied.cli", "train"]
+    first = subprocess.run(
+        [
+            *command,
+            *PIXEL_SAC,
+            "runtime=procs",
+            "runtime.rollout_device=cpu",
+            "total_env_steps=8",
+            f"run_dir={run_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = subprocess.run(
+        [*command, f"resume={run_dir}", "total_env_steps=12"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    updates = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
+    ]
+    assert [u["replay/online"] for u in updates] == [2, 4, 6, 8, 10, 12]
+    assert all(u["train/critic_loss"] == u["train/critic_loss"] for u in updates[1:])  # finite, not NaN
