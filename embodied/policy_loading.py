@@ -156,10 +156,13 @@ def _load_keeping_a_fresh_value_function(
         except RuntimeError:
             value_ids = {id(p) for p in policy.value_parameters()}
             value_modules = {name.split(".")[0] for name, p in policy.named_parameters() if id(p) in value_ids}
-            in_value = lambda key: key.split(".")[0] in value_modules  # noqa: E731
-            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_value(k)}, state, may_miss=in_value)
+            fresh = value_modules | policy.new_modules()
+            in_fresh = lambda key: key.split(".")[0] in fresh  # noqa: E731
+            load_policy_weights(policy, {k: v for k, v in weights.items() if not in_fresh(k)}, state, may_miss=in_fresh)
             logger.info(
-                "%s: the value function (%s) starts fresh: its shape differs", origin, ", ".join(sorted(value_modules))
+                "%s: %s start fresh: this policy has them, of another shape or not at all",
+                origin,
+                ", ".join(sorted(fresh)),
             )
     except RuntimeError as error:
         raise ConfigError(f"{origin}: its weights do not fit {label}: {error}") from None

@@ -47,10 +47,12 @@ from embodied.policies.denoising import (
     time_frequencies,
     to_unit,
 )
+from embodied.policies.latent_noise import LatentNoiseActor
 from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
+INVERSION_ITERATIONS = 8  # fixed-point iterations per step when running the ODE backwards
 SFT_TIMES = ("uniform", "beta")
 
 
@@ -76,6 +78,11 @@ class FlowPolicyConfig:
     sft_time: str = "uniform"
     sft_time_alpha: float = 1.5
     sft_time_beta: float = 1.0
+    # DSRL (algo=dsrl): a small actor chooses the initial noise within [-latent_bound,
+    # latent_bound] per dimension and the frozen flow's ODE maps it to the chunk
+    latent_actor: bool = False
+    latent_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    latent_bound: float = 1.5
 
 
 def sde_step(
@@ -90,6 +97,7 @@ def sde_step(
 
 class FlowPolicy(nn.Module, Policy):
     accepts_images = False  # this one conditions on the state alone; the VLA adds encoders
+    steerable = True  # DSRL's latent actor can read the context: one vector per observation
 
     def __init__(self, cfg: FlowPolicyConfig, spec: EnvSpec, context_dim: int | None = None):
         """`context_dim`: the size of what the flow and the critic are conditioned on (`_state`);
@@ -117,6 +125,13 @@ class FlowPolicy(nn.Module, Policy):
             )
         if not 0 < cfg.noise_std_min <= cfg.noise_std_max:
             raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
+        if cfg.latent_actor and not self.steerable:
+            raise ConfigError(
+                f"policy '{cfg.name}' has no policy.latent_actor (DSRL) yet: its context is not one vector "
+                "per observation. DSRL runs on policy=flow and policy=flow_vla"
+            )
+        if cfg.latent_actor and cfg.latent_bound <= 0:
+            raise ConfigError(f"policy.latent_bound must be > 0, got {cfg.latent_bound}")
         if spec.image_shapes and not self.accepts_images:
             raise ConfigError(
                 f"policy '{cfg.name}' reads only the state vector; use state observations or policy=flow_vla"
@@ -137,6 +152,14 @@ class FlowPolicy(nn.Module, Policy):
         self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
         self.normalizer = RunningNormalizer(spec.state_dim)
         self._build_heads(context_dim or spec.state_dim)
+        self.context_dim = context_dim or spec.state_dim
+        self.latent_actor = (
+            LatentNoiseActor(self.context_dim, self.dim, cfg.latent_hidden, cfg.latent_bound)
+            if cfg.latent_actor
+            else None
+        )
+        # DSRL's critics bootstrap from the next observation's context, images included
+        self.needs_next_images = cfg.latent_actor and bool(spec.image_shapes)
         self.register_buffer("low", torch.tensor(spec.action_low, dtype=torch.float32))
         self.register_buffer("high", torch.tensor(spec.action_high, dtype=torch.float32))
         self.register_buffer("frequencies", time_frequencies(cfg.time_features))
@@ -216,6 +239,8 @@ class FlowPolicy(nn.Module, Policy):
 
     def _act_on(self, state: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> ActionChunk:
         """Sample a chunk conditioned on `state` (the context the flow reads)."""
+        if self.latent_actor is not None:
+            return self._act_from_latent(state, deterministic, generator)
         batch, device = state.shape[0], state.device
         x = torch.randn(batch, self.dim, generator=generator, device=device)
         chain = [x]
@@ -232,6 +257,50 @@ class FlowPolicy(nn.Module, Policy):
         if terms is not None:
             record["term_log_prob"] = terms
         return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self._value(state), record=record)
+
+    # ---- DSRL: the frozen flow steered through its initial noise ---------------------------
+    def _act_from_latent(
+        self, context: torch.Tensor, deterministic: bool, generator: torch.Generator | None
+    ) -> ActionChunk:
+        """The latent actor picks the noise, the ODE maps it to the chunk. The record keeps
+        the squashed noise: DSRL's action. Value 0: DSRL's critics live with the algorithm."""
+        squashed, log_prob = self.latent_actor.sample(context, deterministic, generator)
+        x0 = self.denoise(context, self.cfg.latent_bound * squashed)
+        return ActionChunk(
+            actions=self._actions(x0), log_prob=log_prob, value=torch.zeros_like(log_prob), record={"latent": squashed}
+        )
+
+    def denoise(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """The flow's deterministic ODE from `noise` (B, D) at t = 1 to the chunk at t = 0."""
+        x = noise
+        plain = torch.zeros(len(x), dtype=torch.bool, device=x.device)
+        for step in range(self.cfg.denoise_steps):
+            x, _ = self._transition(context, x, step, plain)
+        return x
+
+    def latent_for_actions(self, context: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """The squashed noise whose ODE gives `actions` (B, C, A, env units; a chunk shorter than
+        the horizon repeats its last action): the ODE run backwards, each Euler step inverted
+        by fixed-point iteration, clipped into the latent actor's range. How an operator's
+        correction becomes a DSRL action."""
+        x = self._to_model(pad_to_horizon(actions.to(context.device, torch.float32), self.cfg.horizon))
+        x = nn.functional.pad(x, (0, self.action_width - self.spec.action_dim)).reshape(len(context), -1)
+        for step in reversed(range(self.cfg.denoise_steps)):
+            t = torch.full((len(x),), self.times[step], device=x.device)
+            earlier = x
+            for _ in range(INVERSION_ITERATIONS):  # x_k = x_{k+1} + dt v(x_k, t_k)
+                earlier = x + self._dt(step) * self._field(context, earlier, t, noise=False)[0]
+            x = earlier
+        return (x / self.cfg.latent_bound).clamp(-1, 1)
+
+    def latent_context(self, observation: Observation) -> torch.Tensor:
+        """What the latent actor and DSRL's critics read: the flow's own context, fixed while
+        the flow is frozen."""
+        with torch.no_grad():
+            return self._state(observation)
+
+    def new_modules(self) -> set[str]:
+        return {"latent_actor"} if self.latent_actor is not None else set()
 
     def _reduction(self) -> float:
         """What a chunk's summed log-density (and entropy) is divided by."""
@@ -278,6 +347,10 @@ class FlowPolicy(nn.Module, Policy):
         return self._recompute_on(self._state(observation), chunk)
 
     def _recompute_on(self, state: torch.Tensor, chunk: ActionChunk) -> Recomputed:
+        if self.latent_actor is not None:
+            raise ConfigError(
+                "policy.latent_actor=true steers a frozen flow through its noise: train it with algo=dsrl"
+            )
         chain = chunk.record["chain"].to(state.device)
         log_prob, terms = self._chain_log_prob(state, chain, chunk.record["sde_step"].to(state.device))
         entropy = self._entropy(state, chain) / self._reduction()
@@ -331,6 +404,8 @@ class FlowPolicy(nn.Module, Policy):
         return (beta.sample((batch,)) * 0.999 + 0.001).to(device)  # pi0's: never exactly the data end
 
     def update_normalization(self, observation: Observation) -> None:
+        if self.latent_actor is not None:
+            return  # DSRL: the flow is frozen, and its input statistics are part of it
         self.normalizer.update(observation.state.to(self.low.device))
 
 

@@ -82,6 +82,7 @@ def assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], file: Pat
 
 class PretrainedFlowVLA(FlowPolicy):
     accepts_images = True
+    steerable = False  # its context is a prefix cache, not one vector (see FlowPolicy)
     published_mode = "MEAN_STD"  # how the model's publishers normalise a new dataset
 
     def _use_normalization(self, cfg: FlowPolicyConfig, spec: EnvSpec, saved_config: dict) -> None:

@@ -87,6 +87,11 @@ class Policy(ABC):
         """The parameters of the value function alone (critic warm-up trains only these)."""
         return list(self.critic.parameters())
 
+    def new_modules(self) -> set[str]:
+        """Top-level modules this policy adds to weights trained without them (e.g. DSRL's
+        latent actor on a flow policy): they start fresh when a run's `init` lacks them."""
+        return set()
+
     def update_normalization(self, observation: Observation) -> None:
         """Fold observations into the input statistics (no-op for policies without any)."""
 
