@@ -3,6 +3,7 @@ policies, the algorithms and the runtimes' schemas. The application's first conf
 validation imports it (`embodied.config.validate_group`); components never do. Modules
 import their heavy dependencies (simulators) lazily, so this stays cheap."""
 
+import embodied.algos.dsrl  # noqa: F401
 import embodied.algos.grpo  # noqa: F401
 import embodied.algos.ppo  # noqa: F401
 import embodied.algos.sac_rlpd  # noqa: F401

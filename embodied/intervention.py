@@ -19,7 +19,7 @@ from embodied.core.types import Observation
 from embodied.policy_loading import load_run_policy, numpy_infer
 from embodied.robots.teleop import OracleRule
 
-OFF_POLICY_ALGOS = ("sac_rlpd",)
+OFF_POLICY_ALGOS = ("sac_rlpd", "dsrl")
 
 
 class SimOperator:

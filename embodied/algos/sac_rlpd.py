@@ -237,12 +237,19 @@ class SACRLPD:
         return {f"pretrain/{k.split('/')[-1]}": v for k, v in metrics.items()}
 
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
+        return self.learn(self.transitions(batch))
+
+    def transitions(self, batch: Trajectory) -> Transitions:
+        """A rollout batch as replay transitions (with cached features where they are cached)."""
         if set(self.image_shapes) - set(batch.next_images):
             raise ConfigError(
                 f"algo '{self.cfg.name}' learns from cameras {sorted(self.image_shapes)}, but the batch holds "
                 f"next frames of {sorted(batch.next_images)} only: its collector did not keep them"
             )
-        new = self.with_features(from_trajectory(batch, self.policy.to_squashed, self.image_shapes))
+        return self.with_features(from_trajectory(batch, self.policy.to_squashed, self.image_shapes))
+
+    def learn(self, new: Transitions) -> dict[str, float]:
+        """Store `new`, then `utd_ratio` critic steps and one actor step per new transition."""
         self.online.add(new)
         if self.cfg.retain_offline and bool(new.intervened.any()):  # HIL-SERL: corrections are demos too
             self.offline.add(new.select(new.intervened))
