@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,7 @@ class SquashedGaussianConfig:
     # camera's trainable projection width
     image_backbone: str = "efficientnet_lite0"
     image_projection: int = 64
+    cameras: Optional[list[str]] = None  # the env cameras it reads: None every one, [] none (state only)
 
 
 def layer_norm_mlp(sizes: list[int], activation: type[nn.Module], layer_norm: bool) -> nn.Sequential:
@@ -100,12 +102,18 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             raise ConfigError(f"policy.activation must be one of {sorted(ACTIVATIONS)}, got '{cfg.activation}'")
         if not cfg.log_std_min < cfg.log_std_max:
             raise ConfigError(f"policy.log_std_min ({cfg.log_std_min}) must be below log_std_max ({cfg.log_std_max})")
-        if spec.image_shapes and cfg.image_projection < 1:
+        if cfg.image_projection < 1:
             raise ConfigError(f"policy.image_projection must be >= 1, got {cfg.image_projection}")
         self.spec = spec
         self.chunk_size = 1
         self.cfg = cfg
-        self.cameras = sorted(spec.image_shapes)
+        self.cameras = sorted(spec.image_shapes if cfg.cameras is None else cfg.cameras)
+        unknown = [camera for camera in self.cameras if camera not in spec.image_shapes]
+        if unknown:
+            raise ConfigError(
+                f"policy.cameras names {unknown}, which the env does not have "
+                f"(it has {sorted(spec.image_shapes) or 'none'})"
+            )
         # the learner stores the next observation's frames too: its targets bootstrap from them
         self.needs_next_images = bool(self.cameras)
         self.backbone = frozen_backbone(cfg.image_backbone) if self.cameras else None

@@ -134,6 +134,7 @@ class RobotClient:
         self.feedback: dict[str, Any] = {}  # what the robot did since the last request, sent with the next
         self.learning = False  # the server learns from our episodes (its welcome says so)
         self.outcome_cameras: list[str] = []  # cameras whose outcome frames go with each episode (the welcome's)
+        self.policy_cameras: list[str] = []  # cameras whose frames go with each episode, like its states
         self.episodes_learned = {"sent": 0, "transitions": 0, "not_taken": 0}
         self.learning_finished = False  # the learning server needs no more episodes
 
@@ -194,15 +195,18 @@ class RobotClient:
         self.broker = ChunkBroker(chunk_size, steps, self.config.broker.mode, self.config.broker.ensemble_decay)
         self.learning = bool(metadata.get("learning"))
         self.outcome_cameras = list(metadata.get("outcome_cameras") or []) if self.learning else []
-        missing = [camera for camera in self.outcome_cameras if camera not in self.spec.image_shapes]
-        if missing:
-            raise ConfigError(
-                f"the learning server's reward classifier reads cameras {missing}, which robot "
-                f"'{self.robot.name}' does not have (it has {sorted(self.spec.image_shapes) or 'none'})"
-            )
+        self.policy_cameras = list(metadata.get("policy_cameras") or []) if self.learning else []
+        for role, cameras in (("reward classifier", self.outcome_cameras), ("policy", self.policy_cameras)):
+            missing = [camera for camera in cameras if camera not in self.spec.image_shapes]
+            if missing:
+                raise ConfigError(
+                    f"the learning server's {role} reads cameras {missing}, which robot "
+                    f"'{self.robot.name}' does not have (it has {sorted(self.spec.image_shapes) or 'none'})"
+                )
         if self.learning:
             logger.info(
-                "the server learns: each finished episode is sent to it%s",
+                "the server learns: each finished episode is sent to it%s%s",
+                f", with the frames of {self.policy_cameras} (its policy reads them)" if self.policy_cameras else "",
                 f", with what each tick led to on {self.outcome_cameras} (its reward classifier reads them)"
                 if self.outcome_cameras
                 else "",
@@ -290,7 +294,7 @@ class RobotClient:
                         ("actions", previous),
                         ("rewards", outcome.reward),
                         ("intervened", source == "teleop"),
-                        ("images", {c: observation.images[c] for c in self.outcome_cameras}),
+                        ("images", {c: observation.images[c] for c in [*self.outcome_cameras, *self.policy_cameras]}),
                     ):
                         learned[key].append(value)
                 episode_return += outcome.reward
@@ -316,7 +320,8 @@ class RobotClient:
                 result["dataset_episode"] = saved
         if final is not None and finished and label != "rerecord":
             # What each acted tick led to: the next acted tick's observation, then the final one.
-            outcomes = [*learned["images"][1:], {c: final.images[c] for c in self.outcome_cameras}]
+            frames = [*learned["images"], {c: final.images[c] for c in [*self.outcome_cameras, *self.policy_cameras]}]
+            outcomes = frames[1:]
             episode = Episode(
                 states=np.asarray([*learned["states"], final.state], np.float32),
                 actions=np.asarray(learned["actions"], np.float32),
@@ -326,7 +331,8 @@ class RobotClient:
                 success=success,
                 instruction=self.instruction,
                 policy_version=self.server_metadata.get("policy_version"),
-                outcome_images={c: np.stack([frames[c] for frames in outcomes]) for c in self.outcome_cameras},
+                images={c: np.stack([frame[c] for frame in frames]) for c in self.policy_cameras},
+                outcome_images={c: np.stack([frame[c] for frame in outcomes]) for c in self.outcome_cameras},
             )
             result["learner"] = self._send_episode(episode)
         return {**result, "rerecorded": True} if label == "rerecord" else result

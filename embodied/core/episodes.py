@@ -9,9 +9,12 @@ message of the policy protocol. Numpy only, so the robot client stays torch-free
     success       bool                the robot's check, or the operator's label where given
     instruction   str
     policy_version int | None         the weights that acted at the episode's end
+    images        {camera: uint8 (T + 1, H, W, 3)}  like `states`, for the cameras the learner's
+                                      policy reads (the welcome's `policy_cameras`); absent otherwise
     outcome_images {camera: uint8 (T, H, W, 3)}  what each acted tick led to, for the cameras
                                       the learner's welcome names (`outcome_cameras`: its reward
-                                      classifier reads them); absent otherwise
+                                      classifier reads them, and the policy does not, so their
+                                      frames are not in `images` already); absent otherwise
 
 Every field is checked against the learner's spec before anything is stored: a malformed
 episode is refused whole."""
@@ -45,6 +48,7 @@ class Episode:
     success: bool
     instruction: str = ""
     policy_version: int | None = None
+    images: dict[str, np.ndarray] = field(default_factory=dict)
     outcome_images: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -61,24 +65,32 @@ class Episode:
             "success": bool(self.success),
             "instruction": self.instruction,
             "policy_version": self.policy_version,
+            **({"images": self.images} if self.images else {}),
             **({"outcome_images": self.outcome_images} if self.outcome_images else {}),
         }
 
 
-def episode_bytes(spec: EnvSpec, ticks: int, outcome_cameras: Sequence[str] = ()) -> int:
+def episode_bytes(
+    spec: EnvSpec, ticks: int, outcome_cameras: Sequence[str] = (), policy_cameras: Sequence[str] = ()
+) -> int:
     """An upper bound on the size of an episode message of `ticks` ticks."""
-    images = sum(math.prod(spec.image_shapes[camera]) for camera in outcome_cameras)
+    images = sum(math.prod(spec.image_shapes[camera]) for camera in [*outcome_cameras, *policy_cameras])
+    frames = sum(math.prod(spec.image_shapes[camera]) for camera in policy_cameras)
     return (
         ticks * (8 * spec.state_dim + 4 * spec.action_dim + 8 + images)
         + 4 * spec.state_dim
+        + frames
         + 4 * MAX_INSTRUCTION_CHARS
         + (1 << 16)
     )
 
 
-def parse_episode(body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Sequence[str] = ()) -> Episode:
+def parse_episode(
+    body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Sequence[str] = (), policy_cameras: Sequence[str] = ()
+) -> Episode:
     """The episode in an `episode` message body; ValueError naming the first thing wrong.
-    `outcome_cameras`: the cameras whose outcome images the episode must carry."""
+    `outcome_cameras`: the cameras whose outcome images the episode must carry;
+    `policy_cameras`: those whose frames it must carry like its states."""
     if not isinstance(body, dict):
         raise ValueError("an episode message is a map of states, actions, rewards, intervened, terminated, success")
     actions = _array(body, "actions", np.float32, 2)
@@ -124,22 +136,30 @@ def parse_episode(body: Any, spec: EnvSpec, max_ticks: int, outcome_cameras: Seq
         success=flags["success"],
         instruction=instruction,
         policy_version=version,
-        outcome_images=_outcome_images(body, spec, ticks, outcome_cameras),
+        images=_frames(body, "images", spec, ticks + 1, policy_cameras),
+        outcome_images=_frames(body, "outcome_images", spec, ticks, outcome_cameras),
     )
 
 
-def _outcome_images(body: dict[str, Any], spec: EnvSpec, ticks: int, cameras: Sequence[str]) -> dict[str, np.ndarray]:
-    images = body.get("outcome_images", {})
+FRAME_ROLES = {
+    "images": ("policy_cameras", "one frame per acted tick and the one after the last action"),
+    "outcome_images": ("outcome_cameras", "one frame per acted tick"),
+}
+
+
+def _frames(body: dict[str, Any], key: str, spec: EnvSpec, count: int, cameras: Sequence[str]) -> dict[str, np.ndarray]:
+    images = body.get(key, {})
+    welcome_key, meaning = FRAME_ROLES[key]
     if not isinstance(images, dict) or set(images) != set(cameras):
         raise ValueError(
-            f"outcome_images must hold exactly the cameras {sorted(cameras)} (the learner's "
-            f"outcome_cameras), got {sorted(images) if isinstance(images, dict) else type(images).__name__}"
+            f"{key} must hold exactly the cameras {sorted(cameras)} (the learner's {welcome_key}), "
+            f"got {sorted(images) if isinstance(images, dict) else type(images).__name__}"
         )
     for camera, frames in images.items():
-        shape = (ticks, *spec.image_shapes[camera])
+        shape = (count, *spec.image_shapes[camera])
         if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.shape != shape:
             raise ValueError(
-                f"outcome_images['{camera}'] must be uint8 {shape}: one frame per acted tick, got "
+                f"{key}['{camera}'] must be uint8 {shape}: {meaning}, got "
                 f"{getattr(frames, 'dtype', type(frames).__name__)} {getattr(frames, 'shape', '')}"
             )
     return dict(images)

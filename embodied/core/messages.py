@@ -159,6 +159,7 @@ BODIES: tuple[Body, ...] = (
             _f("learning", "bool", "the server learns from episodes (runtime=robots)", required=False),
             _f("run", "str", "the learning run's directory", required=False),
             _f("outcome_cameras", "list", "cameras whose outcome images episodes must carry", required=False),
+            _f("policy_cameras", "list", "cameras whose frames episodes must carry, as states", required=False),
         ),
     ),
     Body(
@@ -201,6 +202,12 @@ BODIES: tuple[Body, ...] = (
             _f("success", "bool", "the robot's or the operator's verdict"),
             _f("instruction", "str", "the task's instruction"),
             _f("policy_version", "int|null", "the weights that acted at the episode's end"),
+            _f(
+                "images",
+                "map",
+                "camera -> uint8 (T + 1, H, W, 3), for the welcome's policy_cameras",
+                required=False,
+            ),
             _f(
                 "outcome_images",
                 "map",

@@ -21,17 +21,20 @@ by its safety layer) are not samples of the policy, which PPO's and GRPO's ratio
 `eval_every`, a simulator for periodic evaluation. Checkpoints hold the learner and its
 replay buffers; `resume=<run dir>` continues, and robots simply reconnect.
 
+A policy that reads cameras (`policy=squashed_gaussian` with an rgb `env`) learns from
+pixels: the welcome names its cameras (`policy_cameras`) and each episode carries their
+frames like its states, one per acted tick and the one after the last action.
+
 The reward is the one the robots report, or with `reward.classifier` a success classifier's
-verdict (`embodied reward`): the welcome names the cameras it reads (`outcome_cameras`), each
-episode carries what every acted tick led to on them, and the learner thread rewards a tick
-1 where the classifier's probability exceeds `reward.threshold`, else 0, as `ClassifiedReward`
-does in simulation. Those cameras must be in `env` (env.obs_mode=rgb): the robots send them
-with every observation too, and the policy reads only the state."""
+verdict (`embodied reward`): the welcome names the cameras it reads that the policy does not
+(`outcome_cameras`), each episode carries what every acted tick led to on them, and the
+learner thread rewards a tick 1 where the classifier's probability exceeds
+`reward.threshold`, else 0, as `ClassifiedReward` does in simulation. Those cameras must be
+in `env` (env.obs_mode=rgb)."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import queue
 import threading
@@ -85,8 +88,13 @@ def episode_trajectory(episode: Episode, policy_version: int) -> Trajectory:
     success = last.clone()
     success[-1] = episode.success
     zeros = torch.zeros(ticks, 1)
+    frames = {camera: torch.as_tensor(images)[:, None] for camera, images in episode.images.items()}  # (T + 1, 1, ...)
     return Trajectory(
-        observation=Observation(state=torch.as_tensor(episode.states[:-1])[:, None], instruction=[episode.instruction]),
+        observation=Observation(
+            state=torch.as_tensor(episode.states[:-1])[:, None],
+            images={camera: images[:-1] for camera, images in frames.items()},
+            instruction=[episode.instruction],
+        ),
         actions=actions,
         log_prob=zeros,
         value=zeros,
@@ -101,6 +109,7 @@ def episode_trajectory(episode: Episode, policy_version: int) -> Trajectory:
         policy_version=torch.full((ticks, 1), policy_version, dtype=torch.int64),
         last_value=torch.zeros(1),
         next_state=torch.as_tensor(episode.states[1:])[:, None],
+        next_images={camera: images[1:] for camera, images in frames.items()},
     )
 
 
@@ -210,12 +219,16 @@ class OutcomeReward:
         self.cameras = list(self.model.cameras)
 
     def __call__(self, episode: Episode, frames_per_pass: int = 256) -> np.ndarray:
+        # what each tick led to: sent as outcome frames, or the policy's frames after the first
+        outcomes = {
+            c: episode.outcome_images[c] if c in episode.outcome_images else episode.images[c][1:] for c in self.cameras
+        }
         probability = np.concatenate(
             [
                 self.model.probability(
                     {
-                        camera: torch.from_numpy(episode.outcome_images[camera][start : start + frames_per_pass])
-                        for camera in self.cameras
+                        camera: torch.from_numpy(frames[start : start + frames_per_pass])
+                        for camera, frames in outcomes.items()
                     }
                 ).numpy()
                 for start in range(0, episode.length, frames_per_pass)
@@ -237,15 +250,12 @@ class RobotsRuntime:
         spec = env.spec
         env.close()
         reward = OutcomeReward(config.reward, spec) if config.reward.classifier else None
-        if spec.image_shapes and reward is None:
-            raise ConfigError(
-                "runtime=robots learns from state observations: the off-policy learners' critics read "
-                "the state vector (use env.obs_mode=state; cameras only feed a reward.classifier)"
-            )
-        outcome_cameras = reward.cameras if reward is not None else []
         session = TrainSession(config)
-        # The robots' spec (what they must match) has the classifier's cameras; the policy's has none.
-        policy = build_policy(config.policy, dataclasses.replace(spec, image_shapes={}), device)
+        policy = build_policy(config.policy, spec, device)
+        # Episodes carry the frames the policy reads like its states, and the outcome frames of
+        # the classifier's other cameras.
+        policy_cameras = list(getattr(policy, "cameras", []))
+        outcome_cameras = [c for c in reward.cameras if c not in policy_cameras] if reward is not None else []
         learner = Learner(policy, build_algo(config.algo, policy), device)
         if policy.chunk_size != 1:
             raise ConfigError("runtime=robots stores one executed action per tick: policy.chunk_size must be 1")
@@ -273,6 +283,7 @@ class RobotsRuntime:
             "learning": True,
             "run": str(session.run_dir),
             "outcome_cameras": outcome_cameras,
+            "policy_cameras": policy_cameras,
         }
 
         def apply_latest() -> None:
@@ -289,7 +300,7 @@ class RobotsRuntime:
                 raise EpisodeNotTaken(f"the run has all its {config.total_env_steps} env steps")
             if inbox.qsize() >= cfg.max_queued_episodes:
                 raise EpisodeNotTaken(f"the learner is {inbox.qsize()} episodes behind")
-            episode = parse_episode(body, spec, cfg.max_episode_ticks, outcome_cameras)
+            episode = parse_episode(body, spec, cfg.max_episode_ticks, outcome_cameras, policy_cameras)
             inbox.put(episode)
             received[0] += episode.length
             if cfg.apply_weights == "episode":
@@ -317,7 +328,7 @@ class RobotsRuntime:
             metadata,
             serve_config,
             on_episode=on_episode,
-            max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks, outcome_cameras),
+            max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks, outcome_cameras, policy_cameras),
         )
         print(
             f"learning from robots on {server.endpoint} (run {session.run_dir}); connect with "

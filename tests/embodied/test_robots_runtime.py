@@ -100,6 +100,21 @@ def test_outcome_images_must_be_exactly_the_learners_cameras_one_frame_per_tick(
         parse_episode(episode(outcome_images={"front": frames}), CAMERA_SPEC, 100)
 
 
+def test_the_policys_frames_come_like_states_one_more_than_the_acted_ticks():
+    frames = np.arange(5 * 4 * 4 * 3, dtype=np.uint8).reshape(5, 4, 4, 3)
+    parsed = parse_episode(episode(images={"wrist": frames}), CAMERA_SPEC, 100, policy_cameras=["wrist"])
+    trajectory = episode_trajectory(parsed, policy_version=0)
+    transitions = from_trajectory(trajectory, lambda a: a, cameras=["wrist"])
+    np.testing.assert_array_equal(transitions.images["wrist"].numpy(), frames[:-1])
+    np.testing.assert_array_equal(transitions.next_images["wrist"].numpy(), frames[1:])
+    with pytest.raises(ValueError, match=r"uint8 \(5, 4, 4, 3\): one frame per acted tick and the one after"):
+        parse_episode(episode(images={"wrist": frames[:4]}), CAMERA_SPEC, 100, policy_cameras=["wrist"])
+    with pytest.raises(
+        ValueError, match=r"images must hold exactly the cameras \['wrist'\] \(the learner's policy_cameras\)"
+    ):
+        parse_episode(episode(), CAMERA_SPEC, 100, policy_cameras=["wrist"])
+
+
 def test_the_classifier_rewards_each_tick_by_what_it_led_to(tmp_path):
     torch.manual_seed(0)
     path = classifier_checkpoint(tmp_path / "clf", "front", 0.0)
@@ -181,7 +196,7 @@ def test_the_newest_weights_replace_ones_not_yet_taken():
     assert version == 2 and float(weights["w"]) == 1.0 and latest.take() is None
 
 
-def test_on_policy_algorithms_and_image_observations_are_refused(tmp_path):
+def test_on_policy_algorithms_and_unknown_weight_modes_are_refused(tmp_path):
     config = to_schema(TrainConfig, compose("train", ["runtime=robots", f"run_dir={tmp_path / 'ppo'}"]))
     with pytest.raises(ConfigError, match="algo=sac_rlpd"):
         RobotsRuntime(config.runtime).train(config)
@@ -213,7 +228,7 @@ LEARNER = [
 ]
 
 
-def learn_from_a_robot(arguments, run_dir, output, episodes=5, env=None):
+def learn_from_a_robot(arguments, run_dir, output, episodes=5, env=None, robot_arguments=()):
     """A learning server and a simulated robot client, each in its own process (`env`: their
     environment variables, default this process's)."""
     server = subprocess.Popen(
@@ -241,6 +256,7 @@ def learn_from_a_robot(arguments, run_dir, output, episodes=5, env=None):
                 f"episodes={episodes}",
                 "max_episode_steps=20",
                 f"output={output}",
+                *robot_arguments,
             ],
             env=env,
             capture_output=True,
@@ -293,7 +309,7 @@ def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_w
 
 
 def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learner_rewards_them(tmp_path):
-    env = ["env.obs_mode=rgb", "env.image_size=32"]
+    env = ["env.obs_mode=rgb", "env.image_size=32", "policy.cameras=[]"]  # a policy of the state alone
     classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success
     run_dir = tmp_path / "run"
     summary = learn_from_a_robot(
@@ -309,6 +325,57 @@ def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learn
     for m in metrics:
         assert m["rollout/episode_return"] == m["rollout/episode_length"]
         assert m["robots/reported_return"] < m["rollout/episode_length"]
+
+
+def test_a_robot_teaches_a_pixel_policy_with_an_operator_and_a_classifier_on_its_frames(tmp_path):
+    """The real-robot loop in simulation: the policy reads the robot's camera, episodes carry
+    its frames, a scripted operator takes over, the classifier rewards what each tick led to on
+    the same camera, and the learned weights come back to the robot."""
+    from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+
+    rgb = ["env.obs_mode=rgb", "env.image_size=32"]
+    expert = tmp_path / "expert"
+    trained = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "train",
+            *[a for a in LEARNER if not a.startswith("runtime")],
+            *rgb,
+            "policy.cameras=[]",
+            "env.num_envs=1",
+            "env.num_workers=0",
+            "total_env_steps=2",
+            f"run_dir={expert}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success
+    run_dir = tmp_path / "run"
+    pixels = ["policy.image_backbone=random_cnn", "policy.image_projection=8"]
+    operator = ["teleop=oracle", f"teleop.expert={expert}", "teleop.threshold=0.001", "teleop.patience=1"]
+    summary = learn_from_a_robot(
+        [*LEARNER, *rgb, *pixels, f"reward.classifier={classifier}", "total_env_steps=60", f"run_dir={run_dir}"],
+        run_dir,
+        tmp_path / "robot",
+        robot_arguments=operator,
+    )
+    assert summary["learner"]["transitions"] >= 60 and summary["learner"]["not_taken"] == 0
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(m["rollout/episode_return"] == m["rollout/episode_length"] for m in metrics)  # the classifier's
+    assert sum(m["robots/episode_intervened"] for m in metrics) > 0 and metrics[-1]["replay/offline"] > 0
+    ticks = [json.loads(line) for line in (tmp_path / "robot" / "steps.jsonl").read_text().splitlines()]
+    # weights apply when an episode arrives: the third episode is acted by what the first taught
+    assert max(t.get("policy_version", 0) for t in ticks) >= 1
+    _, state = load_checkpoint(resolve_checkpoint(run_dir))
+    online = state["learner"]["algo"]["online"]["data"]
+    frames = online["images/base_camera"]
+    assert frames.dtype == torch.uint8 and frames.shape[1:] == (32, 32, 3) and int(frames.max()) > 0
+    assert torch.equal(online["next_images/base_camera"][0], frames[1])  # the episode's next frame
 
 
 def test_a_recording_robot_sends_the_state_its_last_action_led_to(tmp_path):
