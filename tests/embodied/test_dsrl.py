@@ -5,8 +5,6 @@ and a run on real ManiSkill trains under runtime=procs and resumes."""
 
 import copy
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from embodied.policies.denoising import from_unit
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.runtime.rollout import Rollout
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from tests.embodied.test_cli import embodied
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0), control_hz=10.0)
 SMALL = dict(batch_size=8, num_critics=3, critic_subset=2, critic_hidden=[16], utd_ratio=2, replay_capacity=64)
@@ -212,25 +211,10 @@ def test_dsrl_steers_a_flow_on_maniskill_under_procs_and_resumes(tmp_path):
     """An SFT-less flow stands in for the pretrained one: what is checked is the plumbing (the
     noise recorded by the rollout process, sent, learned from, checkpointed and resumed)."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "embodied.cli", "train"]
-    first = subprocess.run(
-        [
-            *command,
-            *DSRL_RUN,
-            "runtime=procs",
-            "runtime.rollout_device=cpu",
-            "total_env_steps=16",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    embodied(
+        "train", *DSRL_RUN, "runtime=procs", "runtime.rollout_device=cpu", "total_env_steps=16", f"run_dir={run_dir}"
     )
-    assert first.returncode == 0, first.stderr[-3000:]
-    resumed = subprocess.run(
-        [*command, f"resume={run_dir}", "total_env_steps=24"], capture_output=True, text=True, timeout=600
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    embodied("train", f"resume={run_dir}", "total_env_steps=24")
     updates = [
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
     ]
@@ -248,46 +232,33 @@ def test_dsrl_from_a_trained_flow_keeps_its_weights_bit_for_bit_with_an_operator
 
     pendulum = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=flow", "policy.hidden=[16]"]
     common = ["eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu"]
-    command = [sys.executable, "-m", "embodied.cli", "train"]
-    trained = subprocess.run(
-        [
-            *command,
-            *pendulum,
-            *common,
-            "algo=ppo",
-            "algo.rollout_steps=8",
-            "algo.num_minibatches=2",
-            "total_env_steps=16",
-            f"run_dir={tmp_path / 'flow'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    embodied(
+        "train",
+        *pendulum,
+        *common,
+        "algo=ppo",
+        "algo.rollout_steps=8",
+        "algo.num_minibatches=2",
+        "total_env_steps=16",
+        f"run_dir={tmp_path / 'flow'}",
     )
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    steered = subprocess.run(
-        [
-            *command,
-            *pendulum,
-            *common,
-            "policy.latent_actor=true",
-            "policy.latent_hidden=[16]",
-            "algo=dsrl",
-            "algo.critic_hidden=[16]",
-            "algo.num_critics=2",
-            "algo.batch_size=8",
-            f"init={tmp_path / 'flow'}",
-            f"intervention.expert={tmp_path / 'flow'}",
-            "intervention.threshold=1e-3",
-            "intervention.patience=1",
-            "total_env_steps=6",
-            f"run_dir={tmp_path / 'dsrl'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    steered = embodied(
+        "train",
+        *pendulum,
+        *common,
+        "policy.latent_actor=true",
+        "policy.latent_hidden=[16]",
+        "algo=dsrl",
+        "algo.critic_hidden=[16]",
+        "algo.num_critics=2",
+        "algo.batch_size=8",
+        f"init={tmp_path / 'flow'}",
+        f"intervention.expert={tmp_path / 'flow'}",
+        "intervention.threshold=1e-3",
+        "intervention.patience=1",
+        "total_env_steps=6",
+        f"run_dir={tmp_path / 'dsrl'}",
     )
-    assert steered.returncode == 0, steered.stderr[-3000:]
     assert "latent_actor" in steered.stderr and "start fresh" in steered.stderr
     flow = load_file(str(resolve_checkpoint(tmp_path / "flow") / "weights.safetensors"))
     dsrl = load_file(str(resolve_checkpoint(tmp_path / "dsrl") / "weights.safetensors"))

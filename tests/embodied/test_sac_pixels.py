@@ -4,7 +4,6 @@ and training on real ManiSkill frames under both runtimes."""
 
 import copy
 import json
-import subprocess
 import sys
 
 import pytest
@@ -22,6 +21,7 @@ from embodied.policies.image_backbones import frozen_backbone
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import ManiSkillConfig
+from tests.embodied.test_cli import embodied
 
 SIZE = 24
 SPEC = EnvSpec(
@@ -276,28 +276,10 @@ def test_pixel_sac_trains_on_maniskill_frames_under_procs_and_resumes(tmp_path):
     """The rollout process keeps each step's next frames and sends them over the wire; the
     resumed run continues with its image buffers whole."""
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "embodied.cli", "train"]
-    first = subprocess.run(
-        [
-            *command,
-            *PIXEL_SAC,
-            "runtime=procs",
-            "runtime.rollout_device=cpu",
-            "total_env_steps=8",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    embodied(
+        "train", *PIXEL_SAC, "runtime=procs", "runtime.rollout_device=cpu", "total_env_steps=8", f"run_dir={run_dir}"
     )
-    assert first.returncode == 0, first.stderr[-3000:]
-    resumed = subprocess.run(
-        [*command, f"resume={run_dir}", "total_env_steps=12"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    embodied("train", f"resume={run_dir}", "total_env_steps=12")
     updates = [
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
     ]
