@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+from plots import provenance, provenance_line  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 from embodied.core.codec import decode, encode, pack, unpack
 
@@ -72,6 +73,7 @@ def main() -> None:
     gbps = {name: batch.nbytes / s / 1e9 for name, s in seconds.items()}
     ratio = {name: gbps[name] / gbps["memcpy"] for name in gbps}
     result = {
+        **provenance("codec.py"),
         "shape": SHAPE,
         "bytes": batch.nbytes,
         "best_of": args.repeats,
@@ -82,6 +84,8 @@ def main() -> None:
     (RESULTS / "codec.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"# Codec: encode + decode of a {'x'.join(map(str, SHAPE))} uint8 batch ({batch.nbytes / 1e6:.1f} MB)",
+        "",
+        provenance_line(result),
         "",
         f"Best of {args.repeats}, one process. `frames` never copies the array: its bytes stay where "
         "they are until the socket sends them, hence above memcpy; `single buffer` joins the frames "

@@ -33,14 +33,13 @@ import multiprocessing
 import os
 import platform
 import queue
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from plots import provenance  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGES = ("base", "wrist")
@@ -509,11 +508,8 @@ def main() -> None:
         },
     }
     state, images = observation_arrays(0)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RESULTS)
     result = {
-        "commit": commit.stdout.strip(),
-        "command": " ".join(["python benchmarks/deploy.py", *sys.argv[1:]]),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, no GPU",
+        **provenance("deploy.py"),
         "setup": {
             "cpu_cores": os.cpu_count(),
             "python": platform.python_version(),

@@ -1,6 +1,11 @@
 """Env-side throughput of the ManiSkill CPU backend: envs in this process vs spread over
 worker processes, measured side by side in one script (random actions, no policy).
 
+The bound of W workers on C cores comes from stage times measured in the same run: each
+worker steps N/W envs, which in this process take T(N/W) per chunk step against T(N) for all
+N; with perfect overlap and free transport the workers take T(N/W) x ceil(W/C) per step, so
+the ratio to in-process is at most T(N) / (T(N/W) x ceil(W/C)).
+
     python benchmarks/env_throughput.py [--task PushCube-v1] [--num-envs 16] [--steps 200]
 
 Writes benchmarks/results/env_throughput.{json,md,png}."""
@@ -9,12 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
 
 import numpy as np
-from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from plots import (
+    bar_chart,
+    provenance,
+    provenance_line,
+)  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
@@ -46,22 +56,45 @@ def main() -> None:
 
     rates = {w: measure(args.task, args.num_envs, w, args.steps) for w in args.workers}
     base = rates[args.workers[0]]
+    cores = os.cpu_count() or 1
+    # a worker's share alone, in this process: the stage time each bound is built from
+    share_rates = {w: measure(args.task, args.num_envs // w, 0, args.steps) for w in args.workers if w}
+    step_time = lambda envs, rate: envs / rate  # noqa: E731  (seconds per chunk step)
+    bounds = {
+        w: step_time(args.num_envs, rates[0]) / (step_time(args.num_envs // w, rate) * math.ceil(w / cores))
+        for w, rate in share_rates.items()
+        if 0 in rates
+    }
     result = {
+        **provenance("env_throughput.py"),
         "task": args.task,
         "num_envs": args.num_envs,
-        "cpu_cores": os.cpu_count(),
+        "cpu_cores": cores,
         "env_steps_per_s": {str(w): r for w, r in rates.items()},
         "ratio_to_in_process": {str(w): r / base for w, r in rates.items()},
+        "share_alone_env_steps_per_s": {str(w): r for w, r in share_rates.items()},
+        "bound": {str(w): b for w, b in bounds.items()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "env_throughput.json").write_text(json.dumps(result, indent=2))
     lines = [
-        f"# Env throughput: {args.task}, {args.num_envs} envs, physx_cpu, {os.cpu_count()} cores",
+        f"# Env throughput: {args.task}, {args.num_envs} envs, physx_cpu, {cores} cores",
         "",
-        "| worker processes | env steps/s | ratio to in-process |",
-        "| ---: | ---: | ---: |",
+        provenance_line(result),
+        "",
+        "Bound: a worker's share of the envs stepped alone in this process, all workers overlapping "
+        "perfectly over the cores with free transport (see the script's docstring).",
+        "",
+        "| worker processes | env steps/s | ratio to in-process | bound |",
+        "| ---: | ---: | ---: | ---: |",
     ]
-    lines += [f"| {w or 'none (in-process)'} | {r:.0f} | {r / base:.2f} |" for w, r in rates.items()]
+    lines += [
+        f"| {w or 'none (in-process)'} | {r:.0f} | {r / base:.2f} | {f'{bounds[w]:.2f}' if w in bounds else '-'} |"
+        for w, r in rates.items()
+    ]
+    beyond = [w for w in bounds if rates[w] / base > bounds[w]]
+    if beyond:
+        lines += ["", f"**Beyond the bound with {beyond} workers: a measurement to investigate, not a result.**"]
     (RESULTS / "env_throughput.md").write_text("\n".join(lines) + "\n\n![throughput](env_throughput.png)\n")
 
     bar_chart(

@@ -25,14 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from plots import (  # sibling module: the scripts run as `python benchmarks/<name>.py`
+    bar_chart,
+    provenance,
+    provenance_line,
+)
 
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from embodied.runtime.rollout import Rollout
@@ -147,10 +149,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = [measure(args, workers) for workers in args.workers]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RESULTS)
     result = {
-        "commit": commit.stdout.strip(),
-        "command": " ".join(["python benchmarks/pipeline.py", *sys.argv[1:]]),
+        **provenance("pipeline.py"),
         "task": args.task,
         "num_envs": args.num_envs,
         "cpu_cores": os.cpu_count(),
@@ -161,7 +161,7 @@ def main() -> None:
     lines = [
         f"# Pipelined rollout: {args.task}, {args.num_envs} envs, {os.cpu_count()} cores",
         "",
-        f"Commit {result['commit']}; `{result['command']}`.",
+        provenance_line(result),
         "",
         "Inference for the whole batch takes about one env step of the whole batch. CPU inference: an MLP "
         "sized to that, on the same cores as the envs. Off-CPU inference: a wait proportional to the rows, "

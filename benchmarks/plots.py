@@ -1,11 +1,38 @@
-"""What the benchmarks share around their charts: a bar per configuration, and writing a
-figure beside its JSON summary."""
+"""What the benchmarks share around their results: where a result comes from (commit,
+machine, command), a bar per configuration, and writing a figure beside its JSON summary."""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+
+
+def provenance(script: str) -> dict[str, str]:
+    """The commit (marked `+changes` when the tree differs from it), the machine and the exact
+    command of a result, for its JSON and the first lines of its Markdown."""
+    here = Path(__file__).resolve().parent
+    git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, cwd=here).stdout.strip()  # noqa: E731
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    try:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    except ImportError:
+        gpu = "no GPU"
+    return {
+        "commit": git("rev-parse", "--short", "HEAD") + ("+changes" if dirty else ""),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {gpu}",
+        "command": " ".join([f"python benchmarks/{script}", *sys.argv[1:]]),
+    }
+
+
+def provenance_line(record: dict[str, Any]) -> str:
+    return f"Commit {record['commit']}; {record['machine']}; `{record['command']}`."
 
 
 def bar_chart(path: Path, values: dict[str, float], ylabel: str, title: str, xlabel: str = "") -> None:

@@ -20,7 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from plots import (
+    bar_chart,
+    provenance,
+    provenance_line,
+)  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, to_schema, to_yaml
@@ -144,6 +148,7 @@ def main() -> None:
             print(f"{name}: {rates[name]:.0f} env steps/s", flush=True)
     ratios = {name: rate / rates["raw"] for name, rate in rates.items()}
     result = {
+        **provenance("procs.py"),
         "task": args.task,
         "num_envs": args.num_envs,
         "workers": args.workers,
@@ -158,6 +163,8 @@ def main() -> None:
     lines = [
         f"# runtime=procs vs raw stepping: {args.task}, {args.num_envs} envs in {args.workers} env workers, "
         f"{os.cpu_count()} cores",
+        "",
+        provenance_line(result),
         "",
         f"No learning. {args.batches} batches of {args.rollout_steps} chunk steps per env, best of two "
         f"interleaved runs. The policy is the default MLP (inference on CPU).",
