@@ -6,6 +6,9 @@ cameras): uint8 (B, H, W, 3) -> features (B, D), no gradients, batch statistics 
 - `timm:<model>`: any timm model with its pretrained weights (e.g. `timm:resnet18`), pooled
   features, with the ImageNet normalisation timm records for it; needs `pip install timm` and
   the weights reachable by timm (its cache or the Hub).
+- `torchvision:<model>`: a torchvision classification model with its default ImageNet weights
+  (e.g. `torchvision:resnet18`), the classifier removed; needs `pip install torchvision` and
+  the weights in torch's cache or reachable.
 - `random_cnn`: a small convolutional network with fixed random weights (seeded, so every
   process builds the same one). It learns nothing and needs nothing: for tests and for a
   first run on a machine without the pretrained packages.
@@ -93,6 +96,38 @@ class TimmBackbone(ImageBackbone):
     def features(self, images: torch.Tensor) -> torch.Tensor:
         x = images.permute(0, 3, 1, 2).float() / 255.0
         return self.net((x - self.mean) / self.std)
+
+
+class TorchvisionBackbone(ImageBackbone):
+    IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+    def __init__(self, model: str) -> None:
+        super().__init__()
+        try:
+            import torchvision
+        except ImportError:
+            raise ConfigError(
+                f"policy.image_backbone=torchvision:{model} needs torchvision: pip install torchvision"
+            ) from None
+        try:
+            self.net = torchvision.models.get_model(model, weights="DEFAULT")
+        except Exception as error:  # unknown name, weights not in the cache and no network
+            raise ConfigError(f"torchvision cannot build '{model}' with its default weights: {error}") from None
+        head = next(name for name in ("fc", "classifier", "heads") if hasattr(self.net, name))
+        self.feature_dim = int(_in_features(getattr(self.net, head)))
+        setattr(self.net, head, nn.Identity())
+        self.register_buffer("mean", torch.tensor(self.IMAGENET_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(self.IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        x = images.permute(0, 3, 1, 2).float() / 255.0
+        return self.net((x - self.mean) / self.std)
+
+
+def _in_features(head: nn.Module) -> int:
+    """The width a classification head reads (a Linear, or the first Linear of a Sequential)."""
+    linear = head if isinstance(head, nn.Linear) else next(m for m in head.modules() if isinstance(m, nn.Linear))
+    return linear.in_features
 
 
 def frozen_backbone(name: str) -> ImageBackbone:

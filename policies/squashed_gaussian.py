@@ -44,7 +44,7 @@ class SquashedGaussianConfig:
     layer_norm: bool = True
     log_std_min: float = -5.0
     log_std_max: float = 2.0
-    # from pixels: efficientnet_lite0 | random_cnn | timm:<model> (frozen), and each
+    # from pixels: efficientnet_lite0 | random_cnn | timm:<model> | torchvision:<model> (frozen), and each
     # camera's trainable projection width
     image_backbone: str = "efficientnet_lite0"
     image_projection: int = 64

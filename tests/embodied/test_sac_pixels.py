@@ -237,16 +237,17 @@ def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_p
 
 
 def test_backbones_are_refused_by_name_with_what_would_serve():
-    with pytest.raises(ConfigError, match="efficientnet_lite0, random_cnn or timm:<model>"):
+    with pytest.raises(ConfigError, match="efficientnet_lite0, random_cnn, timm:<model> or torchvision:<model>"):
         frozen_backbone("resnet")
     with pytest.raises(ConfigError, match="image_augmentation"):
         SACRLPD(SACConfig(**SMALL, image_augmentation="crop"), pixel_policy())
 
 
-def test_a_timm_backbone_without_timm_installed_says_how_to_get_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "timm", None)
-    with pytest.raises(ConfigError, match="pip install timm"):
-        frozen_backbone("timm:resnet18")
+def test_a_timm_or_torchvision_backbone_without_its_package_says_how_to_get_it(monkeypatch):
+    for package in ("timm", "torchvision"):
+        monkeypatch.setitem(sys.modules, package, None)
+        with pytest.raises(ConfigError, match=f"pip install {package}"):
+            frozen_backbone(f"{package}:resnet18")
 
 
 PIXEL_SAC = [
