@@ -13,11 +13,12 @@ from typing import Any
 
 
 def provenance(script: str) -> dict[str, str]:
-    """The commit (marked `+changes` when the tree differs from it), the machine and the exact
+    """The commit (marked `+changes` when the code differs from it), the machine and the exact
     command of a result, for its JSON and the first lines of its Markdown."""
     here = Path(__file__).resolve().parent
     git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, cwd=here).stdout.strip()  # noqa: E731
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    # results written earlier in the same campaign are outputs, not changes to what ran
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"))
     try:
         import torch
 
