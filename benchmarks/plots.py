@@ -17,8 +17,9 @@ def provenance(script: str) -> dict[str, str]:
     command of a result, for its JSON and the first lines of its Markdown."""
     here = Path(__file__).resolve().parent
     git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, cwd=here).stdout.strip()  # noqa: E731
-    # results written earlier in the same campaign are outputs, not changes to what ran
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", ":(top,exclude)benchmarks/results"))
+    # results written earlier in the same campaign, and prose, are not changes to what ran
+    unrun = (":(top,exclude)benchmarks/results", ":(top,exclude)docs", ":(top,exclude)*.md")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", *unrun))
     try:
         import torch
 
