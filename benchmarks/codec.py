@@ -1,10 +1,13 @@
 """Codec throughput: encode + decode of a batch of images, side by side in one process.
 
-    python benchmarks/codec.py [--repeats 20]
+    python benchmarks/codec.py [--repeats 100]
 
 Compared: our frame codec (`pack`/`unpack`: zero-copy frames, as sent over ZeroMQ), our
 single-buffer form (`encode`/`decode`, as sent over a pipe: one join), pickle, plain msgpack
-with a bytes copy of the array, and a memcpy of the same bytes as the ceiling.
+with a bytes copy of the array, and two copies of the same bytes: into a new buffer (the
+copy `encode` makes, its ceiling; the ratios are to it) and into one buffer reused each time
+(np.copyto). Which of those two is faster depends on where the destination sits in the
+caches; measured interleaved, the reused buffer was the slower one.
 Writes benchmarks/results/codec.{json,md,png}."""
 
 from __future__ import annotations
@@ -51,11 +54,15 @@ def main() -> None:
     target = np.empty_like(batch)
 
     def memcpy(b: np.ndarray) -> np.ndarray:
+        return np.frombuffer(bytes(memoryview(b)), np.uint8).reshape(b.shape)
+
+    def copy_into_reused(b: np.ndarray) -> np.ndarray:
         np.copyto(target, b)
         return target
 
     methods = {
         "memcpy": memcpy,
+        "copy into a reused buffer": copy_into_reused,
         "frames (pack/unpack)": frames,
         "single buffer (encode/decode)": single_buffer,
         "pickle": pickled,
@@ -91,7 +98,8 @@ def main() -> None:
         "",
         f"Best of {args.repeats} interleaved runs, one process. `frames` never copies the array: its bytes stay where "
         "they are until the socket sends them, hence above memcpy; `single buffer` joins the frames "
-        "into one bytes object (one copy), the form used over pipes: memcpy is its bound.",
+        "into one bytes object (one copy), the form used over pipes: memcpy (into a new buffer, as "
+        "the join copies) is its bound.",
         "",
         "| method | GB/s | ratio to memcpy |",
         "| --- | ---: | ---: |",
