@@ -137,6 +137,11 @@ def frozen_backbone(name: str) -> ImageBackbone:
         backbone = RandomCNN()
     elif name.startswith("timm:") and name[len("timm:") :]:
         backbone = TimmBackbone(name[len("timm:") :])
+    elif name.startswith("torchvision:") and name[len("torchvision:") :]:
+        backbone = TorchvisionBackbone(name[len("torchvision:") :])
     else:
-        raise ConfigError(f"policy.image_backbone must be efficientnet_lite0, random_cnn or timm:<model>, got '{name}'")
+        raise ConfigError(
+            "policy.image_backbone must be efficientnet_lite0, random_cnn, timm:<model> or "
+            f"torchvision:<model>, got '{name}'"
+        )
     return backbone.requires_grad_(False).eval()
