@@ -52,7 +52,9 @@ from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
-INVERSION_ITERATIONS = 8  # fixed-point iterations per step when running the ODE backwards
+# running the ODE backwards: fixed-point iterations per step until the estimate moves less
+# than this (pi0.5's tiny test model needs about 20; pi0's about 8), at most that many
+INVERSION_TOLERANCE, INVERSION_ITERATIONS = 1e-6, 100
 SFT_TIMES = ("uniform", "beta")
 
 
@@ -97,7 +99,7 @@ def sde_step(
 
 class FlowPolicy(nn.Module, Policy):
     accepts_images = False  # this one conditions on the state alone; the VLA adds encoders
-    steerable = True  # DSRL's latent actor can read the context: one vector per observation
+    steerable = True  # DSRL's latent actor can steer it (see `latent_input`)
 
     def __init__(self, cfg: FlowPolicyConfig, spec: EnvSpec, context_dim: int | None = None):
         """`context_dim`: the size of what the flow and the critic are conditioned on (`_state`);
@@ -127,8 +129,8 @@ class FlowPolicy(nn.Module, Policy):
             raise ConfigError("policy.noise_std_min must be > 0 and <= policy.noise_std_max")
         if cfg.latent_actor and not self.steerable:
             raise ConfigError(
-                f"policy '{cfg.name}' has no policy.latent_actor (DSRL) yet: its context is not one vector "
-                "per observation. DSRL runs on policy=flow and policy=flow_vla"
+                f"policy '{cfg.name}' has no policy.latent_actor (DSRL) yet. DSRL runs on policy=flow, "
+                "flow_vla, pi0, pi05 and smolvla"
             )
         if cfg.latent_actor and cfg.latent_bound <= 0:
             raise ConfigError(f"policy.latent_bound must be > 0, got {cfg.latent_bound}")
@@ -153,8 +155,9 @@ class FlowPolicy(nn.Module, Policy):
         self.normalizer = RunningNormalizer(spec.state_dim)
         self._build_heads(context_dim or spec.state_dim)
         self.context_dim = context_dim or spec.state_dim
+        self.latent_width = self._latent_width()
         self.latent_actor = (
-            LatentNoiseActor(self.context_dim, self.dim, cfg.latent_hidden, cfg.latent_bound)
+            LatentNoiseActor(self.latent_width, self.dim, cfg.latent_hidden, cfg.latent_bound)
             if cfg.latent_actor
             else None
         )
@@ -264,7 +267,7 @@ class FlowPolicy(nn.Module, Policy):
     ) -> ActionChunk:
         """The latent actor picks the noise, the ODE maps it to the chunk. The record keeps
         the squashed noise: DSRL's action. Value 0: DSRL's critics live with the algorithm."""
-        squashed, log_prob = self.latent_actor.sample(context, deterministic, generator)
+        squashed, log_prob = self.latent_actor.sample(self.latent_input(context), deterministic, generator)
         x0 = self.denoise(context, self.cfg.latent_bound * squashed)
         return ActionChunk(
             actions=self._actions(x0), log_prob=log_prob, value=torch.zeros_like(log_prob), record={"latent": squashed}
@@ -278,26 +281,43 @@ class FlowPolicy(nn.Module, Policy):
             x, _ = self._transition(context, x, step, plain)
         return x
 
-    def latent_for_actions(self, context: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    @torch.no_grad()
+    def latent_for_actions(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
         """The squashed noise whose ODE gives `actions` (B, C, A, env units; a chunk shorter than
-        the horizon repeats its last action): the ODE run backwards, each Euler step inverted
-        by fixed-point iteration, clipped into the latent actor's range. How an operator's
-        correction becomes a DSRL action."""
+        the horizon repeats its last action) at `observation`: the ODE run backwards, each
+        Euler step inverted by fixed-point iteration, clipped into the latent actor's range.
+        How an operator's correction becomes a DSRL action."""
+        return self.invert(self._state(observation), actions)
+
+    def invert(self, context: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """`latent_for_actions` given the flow's context."""
         x = self._to_model(pad_to_horizon(actions.to(context.device, torch.float32), self.cfg.horizon))
         x = nn.functional.pad(x, (0, self.action_width - self.spec.action_dim)).reshape(len(context), -1)
         for step in reversed(range(self.cfg.denoise_steps)):
             t = torch.full((len(x),), self.times[step], device=x.device)
             earlier = x
             for _ in range(INVERSION_ITERATIONS):  # x_k = x_{k+1} + dt v(x_k, t_k)
-                earlier = x + self._dt(step) * self._field(context, earlier, t, noise=False)[0]
+                estimate = x + self._dt(step) * self._field(context, earlier, t, noise=False)[0]
+                converged = float((estimate - earlier).abs().max()) < INVERSION_TOLERANCE
+                earlier = estimate
+                if converged:
+                    break
             x = earlier
         return (x / self.cfg.latent_bound).clamp(-1, 1)
 
     def latent_context(self, observation: Observation) -> torch.Tensor:
-        """What the latent actor and DSRL's critics read: the flow's own context, fixed while
-        the flow is frozen."""
+        """What the latent actor and DSRL's critics read (B, latent_width), fixed while the flow
+        is frozen."""
         with torch.no_grad():
-            return self._state(observation)
+            return self.latent_input(self._state(observation))
+
+    def _latent_width(self) -> int:
+        return self.context_dim
+
+    def latent_input(self, context: torch.Tensor) -> torch.Tensor:
+        """The latent actor's input from the flow's context: the context itself where it is one
+        vector; a model whose context is a sequence (a VLM's prefix) pools it."""
+        return context
 
     def new_modules(self) -> set[str]:
         return {"latent_actor"} if self.latent_actor is not None else set()

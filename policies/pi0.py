@@ -55,6 +55,7 @@ from embodied.policies.pretrained_flow import (
     PretrainedFlowVLA,
     assign_weights,
     check_normalization,
+    pooled,
     published_config,
     time_features,
 )
@@ -476,6 +477,14 @@ class Pi0Policy(PretrainedFlowVLA):
         velocity, tokens = self.model.velocity(state, chunk, t, valid, cache)
         return velocity.reshape(x.shape), self.noise_head(tokens).reshape(x.shape) if noise else None
 
+    def _latent_width(self) -> int:
+        return GEMMA_SIZES[self.cfg.paligemma_variant].width + self.cfg.max_state_dim
+
+    def latent_input(self, context: torch.Tensor) -> torch.Tensor:
+        """DSRL's latent actor reads the prefix pooled over its valid tokens, and the state."""
+        valid, state, hidden, _ = self._unpack(context)
+        return torch.cat([pooled(hidden, valid), state], -1)
+
     def _value(self, context: torch.Tensor) -> torch.Tensor:
         valid, state, hidden, cache = self._unpack(context)
         if self.cfg.value_from == "expert" and self.model.pi05:
@@ -487,9 +496,7 @@ class Pi0Policy(PretrainedFlowVLA):
         elif self.cfg.value_from == "expert":
             features = self.model.run_suffix(*self.model.embed_suffix(state, None, None), valid, cache)[:, 0]
         else:
-            weights = valid[..., None].to(hidden.dtype)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-            features = torch.cat([pooled, state], -1)
+            features = torch.cat([pooled(hidden, valid), state], -1)
         return self.critic(features.detach() if self.cfg.detach_value_input else features).squeeze(-1)
 
 

@@ -43,6 +43,12 @@ def time_features(t: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], 1).to(t.dtype)
 
 
+def pooled(hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """The mean of a prefix's hidden states (B, L, W) over its valid tokens: (B, W)."""
+    weights = valid[..., None].to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
 def published_config(path: str) -> dict:
     """The config.json beside a published checkpoint (lerobot's, or an openpi conversion's),
     {} where there is none."""
@@ -82,7 +88,6 @@ def assign_weights(model: nn.Module, weights: dict[str, torch.Tensor], file: Pat
 
 class PretrainedFlowVLA(FlowPolicy):
     accepts_images = True
-    steerable = False  # its context is a prefix cache, not one vector (see FlowPolicy)
     published_mode = "MEAN_STD"  # how the model's publishers normalise a new dataset
 
     def _use_normalization(self, cfg: FlowPolicyConfig, spec: EnvSpec, saved_config: dict) -> None:

@@ -31,7 +31,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.backbones import ByteTokenizer
 from embodied.policies.flow import FlowPolicyConfig
 from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import PretrainedFlowVLA, check_normalization, published_config
+from embodied.policies.pretrained_flow import PretrainedFlowVLA, check_normalization, pooled, published_config
 from embodied.policies.smolvla_model import (
     TINY_SMOLVLM,
     SmolVLAModel,
@@ -231,11 +231,18 @@ class SmolVLAPolicy(PretrainedFlowVLA):
         velocity, tokens = self.model.velocity(chunk, t, valid, cache)
         return velocity.reshape(x.shape), self.noise_head(tokens).reshape(x.shape) if noise else None
 
+    def _latent_width(self) -> int:
+        return self.widths[0]
+
+    def latent_input(self, context: torch.Tensor) -> torch.Tensor:
+        """DSRL's latent actor reads the prefix pooled over its valid tokens (the state is one of them)."""
+        valid, hidden, _ = self._unpack(context)
+        return pooled(hidden, valid)
+
     def _value(self, context: torch.Tensor) -> torch.Tensor:
         valid, hidden, _ = self._unpack(context)
-        weights = valid[..., None].to(hidden.dtype)
-        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-        return self.critic(pooled.detach() if self.cfg.detach_value_input else pooled).squeeze(-1)
+        features = pooled(hidden, valid)
+        return self.critic(features.detach() if self.cfg.detach_value_input else features).squeeze(-1)
 
 
 @POLICIES.register("smolvla", SmolVLAConfig)

@@ -1,10 +1,12 @@
 """DSRL (Wagenmaker et al. 2025): SAC in the latent-noise space of a frozen flow policy.
 
-The flow (`policy=flow` or `flow_vla` with `policy.latent_actor=true`, usually from an SFT
-run through `init=`) never changes; its latent actor chooses each chunk's initial noise and
-the flow's ODE maps that noise to the actions. This is SAC/RLPD (`sac_rlpd.py`, every option
-of it) on transitions (context, noise, chunk reward, next context), where the context is
-what the flow reads, fixed while it is frozen, and the action is the squashed noise. One
+The flow (`policy=flow`, `flow_vla`, `pi0`, `pi05` or `smolvla` with
+`policy.latent_actor=true`, usually from an SFT run through `init=` or from a published
+checkpoint) never changes; its latent actor chooses each chunk's initial noise and the flow's
+ODE maps that noise to the actions. This is SAC/RLPD (`sac_rlpd.py`, every option of it) on
+transitions (context, noise, chunk reward, next context), where the context is what the
+latent actor reads of the flow's (the flow's input vector, or a VLM prefix pooled), fixed
+while the flow is frozen, and the action is the squashed noise. One
 transition is one executed chunk: the reward summed over its actions, one discount per chunk.
 
 An operator's correction has no noise of its own: the learner maps the executed chunk to the
@@ -52,9 +54,9 @@ class LatentActor:
     def __init__(self, flow: Policy):
         self.flow = flow
         width = flow.latent_actor.noise_dim
-        self.input_dim = flow.context_dim
+        self.input_dim = flow.latent_width
         self.spec = EnvSpec(
-            state_dim=flow.context_dim,
+            state_dim=flow.latent_width,
             action_dim=width,
             action_low=(-1.0,) * width,
             action_high=(1.0,) * width,
@@ -88,8 +90,8 @@ class DSRL(SACRLPD):
         if getattr(policy, "latent_actor", None) is None:
             name = getattr(getattr(policy, "cfg", None), "name", type(policy).__name__)
             raise ConfigError(
-                "algo=dsrl steers a frozen flow policy through its initial noise: use policy=flow or "
-                f"policy=flow_vla with policy.latent_actor=true (got policy '{name}' without a latent actor)"
+                "algo=dsrl steers a frozen flow policy through its initial noise: use policy=flow, flow_vla, "
+                f"pi0, pi05 or smolvla with policy.latent_actor=true (got policy '{name}' without a latent actor)"
             )
         if cfg.demos:
             raise ConfigError(
@@ -118,15 +120,13 @@ class DSRL(SACRLPD):
         latent = flat(batch.record["latent"]).to(context.device).clone()  # corrections replace rows
         intervened = flat(batch.intervened).bool()
         if intervened.any():  # the noise that reproduces what the operator executed
-            executed = flat(batch.executed_action)[intervened]
+            driven = torch.nonzero(intervened).flatten()
+            executed = flat(batch.executed_action)[driven]
             # past an episode's end the chunk holds zeros: repeat its last executed action there
-            last = flat(batch.executed_steps)[intervened].clamp(min=1) - 1
+            last = flat(batch.executed_steps)[driven].clamp(min=1) - 1
             kept = torch.minimum(torch.arange(executed.shape[1], device=last.device)[None, :], last[:, None])
             executed = executed.gather(1, kept[..., None].expand_as(executed))
-            with torch.no_grad():
-                latent[intervened.to(latent.device)] = self.flow.latent_for_actions(
-                    context[intervened.to(context.device)], executed
-                )
+            latent[driven.to(latent.device)] = self.flow.latent_for_actions(batch.flat_observation(driven), executed)
         return Transitions(
             state=context.cpu(),
             action=latent.cpu(),

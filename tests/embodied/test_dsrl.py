@@ -75,7 +75,7 @@ def test_running_the_ode_backwards_finds_the_noise_of_a_chunk():
     actions = from_unit(x0.view(16, 3, 2), policy.low, policy.high)
     assert x0.abs().max() < 1  # within the env's bounds, where actions are not clipped
     assert (x0 - 1.5 * squashed).abs().max() > 0.1  # the ODE is not the identity here
-    torch.testing.assert_close(policy.latent_for_actions(context, actions), squashed, atol=1e-4, rtol=0)
+    torch.testing.assert_close(policy.invert(context, actions), squashed, atol=1e-4, rtol=0)
 
 
 def pendulum_batches(policy, steps, seed=0):
@@ -169,19 +169,57 @@ def test_dsrl_refuses_what_it_cannot_steer():
         policy.recompute(observation, policy.act(observation))
 
 
-def test_pi0_has_no_latent_actor_yet():
-    from embodied.policies.pi0 import Pi0Config, Pi0Policy
+def test_the_vlm_expert_has_no_latent_actor_yet():
+    from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
+    from tests.policies.test_vlm_expert import SPEC as VLM_SPEC
+
+    with pytest.raises(ConfigError, match="DSRL runs on policy=flow, flow_vla, pi0, pi05 and smolvla"):
+        VLMExpertPolicy(VLMExpertConfig(critic_hidden=[16], latent_actor=True), VLM_SPEC)
+
+
+@pytest.mark.parametrize("model", ["pi0", "pi05", "smolvla"])
+def test_dsrl_steers_a_vla_through_its_noise_reading_the_pooled_prefix(model):
+    """The latent actor reads the VLM's prefix pooled (and pi0's state); the chunk is the
+    model's own ODE from the chosen noise, reproduced step by step; only the latent actor
+    learns, an operator's chunk comes back from its noise, and the critics see next contexts."""
+    from embodied.build import build_env, build_policy
+    from embodied.config import TrainConfig, to_schema
+    from embodied.core.compose import compose
     from tests.policies.tiny import TINY_PI0
 
-    overrides = dict(item.split("=", 1) for item in TINY_PI0[1:])
-    cfg = Pi0Config(
-        paligemma_variant=overrides["policy.paligemma_variant"],
-        expert_variant=overrides["policy.expert_variant"],
-        vocab_size=300,
-        latent_actor=True,
+    sizes = ["policy.max_state_dim=64", "policy.max_action_dim=8", "policy.horizon=2"]  # ManiSkill's, unpadded
+    tiny = [*TINY_PI0[1:], f"policy={model}"] if model != "smolvla" else ["policy=smolvla", *sizes]
+    steer = ["policy.latent_actor=true", "policy.latent_hidden=[16]", "policy.denoise_steps=2"]
+    env_overrides = ["env.obs_mode=rgb", "env.num_envs=2", "env.num_workers=0", "env.image_size=32"]
+    config = to_schema(TrainConfig, compose("train", [*tiny, *steer, *env_overrides, "algo=dsrl"]))
+    env = build_env(config.env, seed=0)
+    try:
+        torch.manual_seed(0)
+        policy = build_policy(config.policy, env.spec, torch.device("cpu"))
+        algo = DSRL(DSRLConfig(**SMALL), policy)
+        rollout = Rollout(env, policy, torch.device("cpu"))
+        rollout.start()
+        batch, _, _ = rollout.collect(2)
+    finally:
+        env.close()
+    observation = batch.flat_observation(torch.arange(2))
+    context = policy._state(observation)
+    latent = batch.record["latent"][0]
+    torch.testing.assert_close(
+        batch.actions[0], policy._actions(ode(policy, context, policy.cfg.latent_bound * latent)), atol=1e-5, rtol=0
     )
-    with pytest.raises(ConfigError, match="DSRL runs on policy=flow and policy=flow_vla"):
-        Pi0Policy(cfg, SPEC)
+    transitions = algo.transitions(batch)
+    assert transitions.state.shape == (4, policy.latent_width) and transitions.action.shape == (4, policy.dim)
+    torch.testing.assert_close(transitions.next_state[:2], transitions.state[2:], atol=1e-5, rtol=0)
+    before = {name: value.clone() for name, value in policy.state_dict().items()}
+    algo.learn(transitions)
+    changed = {name for name, value in policy.state_dict().items() if not torch.equal(value, before[name])}
+    assert changed and all(name.startswith("latent_actor.") for name in changed)
+    # an operator's chunk: the noise found for it gives it back through the model's ODE
+    wanted = policy._actions(ode(policy, context, 0.9 * torch.tanh(torch.randn(2, policy.dim))))
+    found = policy.latent_for_actions(observation, wanted)
+    reproduced = policy._actions(ode(policy, context, policy.cfg.latent_bound * found))
+    torch.testing.assert_close(reproduced, wanted, atol=1e-4, rtol=0)
 
 
 DSRL_RUN = [
