@@ -47,14 +47,11 @@ from embodied.policies.denoising import (
     time_frequencies,
     to_unit,
 )
-from embodied.policies.latent_noise import LatentNoiseActor
+from embodied.policies.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
-# running the ODE backwards: fixed-point iterations per step until the estimate moves less
-# than this (pi0.5's tiny test model needs about 20; pi0's about 8), at most that many
-INVERSION_TOLERANCE, INVERSION_ITERATIONS = 1e-6, 100
 SFT_TIMES = ("uniform", "beta")
 
 
@@ -97,7 +94,7 @@ def sde_step(
     return mean, math.sqrt(dt) * sigma_t
 
 
-class FlowPolicy(nn.Module, Policy):
+class FlowPolicy(nn.Module, NoiseSteering, Policy):
     accepts_images = False  # this one conditions on the state alone; the VLA adds encoders
     steerable = True  # DSRL's latent actor can steer it (see `latent_input`)
 
@@ -130,7 +127,7 @@ class FlowPolicy(nn.Module, Policy):
         if cfg.latent_actor and not self.steerable:
             raise ConfigError(
                 f"policy '{cfg.name}' has no policy.latent_actor (DSRL) yet. DSRL runs on policy=flow, "
-                "flow_vla, pi0, pi05 and smolvla"
+                "flow_vla, pi0, pi05, smolvla and diffusion"
             )
         if cfg.latent_actor and cfg.latent_bound <= 0:
             raise ConfigError(f"policy.latent_bound must be > 0, got {cfg.latent_bound}")
@@ -261,66 +258,21 @@ class FlowPolicy(nn.Module, Policy):
             record["term_log_prob"] = terms
         return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self._value(state), record=record)
 
-    # ---- DSRL: the frozen flow steered through its initial noise ---------------------------
-    def _act_from_latent(
-        self, context: torch.Tensor, deterministic: bool, generator: torch.Generator | None
-    ) -> ActionChunk:
-        """The latent actor picks the noise, the ODE maps it to the chunk. The record keeps
-        the squashed noise: DSRL's action. Value 0: DSRL's critics live with the algorithm."""
-        squashed, log_prob = self.latent_actor.sample(self.latent_input(context), deterministic, generator)
-        x0 = self.denoise(context, self.cfg.latent_bound * squashed)
-        return ActionChunk(
-            actions=self._actions(x0), log_prob=log_prob, value=torch.zeros_like(log_prob), record={"latent": squashed}
-        )
-
-    def denoise(self, context: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """The flow's deterministic ODE from `noise` (B, D) at t = 1 to the chunk at t = 0."""
-        x = noise
+    # ---- DSRL (NoiseSteering): the frozen flow steered through its initial noise -----------
+    def _deterministic_step(self, context: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        """The ODE's Euler step: x - dt v(x, t)."""
         plain = torch.zeros(len(x), dtype=torch.bool, device=x.device)
-        for step in range(self.cfg.denoise_steps):
-            x, _ = self._transition(context, x, step, plain)
-        return x
+        return self._transition(context, x, step, plain)[0]
 
-    @torch.no_grad()
-    def latent_for_actions(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
-        """The squashed noise whose ODE gives `actions` (B, C, A, env units; a chunk shorter than
-        the horizon repeats its last action) at `observation`: the ODE run backwards, each
-        Euler step inverted by fixed-point iteration, clipped into the latent actor's range.
-        How an operator's correction becomes a DSRL action."""
-        return self.invert(self._state(observation), actions)
+    def _step_scale(self, context: torch.Tensor, x: torch.Tensor, step: int) -> float:
+        return 1.0  # x - dt v(x): the velocity is the only other term
 
-    def invert(self, context: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """`latent_for_actions` given the flow's context."""
-        x = self._to_model(pad_to_horizon(actions.to(context.device, torch.float32), self.cfg.horizon))
-        x = nn.functional.pad(x, (0, self.action_width - self.spec.action_dim)).reshape(len(context), -1)
-        for step in reversed(range(self.cfg.denoise_steps)):
-            t = torch.full((len(x),), self.times[step], device=x.device)
-            earlier = x
-            for _ in range(INVERSION_ITERATIONS):  # x_k = x_{k+1} + dt v(x_k, t_k)
-                estimate = x + self._dt(step) * self._field(context, earlier, t, noise=False)[0]
-                converged = float((estimate - earlier).abs().max()) < INVERSION_TOLERANCE
-                earlier = estimate
-                if converged:
-                    break
-            x = earlier
-        return (x / self.cfg.latent_bound).clamp(-1, 1)
-
-    def latent_context(self, observation: Observation) -> torch.Tensor:
-        """What the latent actor and DSRL's critics read (B, latent_width), fixed while the flow
-        is frozen."""
-        with torch.no_grad():
-            return self.latent_input(self._state(observation))
+    def _chunk_vector(self, actions: torch.Tensor) -> torch.Tensor:
+        x = self._to_model(pad_to_horizon(actions, self.cfg.horizon))
+        return nn.functional.pad(x, (0, self.action_width - self.spec.action_dim)).reshape(len(actions), -1)
 
     def _latent_width(self) -> int:
         return self.context_dim
-
-    def latent_input(self, context: torch.Tensor) -> torch.Tensor:
-        """The latent actor's input from the flow's context: the context itself where it is one
-        vector; a model whose context is a sequence (a VLM's prefix) pools it."""
-        return context
-
-    def new_modules(self) -> set[str]:
-        return {"latent_actor"} if self.latent_actor is not None else set()
 
     def _reduction(self) -> float:
         """What a chunk's summed log-density (and entropy) is divided by."""

@@ -89,7 +89,7 @@ class ActionExpert(nn.Module):
 
 class VLMExpertPolicy(FlowPolicy):
     accepts_images = True
-    steerable = False  # its context is the prefix's hidden states, not one vector (see FlowPolicy)
+    steerable = False  # DSRL: no pooled input for its latent actor written yet (see FlowPolicy)
 
     def __init__(self, cfg: VLMExpertConfig, spec: EnvSpec):
         if cfg.value_from not in VALUE_FROM:
