@@ -49,6 +49,7 @@ from embodied.policies.denoising import (
     time_frequencies,
     to_unit,
 )
+from embodied.policies.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
@@ -78,6 +79,11 @@ class DiffusionPolicyConfig:
     # sum: the chunk's log-density over the trained steps; mean: averaged over steps and
     # dimensions (a per-action scale, so the PPO ratio does not grow with H and k).
     log_prob_reduction: str = "sum"
+    # DSRL (algo=dsrl): a small actor chooses the initial noise within [-latent_bound,
+    # latent_bound] per dimension; the policy's deterministic sampler maps it to the chunk
+    latent_actor: bool = False
+    latent_hidden: list[int] = field(default_factory=lambda: [256, 256])
+    latent_bound: float = 1.5
 
 
 class MLPDenoiser(nn.Module):
@@ -149,7 +155,7 @@ def check_config(cfg: DiffusionPolicyConfig) -> None:
         raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
 
 
-class DiffusionPolicy(nn.Module, Policy):
+class DiffusionPolicy(nn.Module, NoiseSteering, Policy):
     def __init__(self, cfg: DiffusionPolicyConfig, spec: EnvSpec):
         super().__init__()
         check_config(cfg)
@@ -191,6 +197,14 @@ class DiffusionPolicy(nn.Module, Policy):
                 self.register_buffer(_base_key(name), parameter.detach().clone())
         self.register_buffer("base_pinned", torch.tensor(False))
         self.register_load_state_dict_pre_hook(self._base_from_denoiser)
+        if cfg.latent_actor and cfg.latent_bound <= 0:
+            raise ConfigError(f"policy.latent_bound must be > 0, got {cfg.latent_bound}")
+        self.latent_width = spec.state_dim
+        self.latent_actor = (
+            LatentNoiseActor(spec.state_dim, self.dim, cfg.latent_hidden, cfg.latent_bound)
+            if cfg.latent_actor
+            else None
+        )
 
     # ---- the frozen copy for the untrained early steps --------------------------------------
 
@@ -220,12 +234,17 @@ class DiffusionPolicy(nn.Module, Policy):
 
     def _transition(self, state: torch.Tensor, x: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and floored std (B, D) of denoising step `step` (see the module docstring)."""
-        t = torch.full((x.shape[0],), self.timesteps[step] / self.cfg.train_timesteps, device=x.device)
-        eps = self._denoise(step, torch.cat([state, time_embedding(t, self.frequencies)], -1), x)
-        mean, _ = denoising_step(
-            x, eps, self.abar_step[step], self.abar_next[step], self.cfg.scheduler, self.cfg.ddim_eta
-        )
+        mean = self._mean(x, self._eps(state, x, step), step)
         return mean, self.step_std[step].expand_as(mean)
+
+    def _eps(self, state: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        t = torch.full((x.shape[0],), self.timesteps[step] / self.cfg.train_timesteps, device=x.device)
+        return self._denoise(step, torch.cat([state, time_embedding(t, self.frequencies)], -1), x)
+
+    def _mean(self, x: torch.Tensor, eps: torch.Tensor, step: int) -> torch.Tensor:
+        return denoising_step(
+            x, eps, self.abar_step[step], self.abar_next[step], self.cfg.scheduler, self.cfg.ddim_eta
+        )[0]
 
     def _state(self, observation: Observation) -> torch.Tensor:
         return self.normalizer(observation.state.to(self.low.device, torch.float32))
@@ -236,6 +255,8 @@ class DiffusionPolicy(nn.Module, Policy):
         self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
     ) -> ActionChunk:
         state = self._state(observation)
+        if self.latent_actor is not None:
+            return self._act_from_latent(state, deterministic, generator)
         batch, device = state.shape[0], state.device
         x = torch.randn(batch, self.dim, generator=generator, device=device)
         chain = [x]
@@ -245,15 +266,36 @@ class DiffusionPolicy(nn.Module, Policy):
             chain.append(x)
         chain = torch.stack(chain, 1)
         terms = self._terms(state, chain)
-        actions = from_unit(
-            x.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high
-        )
         return ActionChunk(
-            actions=actions,
+            actions=self._actions(x),
             log_prob=self._total(terms),
             value=self.critic(state).squeeze(-1),
             record={"chain": chain, "term_log_prob": terms},
         )
+
+    def _actions(self, x0: torch.Tensor) -> torch.Tensor:
+        """The first C of the H denoised actions, in the env's units."""
+        return from_unit(x0.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high)
+
+    # ---- DSRL (NoiseSteering): the frozen sampler steered through its initial noise ----------
+    def _deterministic_step(self, context: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        """The step's mean: DDIM with ddim_eta=0 is its deterministic sampler; otherwise the
+        sampler's noise left out."""
+        return self._transition(context, x, step)[0]
+
+    def _step_scale(self, context: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:
+        """How the step's mean moves with each element of x, the predicted noise held fixed: the
+        mean is elementwise in x then, and piecewise linear (the x0 estimate is clipped). Where
+        the clip leaves it flat (the last step maps to the clipped x0 alone), the slope of
+        the unclipped piece, which leads back into it."""
+        eps, nudge = self._eps(context, x, step), 1e-3
+        slope = (self._mean(x + nudge, eps, step) - self._mean(x, eps, step)) / nudge
+        zero = torch.zeros_like(x[:1])
+        unclipped = (self._mean(zero + nudge, zero, step) - self._mean(zero, zero, step)) / nudge
+        return torch.where(slope.abs() > 1e-6, slope, unclipped)
+
+    def _chunk_vector(self, actions: torch.Tensor) -> torch.Tensor:
+        return to_unit(pad_to_horizon(actions, self.cfg.horizon), self.low, self.high).reshape(len(actions), -1)
 
     def _terms(self, state: torch.Tensor, chain: torch.Tensor) -> torch.Tensor:
         """(B, k) log-likelihoods of the trained steps' transitions."""
@@ -268,6 +310,10 @@ class DiffusionPolicy(nn.Module, Policy):
         return terms.mean(-1) if self.cfg.log_prob_reduction == "mean" else terms.sum(-1)
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
+        if self.latent_actor is not None:
+            raise ConfigError(
+                "policy.latent_actor=true steers a frozen sampler through its noise: train it with algo=dsrl"
+            )
         if self.base_names and not self.base_pinned:
             self.base_pinned.fill_(True)  # RL has begun: from now on the base is what it started from
         state = self._state(observation)
@@ -303,6 +349,8 @@ class DiffusionPolicy(nn.Module, Policy):
         return (self.denoiser(condition, x_t) - eps).pow(2).mean()
 
     def update_normalization(self, observation: Observation) -> None:
+        if self.latent_actor is not None:
+            return  # DSRL: the policy is frozen, and its input statistics are part of it
         self.normalizer.update(observation.state.to(self.low.device))
 
 

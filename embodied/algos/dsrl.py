@@ -1,13 +1,14 @@
-"""DSRL (Wagenmaker et al. 2025): SAC in the latent-noise space of a frozen flow policy.
+"""DSRL (Wagenmaker et al. 2025): SAC in the latent-noise space of a frozen denoising policy.
 
-The flow (`policy=flow`, `flow_vla`, `pi0`, `pi05` or `smolvla` with
+The policy (`policy=flow`, `flow_vla`, `pi0`, `pi05`, `smolvla` or `diffusion`, with
 `policy.latent_actor=true`, usually from an SFT run through `init=` or from a published
-checkpoint) never changes; its latent actor chooses each chunk's initial noise and the flow's
-ODE maps that noise to the actions. This is SAC/RLPD (`sac_rlpd.py`, every option of it) on
-transitions (context, noise, chunk reward, next context), where the context is what the
-latent actor reads of the flow's (the flow's input vector, or a VLM prefix pooled), fixed
-while the flow is frozen, and the action is the squashed noise. One
-transition is one executed chunk: the reward summed over its actions, one discount per chunk.
+checkpoint) never changes; its latent actor chooses each chunk's initial noise and the
+policy's deterministic sampler (a flow's ODE, DDIM) maps that noise to the actions. This is
+SAC/RLPD (`sac_rlpd.py`, every option of it) on transitions (context, noise, chunk reward,
+next context), where the context is what the latent actor reads (the policy's input
+vector, or a VLM prefix pooled), fixed while the policy is frozen, and the action is the
+squashed noise. One transition is one executed chunk: the reward summed over its actions,
+one discount per chunk.
 
 An operator's correction has no noise of its own: the learner maps the executed chunk to the
 noise whose ODE reproduces it (the ODE run backwards, clipped into the latent range), so a
@@ -90,8 +91,9 @@ class DSRL(SACRLPD):
         if getattr(policy, "latent_actor", None) is None:
             name = getattr(getattr(policy, "cfg", None), "name", type(policy).__name__)
             raise ConfigError(
-                "algo=dsrl steers a frozen flow policy through its initial noise: use policy=flow, flow_vla, "
-                f"pi0, pi05 or smolvla with policy.latent_actor=true (got policy '{name}' without a latent actor)"
+                "algo=dsrl steers a frozen flow or diffusion policy through its initial noise: use policy=flow, "
+                "flow_vla, pi0, pi05, smolvla or diffusion with policy.latent_actor=true "
+                f"(got policy '{name}' without a latent actor)"
             )
         if cfg.demos:
             raise ConfigError(

@@ -12,12 +12,13 @@ import torch
 from embodied.algos.dsrl import DSRL, DSRLConfig
 from embodied.algos.replay import Transitions
 from embodied.core.errors import ConfigError
-from embodied.core.types import EnvSpec
+from embodied.core.types import EnvSpec, Observation
 from embodied.policies.denoising import from_unit
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 from embodied.runtime.rollout import Rollout
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from tests.embodied.test_cli import embodied
+from tests.policies.tiny import TINY_PI0
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0), control_hz=10.0)
 SMALL = dict(batch_size=8, num_critics=3, critic_subset=2, critic_hidden=[16], utd_ratio=2, replay_capacity=64)
@@ -173,25 +174,32 @@ def test_the_vlm_expert_has_no_latent_actor_yet():
     from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
     from tests.policies.test_vlm_expert import SPEC as VLM_SPEC
 
-    with pytest.raises(ConfigError, match="DSRL runs on policy=flow, flow_vla, pi0, pi05 and smolvla"):
+    with pytest.raises(ConfigError, match="DSRL runs on policy=flow, flow_vla, pi0, pi05, smolvla and diffusion"):
         VLMExpertPolicy(VLMExpertConfig(critic_hidden=[16], latent_actor=True), VLM_SPEC)
 
 
-@pytest.mark.parametrize("model", ["pi0", "pi05", "smolvla"])
-def test_dsrl_steers_a_vla_through_its_noise_reading_the_pooled_prefix(model):
-    """The latent actor reads the VLM's prefix pooled (and pi0's state); the chunk is the
-    model's own ODE from the chosen noise, reproduced step by step; only the latent actor
-    learns, an operator's chunk comes back from its noise, and the critics see next contexts."""
+STEERED_ON_FRAMES = {
+    "flow_vla": ["policy=flow_vla", "policy.hidden=[16]"],
+    "pi0": [*TINY_PI0[1:], "policy=pi0"],
+    "pi05": [*TINY_PI0[1:], "policy=pi05"],
+    # ManiSkill's sizes, so no padded action dimensions
+    "smolvla": ["policy=smolvla", "policy.max_state_dim=64", "policy.max_action_dim=8", "policy.horizon=2"],
+}
+
+
+@pytest.mark.parametrize("model", list(STEERED_ON_FRAMES))
+def test_dsrl_steers_a_vla_through_its_noise_from_camera_frames(model):
+    """The latent actor reads the built-in VLA's context, or a VLM's prefix pooled (and pi0's
+    state); the chunk is the model's own ODE from the chosen noise, reproduced step by step;
+    the rollout keeps the next frames and the critics see the next contexts; only the latent
+    actor learns; an operator's chunk comes back from the noise found for it."""
     from embodied.build import build_env, build_policy
     from embodied.config import TrainConfig, to_schema
     from embodied.core.compose import compose
-    from tests.policies.tiny import TINY_PI0
 
-    sizes = ["policy.max_state_dim=64", "policy.max_action_dim=8", "policy.horizon=2"]  # ManiSkill's, unpadded
-    tiny = [*TINY_PI0[1:], f"policy={model}"] if model != "smolvla" else ["policy=smolvla", *sizes]
     steer = ["policy.latent_actor=true", "policy.latent_hidden=[16]", "policy.denoise_steps=2"]
     env_overrides = ["env.obs_mode=rgb", "env.num_envs=2", "env.num_workers=0", "env.image_size=32"]
-    config = to_schema(TrainConfig, compose("train", [*tiny, *steer, *env_overrides, "algo=dsrl"]))
+    config = to_schema(TrainConfig, compose("train", [*STEERED_ON_FRAMES[model], *steer, *env_overrides, "algo=dsrl"]))
     env = build_env(config.env, seed=0)
     try:
         torch.manual_seed(0)
@@ -202,6 +210,7 @@ def test_dsrl_steers_a_vla_through_its_noise_reading_the_pooled_prefix(model):
         batch, _, _ = rollout.collect(2)
     finally:
         env.close()
+    assert set(batch.next_images) == set(env.spec.image_shapes)
     observation = batch.flat_observation(torch.arange(2))
     context = policy._state(observation)
     latent = batch.record["latent"][0]
@@ -220,6 +229,56 @@ def test_dsrl_steers_a_vla_through_its_noise_reading_the_pooled_prefix(model):
     found = policy.latent_for_actions(observation, wanted)
     reproduced = policy._actions(ode(policy, context, policy.cfg.latent_bound * found))
     torch.testing.assert_close(reproduced, wanted, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scheduler, eta", [("ddim", 0.0), ("ddpm", 1.0)])
+def test_a_diffusion_policy_is_steered_through_its_noise_too(scheduler, eta):
+    """Its deterministic sampler (DDIM with eta 0; DDPM's means) from the chosen noise gives
+    the chunk, the sampler run backwards finds the noise of a chunk, and DSRL trains only the
+    latent actor."""
+    from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
+
+    env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
+    spec, observation = env.spec, env.reset().to_torch()
+    env.close()
+    torch.manual_seed(0)
+    cfg = DiffusionPolicyConfig(
+        scheduler=scheduler,
+        ddim_eta=eta,
+        horizon=3,
+        chunk_size=3,
+        denoise_steps=5,
+        hidden=[16],
+        latent_actor=True,
+        latent_hidden=[16],
+    )
+    policy = DiffusionPolicy(cfg, spec)
+    # A little SFT first: an untrained denoiser's x0 estimates all hit the clip, where no noise
+    # can be told apart from another (DSRL steers a trained policy)
+    optimizer, g = torch.optim.Adam(policy.denoiser.parameters(), lr=3e-3), torch.Generator().manual_seed(0)
+    for _ in range(300):
+        states = torch.randn(64, 3, generator=g)
+        loss = policy.bc_loss(Observation(state=states), torch.tanh(states[:, :1]).unsqueeze(1).expand(64, 3, 1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    chunk = policy.act(observation, generator=torch.Generator().manual_seed(1))
+    context = policy.latent_context(observation)
+    x = 1.5 * chunk.record["latent"]
+    for step in range(cfg.denoise_steps):
+        x = policy._transition(context, x, step)[0]
+    torch.testing.assert_close(chunk.actions, policy._actions(x))
+    squashed = torch.tensor([[0.5, -0.5, 0.3]])
+    wanted = policy._actions(policy.denoise(context, 1.5 * squashed))
+    found = policy.latent_for_actions(observation, wanted)
+    torch.testing.assert_close(found, squashed, atol=1e-4, rtol=0)
+    torch.testing.assert_close(policy._actions(policy.denoise(context, 1.5 * found)), wanted, atol=1e-4, rtol=0)
+    algo = DSRL(DSRLConfig(**SMALL), policy)
+    before = {name: value.clone() for name, value in policy.state_dict().items()}
+    for batch in pendulum_batches(policy, 3):
+        algo.update(batch, 0.0)
+    changed = {name for name, value in policy.state_dict().items() if not torch.equal(value, before[name])}
+    assert changed and all(name.startswith("latent_actor.") for name in changed)
 
 
 DSRL_RUN = [
@@ -309,33 +368,3 @@ def test_dsrl_from_a_trained_flow_keeps_its_weights_bit_for_bit_with_an_operator
         if "train/iteration" in line
     ]
     assert sum(u["replay/intervened"] for u in updates) >= 3 and updates[-1]["replay/offline"] >= 3
-
-
-def test_dsrl_steers_the_built_in_vla_from_its_images_and_instruction():
-    """policy=flow_vla on ManiSkill frames: the rollout keeps the next frames, and each
-    transition's next context is the flow's context of the observation that followed."""
-    from embodied.build import build_env, build_policy
-    from embodied.config import TrainConfig, to_schema
-    from embodied.core.compose import compose
-
-    overrides = ["policy=flow_vla", "policy.latent_actor=true", "policy.latent_hidden=[16]", "policy.hidden=[16]"]
-    env_overrides = ["env.obs_mode=rgb", "env.num_envs=2", "env.num_workers=0", "env.image_size=32"]
-    config = to_schema(TrainConfig, compose("train", [*overrides, *env_overrides, "algo=dsrl"]))
-    env = build_env(config.env, seed=0)
-    try:
-        torch.manual_seed(0)
-        policy = build_policy(config.policy, env.spec, torch.device("cpu"))
-        algo = DSRL(DSRLConfig(**SMALL), policy)
-        rollout = Rollout(env, policy, torch.device("cpu"))
-        rollout.start()
-        batch, _, _ = rollout.collect(2)
-    finally:
-        env.close()
-    assert set(batch.next_images) == set(env.spec.image_shapes)
-    transitions = algo.transitions(batch)
-    assert transitions.state.shape == (4, policy.context_dim)
-    torch.testing.assert_close(transitions.next_state[:2], transitions.state[2:])  # no episode ended
-    before = {name: value.clone() for name, value in policy.state_dict().items()}
-    algo.learn(transitions)
-    changed = {name for name, value in policy.state_dict().items() if not torch.equal(value, before[name])}
-    assert changed and all(name.startswith("latent_actor.") for name in changed)
