@@ -11,8 +11,8 @@ squashed noise. One transition is one executed chunk: the reward summed over its
 one discount per chunk.
 
 An operator's correction has no noise of its own: the learner maps the executed chunk to the
-noise whose ODE reproduces it (the ODE run backwards, clipped into the latent range), so a
-correction is an action of the latent actor like any other, and with `retain_offline` it
+noise whose sampler reproduces it (the sampler run backwards, clipped into the latent range),
+so a correction is an action of the latent actor like any other, and with `retain_offline` it
 joins the offline half of each batch as in RLPD. Recorded demos (`algo.demos`) are not read
 yet: they hold single actions, not chunks with their contexts."""
 
@@ -47,8 +47,8 @@ class _Context(nn.Identity):
 
 
 class LatentActor:
-    """A flow policy's latent actor with the actor interface SAC/RLPD trains: its inputs are
-    the flow's contexts, its action space the squashed noise [-1, 1]^D."""
+    """A denoising policy's latent actor with the actor interface SAC/RLPD trains: its inputs
+    are the policy's latent contexts, its action space the squashed noise [-1, 1]^D."""
 
     cameras: list[str] = []
 
