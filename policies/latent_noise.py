@@ -96,7 +96,7 @@ class NoiseSteering:
             for _ in range(INVERSION_ITERATIONS):
                 scale = self._step_scale(context, earlier, step)
                 estimate = earlier + (x - self._deterministic_step(context, earlier, step)) / scale
-                converged = float((estimate - earlier).abs().max()) < INVERSION_TOLERANCE
+                converged = float((estimate - earlier).detach().abs().max()) < INVERSION_TOLERANCE
                 earlier = estimate
                 if converged:
                     break
