@@ -74,8 +74,8 @@ class Transitions:
 
 
 def concat(parts: list[Transitions]) -> Transitions:
-    names = parts[0].columns().keys()
-    return Transitions.from_columns({name: torch.cat([p.columns()[name] for p in parts]) for name in names})
+    columns = [p.columns() for p in parts]  # once per part: this runs for every sampled batch
+    return Transitions.from_columns({name: torch.cat([c[name] for c in columns]) for name in columns[0]})
 
 
 class ReplayBuffer:
