@@ -11,6 +11,7 @@ import embodied.policies.diffusion  # noqa: F401
 import embodied.policies.flow  # noqa: F401
 import embodied.policies.flow_vla  # noqa: F401
 import embodied.policies.mlp  # noqa: F401
+import embodied.policies.openvla  # noqa: F401
 import embodied.policies.pi0  # noqa: F401
 import embodied.policies.smolvla  # noqa: F401
 import embodied.policies.squashed_gaussian  # noqa: F401

@@ -52,19 +52,16 @@ PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 @dataclass
-class TokenVLAConfig:
+class TokenPolicyConfig:
+    """What every token VLA sets: decoding, sampling, precision, LoRA and the value head."""
+
     name: str = "token_vla"
     chunk_size: int = 1
     decoder: str = "parallel"  # causal | parallel
-    # tiny: a small random Qwen2; tiny_vlm: a small random PaliGemma (reads images); else a
-    # causal LM's or vision-language model's local path or hub id
-    backbone: str = "tiny"
     hidden_size: int = 64  # tiny backbones only
     num_layers: int = 2
     num_heads: int = 4
     vocab_size: int = 1024  # tiny backbones: 256 action ids at the end, instruction bytes at the start
-    image_size: int = 32  # tiny_vlm: the vision tower's input (camera frames are resized to it)
-    patch_size: int = 8
     max_instruction_tokens: int = 48
     temperature: float = 1.0  # the same at rollout and in the training forward pass
     # SFT targets: 0 puts all of a demonstrated action's mass on its bin; > 0 spreads it over
@@ -85,8 +82,17 @@ class TokenVLAConfig:
     value_reads_state: bool = False  # the value head also reads the normalised state
 
 
+@dataclass
+class TokenVLAConfig(TokenPolicyConfig):
+    # tiny: a small random Qwen2; tiny_vlm: a small random PaliGemma (reads images); else a
+    # causal LM's or vision-language model's local path or hub id
+    backbone: str = "tiny"
+    image_size: int = 32  # tiny_vlm: the vision tower's input (camera frames are resized to it)
+    patch_size: int = 8
+
+
 class TokenVLAPolicy(nn.Module, Policy):
-    def __init__(self, cfg: TokenVLAConfig, spec: EnvSpec):
+    def __init__(self, cfg: TokenPolicyConfig, spec: EnvSpec):
         super().__init__()
         if cfg.decoder not in DECODERS:
             raise ConfigError(f"policy.decoder must be one of {DECODERS}, got '{cfg.decoder}'")
@@ -97,22 +103,19 @@ class TokenVLAPolicy(nn.Module, Policy):
         if cfg.label_sigma_bins < 0:
             raise ConfigError(f"policy.label_sigma_bins must be >= 0, got {cfg.label_sigma_bins}")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
-        self.backbone, self.instructions = build_backbone(cfg)
+        self.backbone, self.instructions = self._build_backbone()
         self.cameras = sorted(spec.image_shapes)
-        self.image_tokens = vision_prefix(self.backbone, cfg.backbone, self.cameras)
-        # Without images in front, a row's instruction positions depend on its instruction
-        # alone: they run once per distinct instruction in a batch (`_instruction_cache`).
-        self.shares_instruction = self.image_tokens is None and not is_vision_language(self.backbone)
+        self.image_tokens = self._image_tokens()
+        self.shares_instruction = self._prefix_is_instruction_only()
         if cfg.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
             self.backbone = get_peft_model(
                 self.backbone,
-                LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=["q_proj", "v_proj"]),
+                LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, target_modules=list(self.lora_targets)),
             )
         hidden = self.backbone.config.get_text_config().hidden_size
-        vocab_size = self.backbone.config.get_text_config().vocab_size
-        self.actions = ActionTokenizer(vocab_size, np.array(spec.action_low), np.array(spec.action_high))
+        self.actions = self._action_tokenizer()
         self.positions = cfg.chunk_size * spec.action_dim
         self.normalizer = RunningNormalizer(spec.state_dim)
         self.state_embedding = nn.Linear(spec.state_dim, hidden)
@@ -122,6 +125,26 @@ class TokenVLAPolicy(nn.Module, Policy):
             self.value_head = mlp([value_inputs, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
         else:
             self.value_head = nn.Linear(hidden, 1)  # the issue's value head, as OpenVLA-based PPO has it
+
+    lora_targets = ("q_proj", "v_proj")  # the backbone's modules LoRA adapts
+
+    def _build_backbone(self) -> tuple[nn.Module, Any]:
+        """The language model (or vision-language model) and its instruction tokenizer."""
+        return build_backbone(self.cfg)
+
+    def _image_tokens(self) -> nn.Module | None:
+        """What turns camera frames into the backbone's image tokens (None without cameras)."""
+        return vision_prefix(self.backbone, self.cfg.backbone, self.cameras)
+
+    def _prefix_is_instruction_only(self) -> bool:
+        """Without images in front, a row's instruction positions depend on its instruction
+        alone: they run once per distinct instruction in a batch (`_instruction_cache`)."""
+        return self.image_tokens is None and not is_vision_language(self.backbone)
+
+    def _action_tokenizer(self) -> ActionTokenizer:
+        """Action tokens at the end of the backbone's vocabulary, bins over the env's bounds."""
+        vocab_size = self.backbone.config.get_text_config().vocab_size
+        return ActionTokenizer(vocab_size, np.array(self.spec.action_low), np.array(self.spec.action_high))
 
     def pretrained_frozen(self) -> tuple[str, list[str]] | None:
         """With LoRA on a backbone loaded from a path or hub id, the frozen backbone: a
@@ -206,7 +229,7 @@ class TokenVLAPolicy(nn.Module, Policy):
 
     def _action_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """The 256 action tokens' columns of the backbone's logits, in float32."""
-        return logits[..., self.actions.first_token :].float()
+        return logits[..., self.actions.first_token : self.actions.first_token + NUM_BINS].float()
 
     def _action_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Log-softmax over the 256 action tokens' logits, at the policy's temperature."""

@@ -1,0 +1,587 @@
+"""OpenVLA and OpenVLA-OFT (`policy=openvla`): the Prismatic VLM (`policies/prismatic.py`: two
+ViT towers, a projector, Llama-2) with OpenVLA's prompt and action tokens, driven by the token
+VLA's decoding, log-probs, value head, LoRA and precision (`policies/token_vla.py`), so GRPO and
+PPO train it unchanged.
+
+    [BOS, each camera's 256 patch tokens, (OFT: one proprio token), "In: What action should the
+     robot take to {instruction}?\\nOut:", "▁"]  ->  action tokens
+
+- `decoder=causal` (OpenVLA): one action token after another; the first is read at the last
+  prompt position.
+- `decoder=parallel` (OFT): the chunk's C x A positions get zero embeddings, an end-of-sequence
+  token follows, and attention is bidirectional over the whole sequence (OFT trains with
+  transformers patched to drop the causal mask; here a full mask is passed). Position i's
+  action is read at the position before it, as OFT reads it.
+- `action_head=l1` (OFT): a residual MLP over each action step's C hidden states (A x width)
+  regresses the normalised action, in place of the tokens; for RL it is the mean of a Gaussian
+  with a learned standard deviation per dimension (normalised units).
+
+Actions come out normalised to [-1, 1] by the dataset's q01/q99 (dimensions whose `mask` is
+false, such as the gripper, pass as they are) and are put back in the robot's units with the
+statistics of `unnorm_key` (`dataset_statistics.json` or the config's `norm_stats`). A model
+with random weights (no `pretrained`) uses the env's action bounds instead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from embodied.core.errors import ConfigError
+from embodied.core.policy import Recomputed
+from embodied.core.registry import POLICIES
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
+from embodied.policies.openvla_checkpoint import (
+    Layout,
+    as_numpy,
+    image_normalization,
+    latest_file,
+    mismatches,
+    parameters_on_meta,
+    read_config,
+    read_shapes,
+    read_statistics,
+    read_tensors,
+    read_torch_module,
+    tensor_files,
+)
+from embodied.policies.prismatic import ImagePixels, Projector, VisionBackbone, tower_spec
+from embodied.policies.token_vla import TokenPolicyConfig, TokenVLAPolicy
+
+PROMPT = "In: What action should the robot take to {}?\nOut:"
+ACTION_HEADS = ("tokens", "l1")
+PUBLISHED_TOWERS = ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
+TINY_TOWERS = ["tiny_dinov2_reg4", "tiny_siglip"]
+# Llama-2 7B as the published config.json gives it (transformers' LlamaConfig defaults, with
+# the vocabulary padded from 32000 to a multiple of 64)
+PUBLISHED_TEXT = {"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-6,
+                  "max_position_embeddings": 2048, "pad_token_id": 32000}  # fmt: skip
+PAD_TO_MULTIPLE = 64
+
+
+@dataclass
+class OpenVLAConfig(TokenPolicyConfig):
+    name: str = "openvla"
+    # a local folder in the HF layout (openvla/openvla-7b, an OFT fine-tune, or `save_published`'s);
+    # empty: random weights at `variant`'s architecture
+    pretrained: str = ""
+    variant: str = "tiny"  # without pretrained: tiny (test sizes) | 7b (the published architecture)
+    unnorm_key: str = ""  # whose statistics unnormalise actions (needed when there are several)
+    cameras: list[str] = field(default_factory=list)  # the images read, in order; [] = every env camera
+    center_crop: bool = False  # the central 90% of each frame's area (checkpoints trained with crops)
+    decoder: str = "causal"  # causal (OpenVLA) | parallel (OFT: one bidirectional pass)
+    action_head: str = "tokens"  # tokens | l1 (OFT's regression head; needs decoder=parallel)
+    proprio: bool = False  # OFT: the state, normalised by the dataset's q01/q99, as one token
+    action_std: float = 0.1  # action_head=l1: the Gaussian's initial std (normalised units)
+    freeze_vision: bool = True  # the towers and the projector do not train
+    lora_rank: int = 32
+    precision: str = "bfloat16"
+    max_instruction_tokens: int = 256  # the prompt's tokens (bytes without a tokenizer); longer is refused
+    vocab_size: int = 640  # tiny only: bytes, BOS and "▁" at the start, 256 action ids at the end
+
+
+class OpenVLAPrompt:
+    """Instructions -> OpenVLA's prompt tokens (B, L), left-padded: BOS, the prompt, then "▁"
+    (Llama's token 29871) where the prompt does not already end with it, as OpenVLA's
+    `predict_action` appends it."""
+
+    def __init__(self, encode, bos: int, space: int, pad: int):
+        self.encode, self.bos, self.space, self.pad = encode, bos, space, pad
+
+    @classmethod
+    def from_folder(cls, folder: str) -> OpenVLAPrompt:
+        from transformers import AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"no Llama tokenizer in {folder}: {error}") from None
+        space = tokenizer.convert_tokens_to_ids("▁")
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        return cls(
+            lambda text: tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.bos_token_id, space, pad
+        )
+
+    @classmethod
+    def bytes(cls) -> OpenVLAPrompt:
+        """For random weights: UTF-8 bytes as ids 1..256, BOS 257, "▁" 258."""
+        return cls(lambda text: [b + 1 for b in text.encode("utf-8")], 257, 258, 0)
+
+    def rows(self, texts: list[str]) -> list[list[int]]:
+        rows = []
+        for text in texts:
+            tokens = [self.bos, *self.encode(PROMPT.format(text.lower()))]
+            rows.append(tokens if tokens[-1] == self.space else [*tokens, self.space])
+        return rows
+
+    def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self.rows(texts)
+        longest = max(len(row) for row in rows)
+        if longest > length:
+            raise ConfigError(f"a prompt of {longest} tokens exceeds policy.max_instruction_tokens={length}")
+        ids = torch.full((len(rows), longest), self.pad, dtype=torch.long)
+        mask = torch.zeros(len(rows), longest, dtype=torch.long)
+        for row, tokens in enumerate(rows):
+            ids[row, longest - len(tokens) :] = torch.tensor(tokens)
+            mask[row, longest - len(tokens) :] = 1
+        return ids, mask
+
+
+class ResidualMLP(nn.Module):
+    """OFT's L1 head (`MLPResNet`): LayerNorm, fc1, ReLU, blocks of (LayerNorm, Linear, ReLU)
+    added to their input, LayerNorm, fc2."""
+
+    def __init__(self, inputs: int, hidden: int, outputs: int, blocks: int = 2):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(inputs)
+        self.fc1 = nn.Linear(inputs, hidden)
+        self.mlp_resnet_blocks = nn.ModuleList(
+            nn.ModuleDict({"ffn": nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.ReLU())})
+            for _ in range(blocks)
+        )
+        self.layer_norm2 = nn.LayerNorm(hidden)
+        self.fc2 = nn.Linear(hidden, outputs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(self.layer_norm1(x)))
+        for block in self.mlp_resnet_blocks:
+            x = block["ffn"](x) + x
+        return self.fc2(self.layer_norm2(x))
+
+
+class ProprioProjector(nn.Module):
+    """OFT's state token: fc1, GELU, fc2 into the language model's width."""
+
+    def __init__(self, state_dim: int, width: int):
+        super().__init__()
+        self.fc1 = nn.Linear(state_dim, width)
+        self.fc2 = nn.Linear(width, width)
+
+    def forward(self, state: torch.Tensor) -> torch.Tensor:
+        return self.fc2(nn.functional.gelu(self.fc1(state)))
+
+
+class OpenVLAPolicy(TokenVLAPolicy):
+    lora_targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __init__(self, cfg: OpenVLAConfig, spec: EnvSpec):
+        if cfg.action_head not in ACTION_HEADS:
+            raise ConfigError(f"policy.action_head must be one of {ACTION_HEADS}, got '{cfg.action_head}'")
+        if cfg.action_head == "l1" and cfg.decoder != "parallel":
+            raise ConfigError("policy.action_head=l1 reads every action position at once: use policy.decoder=parallel")
+        if not cfg.pretrained and cfg.variant not in ("tiny", "7b"):
+            raise ConfigError(f"policy.variant must be tiny or 7b, got '{cfg.variant}'")
+        self.folder = Path(cfg.pretrained) if cfg.pretrained else None
+        if self.folder is not None and not self.folder.is_dir():
+            raise ConfigError(f"policy.pretrained {cfg.pretrained} is not a folder")
+        self.published = read_config(self.folder) if self.folder else _random_config(cfg)
+        self.statistics, self.statistics_source = (
+            read_statistics(self.folder, self.published, cfg.unnorm_key) if self.folder else ({}, "")
+        )
+        super().__init__(cfg, spec)
+        width = self.backbone.config.get_text_config().hidden_size
+        self.proprio_projector = ProprioProjector(spec.state_dim, width) if cfg.proprio else None
+        self.proprio_bounds = self._proprio_bounds() if cfg.proprio else None
+        if cfg.action_head == "l1":
+            self.action_head = ResidualMLP(spec.action_dim * width, width, spec.action_dim)
+            self.action_log_std = nn.Parameter(torch.full((spec.action_dim,), float(np.log(cfg.action_std))))
+        else:
+            self.action_head = None
+        if self.folder is not None:
+            self._load_oft_modules()
+        if cfg.freeze_vision:
+            self.vision.requires_grad_(False)
+            self.projector.requires_grad_(False)
+        # action_queries and state_embedding serve the token VLA's own decoders: not used here
+        self.action_queries.requires_grad_(False)
+        self.state_embedding.requires_grad_(False)
+
+    # ---- building ---------------------------------------------------------------------------
+    def _build_backbone(self) -> tuple[nn.Module, Any]:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg, config = self.cfg, self.published
+        self.timm_ids = list(config.get("timm_model_ids", []))
+        fused = bool(config.get("use_fused_vision_backbone", len(self.timm_ids) == 2))
+        if fused != (len(self.timm_ids) == 2):
+            raise ConfigError(f"use_fused_vision_backbone={fused} but timm_model_ids names {self.timm_ids}")
+        text = LlamaConfig(**{k: v for k, v in config.get("text_config", {}).items() if k != "model_type"})
+        text.tie_word_embeddings = False
+        self.pad_to_multiple = int(config.get("pad_to_multiple_of", 0))
+        build = parameters_on_meta() if self.folder else _nothing()
+        with build:
+            backbone = LlamaForCausalLM(text)
+            self.vision = VisionBackbone(self.timm_ids)
+            self.projector = Projector(self.vision.width, text.hidden_size, fused)
+        self.layout = Layout(
+            [
+                (f"vision_backbone.{name}.", tower_spec(timm).family, tower_spec(timm).depth)
+                for name, timm in zip(("featurizer", "fused_featurizer"), self.timm_ids)
+            ],
+            fused,
+        )
+        if self.folder is not None:
+            self._load(backbone)
+        normalization = [(tower_spec(t).mean, tower_spec(t).std) for t in self.timm_ids]
+        if self.folder is not None:
+            normalization = image_normalization(self.folder, self.timm_ids, normalization)
+        self.pixels = ImagePixels([tower_spec(t) for t in self.timm_ids], cfg.center_crop, normalization)
+        tokenizer = self._prompt_tokenizer()
+        return backbone, tokenizer
+
+    def _prompt_tokenizer(self) -> OpenVLAPrompt:
+        """Llama's tokenizer from the checkpoint's folder; random weights (and models saved
+        from them, whose config.json says `"prompt_tokenizer": "bytes"`) read bytes."""
+        if self.published.get("prompt_tokenizer") == "bytes":
+            return OpenVLAPrompt.bytes()
+        if self.folder is not None and any(self.folder.glob("tokenizer*")):
+            return OpenVLAPrompt.from_folder(str(self.folder))
+        if self.folder is not None:
+            raise ConfigError(
+                f"policy.pretrained {self.folder} has no tokenizer files (tokenizer.model, tokenizer.json)"
+            )
+        return OpenVLAPrompt.bytes()
+
+    def _load(self, backbone: nn.Module) -> None:
+        """The published tensors become the modules' parameters (which are on the meta device)."""
+        files = tensor_files(self.folder)
+        found = read_shapes(files)
+        problems = mismatches(self.published_shapes(backbone), found)
+        if problems:
+            raise ConfigError(
+                f"{self.folder} does not fit the architecture its config.json names: " + "; ".join(problems)
+            )
+        ours = self.layout.from_published(read_tensors(files, torch.float32))
+        parts = {"backbone.": backbone, "vision.": self.vision, "projector.": self.projector}
+        for prefix, module in parts.items():
+            module.load_state_dict(
+                {name.removeprefix(prefix): t for name, t in ours.items() if name.startswith(prefix)},
+                strict=True,
+                assign=True,
+            )
+
+    def published_shapes(self, backbone: nn.Module | None = None) -> dict[str, tuple[int, ...]]:
+        """Every tensor name and shape of this architecture in the published layout."""
+        backbone = self.backbone if backbone is None else backbone
+        ours = {f"backbone.{n}": t for n, t in _plain(backbone).state_dict().items()}
+        ours.update({f"vision.{n}": t for n, t in self.vision.state_dict().items()})
+        ours.update({f"projector.{n}": t for n, t in self.projector.state_dict().items()})
+        meta = {name: torch.empty(t.shape, device="meta") for name, t in ours.items()}
+        meta = {n: t for n, t in meta.items() if "position_embeddings" not in n}  # filled below
+        for name, tensor in ours.items():
+            if "position_embeddings" in name:
+                meta[name] = torch.zeros(tensor.shape)  # the class token's zero position
+        return {name: tuple(t.shape) for name, t in self.layout.to_published(meta).items()}
+
+    def _action_tokenizer(self) -> ActionTokenizer:
+        text_vocab = self.backbone.config.get_text_config().vocab_size
+        vocab = text_vocab - self.pad_to_multiple  # action ids end where the tokenizer's vocabulary ends
+        if not self.statistics:
+            return ActionTokenizer(vocab, np.array(self.spec.action_low), np.array(self.spec.action_high))
+        action = self.statistics["action"]
+        q01, q99 = as_numpy(action["q01"]), as_numpy(action["q99"])
+        mask = np.asarray(action.get("mask", [True] * len(q01)), dtype=bool)
+        if len(q01) != self.spec.action_dim:
+            raise ConfigError(
+                f"{self.statistics_source} has {len(q01)}-dimensional actions; the env's are {self.spec.action_dim}"
+            )
+        return ActionTokenizer(vocab, q01, q99, exempt=[int(i) for i in np.flatnonzero(~mask)])
+
+    def _proprio_bounds(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """OFT normalises the state by the dataset's proprio q01/q99; random weights use the
+        running normaliser instead (None)."""
+        if not self.statistics:
+            return None
+        proprio = self.statistics.get("proprio", {})
+        if "q01" not in proprio or "q99" not in proprio:
+            raise ConfigError(f"policy.proprio=true: {self.statistics_source} has no proprio q01/q99")
+        q01, q99 = torch.tensor(proprio["q01"], dtype=torch.float32), torch.tensor(proprio["q99"], dtype=torch.float32)
+        if len(q01) != self.spec.state_dim:
+            raise ConfigError(
+                f"{self.statistics_source} has a {len(q01)}-dimensional proprio; "
+                f"the env's state has {self.spec.state_dim}"
+            )
+        return q01, q99
+
+    def _load_oft_modules(self) -> None:
+        """OFT's action head and proprio projector from their `.pt` files, where used."""
+        for wanted, stem, module in (
+            (self.action_head is not None, "action_head", self.action_head),
+            (self.proprio_projector is not None, "proprio_projector", self.proprio_projector),
+        ):
+            if not wanted:
+                continue
+            file = latest_file(self.folder, stem)
+            if file is None:
+                raise ConfigError(f"{self.folder} has no {stem}--<step>_checkpoint.pt for policy.{stem}")
+            expected = {n: tuple(t.shape) for n, t in module.state_dict().items()}
+            if stem == "action_head":
+                expected = {f"model.{n}": s for n, s in expected.items()}
+            tensors = read_torch_module(file, expected)
+            module.load_state_dict(
+                {n.removeprefix("model.") if stem == "action_head" else n: t.float() for n, t in tensors.items()}
+            )
+
+    def _image_tokens(self) -> None:
+        if self.cfg.cameras:
+            unknown = [name for name in self.cfg.cameras if name not in self.spec.image_shapes]
+            if unknown:
+                raise ConfigError(f"policy.cameras {unknown} are not the env's ({sorted(self.spec.image_shapes)})")
+            self.cameras = list(self.cfg.cameras)
+        if not self.cameras:
+            raise ConfigError("policy=openvla reads camera images: use an env with cameras (e.g. env.obs_mode=rgb)")
+        return None  # the prefix assembles patches itself (`_prefix`)
+
+    def _prefix_is_instruction_only(self) -> bool:
+        return False
+
+    def pretrained_frozen(self) -> tuple[str, list[str]] | None:
+        if self.folder is None:
+            return None
+        names = [n for n in self.frozen_parameter_names() if not n.startswith(("action_queries", "state_embedding"))]
+        return (str(self.folder), names) if names else None
+
+    def fsdp_units(self) -> list[nn.Module]:
+        return [
+            self.vision.featurizer,
+            *([self.vision.fused_featurizer] if self.vision.fused_featurizer else []),
+            self.projector,
+            _plain(self.backbone).model.embed_tokens,
+            *_plain(self.backbone).model.layers,
+        ]
+
+    # ---- the prefix ---------------------------------------------------------------------------
+    def _patches(self, observation: Observation) -> torch.Tensor:
+        device = self.action_queries.device
+        tokens = []
+        for name in self.cameras:
+            frames = observation.images[name]
+            features = self.vision(self.pixels(torch.as_tensor(frames).to(device)))
+            tokens.append(self.projector(features))
+        return torch.cat(tokens, 1)
+
+    def _prefix(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
+        """[pads, BOS, patches, (proprio), prompt] (B, L, width) and its mask: the patches go
+        right after each row's BOS, so every row's content is contiguous at the end."""
+        texts = observation.instruction or [""] * observation.state.shape[0]
+        ids, mask = self.instructions(texts, self.cfg.max_instruction_tokens)
+        device = self.action_queries.device
+        ids, mask = ids.to(device), mask.to(device)
+        inserted = self._patches(observation)
+        if self.proprio_projector is not None:
+            inserted = torch.cat([inserted, self.proprio_projector(self._proprio(observation))[:, None]], 1)
+        tokens = self._token_embeddings()(ids)
+        length, count = ids.shape[1], inserted.shape[1]
+        bos = (length - mask.sum(1))[:, None]  # each row's BOS position
+        target = torch.arange(length + count, device=device)[None]
+        source = torch.where(
+            target <= bos, target, torch.where(target <= bos + count, length + target - bos - 1, target - count)
+        )
+        combined = torch.cat([tokens, inserted.to(tokens.dtype)], 1)
+        embeddings = combined.gather(1, source[..., None].expand(-1, -1, combined.shape[-1]))
+        return embeddings, (target >= bos).long()
+
+    def _proprio(self, observation: Observation) -> torch.Tensor:
+        state = observation.state.to(self.action_queries.device, torch.float32)
+        if self.proprio_bounds is None:
+            return self._state(observation)
+        q01, q99 = (b.to(state.device) for b in self.proprio_bounds)
+        return torch.clamp(2 * (state - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)
+
+    # ---- decoding -----------------------------------------------------------------------------
+    def _parallel_pass(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """OFT's one pass: [prefix, P zero embeddings, EOS] with bidirectional attention.
+        Returns the action logits (B, P, 256), the hidden states read for the P positions
+        (B, P, width) and the hidden state of the last prompt position (B, width)."""
+        with self._autocast():
+            prefix, mask = self._prefix(observation)
+            batch, length, width = prefix.shape
+            eos = self.backbone.config.get_text_config().eos_token_id
+            eos = eos[0] if isinstance(eos, list) else (2 if eos is None else eos)
+            tail = self._token_embeddings()(torch.full((batch, 1), eos, device=prefix.device))
+            embeddings = torch.cat(
+                [prefix.float(), prefix.new_zeros(batch, self.positions, width).float(), tail.float()], 1
+            )
+            full = torch.cat([mask, mask.new_ones(batch, self.positions + 1)], 1).bool()
+            attention = full[:, None, None, :].expand(-1, 1, full.shape[1], -1)
+            out = self.backbone(
+                inputs_embeds=embeddings,
+                attention_mask=attention,
+                output_hidden_states=True,
+                logits_to_keep=self.positions + 2,
+            )
+        hidden = out.hidden_states[-1][:, length - 1 : length - 1 + self.positions].float()
+        return self._action_logits(out.logits[:, : self.positions]), hidden, hidden[:, 0]
+
+    def _score(self, observation: Observation, bins: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cfg.decoder != "parallel":
+            return super()._score(observation, bins)
+        logits, _, last = self._parallel_pass(observation)
+        return self._action_log_probs(logits), self._value(last, observation)
+
+    def value(self, observation: Observation) -> torch.Tensor:
+        if self.cfg.decoder != "parallel":
+            return super().value(observation)
+        return self._value(self._parallel_pass(observation)[2], observation)
+
+    def _gaussian(self, observation: Observation) -> tuple[torch.distributions.Normal, torch.Tensor]:
+        """action_head=l1: the Gaussian over normalised chunks (B, C, A) and the value."""
+        _, hidden, last = self._parallel_pass(observation)
+        steps = hidden.reshape(hidden.shape[0], self.chunk_size, -1)  # (B, C, A x width)
+        mean = self.action_head(steps)
+        return torch.distributions.Normal(mean, self.action_log_std.exp().expand_as(mean)), self._value(
+            last, observation
+        )
+
+    def act(
+        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+    ) -> ActionChunk:
+        if self.action_head is None:
+            chunk = super().act(observation, deterministic, generator)
+            chunk.actions = self._within_env_bounds(chunk.actions)
+            return chunk
+        distribution, value = self._gaussian(observation)
+        if deterministic:
+            sample = distribution.mean
+        else:
+            noise = torch.randn(distribution.mean.shape, generator=generator, device="cpu").to(distribution.mean.device)
+            sample = distribution.mean + distribution.stddev * noise
+        log_prob = distribution.log_prob(sample).sum((-1, -2))
+        normalized = sample.detach().clamp(-1, 1).cpu().numpy()
+        actions = torch.as_tensor(self.actions.unnormalize(normalized), dtype=torch.float32)
+        return ActionChunk(
+            actions=self._within_env_bounds(actions).to(value.device),
+            log_prob=log_prob,
+            value=value,
+            record={"normalized_actions": sample.detach()},
+        )
+
+    def _within_env_bounds(self, actions: torch.Tensor) -> torch.Tensor:
+        low = torch.tensor(self.spec.action_low, dtype=actions.dtype, device=actions.device)
+        high = torch.tensor(self.spec.action_high, dtype=actions.dtype, device=actions.device)
+        return torch.maximum(torch.minimum(actions, high), low)  # as the env executes it
+
+    def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
+        if self.action_head is None:
+            return super().recompute(observation, chunk)
+        distribution, value = self._gaussian(observation)
+        sample = chunk.record["normalized_actions"].to(distribution.mean.device)
+        return Recomputed(
+            log_prob=distribution.log_prob(sample).sum((-1, -2)),
+            entropy=distribution.entropy().sum((-1, -2)),
+            value=value,
+        )
+
+    def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        if self.action_head is None:
+            return super().bc_loss(observation, actions)
+        # OFT's L1 loss on the normalised chunk
+        target = self.actions.normalize(actions.reshape(actions.shape[0], self.chunk_size, -1).cpu().numpy())
+        distribution, _ = self._gaussian(observation)
+        return (
+            (distribution.mean - torch.as_tensor(target, dtype=torch.float32, device=distribution.mean.device))
+            .abs()
+            .mean()
+        )
+
+    # ---- the published layout ---------------------------------------------------------------------
+    def published_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's tensors under the published names (LoRA adapters merged in)."""
+        backbone = _plain(self.backbone)
+        if backbone is not self.backbone:  # peft: fold the adapters into a copy of the weights
+            import copy
+
+            backbone = copy.deepcopy(self.backbone).merge_and_unload()
+        ours = {f"backbone.{n}": t for n, t in backbone.state_dict().items()}
+        ours.update({f"vision.{n}": t for n, t in self.vision.state_dict().items()})
+        ours.update({f"projector.{n}": t for n, t in self.projector.state_dict().items()})
+        return self.layout.to_published(ours)
+
+    def save_published(self, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
+        """Write this model in the published layout: config.json, model.safetensors and, with
+        action statistics, dataset_statistics.json (written to a temporary name, then moved)."""
+        import json
+        import shutil
+
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        partial = folder.with_name(folder.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        tensors = {n: t.detach().to("cpu", dtype).contiguous() for n, t in self.published_state_dict().items()}
+        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        config = {k: v for k, v in self.published.items() if k != "norm_stats"}
+        (partial / "config.json").write_text(json.dumps(config, indent=2))
+        key = self.cfg.unnorm_key or "env_bounds"
+        statistics = self.statistics or {
+            "action": {
+                "q01": list(self.spec.action_low),
+                "q99": list(self.spec.action_high),
+                "mask": [True] * self.spec.action_dim,
+            }
+        }
+        (partial / "dataset_statistics.json").write_text(json.dumps({key: statistics}, indent=2))
+        if folder.exists():
+            shutil.rmtree(folder)
+        partial.rename(folder)
+        return folder
+
+
+def _plain(backbone: nn.Module) -> nn.Module:
+    """The Llama under a peft wrapper (the module itself without one)."""
+    return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _random_config(cfg: OpenVLAConfig) -> dict:
+    """A published-style config.json for random weights at `cfg.variant`'s size."""
+    if cfg.variant == "7b":
+        text, towers = dict(PUBLISHED_TEXT), PUBLISHED_TOWERS
+    else:
+        if cfg.vocab_size < 259 + NUM_BINS:
+            raise ConfigError(
+                f"policy.vocab_size must hold 259 byte ids and {NUM_BINS} action ids, got {cfg.vocab_size}"
+            )
+        text = {
+            "vocab_size": cfg.vocab_size + PAD_TO_MULTIPLE,
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": 2 * cfg.hidden_size,
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_heads,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 2048,
+            "pad_token_id": cfg.vocab_size,
+        }
+        towers = TINY_TOWERS
+    return {
+        "model_type": "openvla",
+        "prompt_tokenizer": "bytes",
+        "arch_specifier": "no-align+fused-gelu-mlp",
+        "use_fused_vision_backbone": True,
+        "timm_model_ids": list(towers),
+        "image_sizes": [tower_spec(t).image_size for t in towers],
+        "image_resize_strategy": "resize-naive",
+        "n_action_bins": NUM_BINS,
+        "pad_to_multiple_of": PAD_TO_MULTIPLE,
+        "text_config": text,
+    }
+
+
+@POLICIES.register("openvla", OpenVLAConfig)
+def make_openvla(cfg: OpenVLAConfig, spec: EnvSpec) -> OpenVLAPolicy:
+    return OpenVLAPolicy(cfg, spec)

@@ -1,0 +1,459 @@
+"""OpenVLA / OpenVLA-OFT (policy=openvla) at tiny widths with the published key names, CPU."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from embodied.core.errors import ConfigError
+from embodied.core.types import EnvSpec, Observation
+from embodied.policies.action_tokens import ActionTokenizer
+from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy, OpenVLAPrompt
+from embodied.policies.openvla_checkpoint import read_statistics
+from embodied.policies.prismatic import ImagePixels, tower_spec
+from embodied.runtime.wire import published_weights
+
+HERE = Path(__file__).parent
+SPEC = EnvSpec(
+    state_dim=5,
+    action_dim=3,
+    action_low=(-1.0, -2.0, 0.0),
+    action_high=(1.0, 2.0, 1.0),
+    image_shapes={"image": (40, 48, 3), "wrist": (40, 48, 3)},
+)
+FLOAT32 = dict(precision="float32", lora_rank=0)
+
+
+def observation(batch=3, seed=0) -> Observation:
+    g = torch.Generator().manual_seed(seed)
+    images = {
+        name: torch.randint(0, 256, (batch, 40, 48, 3), generator=g, dtype=torch.uint8) for name in ("image", "wrist")
+    }
+    texts = ["Push the cube", "lift it up high please", ""][:batch]
+    return Observation(state=torch.randn(batch, 5, generator=g), images=images, instruction=texts)
+
+
+def tiny(**overrides) -> OpenVLAPolicy:
+    torch.manual_seed(0)
+    return OpenVLAPolicy(OpenVLAConfig(**{**FLOAT32, **overrides}), SPEC)
+
+
+def published_patterns(shapes: dict) -> set[str]:
+    return {re.sub(r"\.(\d+)\.", ".{i}.", name) for name in shapes}
+
+
+def test_the_7b_architecture_builds_exactly_the_published_tensors():
+    expected = {}
+    for line in (HERE / "openvla_7b_tensors.txt").read_text().splitlines():
+        if line.startswith("#"):
+            continue
+        pattern, shape, count = line.split()
+        for index in range(int(count)):
+            expected[pattern.replace("{i}", str(index))] = tuple(int(d) for d in shape.split("x"))
+    spec = EnvSpec(
+        state_dim=8, action_dim=7, action_low=(-1.0,) * 7, action_high=(1.0,) * 7, image_shapes={"image": (224, 224, 3)}
+    )
+    with torch.device("meta"):  # 7.5 B parameters: shapes only
+        policy = OpenVLAPolicy(OpenVLAConfig(variant="7b", **FLOAT32), spec)
+    assert policy.published_shapes() == expected
+    assert len(expected) == 982
+
+
+def test_a_tiny_model_names_every_published_tensor_and_round_trips_bit_exactly(tmp_path):
+    listed = {
+        line.split()[0]
+        for line in (HERE / "openvla_7b_tensors.txt").read_text().splitlines()
+        if not line.startswith("#")
+    }
+    policy = tiny()
+    with torch.no_grad():  # LayerScale and position embeddings away from their initial values
+        for p in policy.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+        policy.vision.featurizer.model.embeddings.position_embeddings[:, 0] = 0
+    assert published_patterns(policy.published_shapes()) == listed
+    folder = policy.save_published(tmp_path / "openvla", dtype=torch.float32)
+    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), unnorm_key="env_bounds", **FLOAT32), SPEC)
+    theirs, ours = loaded.published_state_dict(), policy.published_state_dict()
+    assert set(theirs) == set(ours)
+    for name in ours:
+        assert torch.equal(theirs[name], ours[name]), name
+    mine = policy.state_dict()
+    for name, value in loaded.state_dict().items():
+        if name.startswith(("backbone.", "vision.", "projector.")) and not name.endswith("mask_token"):
+            assert torch.equal(value, mine[name]), name
+    obs = observation()
+    torch.testing.assert_close(
+        loaded.act(obs, deterministic=True).actions, policy.act(obs, deterministic=True).actions, rtol=0, atol=0
+    )
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_with_what_is_missing_left_over_or_misshapen(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = tiny().save_published(tmp_path / "openvla", dtype=torch.float32)
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["vision_backbone.featurizer.blocks.1.ls1.scale_factor"]
+    tensors["vision_backbone.featurizer.blocks.1.ls1.gamma"] = torch.ones(32)
+    tensors["projector.fc3.weight"] = torch.zeros(3, 3)
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(ConfigError) as error:
+        OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), unnorm_key="env_bounds", **FLOAT32), SPEC)
+    message = str(error.value)
+    assert "missing: vision_backbone.featurizer.blocks.1.ls1.scale_factor" in message
+    assert "left over: vision_backbone.featurizer.blocks.1.ls1.gamma" in message
+    assert "of another shape: projector.fc3.weight (3, 3)" in message
+
+
+def _layer_norm(x, tensors, name):
+    return torch.nn.functional.layer_norm(x, x.shape[-1:], tensors[name + ".weight"], tensors[name + ".bias"], 1e-6)
+
+
+def timm_vit(tensors: dict, prefix: str, pixels: torch.Tensor, family: str) -> torch.Tensor:
+    """A timm ViT written out from its published tensors in float64: patch embedding, position
+    embedding (DINOv2: patches only, then class and register tokens in front), blocks up to
+    the second-to-last, prefix tokens dropped."""
+    t = {k.removeprefix(prefix): v.double() for k, v in tensors.items() if k.startswith(prefix)}
+    spec = tower_spec("tiny_dinov2_reg4" if family == "dinov2" else "tiny_siglip")
+    x = torch.nn.functional.conv2d(pixels, t["patch_embed.proj.weight"], t["patch_embed.proj.bias"], stride=spec.patch)
+    x = x.flatten(2).transpose(1, 2) + t["pos_embed"]
+    if family == "dinov2":
+        x = torch.cat([t["cls_token"].expand(len(x), -1, -1), t["reg_token"].expand(len(x), -1, -1), x], 1)
+    heads, width = spec.heads, spec.width
+    for i in range(spec.depth - 1):
+        b = f"blocks.{i}."
+        y = _layer_norm(x, t, b + "norm1")
+        q, k, v = (y @ t[b + "attn.qkv.weight"].T + t[b + "attn.qkv.bias"]).chunk(3, -1)
+        q, k, v = (z.reshape(len(x), -1, heads, width // heads).transpose(1, 2) for z in (q, k, v))
+        attention = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(width // heads), -1) @ v
+        attention = (
+            attention.transpose(1, 2).reshape(len(x), -1, width) @ t[b + "attn.proj.weight"].T + t[b + "attn.proj.bias"]
+        )
+        x = x + (attention * t[b + "ls1.scale_factor"] if family == "dinov2" else attention)
+        y = _layer_norm(x, t, b + "norm2")
+        y = torch.nn.functional.gelu(y @ t[b + "mlp.fc1.weight"].T + t[b + "mlp.fc1.bias"])
+        y = y @ t[b + "mlp.fc2.weight"].T + t[b + "mlp.fc2.bias"]
+        x = x + (y * t[b + "ls2.scale_factor"] if family == "dinov2" else y)
+    return x[:, 1 + spec.registers :] if family == "dinov2" else x
+
+
+def test_the_fused_towers_equal_timm_towers_written_out_in_float64_at_the_second_to_last_block():
+    policy = tiny()
+    with torch.no_grad():
+        for p in policy.vision.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        policy.vision.featurizer.model.embeddings.position_embeddings[:, 0] = 0
+    tensors = policy.published_state_dict()
+    pixels = torch.randn(2, 6, 56, 56, dtype=torch.float64)
+    expected = torch.cat(
+        [
+            timm_vit(tensors, "vision_backbone.featurizer.", pixels[:, :3], "dinov2"),
+            timm_vit(tensors, "vision_backbone.fused_featurizer.", pixels[:, 3:], "siglip"),
+        ],
+        -1,
+    )
+    found = policy.vision.double()(pixels)
+    assert found.shape == (2, 16, 32 + 48)
+    torch.testing.assert_close(found, expected, rtol=0, atol=1e-10)
+
+
+def test_patches_follow_each_rows_bos_and_padded_rows_score_as_they_do_alone():
+    policy = tiny()
+    obs = observation()
+    prefix, mask = policy._prefix(obs)
+    ids, _ = policy.instructions(obs.instruction, 256)
+    patches = policy._patches(obs)
+    embed = policy._token_embeddings()
+    for row in range(3):
+        tokens = policy.instructions.rows([obs.instruction[row]])[0]
+        alone = torch.cat([embed(torch.tensor(tokens[:1])), patches[row], embed(torch.tensor(tokens[1:]))])
+        content = mask[row].bool()
+        torch.testing.assert_close(prefix[row, content], alone, rtol=0, atol=0)
+        with torch.no_grad():
+            logits = policy.backbone(inputs_embeds=alone[None]).logits[0, -1]
+            batched = policy.backbone(inputs_embeds=prefix, attention_mask=mask).logits[row, -1]
+        torch.testing.assert_close(batched, logits, rtol=0, atol=2e-5)
+
+
+def test_action_tokens_decode_by_the_published_rule_in_float64():
+    q01, q99 = np.array([-0.03, -0.5, 0.1, 0.0]), np.array([0.04, 0.7, 0.3, 1.0])
+    mask = np.array([True, True, True, False])
+    tokenizer = ActionTokenizer(32000, q01, q99, exempt=[3])
+    tokens = np.arange(31744, 32000)[:, None].repeat(4, 1)
+    centres = (np.linspace(-1, 1, 256)[:-1] + np.linspace(-1, 1, 256)[1:]) / 2
+    normalized = centres[np.clip(32000 - tokens - 1, 0, 254)]
+    expected = np.where(mask, 0.5 * (normalized + 1) * (q99 - q01) + q01, normalized)
+    np.testing.assert_array_equal(tokenizer.decode(tokens), expected)
+
+
+def test_the_prompt_and_the_image_processing_are_the_published_ones(tmp_path):
+    from PIL import Image
+
+    prompt = OpenVLAPrompt.bytes()
+    row = prompt.rows(["Put The Bowl on the plate"])[0]
+    text = "In: What action should the robot take to put the bowl on the plate?\nOut:"
+    assert row == [257, *[b + 1 for b in text.encode()], 258]  # BOS, the prompt, then "▁"
+    # the published processor: PIL bicubic to 224, to [0, 1], (x - mean) / std per tower; its
+    # stored DINOv2 constants are rounded to bfloat16 and are what it applies
+    dino = {"mean": [0.484375, 0.455078125, 0.40625], "std": [0.228515625, 0.2236328125, 0.224609375]}
+    siglip = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
+    frame = np.random.default_rng(0).integers(0, 256, (128, 160, 3), dtype=np.uint8)
+    resized = np.asarray(Image.fromarray(frame).resize((224, 224), Image.BICUBIC), dtype=np.float64) / 255
+    expected = np.concatenate(
+        [((resized - np.array(p["mean"])) / np.array(p["std"])).transpose(2, 0, 1) for p in (dino, siglip)]
+    )
+    specs = [tower_spec("vit_large_patch14_reg4_dinov2.lvd142m"), tower_spec("vit_so400m_patch14_siglip_224")]
+    pixels = ImagePixels(specs, normalization=[(dino["mean"], dino["std"]), (siglip["mean"], siglip["std"])])
+    found = pixels(torch.as_tensor(frame)[None])[0].double().numpy()
+    assert found.shape == (6, 224, 224)
+    # torch's antialiased bicubic on 8-bit pixels against PIL's: one level apart on few pixels
+    levels = np.abs(found[3:] - expected[3:]) * 0.5 * 255
+    assert levels.max() <= 1.001 and np.mean(levels > 0.5) < 0.01
+    np.testing.assert_allclose(found[:3], expected[:3], rtol=0, atol=1.001 / 255 / 0.2236328125)
+    # a checkpoint folder's preprocessor_config.json is where the constants come from
+    policy = tiny()
+    folder = policy.save_published(tmp_path / "openvla", dtype=torch.float32)
+    (folder / "preprocessor_config.json").write_text(json.dumps({"tvf_normalize_params": [dino, siglip]}))
+    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), unnorm_key="env_bounds", **FLOAT32), SPEC)
+    torch.testing.assert_close(loaded.pixels.mean.flatten()[:3], torch.tensor(dino["mean"]))
+
+
+def test_statistics_come_from_the_checkpoint_by_unnorm_key_and_their_absence_is_refused(tmp_path):
+    action = {"q01": [-0.5, -1.0, 0.0], "q99": [0.5, 1.0, 1.0], "mask": [True, True, False]}
+    config = {"norm_stats": {"bridge_orig": {"action": action}, "libero_goal_no_noops": {"action": action}}}
+    with pytest.raises(ConfigError, match=r"policy.unnorm_key=<one of \['bridge_orig', 'libero_goal_no_noops'\]>"):
+        read_statistics(tmp_path, config, "")
+    stats, source = read_statistics(tmp_path, config, "libero_goal")
+    assert source == "config.json norm_stats[libero_goal_no_noops]" and stats["action"] == action
+    with pytest.raises(ConfigError, match="no normalisation statistics"):
+        read_statistics(tmp_path, {}, "")
+    with pytest.raises(ConfigError, match=r"lacks \['q99'\]"):
+        read_statistics(tmp_path, {"norm_stats": {"x": {"action": {"q01": [0.0]}}}}, "")
+    # a saved model's statistics unnormalise its actions; the mask leaves the gripper as it is
+    folder = tiny().save_published(tmp_path / "openvla", dtype=torch.float32)
+    (folder / "dataset_statistics.json").write_text(json.dumps({"bridge_orig": {"action": action}}))
+    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), SPEC)
+    assert loaded.actions.exempt == [2] and list(loaded.actions.q99) == [0.5, 1.0, 1.0]
+    wrong = EnvSpec(
+        state_dim=5, action_dim=7, action_low=(-1.0,) * 7, action_high=(1.0,) * 7, image_shapes=SPEC.image_shapes
+    )
+    with pytest.raises(ConfigError, match="3-dimensional actions; the env's are 7"):
+        OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), wrong)
+
+
+@pytest.mark.parametrize("decoder", ["causal", "parallel"])
+def test_sampled_log_probs_and_values_equal_the_training_recomputation(decoder):
+    policy = tiny(decoder=decoder, chunk_size=2, temperature=1.6)
+    obs = observation()
+    chunk = policy.act(obs, generator=torch.Generator().manual_seed(1))
+    recomputed = policy.recompute(obs, chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob, rtol=0, atol=1e-5)
+    torch.testing.assert_close(recomputed.value, chunk.value, rtol=0, atol=1e-5)
+    assert chunk.actions.shape == (3, 2, 3) and chunk.record["action_tokens"].shape == (3, 6)
+    low, high = torch.tensor(SPEC.action_low), torch.tensor(SPEC.action_high)
+    assert ((chunk.actions >= low) & (chunk.actions <= high)).all()
+
+
+def test_the_parallel_decoder_is_one_bidirectional_pass_read_one_position_early():
+    policy = tiny(decoder="parallel", chunk_size=2)
+    obs = observation(batch=1)
+    logits, hidden, _ = policy._parallel_pass(obs)
+    prefix, _ = policy._prefix(obs)
+    zeros = torch.zeros(1, policy.positions, prefix.shape[-1])
+    eos = policy._token_embeddings()(torch.tensor([[2]]))
+    sequence = torch.cat([prefix, zeros, eos], 1)
+    full = torch.ones(1, 1, sequence.shape[1], sequence.shape[1], dtype=torch.bool)
+    with torch.no_grad():
+        out = policy.backbone(inputs_embeds=sequence, attention_mask=full, output_hidden_states=True)
+        causal = policy.backbone(inputs_embeds=sequence, output_hidden_states=True)
+    start = prefix.shape[1] - 1  # the last prompt position reads the first action
+    expected = out.hidden_states[-1][:, start : start + policy.positions]
+    torch.testing.assert_close(hidden, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(logits, out.logits[:, start : start + policy.positions, 384:640], rtol=0, atol=1e-5)
+    assert (causal.hidden_states[-1][:, start] - expected[:, 0]).abs().max() > 1e-3  # the placeholders are seen
+
+
+def test_oft_heads_load_from_their_files_and_the_l1_gaussian_recomputes(tmp_path):
+    policy = tiny(decoder="parallel", action_head="l1", proprio=True, chunk_size=2)
+    folder = policy.save_published(tmp_path / "oft", dtype=torch.float32)
+    stats = json.loads((folder / "dataset_statistics.json").read_text())
+    stats["env_bounds"]["proprio"] = {"q01": [-1.0] * 5, "q99": [1.0] * 5}
+    (folder / "dataset_statistics.json").write_text(json.dumps(stats))
+    head = {f"module.model.{n}": torch.randn_like(t) for n, t in policy.action_head.state_dict().items()}
+    proprio = {f"module.{n}": torch.randn_like(t) for n, t in policy.proprio_projector.state_dict().items()}
+    torch.save(head, folder / "action_head--100_checkpoint.pt")
+    torch.save({n: t * 0 for n, t in head.items()}, folder / "action_head--50_checkpoint.pt")  # older: not read
+    torch.save(proprio, folder / "proprio_projector--100_checkpoint.pt")
+    loaded = OpenVLAPolicy(
+        OpenVLAConfig(
+            pretrained=str(folder), decoder="parallel", action_head="l1", proprio=True, chunk_size=2, **FLOAT32
+        ),
+        SPEC,
+    )
+    torch.testing.assert_close(loaded.action_head.fc1.weight, head["module.model.fc1.weight"])
+    torch.testing.assert_close(loaded.proprio_projector.fc2.bias, proprio["module.fc2.bias"])
+    obs = observation()
+    chunk = loaded.act(obs, generator=torch.Generator().manual_seed(0))
+    recomputed = loaded.recompute(obs, chunk)
+    torch.testing.assert_close(recomputed.log_prob, chunk.log_prob, rtol=0, atol=1e-4)
+    assert chunk.actions.shape == (3, 2, 3)
+    # the deterministic chunk is the head's regression, unnormalised by the bounds
+    mean = loaded._gaussian(obs)[0].mean.clamp(-1, 1).detach().numpy()
+    expected = loaded.actions.unnormalize(mean)
+    expected = np.clip(expected, np.array(SPEC.action_low), np.array(SPEC.action_high))
+    np.testing.assert_allclose(loaded.act(obs, deterministic=True).actions.numpy(), expected, rtol=0, atol=1e-6)
+
+
+def test_lora_trains_and_publishes_only_adapters_and_heads():
+    policy = tiny(lora_rank=4)
+    trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in name or name.startswith("value_head") for name in trainable)
+    assert any("mlp.down_proj.lora_A" in name for name in trainable)  # every linear layer of the LM
+    sent = published_weights(policy)
+    assert {n for n in sent if n in dict(policy.named_parameters())} == trainable
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    loss = policy.bc_loss(observation(), torch.zeros(3, 1, 3))
+    loss.backward()
+    optimizer.step()
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and changed <= trainable
+
+
+def test_bad_settings_are_refused_by_name(tmp_path):
+    with pytest.raises(ConfigError, match="policy.action_head=l1 reads every action position at once"):
+        tiny(action_head="l1")
+    with pytest.raises(ConfigError, match="policy.cameras"):
+        tiny(cameras=["side"])
+    with pytest.raises(ConfigError, match="has no config.json"):
+        tiny(pretrained=str(tmp_path))
+    with pytest.raises(ConfigError, match="exceeds policy.max_instruction_tokens=20"):
+        tiny(max_instruction_tokens=20).act(observation())
+    folder = tiny().save_published(tmp_path / "openvla", dtype=torch.float32)
+    with pytest.raises(ConfigError, match="no action_head--<step>_checkpoint.pt"):
+        tiny(pretrained=str(folder), decoder="parallel", action_head="l1")
+
+
+def embodied(*args: str):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run(
+        [sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True, cwd=root, timeout=600
+    )
+
+
+def test_one_grpo_iteration_on_maniskill_cameras_with_lora(tmp_path):
+    run_dir = tmp_path / "run"
+    result = embodied(
+        "train",
+        "policy=openvla",
+        "policy.precision=float32",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.num_minibatches=2",
+        "algo.outcome=return",
+        "algo.success_band=[0.0,1.0]",
+        "total_env_steps=100",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["grpo/informative_groups"] == 1 and np.isfinite(update["loss/policy_loss"])
+    assert update["loss/grad_norm"] > 0
+
+
+LIBERO = ("env=libero_spatial", "env.num_workers=1", "env.settle_steps=0", "env.max_episode_steps=6")
+
+
+@pytest.fixture(scope="module")
+def libero_checkpoint(tmp_path_factory) -> Path:
+    """A tiny OpenVLA saved in the published layout with LIBERO's action statistics (the
+    gripper unmasked), as an OpenVLA LIBERO fine-tune ships them."""
+    spec = EnvSpec(
+        state_dim=8,
+        action_dim=7,
+        action_low=(-1.0,) * 7,
+        action_high=(1.0,) * 7,
+        image_shapes={"agentview": (128, 128, 3)},
+    )
+    torch.manual_seed(0)
+    policy = OpenVLAPolicy(OpenVLAConfig(**FLOAT32), spec)
+    folder = policy.save_published(tmp_path_factory.mktemp("published") / "openvla_libero")
+    action = {"q01": [-0.7] * 6 + [-1.0], "q99": [0.9] * 6 + [1.0], "mask": [True] * 6 + [False]}
+    (folder / "dataset_statistics.json").write_text(json.dumps({"libero_spatial_no_noops": {"action": action}}))
+    return folder
+
+
+def test_a_published_checkpoint_evaluates_on_libero_in_one_command(libero_checkpoint, tmp_path):
+    result = embodied(
+        "eval",
+        "policy=openvla",
+        f"policy.pretrained={libero_checkpoint}",
+        "policy.unnorm_key=libero_spatial",
+        "suite=libero_spatial",
+        "task_ids=[0]",
+        "trials=1",
+        *LIBERO,
+        f"output={tmp_path / 'eval'}",
+        "progress_bar=false",
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    trials = [json.loads(line) for line in (tmp_path / "eval" / "episodes.jsonl").read_text().splitlines()]
+    assert [(t["task"], t["length"]) for t in trials] == [("libero_spatial/0", 6)]
+
+
+def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what_lora_trains(
+    libero_checkpoint, tmp_path
+):
+    from safetensors import safe_open
+
+    from embodied.checkpoint import load_checkpoint
+
+    run_dir = tmp_path / "run"
+    result = embodied(
+        "train",
+        "policy=openvla",
+        f"policy.pretrained={libero_checkpoint}",
+        "policy.unnorm_key=libero_spatial",
+        "policy.decoder=parallel",
+        "policy.chunk_size=2",
+        "policy.lora_rank=4",
+        "policy.precision=float32",
+        *LIBERO,
+        "env.num_envs=2",
+        "algo=ppo",
+        "algo.rollout_steps=3",
+        "algo.num_minibatches=1",
+        "total_env_steps=12",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["env_steps"] == 12 and np.isfinite(update["loss/policy_loss"])
+    checkpoint = next((run_dir / "checkpoints").glob("iter_*"))
+    with safe_open(str(checkpoint / "weights.safetensors"), "pt") as saved:
+        names = set(saved.keys())
+    assert any("lora_A" in name for name in names)
+    assert not any(
+        name.startswith(("vision.", "projector.")) or name.endswith("q_proj.base_layer.weight") for name in names
+    )
+    _, state = load_checkpoint(checkpoint)
+    assert state["pretrained_frozen"]["source"] == str(libero_checkpoint)
+    # the run's checkpoint evaluates: the frozen rest comes back from the published folder
+    result = embodied("eval", f"checkpoint={run_dir}", "episodes=1", "progress_bar=false")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
