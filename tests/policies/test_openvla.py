@@ -457,3 +457,26 @@ def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what
     # the run's checkpoint evaluates: the frozen rest comes back from the published folder
     result = embodied("eval", f"checkpoint={run_dir}", "episodes=1", "progress_bar=false")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+
+
+def test_the_real_size_benchmark_runs_at_tiny_size_on_a_cpu():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "benchmarks/openvla_real_size.py", "--smoke"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    path = Path(result.stdout.strip().splitlines()[-1].removeprefix("results: "))
+    results = json.loads(path.read_text())
+    assert results["smoke"] and [row["decoder"] for row in results["runs"]] == ["causal", "parallel"]
+    assert all(
+        row["loss_finite"] and row["chunks_per_s"] > 0 and 0 < row["trainable"] < row["parameters"]
+        for row in results["runs"]
+    )
+    assert (path.parent / "openvla_real_size.md").is_file()

@@ -1,0 +1,231 @@
+"""OpenVLA-7B (`policy=openvla`) at its published architecture on a CUDA GPU, with random
+weights loaded the way a user's checkpoint is: the model is built on the GPU, saved in the
+published HF layout (bfloat16 safetensors, config.json, statistics), and loaded from that
+folder with `policy.pretrained`. With LoRA (rank 32) and bfloat16 arithmetic, it measures:
+
+- load: seconds from the folder to a model on the GPU;
+- rollout: one `act` over 64 envs (one 224 px camera, LIBERO-length instructions), chunks per
+  second, for OpenVLA's causal decoder (7 tokens) and OFT's parallel one (a chunk of 8 x 7);
+- training: one GRPO step (`recompute`, the clipped loss, backward, AdamW over the adapters)
+  on a minibatch, samples per second, and the peak GPU memory;
+- `--fsdp`: the train CLI for 2 GRPO iterations on ManiSkill (rgb) with the learner's
+  `runtime.learner_sharding` at none and at fsdp, seconds per update and the device's peak.
+
+    python benchmarks/openvla_real_size.py [--fsdp]     # on a machine with a CUDA GPU
+    python benchmarks/openvla_real_size.py --smoke      # tiny sizes on a CPU: checks the script
+
+Writes openvla_real_size.json and .md into $OUT (or a temporary folder; --smoke never writes
+to benchmarks/results)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from placement import DeviceMemory  # noqa: E402
+from plots import provenance, provenance_line  # noqa: E402
+from token_vla_real_size import timed  # noqa: E402
+
+from embodied.algos.grpo import grpo_loss  # noqa: E402
+from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
+from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy  # noqa: E402
+
+NAME = "openvla_real_size"
+INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+ACTION_DIM, LORA_RANK = 7, 32
+
+
+def spec(size: int) -> EnvSpec:
+    return EnvSpec(
+        state_dim=8,
+        action_dim=ACTION_DIM,
+        action_low=(-1.0,) * ACTION_DIM,
+        action_high=(1.0,) * ACTION_DIM,
+        image_shapes={"image": (size, size, 3)},
+    )
+
+
+def observation(batch: int, size: int) -> Observation:
+    g = torch.Generator().manual_seed(0)
+    return Observation(
+        state=torch.randn(batch, 8, generator=g),
+        images={"image": torch.randint(0, 256, (batch, size, size, 3), generator=g, dtype=torch.uint8)},
+        instruction=[INSTRUCTION] * batch,
+    )
+
+
+def save_random_checkpoint(folder: Path, variant: str, device: torch.device, size: int) -> float:
+    """The published architecture with random weights, saved in the published layout."""
+    started = time.perf_counter()
+    torch.manual_seed(0)
+    with device:
+        policy = OpenVLAPolicy(OpenVLAConfig(variant=variant, lora_rank=0, precision="float32"), spec(size))
+    policy.save_published(folder)
+    del policy
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return time.perf_counter() - started
+
+
+def measure(
+    folder: Path, decoder: str, chunk: int, batch: int, minibatch: int, runs: int, device: torch.device, size: int
+) -> dict[str, Any]:
+    started = time.perf_counter()
+    policy = OpenVLAPolicy(
+        OpenVLAConfig(
+            pretrained=str(folder), decoder=decoder, chunk_size=chunk, lora_rank=LORA_RANK, precision="bfloat16"
+        ),
+        spec(size),
+    ).to(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    load_s = time.perf_counter() - started
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-6)
+    obs = observation(batch, size).to_torch(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    policy.eval()
+
+    def act() -> Any:
+        with torch.inference_mode():
+            return policy.act(obs, generator=generator)
+
+    act_seconds, sampled = timed(act, device, runs)
+    old = sampled.record["term_log_prob"].clone()
+    tokens = sampled.record["action_tokens"].clone()
+    rows = slice(0, minibatch)
+    recorded = ActionChunk(
+        actions=sampled.actions[rows], log_prob=old[rows].sum(-1), record={"action_tokens": tokens[rows]}
+    )
+    advantages = torch.randn(minibatch, generator=torch.Generator().manual_seed(1)).to(device)
+    policy.train()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def update() -> float:
+        recomputed = policy.recompute(obs.select(rows), recorded)
+        loss = grpo_loss(recomputed.term_log_prob, old[rows], advantages, torch.ones_like(old[rows]))
+        loss.total.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.total.detach())
+
+    update_seconds, loss = timed(update, device, runs)
+    row = {
+        "decoder": decoder,
+        "chunk_size": chunk,
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        "trainable": sum(p.numel() for p in trainable),
+        "load_s": load_s,
+        "rollout_batch": batch,
+        "act_s": float(np.median(act_seconds)),
+        "chunks_per_s": batch / float(np.median(act_seconds)),
+        "minibatch": minibatch,
+        "update_s": float(np.median(update_seconds)),
+        "samples_per_s": minibatch / float(np.median(update_seconds)),
+        "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
+        "loss_finite": bool(np.isfinite(loss)),
+    }
+    policy = optimizer = None  # freed before the next model is built
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def train_cli(folder: Path, sharding: str, scratch: Path) -> dict[str, Any]:
+    """Two GRPO iterations of the train CLI on ManiSkill rgb, the learner in its own process."""
+    run_dir = scratch / f"cli_{sharding}"
+    command = [
+        sys.executable, "-m", "embodied.cli", "train", "policy=openvla", f"policy.pretrained={folder}",
+        "policy.unnorm_key=env_bounds", "env.obs_mode=rgb", "env.control_mode=pd_ee_delta_pose", "env.num_envs=16",
+        "algo=grpo", "algo.group_size=4", "algo.rollout_steps=8", "algo.success_band=[0.0,1.0]", "algo.outcome=return",
+        "runtime=procs", f"runtime.learner_sharding={sharding}", "total_env_steps=256", "eval_episodes=0",
+        "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}",
+    ]  # fmt: skip
+    with DeviceMemory() as memory:
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)
+    if result.returncode != 0:
+        return {"sharding": sharding, "error": result.stderr[-2000:]}
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [row for row in rows if "train/iteration" in row]
+    return {
+        "sharding": sharding,
+        "iterations": len(rows),
+        "seconds_per_update": (rows[-1]["train/elapsed_s"] - rows[0]["train/elapsed_s"]) / max(len(rows) - 1, 1),
+        "device_peak_gb": memory.peak_gb,
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# OpenVLA-7B at its published architecture (random weights, LoRA, bfloat16)",
+        "",
+        provenance_line(results),
+        "",
+        f"Saving the published layout: {results['save_s']:.1f} s.",
+        "",
+        "| decoder | chunk | load (s) | rollout batch | chunks/s | GRPO minibatch | samples/s | peak GPU (GB) "
+        "| trainable |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in results["runs"]:
+        peak = "n/a" if row["peak_gb"] is None else f"{row['peak_gb']:.1f}"
+        lines.append(
+            f"| {row['decoder']} | {row['chunk_size']} | {row['load_s']:.1f} | {row['rollout_batch']} | "
+            f"{row['chunks_per_s']:.2f} | {row['minibatch']} | {row['samples_per_s']:.2f} | {peak} | "
+            f"{row['trainable'] / 1e6:.1f}M of {row['parameters'] / 1e9:.2f}B |"
+        )
+    for row in results.get("cli", []):
+        lines.append("")
+        if "error" in row:
+            lines.append(f"train CLI, learner_sharding={row['sharding']}: failed: {row['error'][-300:]}")
+        else:
+            lines.append(
+                f"train CLI, learner_sharding={row['sharding']}: {row['seconds_per_update']:.1f} s per update, "
+                f"device peak {row['device_peak_gb']} GB over {row['iterations']} iterations"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    smoke = "--smoke" in args
+    cuda = torch.cuda.is_available() and not smoke
+    if not cuda and not smoke:
+        sys.exit("no CUDA GPU here: run with --smoke to check the script on small sizes")
+    device = torch.device("cuda" if cuda else "cpu")
+    variant, size, batch, minibatch, runs = ("tiny", 56, 4, 2, 1) if smoke else ("7b", 224, 64, 8, 3)
+    out = Path(tempfile.mkdtemp()) if smoke else Path(os.environ.get("OUT") or tempfile.mkdtemp())
+    results: dict[str, Any] = {
+        **provenance("openvla_real_size.py"),
+        "smoke": smoke,
+    }
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "openvla"
+        results["save_s"] = save_random_checkpoint(folder, variant, device, size)
+        results["runs"] = []
+        for decoder, chunk in (("causal", 1), ("parallel", 8)):
+            results["runs"].append(measure(folder, decoder, chunk, batch, minibatch, runs, device, size))
+            (out / f"{NAME}.json").write_text(json.dumps(results, indent=2))  # kept as it comes
+        if "--fsdp" in args:
+            results["cli"] = [train_cli(folder, sharding, Path(scratch)) for sharding in ("none", "fsdp")]
+    (out / f"{NAME}.json").write_text(json.dumps(results, indent=2))
+    (out / f"{NAME}.md").write_text(markdown(results))
+    print(markdown(results))
+    print(f"results: {out / f'{NAME}.json'}")
+
+
+if __name__ == "__main__":
+    main()
