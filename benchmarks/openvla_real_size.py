@@ -8,8 +8,9 @@ folder with `policy.pretrained`. With LoRA (rank 32) and bfloat16 arithmetic, it
   second, for OpenVLA's causal decoder (7 tokens) and OFT's parallel one (a chunk of 8 x 7);
 - training: one GRPO step (`recompute`, the clipped loss, backward, AdamW over the adapters)
   on a minibatch, samples per second, and the peak GPU memory;
-- `--fsdp`: the train CLI for 2 GRPO iterations on ManiSkill (rgb) with the learner's
-  `runtime.learner_sharding` at none and at fsdp, seconds per update and the device's peak.
+- `--fsdp`: the train CLI for 2 GRPO iterations on ManiSkill (rgb) with one learner rank
+  unsharded, then FSDP over every GPU of the machine (two or more: ranks do not share a GPU),
+  seconds per update and the devices' peak memory.
 
     python benchmarks/openvla_real_size.py [--fsdp]     # on a machine with a CUDA GPU
     python benchmarks/openvla_real_size.py --smoke      # tiny sizes on a CPU: checks the script
@@ -144,28 +145,44 @@ def measure(
     return row
 
 
-def train_cli(folder: Path, sharding: str, scratch: Path) -> dict[str, Any]:
-    """Two GRPO iterations of the train CLI on ManiSkill rgb, the learner in its own process."""
+def train_cli(folder: Path, sharding: str, ranks: int, scratch: Path) -> dict[str, Any]:
+    """Two GRPO iterations of the train CLI on ManiSkill rgb, the learner in processes of its own
+    (`ranks` of them, one GPU each)."""
     run_dir = scratch / f"cli_{sharding}"
     command = [
         sys.executable, "-m", "embodied.cli", "train", "policy=openvla", f"policy.pretrained={folder}",
-        "policy.unnorm_key=env_bounds", "env.obs_mode=rgb", "env.control_mode=pd_ee_delta_pose", "env.num_envs=16",
+        "env.obs_mode=rgb", "env.control_mode=pd_ee_delta_pose", "env.num_envs=16",
         "algo=grpo", "algo.group_size=4", "algo.rollout_steps=8", "algo.success_band=[0.0,1.0]", "algo.outcome=return",
-        "runtime=procs", f"runtime.learner_sharding={sharding}", "total_env_steps=256", "eval_episodes=0",
-        "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}",
+        "runtime=procs", f"runtime.learner_ranks={ranks}", f"runtime.learner_sharding={sharding}",
+        "total_env_steps=256", "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}",
     ]  # fmt: skip
     with DeviceMemory() as memory:
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)
     if result.returncode != 0:
-        return {"sharding": sharding, "error": result.stderr[-2000:]}
+        return {"sharding": sharding, "ranks": ranks, "error": result.stderr[-2000:]}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [row for row in rows if "train/iteration" in row]
     return {
         "sharding": sharding,
+        "ranks": ranks,
         "iterations": len(rows),
         "seconds_per_update": (rows[-1]["train/elapsed_s"] - rows[0]["train/elapsed_s"]) / max(len(rows) - 1, 1),
         "device_peak_gb": memory.peak_gb,
     }
+
+
+def sharding_runs(folder: Path, scratch: Path) -> list[dict[str, Any]]:
+    """One learner rank unsharded, then FSDP over every GPU of the machine (it needs two or more:
+    ranks do not share a GPU)."""
+    gpus = torch.cuda.device_count()
+    runs = [train_cli(folder, "replicate", 1, scratch)]
+    if gpus >= 2:
+        runs.append(train_cli(folder, "fsdp", gpus, scratch))
+    else:
+        runs.append(
+            {"sharding": "fsdp", "ranks": gpus, "error": f"not run: FSDP needs 2 or more GPUs, this machine has {gpus}"}
+        )
+    return runs
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -190,10 +207,13 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results.get("cli", []):
         lines.append("")
         if "error" in row:
-            lines.append(f"train CLI, learner_sharding={row['sharding']}: failed: {row['error'][-300:]}")
+            lines.append(
+                f"train CLI, learner_sharding={row['sharding']} over {row['ranks']} ranks: {row['error'][-300:]}"
+            )
         else:
             lines.append(
-                f"train CLI, learner_sharding={row['sharding']}: {row['seconds_per_update']:.1f} s per update, "
+                f"train CLI, learner_sharding={row['sharding']} over {row['ranks']} ranks: "
+                f"{row['seconds_per_update']:.1f} s per update, "
                 f"device peak {row['device_peak_gb']} GB over {row['iterations']} iterations"
             )
     return "\n".join(lines) + "\n"
@@ -220,7 +240,7 @@ def main() -> None:
             results["runs"].append(measure(folder, decoder, chunk, batch, minibatch, runs, device, size))
             (out / f"{NAME}.json").write_text(json.dumps(results, indent=2))  # kept as it comes
         if "--fsdp" in args:
-            results["cli"] = [train_cli(folder, sharding, Path(scratch)) for sharding in ("none", "fsdp")]
+            results["cli"] = sharding_runs(folder, Path(scratch))
     (out / f"{NAME}.json").write_text(json.dumps(results, indent=2))
     (out / f"{NAME}.md").write_text(markdown(results))
     print(markdown(results))

@@ -32,14 +32,15 @@ class ActionTokenizer:
         self.q99 = np.asarray(self.q99, dtype=np.float64)
         if self.q01.shape != self.q99.shape or self.q01.ndim != 1:
             raise ValueError(f"q01 and q99 must be vectors of one length, got {self.q01.shape} and {self.q99.shape}")
-        if np.any(self.q99 <= self.q01):
-            raise ValueError("every q99 must exceed its q01")
+        self.scaled = np.ones(self.q01.shape, dtype=bool)
+        self.scaled[list(self.exempt)] = False
+        flat = np.flatnonzero(self.scaled & (self.q99 <= self.q01))
+        if len(flat):  # an exempt dimension passes as it is: its bounds are never used
+            raise ValueError(f"every scaled dimension's q99 must exceed its q01: not dimensions {flat.tolist()}")
         if self.vocab_size <= NUM_BINS:
             raise ValueError(f"vocab_size {self.vocab_size} leaves no room for {NUM_BINS} action tokens")
         self.edges = np.linspace(-1.0, 1.0, NUM_BINS)
         self.centres = (self.edges[:-1] + self.edges[1:]) / 2.0  # 255 values
-        self.scaled = np.ones(self.q01.shape, dtype=bool)
-        self.scaled[list(self.exempt)] = False
 
     @property
     def first_token(self) -> int:

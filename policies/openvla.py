@@ -23,6 +23,7 @@ with random weights (no `pretrained`) uses the env's action bounds instead."""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from embodied.policies.token_vla import TokenPolicyConfig, TokenVLAPolicy
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 ACTION_HEADS = ("tokens", "l1")
+GRIPPERS = ("as_is", "openvla_libero")
 PUBLISHED_TOWERS = ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
 TINY_TOWERS = ["tiny_dinov2_reg4", "tiny_siglip"]
 # Llama-2 7B as the published config.json gives it (transformers' LlamaConfig defaults, with
@@ -79,6 +81,10 @@ class OpenVLAConfig(TokenPolicyConfig):
     action_head: str = "tokens"  # tokens | l1 (OFT's regression head; needs decoder=parallel)
     proprio: bool = False  # OFT: the state, normalised by the dataset's q01/q99, as one token
     action_std: float = 0.1  # action_head=l1: the Gaussian's initial std (normalised units)
+    # as_is | openvla_libero: OpenVLA's LIBERO fine-tunes emit the last dimension in [0, 1]
+    # (1 open); LIBERO takes -1 open, +1 closed: binarised and inverted, -sign(2g - 1), as
+    # OpenVLA's LIBERO evaluation does
+    gripper: str = "as_is"
     freeze_vision: bool = True  # the towers and the projector do not train
     lora_rank: int = 32
     precision: str = "bfloat16"
@@ -173,6 +179,8 @@ class OpenVLAPolicy(TokenVLAPolicy):
     def __init__(self, cfg: OpenVLAConfig, spec: EnvSpec):
         if cfg.action_head not in ACTION_HEADS:
             raise ConfigError(f"policy.action_head must be one of {ACTION_HEADS}, got '{cfg.action_head}'")
+        if cfg.gripper not in GRIPPERS:
+            raise ConfigError(f"policy.gripper must be one of {GRIPPERS}, got '{cfg.gripper}'")
         if cfg.action_head == "l1" and cfg.decoder != "parallel":
             raise ConfigError("policy.action_head=l1 reads every action position at once: use policy.decoder=parallel")
         if not cfg.pretrained and cfg.variant not in ("tiny", "7b"):
@@ -181,8 +189,8 @@ class OpenVLAPolicy(TokenVLAPolicy):
         if self.folder is not None and not self.folder.is_dir():
             raise ConfigError(f"policy.pretrained {cfg.pretrained} is not a folder")
         self.published = read_config(self.folder) if self.folder else _random_config(cfg)
-        self.statistics, self.statistics_source = (
-            read_statistics(self.folder, self.published, cfg.unnorm_key) if self.folder else ({}, "")
+        self.statistics, self.statistics_source, self.unnorm_key = (
+            read_statistics(self.folder, self.published, cfg.unnorm_key) if self.folder else ({}, "", "")
         )
         super().__init__(cfg, spec)
         width = self.backbone.config.get_text_config().hidden_size
@@ -214,7 +222,7 @@ class OpenVLAPolicy(TokenVLAPolicy):
         text = LlamaConfig(**{k: v for k, v in config.get("text_config", {}).items() if k != "model_type"})
         text.tie_word_embeddings = False
         self.pad_to_multiple = int(config.get("pad_to_multiple_of", 0))
-        build = parameters_on_meta() if self.folder else _nothing()
+        build = parameters_on_meta() if self.folder else contextlib.nullcontext()
         with build:
             backbone = LlamaForCausalLM(text)
             self.vision = VisionBackbone(self.timm_ids)
@@ -269,7 +277,11 @@ class OpenVLAPolicy(TokenVLAPolicy):
     def published_shapes(self, backbone: nn.Module | None = None) -> dict[str, tuple[int, ...]]:
         """Every tensor name and shape of this architecture in the published layout."""
         backbone = self.backbone if backbone is None else backbone
-        ours = {f"backbone.{n}": t for n, t in _plain(backbone).state_dict().items()}
+        ours = {  # with LoRA, the layers under their adapters
+            f"backbone.{n.replace('.base_layer', '')}": t
+            for n, t in _plain(backbone).state_dict().items()
+            if ".lora_" not in n
+        }
         ours.update({f"vision.{n}": t for n, t in self.vision.state_dict().items()})
         ours.update({f"projector.{n}": t for n, t in self.projector.state_dict().items()})
         meta = {name: torch.empty(t.shape, device="meta") for name, t in ours.items()}
@@ -291,7 +303,10 @@ class OpenVLAPolicy(TokenVLAPolicy):
             raise ConfigError(
                 f"{self.statistics_source} has {len(q01)}-dimensional actions; the env's are {self.spec.action_dim}"
             )
-        return ActionTokenizer(vocab, q01, q99, exempt=[int(i) for i in np.flatnonzero(~mask)])
+        try:
+            return ActionTokenizer(vocab, q01, q99, exempt=[int(i) for i in np.flatnonzero(~mask)])
+        except ValueError as error:
+            raise ConfigError(f"{self.statistics_source}: {error}") from None
 
     def _proprio_bounds(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """OFT normalises the state by the dataset's proprio q01/q99; random weights use the
@@ -328,7 +343,7 @@ class OpenVLAPolicy(TokenVLAPolicy):
                 {n.removeprefix("model.") if stem == "action_head" else n: t.float() for n, t in tensors.items()}
             )
 
-    def _image_tokens(self) -> None:
+    def _image_tokens(self) -> nn.Module | None:
         if self.cfg.cameras:
             unknown = [name for name in self.cfg.cameras if name not in self.spec.image_shapes]
             if unknown:
@@ -348,6 +363,8 @@ class OpenVLAPolicy(TokenVLAPolicy):
         return (str(self.folder), names) if names else None
 
     def fsdp_units(self) -> list[nn.Module]:
+        """Each runs through its own forward: the towers, the projector, the token embedding
+        and every decoder layer of the LM (the embedding first: it lies inside the LM)."""
         return [
             self.vision.featurizer,
             *([self.vision.fused_featurizer] if self.vision.fused_featurizer else []),
@@ -399,6 +416,11 @@ class OpenVLAPolicy(TokenVLAPolicy):
         """OFT's one pass: [prefix, P zero embeddings, EOS] with bidirectional attention.
         Returns the action logits (B, P, 256), the hidden states read for the P positions
         (B, P, width) and the hidden state of the last prompt position (B, width)."""
+        attention_kind = self.backbone.config.get_text_config()._attn_implementation
+        if attention_kind != "sdpa":  # eager adds a mask, flash attention ignores a 4D one
+            raise ConfigError(
+                f"decoder=parallel passes a boolean attention mask: it needs sdpa attention, not {attention_kind}"
+            )
         with self._autocast():
             prefix, mask = self._prefix(observation)
             batch, length, width = prefix.shape
@@ -444,25 +466,30 @@ class OpenVLAPolicy(TokenVLAPolicy):
     ) -> ActionChunk:
         if self.action_head is None:
             chunk = super().act(observation, deterministic, generator)
-            chunk.actions = self._within_env_bounds(chunk.actions)
+            chunk.actions = self._to_env(chunk.actions)
             return chunk
         distribution, value = self._gaussian(observation)
         if deterministic:
             sample = distribution.mean
         else:
-            noise = torch.randn(distribution.mean.shape, generator=generator, device="cpu").to(distribution.mean.device)
+            mean = distribution.mean
+            noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype, device=mean.device)
             sample = distribution.mean + distribution.stddev * noise
         log_prob = distribution.log_prob(sample).sum((-1, -2))
         normalized = sample.detach().clamp(-1, 1).cpu().numpy()
         actions = torch.as_tensor(self.actions.unnormalize(normalized), dtype=torch.float32)
         return ActionChunk(
-            actions=self._within_env_bounds(actions).to(value.device),
+            actions=self._to_env(actions).to(value.device),
             log_prob=log_prob,
             value=value,
             record={"normalized_actions": sample.detach()},
         )
 
-    def _within_env_bounds(self, actions: torch.Tensor) -> torch.Tensor:
+    def _to_env(self, actions: torch.Tensor) -> torch.Tensor:
+        """Actions in the dataset's units -> what the env executes: the gripper convention,
+        then the env's bounds."""
+        if self.cfg.gripper == "openvla_libero":
+            actions = torch.cat([actions[..., :-1], -torch.sign(2 * actions[..., -1:] - 1)], -1)
         low = torch.tensor(self.spec.action_low, dtype=actions.dtype, device=actions.device)
         high = torch.tensor(self.spec.action_high, dtype=actions.dtype, device=actions.device)
         return torch.maximum(torch.minimum(actions, high), low)  # as the env executes it
@@ -504,8 +531,11 @@ class OpenVLAPolicy(TokenVLAPolicy):
         return self.layout.to_published(ours)
 
     def save_published(self, folder: str | Path, dtype: torch.dtype = torch.bfloat16) -> Path:
-        """Write this model in the published layout: config.json, model.safetensors and, with
-        action statistics, dataset_statistics.json (written to a temporary name, then moved)."""
+        """Write this model in the published layout, so that `policy.pretrained=<folder>` loads
+        it back: config.json, model.safetensors, dataset_statistics.json (the statistics it
+        acts with, under their key; a random model's are the env's bounds, under `env_bounds`),
+        the OFT heads in use, and the tokenizer and image processor files of the folder it came
+        from. Written to a temporary name, then moved."""
         import json
         import shutil
 
@@ -519,15 +549,21 @@ class OpenVLAPolicy(TokenVLAPolicy):
         save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
         config = {k: v for k, v in self.published.items() if k != "norm_stats"}
         (partial / "config.json").write_text(json.dumps(config, indent=2))
-        key = self.cfg.unnorm_key or "env_bounds"
-        statistics = self.statistics or {
-            "action": {
-                "q01": list(self.spec.action_low),
-                "q99": list(self.spec.action_high),
-                "mask": [True] * self.spec.action_dim,
-            }
-        }
+        bounds = {"q01": list(self.spec.action_low), "q99": list(self.spec.action_high)}
+        statistics = self.statistics or {"action": {**bounds, "mask": [True] * self.spec.action_dim}}
+        key = self.unnorm_key or "env_bounds"
         (partial / "dataset_statistics.json").write_text(json.dumps({key: statistics}, indent=2))
+        for stem, module, prefix in (
+            ("action_head", self.action_head, "module.model."),
+            ("proprio_projector", self.proprio_projector, "module."),
+        ):
+            if module is not None:  # OFT's names: saved from a DDP-wrapped module
+                weights = {prefix + n: t.detach().cpu() for n, t in module.state_dict().items()}
+                torch.save(weights, partial / f"{stem}--0_checkpoint.pt")
+        if self.folder is not None:
+            for source in [*self.folder.glob("tokenizer*"), self.folder / "preprocessor_config.json"]:
+                if source.is_file():
+                    shutil.copy2(source, partial / source.name)
         if folder.exists():
             shutil.rmtree(folder)
         partial.rename(folder)
@@ -537,14 +573,6 @@ class OpenVLAPolicy(TokenVLAPolicy):
 def _plain(backbone: nn.Module) -> nn.Module:
     """The Llama under a peft wrapper (the module itself without one)."""
     return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _random_config(cfg: OpenVLAConfig) -> dict:

@@ -19,9 +19,9 @@ the zero position DINOv2 keeps for its class token in transformers but not in ti
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -238,9 +238,10 @@ def read_tensors(files: list[Path], dtype: torch.dtype | None) -> dict[str, torc
     return tensors
 
 
-def read_statistics(folder: Path, config: dict, unnorm_key: str) -> tuple[dict, str]:
-    """The action (and proprio) statistics of the dataset `unnorm_key` and where they came from:
-    `dataset_statistics.json` (a fine-tune's), else the config's `norm_stats`."""
+def read_statistics(folder: Path, config: dict, unnorm_key: str) -> tuple[dict, str, str]:
+    """The action (and proprio) statistics of the dataset `unnorm_key`, where they came from,
+    and the key as found: `dataset_statistics.json` (a fine-tune's), else the config's
+    `norm_stats`."""
     file = folder / "dataset_statistics.json"
     if file.is_file():
         stats, source = json.loads(file.read_text()), file.name
@@ -266,7 +267,7 @@ def read_statistics(folder: Path, config: dict, unnorm_key: str) -> tuple[dict, 
     absent = [key for key in ("q01", "q99") if key not in action]
     if absent:
         raise ConfigError(f"{source}[{unnorm_key}].action lacks {absent}: OpenVLA unnormalises with q01 and q99")
-    return stats[unnorm_key], f"{source}[{unnorm_key}]"
+    return stats[unnorm_key], f"{source}[{unnorm_key}]", unnorm_key
 
 
 def image_normalization(folder: Path, timm_ids: list[str], default: list[tuple]) -> list[tuple]:
@@ -309,11 +310,11 @@ def _step_of(file: Path, stem: str) -> int:
     return int(step) if step.isdigit() else -1
 
 
-def parameters_on_meta() -> Callable:
+def parameters_on_meta() -> contextlib.AbstractContextManager:
     """A context in which modules get their parameters on the meta device (nothing random
     is computed for weights about to be replaced) and their buffers as usual (rotary
-    frequencies and position ids are computed, not loaded)."""
-    import contextlib
+    frequencies and position ids are computed, not loaded). It patches
+    `nn.Module.register_parameter` while it lasts: build in one thread at a time."""
 
     @contextlib.contextmanager
     def context():

@@ -9,9 +9,10 @@ Each tower's features are its second-to-last block's output, before the final no
 prefix tokens (DINOv2's class token and registers) dropped, as Prismatic takes them. The
 towers are transformers' DINOv2-with-registers and SigLIP vision models; the published
 checkpoints name their tensors as timm does, and `policies/openvla_checkpoint.py` maps
-between the two. Two differences are bridged there: timm's DINOv2 adds no position embedding
-to the class token (ours holds a zero there, kept zero in training), and timm keeps the
-attention's query, key and value in one matrix.
+between the two. Two differences are bridged: timm's DINOv2 adds position embeddings to the
+patches only (its embeddings are computed here as timm does, so the class token's position
+that transformers keeps is never read and stays zero), and timm keeps the attention's query,
+key and value in one matrix (joined and split by the mapping).
 
 An image's pixels are the two towers' inputs stacked on the channel axis (B, 6, H, W): the
 first three channels for DINOv2 (ImageNet's mean and std), the last three for SigLIP (0.5,
@@ -94,10 +95,8 @@ class VisionTower(nn.Module):
                 )
             )
             self.model.embeddings.mask_token.requires_grad_(False)  # masked pretraining only
-            # timm gives the class token no position: position 0 stays zero (its gradient is dropped)
-            with torch.no_grad():
+            with torch.no_grad():  # the class token's position: never read (`_dinov2_embeddings`)
                 self.model.embeddings.position_embeddings[:, 0].zero_()
-            self.model.embeddings.position_embeddings.register_hook(_without_class_position)
             self.prefix = 1 + spec.registers
         elif spec.family == "siglip":
             from transformers import SiglipVisionConfig, SiglipVisionModel
@@ -122,15 +121,23 @@ class VisionTower(nn.Module):
     def blocks(self) -> nn.ModuleList:
         return self.model.encoder.layer if self.spec.family == "dinov2" else self.model.encoder.layers
 
+    def _dinov2_embeddings(self, pixels: torch.Tensor) -> torch.Tensor:
+        """timm's order: position embeddings on the patches, then the class token and the
+        registers in front, without positions."""
+        embeddings = self.model.embeddings
+        patches = embeddings.patch_embeddings(pixels) + embeddings.position_embeddings[:, 1:]
+        batch = patches.shape[0]
+        prefix = [embeddings.cls_token.expand(batch, -1, -1), embeddings.register_tokens.expand(batch, -1, -1)]
+        return torch.cat([*prefix, patches], 1)
+
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        tokens = self.model.embeddings(pixels)
+        if self.spec.family == "dinov2":
+            tokens = self._dinov2_embeddings(pixels)
+        else:
+            tokens = self.model.embeddings(pixels)
         for block in self.blocks[:-1]:  # the last block's output is not used
             tokens = block(tokens, None)
         return tokens[:, self.prefix :]
-
-
-def _without_class_position(grad: torch.Tensor) -> torch.Tensor:
-    return torch.cat([torch.zeros_like(grad[:, :1]), grad[:, 1:]], 1)
 
 
 class VisionBackbone(nn.Module):
@@ -198,17 +205,21 @@ class ImagePixels(nn.Module):
         self.towers = len(specs)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
-        # uint8 on the CPU: torch's antialiased bicubic on 8-bit images is PIL's filter (within
-        # one level on under 1% of pixels, where float input differs by up to 18 levels)
-        pixels = torch.as_tensor(frames).cpu().to(torch.uint8).permute(0, 3, 1, 2)
+        pixels = torch.as_tensor(frames).permute(0, 3, 1, 2)
         if self.center_crop:
             height, width = pixels.shape[-2:]
             side_h, side_w = round(height * math.sqrt(0.9)), round(width * math.sqrt(0.9))
             top, left = (height - side_h) // 2, (width - side_w) // 2
             pixels = pixels[..., top : top + side_h, left : left + side_w]
         if tuple(pixels.shape[-2:]) != (self.size, self.size):
+            # uint8 on the CPU: torch's antialiased bicubic on 8-bit images is PIL's filter (within
+            # one level on under 1% of pixels; on float input up to 18 levels apart)
             pixels = nn.functional.interpolate(
-                pixels.contiguous(), size=(self.size, self.size), mode="bicubic", antialias=True, align_corners=False
+                pixels.cpu().to(torch.uint8).contiguous(),
+                size=(self.size, self.size),
+                mode="bicubic",
+                antialias=True,
+                align_corners=False,
             )
         pixels = pixels.to(self.mean.device).float().repeat(1, self.towers, 1, 1) / 255.0
         return (pixels - self.mean) / self.std

@@ -92,6 +92,8 @@ class TokenVLAConfig(TokenPolicyConfig):
 
 
 class TokenVLAPolicy(nn.Module, Policy):
+    lora_targets = ("q_proj", "v_proj")  # the backbone's modules LoRA adapts
+
     def __init__(self, cfg: TokenPolicyConfig, spec: EnvSpec):
         super().__init__()
         if cfg.decoder not in DECODERS:
@@ -125,8 +127,6 @@ class TokenVLAPolicy(nn.Module, Policy):
             self.value_head = mlp([value_inputs, *cfg.critic_hidden, 1], nn.Tanh, out_gain=1.0)
         else:
             self.value_head = nn.Linear(hidden, 1)  # the issue's value head, as OpenVLA-based PPO has it
-
-    lora_targets = ("q_proj", "v_proj")  # the backbone's modules LoRA adapts
 
     def _build_backbone(self) -> tuple[nn.Module, Any]:
         """The language model (or vision-language model) and its instruction tokenizer."""

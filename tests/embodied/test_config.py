@@ -42,6 +42,7 @@ def test_the_simplevla_rl_experiment_composes_its_grpo_recipe_on_openvla_oft():
     assert config.env.suite == "libero_10" and config.env.num_envs % config.algo.group_size == 0
     assert (config.policy.name, config.policy.decoder, config.policy.chunk_size) == ("openvla", "parallel", 8)
     assert config.policy.temperature == 1.6 and config.policy.unnorm_key == "libero_10"
+    assert config.policy.gripper == "openvla_libero"
     assert (config.algo.group_size, config.algo.clip_low, config.algo.clip_high) == (8, 0.2, 0.28)
     assert config.algo.outcome == "success" and config.algo.success_band == [0.1, 0.9]
     assert config.algo.rollout_steps * config.policy.chunk_size >= 520  # whole LIBERO-10 episodes

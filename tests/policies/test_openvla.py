@@ -226,8 +226,9 @@ def test_statistics_come_from_the_checkpoint_by_unnorm_key_and_their_absence_is_
     config = {"norm_stats": {"bridge_orig": {"action": action}, "libero_goal_no_noops": {"action": action}}}
     with pytest.raises(ConfigError, match=r"policy.unnorm_key=<one of \['bridge_orig', 'libero_goal_no_noops'\]>"):
         read_statistics(tmp_path, config, "")
-    stats, source = read_statistics(tmp_path, config, "libero_goal")
+    stats, source, key = read_statistics(tmp_path, config, "libero_goal")
     assert source == "config.json norm_stats[libero_goal_no_noops]" and stats["action"] == action
+    assert key == "libero_goal_no_noops"
     with pytest.raises(ConfigError, match="no normalisation statistics"):
         read_statistics(tmp_path, {}, "")
     with pytest.raises(ConfigError, match=r"lacks \['q99'\]"):
@@ -242,6 +243,10 @@ def test_statistics_come_from_the_checkpoint_by_unnorm_key_and_their_absence_is_
     )
     with pytest.raises(ConfigError, match="3-dimensional actions; the env's are 7"):
         OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), wrong)
+    flat = {"q01": [-0.5, 0.2, 0.0], "q99": [0.5, 0.2, 0.0], "mask": [True, True, False]}  # masked: may be flat
+    (folder / "dataset_statistics.json").write_text(json.dumps({"bridge_orig": {"action": flat}}))
+    with pytest.raises(ConfigError, match=r"dataset_statistics.json\[bridge_orig\]: .* not dimensions \[1\]"):
+        OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), SPEC)
 
 
 @pytest.mark.parametrize("decoder", ["causal", "parallel"])
@@ -253,8 +258,75 @@ def test_sampled_log_probs_and_values_equal_the_training_recomputation(decoder):
     torch.testing.assert_close(recomputed.log_prob, chunk.log_prob, rtol=0, atol=1e-5)
     torch.testing.assert_close(recomputed.value, chunk.value, rtol=0, atol=1e-5)
     assert chunk.actions.shape == (3, 2, 3) and chunk.record["action_tokens"].shape == (3, 6)
-    low, high = torch.tensor(SPEC.action_low), torch.tensor(SPEC.action_high)
-    assert ((chunk.actions >= low) & (chunk.actions <= high)).all()
+    decoded = policy.actions.decode(chunk.record["action_tokens"].view(3, 2, 3).numpy())
+    np.testing.assert_allclose(chunk.actions.numpy(), decoded, rtol=0, atol=1e-6)  # the sampled tokens' bins
+
+
+def test_padded_rows_of_the_bidirectional_pass_read_as_each_row_alone():
+    policy = tiny(decoder="parallel", chunk_size=2)
+    obs = observation()  # three instructions of different lengths: the shorter rows are padded
+    logits, hidden, _ = policy._parallel_pass(obs)
+    for row in range(3):
+        alone = Observation(
+            state=obs.state[row : row + 1],
+            images={name: frames[row : row + 1] for name, frames in obs.images.items()},
+            instruction=obs.instruction[row : row + 1],
+        )
+        row_logits, row_hidden, _ = policy._parallel_pass(alone)
+        torch.testing.assert_close(hidden[row : row + 1], row_hidden, rtol=0, atol=2e-5)
+        torch.testing.assert_close(logits[row : row + 1], row_logits, rtol=0, atol=2e-5)
+
+
+def test_openvla_libero_grippers_are_binarised_and_inverted_for_the_env(tmp_path):
+    """OpenVLA's LIBERO fine-tunes: the gripper (masked, so raw) in [0, 1] with 1 open; LIBERO
+    takes -1 open and +1 closed."""
+    spec = EnvSpec(
+        state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3, image_shapes=SPEC.image_shapes
+    )
+    folder = OpenVLAPolicy(OpenVLAConfig(**FLOAT32), spec).save_published(tmp_path / "openvla", dtype=torch.float32)
+    action = {"q01": [-0.5, -0.5, 0.0], "q99": [0.5, 0.5, 1.0], "mask": [True, True, False]}
+    (folder / "dataset_statistics.json").write_text(json.dumps({"libero_goal_no_noops": {"action": action}}))
+    policy = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), gripper="openvla_libero", **FLOAT32), spec)
+    raw = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), spec)
+    obs = observation()
+    chunk = policy.act(obs, generator=torch.Generator().manual_seed(0))
+    gripper = raw.actions.decode(chunk.record["action_tokens"].view(3, 1, 3).numpy())[..., -1]
+    np.testing.assert_array_equal(chunk.actions[..., -1].numpy(), -np.sign(2 * gripper - 1))
+    assert set(np.unique(chunk.actions[..., -1].numpy())) <= {-1.0, 1.0}
+    with pytest.raises(ConfigError, match="policy.gripper must be one of"):
+        tiny(gripper="libero")
+
+
+def test_a_full_fine_tune_from_a_folder_trains_the_towers_and_saves_the_published_layout_again(tmp_path):
+    folder = tiny().save_published(tmp_path / "openvla", dtype=torch.float32)
+    policy = tiny(pretrained=str(folder), freeze_vision=False)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
+    for _ in range(2):
+        policy.bc_loss(observation(), torch.zeros(3, 1, 3)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    changed = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert any(n.startswith("vision.featurizer") for n in changed) and any(n.startswith("projector.") for n in changed)
+    # timm has no position for DINOv2's class token: it is never read, so it stays zero
+    assert torch.all(policy.vision.featurizer.model.embeddings.position_embeddings[:, 0] == 0)
+    again = OpenVLAPolicy(
+        OpenVLAConfig(pretrained=str(policy.save_published(tmp_path / "again", dtype=torch.float32)), **FLOAT32), SPEC
+    )
+    for name, tensor in policy.published_state_dict().items():
+        assert torch.equal(again.published_state_dict()[name], tensor), name
+
+
+def test_the_published_layout_of_a_lora_model_has_its_adapters_merged_in():
+    policy = tiny(lora_rank=4)
+    layer = policy.backbone.get_base_model().model.layers[0].self_attn.q_proj
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_()  # adapters away from their zero start
+    merged = policy.published_state_dict()["language_model.model.layers.0.self_attn.q_proj.weight"]
+    delta = layer.lora_B["default"].weight @ layer.lora_A["default"].weight * layer.scaling["default"]
+    torch.testing.assert_close(merged, layer.base_layer.weight + delta)
+    assert policy.published_shapes() == tiny().published_shapes()  # the names under the adapters
+    assert layer.lora_B["default"].weight.abs().sum() > 0  # the policy's own adapters stay
 
 
 def test_the_parallel_decoder_is_one_bidirectional_pass_read_one_position_early():
@@ -300,6 +372,20 @@ def test_oft_heads_load_from_their_files_and_the_l1_gaussian_recomputes(tmp_path
     recomputed = loaded.recompute(obs, chunk)
     torch.testing.assert_close(recomputed.log_prob, chunk.log_prob, rtol=0, atol=1e-4)
     assert chunk.actions.shape == (3, 2, 3)
+    # saved again, the heads come back under OFT's names
+    again = OpenVLAPolicy(
+        OpenVLAConfig(
+            pretrained=str(loaded.save_published(tmp_path / "again", dtype=torch.float32)),
+            decoder="parallel",
+            action_head="l1",
+            proprio=True,
+            chunk_size=2,
+            **FLOAT32,
+        ),
+        SPEC,
+    )
+    torch.testing.assert_close(again.action_head.fc1.weight, head["module.model.fc1.weight"])
+    torch.testing.assert_close(again.proprio_projector.fc2.bias, proprio["module.fc2.bias"])
     # the deterministic chunk is the head's regression, unnormalised by the bounds
     mean = loaded._gaussian(obs)[0].mean.clamp(-1, 1).detach().numpy()
     expected = loaded.actions.unnormalize(mean)
