@@ -566,3 +566,38 @@ def test_the_real_size_benchmark_runs_at_tiny_size_on_a_cpu():
         for row in results["runs"]
     )
     assert (path.parent / "openvla_real_size.md").is_file()
+
+
+def test_lora_on_the_language_model_trains_sharded_over_two_learner_ranks(tmp_path):
+    """FSDP units (the towers, the projector, the token embedding, each LM layer) under peft."""
+    run_dir = tmp_path / "run"
+    result = embodied(
+        "train",
+        "policy=openvla",
+        "policy.precision=float32",
+        "policy.lora_rank=4",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=4",
+        "env.num_workers=0",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.num_minibatches=2",
+        "algo.outcome=return",
+        "algo.success_band=[0.0,1.0]",
+        "runtime=procs",
+        "runtime.learner_ranks=2",
+        "runtime.learner_sharding=fsdp",
+        "runtime.device=cpu",
+        "runtime.rollout_device=cpu",
+        "total_env_steps=200",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["grpo/informative_groups"] == 2 and update["loss/grad_norm"] > 0
+    result = embodied("eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
