@@ -46,6 +46,9 @@ def test_the_simplevla_rl_experiment_composes_its_grpo_recipe_on_openvla_oft():
     assert (config.algo.group_size, config.algo.clip_low, config.algo.clip_high) == (8, 0.2, 0.28)
     assert config.algo.outcome == "success" and config.algo.success_band == [0.1, 0.9]
     assert config.algo.rollout_steps * config.policy.chunk_size >= 520  # whole LIBERO-10 episodes
+    tasks = [config.env.task_ids[i % len(config.env.task_ids)] for i in range(config.env.num_envs)]
+    groups = [tasks[i : i + 8] for i in range(0, len(tasks), 8)]
+    assert all(len(set(group)) == 1 for group in groups) and {g[0] for g in groups} == set(range(10))
 
 
 def test_unknown_env_name_lists_known_ones_and_the_closest():

@@ -460,7 +460,59 @@ def test_one_grpo_iteration_on_maniskill_cameras_with_lora(tmp_path):
     assert update["loss/grad_norm"] > 0
 
 
+def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
+    run_dir = tmp_path / "run"
+    result = embodied(
+        "train",
+        "policy=openvla",
+        "policy.precision=float32",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo=ppo",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=1",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["env_steps"] == 8 and update["loss/grad_norm"] > 0 and np.isfinite(update["loss/value_loss"])
+
+
 LIBERO = ("env=libero_spatial", "env.num_workers=1", "env.settle_steps=0", "env.max_episode_steps=6")
+
+
+def test_one_grpo_iteration_on_libero_groups_of_one_task_and_initial_state(tmp_path):
+    run_dir = tmp_path / "run"
+    result = embodied(
+        "train",
+        "policy=openvla",
+        "policy.precision=float32",
+        "policy.decoder=parallel",
+        "policy.chunk_size=2",
+        *LIBERO,
+        "env.task_ids=[0]",
+        "env.num_envs=2",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.rollout_steps=3",
+        "algo.num_minibatches=1",
+        "algo.outcome=return",
+        "algo.success_band=[0.0,1.0]",
+        "total_env_steps=6",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    assert update["grpo/kept_groups"] == 1 and update["train/policy_version"] == 1
 
 
 @pytest.fixture(scope="module")
