@@ -8,6 +8,13 @@ Markdown summary and a PNG plot per suite.
     python benchmarks/ppo.py report      # rebuild summaries and plots from the collected runs
     python benchmarks/ppo.py collect     # re-read the run directories, then report
     python benchmarks/ppo.py mujoco --only hopper-s1 --steps 200000   # one run, shorter
+    python benchmarks/ppo.py heldout     # the main job (PushCube) on 3 fresh seeds, held-out evaluation
+
+`heldout` reports what the others cannot: its training seeds (101-103) were never used to
+choose the recipe (configs/algo/ppo_maniskill.yaml was tuned on seed 1), and each final policy
+is evaluated on 100 episodes drawn from an evaluation seed (HELDOUT_SEED) that no run, tuning
+or periodic evaluation has used, greedy and sampled, with the mean, min, max and a 95% interval
+over the seeds, against the goal of 90% greedy success.
 
 Reference (PPO, 1M steps, mean +- std over seeds of the final training-episode return):
 InvertedPendulum-v4 963 +- 22, Hopper-v4 2383 +- 272."""
@@ -22,6 +29,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from plots import provenance  # sibling module: the scripts run as `python benchmarks/<name>.py`
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results"
@@ -49,6 +57,12 @@ SUITES = {
         },
         "steps": 2_000_000,
         "goal": {"pushcube": 0.9},
+    },
+    "heldout": {  # the main job (configs/train.yaml as is) on seeds never used for tuning
+        "metric": "eval/success_rate",
+        "runs": {f"pushcube-heldout-s{s}": [f"seed={s}"] for s in (101, 102, 103)},
+        "steps": 200_000,
+        "goal": {"pushcube-heldout": 0.9},
     },
     "runtimes": {  # the main job (configs/train.yaml as is), with each runtime
         "metric": "eval/success_rate",
@@ -91,6 +105,70 @@ def train(name: str, overrides: list[str], steps: int) -> None:
     collect(name)
 
 
+HELDOUT_SEED, HELDOUT_EPISODES = 900_001, 100  # an evaluation stream no run or tuning has drawn from
+
+
+def evaluate_heldout(name: str) -> None:
+    """The run's final policy on the held-out episodes, greedy and sampled, into its per-run JSON."""
+    results = {}
+    for mode in ("deterministic", "sampled"):
+        output = RUNS / name / "eval" / f"heldout-{mode}"
+        command = [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "eval",
+            f"checkpoint={RUNS / name}",
+            f"episodes={HELDOUT_EPISODES}",
+            f"seed={HELDOUT_SEED}",
+            f"deterministic={str(mode == 'deterministic').lower()}",
+            f"output={output}",
+            "progress_bar=false",
+        ]
+        print(f"[{name}] {' '.join(command[3:])}", flush=True)
+        subprocess.run(command, check=True)
+        overall = json.loads((output / "report.json").read_text())["overall"]
+        results[mode] = {k: overall[k] for k in ("episodes", "successes", "success_rate", "success_ci95")}
+    path = RESULTS / "runs" / f"{name}.json"
+    run = json.loads(path.read_text())
+    run["heldout"] = {"seed": HELDOUT_SEED, "command": " ".join(command[3:]), **results}
+    path.write_text(json.dumps(run))
+
+
+def interval95(values: list[float]) -> list[float]:
+    """Student's t interval of the mean over seeds (n = 3: t = 4.303), cut to [0, 1]: the
+    values are success rates, and three seeds' spread can reach past what a rate can be."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return [float("nan"), float("nan")]
+    half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
+    return [float(max(values.mean() - half, 0.0)), float(min(values.mean() + half, 1.0))]
+
+
+def heldout_lines(summary: dict, suite: dict) -> list[str]:
+    """The held-out table: per mode, the mean, min, max and 95% interval over seeds."""
+    lines = [
+        "",
+        f"## Held-out evaluation ({HELDOUT_EPISODES} episodes from evaluation seed {HELDOUT_SEED}, final policies)",
+        "",
+        "| task | mode | per seed | mean | min | max | 95% interval of the mean (t, cut to [0, 1]) | goal | met |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | --- |",
+    ]
+    for task, entry in summary["tasks"].items():
+        for mode, values in entry.get("heldout", {}).items():
+            goal = suite.get("goal", {}).get(task) if mode == "deterministic" else None
+            low, high = interval95(values)
+            met = "-" if goal is None else ("yes" if np.mean(values) >= goal else "**no**")
+            lines.append(
+                f"| {task} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
+                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {min(values):.2f} | "
+                f"{max(values):.2f} | [{low:.3f}, {high:.3f}] | {goal if goal is not None else '-'} | {met} |"
+            )
+    return lines
+
+
 def collect(name: str) -> None:
     """Curve and wall time of a finished run (start: its config file; end: its last checkpoint)."""
     run_dir = RUNS / name
@@ -107,7 +185,10 @@ def collect(name: str) -> None:
     wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
     out = RESULTS / "runs" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"name": name, "wall_time_s": wall, "curve": curve}))
+    record = {"name": name, "wall_time_s": wall, "curve": curve, "provenance": provenance("ppo.py")}
+    if out.exists() and "provenance" in json.loads(out.read_text()):  # re-collected: keep where it ran
+        record["provenance"] = json.loads(out.read_text())["provenance"]
+    out.write_text(json.dumps(record))
 
 
 def load(name: str) -> dict | None:
@@ -173,6 +254,12 @@ def report(suite_name: str) -> None:
             )
         if reach:
             entry["env_steps_to_goal"] = reach
+        heldout = [run["heldout"] for _, run in sorted(members.items()) if "heldout" in run]
+        if heldout:
+            entry["heldout"] = {
+                mode: [h[mode]["success_rate"] for h in heldout] for mode in ("deterministic", "sampled")
+            }
+            entry["heldout_interval95"] = {mode: interval95(v) for mode, v in entry["heldout"].items()}
         summary["tasks"][task] = entry
         ax.set_title(task)
         ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k")
@@ -198,9 +285,19 @@ def report(suite_name: str) -> None:
         "Measured on a 2-core CPU machine, runs sharing it with other work, "
         "so steps/s and wall time are indicative only.",
         "",
+        *sorted(
+            {
+                f"Runs at commit {r['provenance']['commit']} on {r['provenance']['machine']}: "
+                f"`{r['provenance']['command']}`."
+                for r in runs.values()
+                if "provenance" in r
+            }
+        ),
+        "",
         "| task | seeds | env steps | final (mean ± std) | reference | steps to goal | median steps/s | wall time |",
         "| --- | ---: | --- | --- | --- | --- | ---: | --- |",
     ]
+    rows += heldout_lines(summary, suite) if any("heldout" in e for e in summary["tasks"].values()) else []
     (RESULTS / f"ppo_{suite_name}.md").write_text("\n".join(header + rows) + f"\n\n![curves](ppo_{suite_name}.png)\n")
     print((RESULTS / f"ppo_{suite_name}.md").read_text())
 
@@ -226,6 +323,8 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         train(name, overrides + args.overrides, args.steps or suite["steps"])
+        if args.suite == "heldout":
+            evaluate_heldout(name)
     report(args.suite)
 
 
