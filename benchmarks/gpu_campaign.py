@@ -38,6 +38,7 @@ STEPS = {  # the campaign's order: what matters most comes first
     "pipeline": gpu_steps.pipeline,
     "placement": gpu_steps.placement,
     "rendering": gpu_steps.rendering,
+    "openvla": gpu_steps.openvla,
 }
 
 

@@ -569,6 +569,34 @@ def rendering(scale: Scale, work: Path) -> StepResult:
     )
 
 
+# ---- 8. OpenVLA-7B from the published layout: load, rollout and GRPO with LoRA --------------------
+def openvla(scale: Scale, work: Path) -> StepResult:
+    import shutil
+
+    import torch
+    from openvla_real_size import measure as measure_openvla  # sibling script
+    from openvla_real_size import save_random_checkpoint
+
+    device = torch.device(scale.device)
+    variant, size, batch, minibatch, runs = ("tiny", 56, 4, 2, 1) if scale.smoke else ("7b", 224, 64, 8, 3)
+    folder = work / "openvla"
+    save_s = save_random_checkpoint(folder, variant, device, size)
+    try:
+        rows = [
+            measure_openvla(folder, decoder, chunk, batch, minibatch, runs, device, size)
+            for decoder, chunk in (("parallel", 8), ("causal", 1))  # OFT's (SimpleVLA-RL's) first
+        ]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)  # 15 GB at 7B
+    return StepResult(
+        "OpenVLA-7B (random weights) loads from the published layout and runs rollout and GRPO "
+        "with LoRA and bfloat16 on one GPU: load time, chunks/s over 64 envs, samples/s, peak memory",
+        None,
+        rows,
+        [f"saving the published layout took {save_s:.0f} s"],
+    )
+
+
 MEASUREMENTS = {
     "vla_sft": vla_sft,
     "compare_envs": compare_envs,

@@ -32,7 +32,7 @@ def test_every_campaign_step_runs_at_toy_size_and_writes_its_result(tmp_path):
         env={**os.environ, "OUT": str(out), "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for step in ("correctness", "throughput", "ppo", "vla", "pipeline", "placement", "rendering"):
+    for step in ("correctness", "throughput", "ppo", "vla", "pipeline", "placement", "rendering", "openvla"):
         record = json.loads((results / f"{step}.json").read_text())
         assert "error" not in record and record["smoke"] and record["rows"], step
         assert record["commit"] and record["machine"]["cpu_cores"] and "gpu_campaign.py" in record["command"]

@@ -433,85 +433,66 @@ def embodied(*args: str):
     )
 
 
-def test_one_grpo_iteration_on_maniskill_cameras_with_lora(tmp_path):
-    run_dir = tmp_path / "run"
+MANISKILL_RGB = ("env.obs_mode=rgb", "env.image_size=32", "env.num_workers=0")
+LIBERO = ("env=libero_spatial", "env.num_workers=1", "env.settle_steps=0", "env.max_episode_steps=6")
+GRPO_ANY_OUTCOME = ("algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]")
+
+
+def train(run_dir: Path, *overrides: str) -> dict:
+    """One `embodied train` of the tiny float32 OpenVLA; the first update's metrics."""
     result = embodied(
         "train",
         "policy=openvla",
         "policy.precision=float32",
-        "env.obs_mode=rgb",
-        "env.image_size=32",
-        "env.num_envs=2",
-        "env.num_workers=0",
-        "algo=grpo",
-        "algo.group_size=2",
-        "algo.num_minibatches=2",
-        "algo.outcome=return",
-        "algo.success_band=[0.0,1.0]",
-        "total_env_steps=100",
+        *overrides,
         "eval_episodes=0",
         "eval_every=0",
         "logger.progress_bar=false",
         f"run_dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+
+
+def test_one_grpo_iteration_on_maniskill_cameras_with_lora(tmp_path):
+    update = train(
+        tmp_path / "run",
+        *MANISKILL_RGB,
+        "env.num_envs=2",
+        *GRPO_ANY_OUTCOME,
+        "algo.num_minibatches=2",
+        "total_env_steps=100",
+    )
     assert update["grpo/informative_groups"] == 1 and np.isfinite(update["loss/policy_loss"])
     assert update["loss/grad_norm"] > 0
 
 
 def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
-    run_dir = tmp_path / "run"
-    result = embodied(
-        "train",
-        "policy=openvla",
-        "policy.precision=float32",
-        "env.obs_mode=rgb",
-        "env.image_size=32",
+    update = train(
+        tmp_path / "run",
+        *MANISKILL_RGB,
         "env.num_envs=2",
-        "env.num_workers=0",
         "algo=ppo",
         "algo.rollout_steps=4",
         "algo.num_minibatches=1",
         "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
-        f"run_dir={run_dir}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["env_steps"] == 8 and update["loss/grad_norm"] > 0 and np.isfinite(update["loss/value_loss"])
 
 
-LIBERO = ("env=libero_spatial", "env.num_workers=1", "env.settle_steps=0", "env.max_episode_steps=6")
-
-
 def test_one_grpo_iteration_on_libero_groups_of_one_task_and_initial_state(tmp_path):
-    run_dir = tmp_path / "run"
-    result = embodied(
-        "train",
-        "policy=openvla",
-        "policy.precision=float32",
+    update = train(
+        tmp_path / "run",
         "policy.decoder=parallel",
         "policy.chunk_size=2",
         *LIBERO,
         "env.task_ids=[0]",
         "env.num_envs=2",
-        "algo=grpo",
-        "algo.group_size=2",
+        *GRPO_ANY_OUTCOME,
         "algo.rollout_steps=3",
         "algo.num_minibatches=1",
-        "algo.outcome=return",
-        "algo.success_band=[0.0,1.0]",
         "total_env_steps=6",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
-        f"run_dir={run_dir}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["grpo/kept_groups"] == 1 and update["train/policy_version"] == 1
 
 
@@ -560,28 +541,20 @@ def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what
     from embodied.checkpoint import load_checkpoint
 
     run_dir = tmp_path / "run"
-    result = embodied(
-        "train",
-        "policy=openvla",
+    update = train(
+        run_dir,
         f"policy.pretrained={libero_checkpoint}",
         "policy.unnorm_key=libero_spatial",
         "policy.decoder=parallel",
         "policy.chunk_size=2",
         "policy.lora_rank=4",
-        "policy.precision=float32",
         *LIBERO,
         "env.num_envs=2",
         "algo=ppo",
         "algo.rollout_steps=3",
         "algo.num_minibatches=1",
         "total_env_steps=12",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
-        f"run_dir={run_dir}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["env_steps"] == 12 and np.isfinite(update["loss/policy_loss"])
     checkpoint = next((run_dir / "checkpoints").glob("iter_*"))
     with safe_open(str(checkpoint / "weights.safetensors"), "pt") as saved:
@@ -623,33 +596,20 @@ def test_the_real_size_benchmark_runs_at_tiny_size_on_a_cpu():
 def test_lora_on_the_language_model_trains_sharded_over_two_learner_ranks(tmp_path):
     """FSDP units (the towers, the projector, the token embedding, each LM layer) under peft."""
     run_dir = tmp_path / "run"
-    result = embodied(
-        "train",
-        "policy=openvla",
-        "policy.precision=float32",
+    update = train(
+        run_dir,
         "policy.lora_rank=4",
-        "env.obs_mode=rgb",
-        "env.image_size=32",
+        *MANISKILL_RGB,
         "env.num_envs=4",
-        "env.num_workers=0",
-        "algo=grpo",
-        "algo.group_size=2",
+        *GRPO_ANY_OUTCOME,
         "algo.num_minibatches=2",
-        "algo.outcome=return",
-        "algo.success_band=[0.0,1.0]",
         "runtime=procs",
         "runtime.learner_ranks=2",
         "runtime.learner_sharding=fsdp",
         "runtime.device=cpu",
         "runtime.rollout_device=cpu",
         "total_env_steps=200",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
-        f"run_dir={run_dir}",
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     assert update["grpo/informative_groups"] == 2 and update["loss/grad_norm"] > 0
     result = embodied("eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
