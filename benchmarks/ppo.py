@@ -9,6 +9,7 @@ Markdown summary and a PNG plot per suite.
     python benchmarks/ppo.py collect     # re-read the run directories, then report
     python benchmarks/ppo.py mujoco --only hopper-s1 --steps 200000   # one run, shorter
     python benchmarks/ppo.py heldout     # the main job (PushCube) on 3 fresh seeds, held-out evaluation
+    python benchmarks/ppo.py heldout_mujoco   # InvertedPendulum the same way
 
 `heldout` reports what the others cannot: its training seeds (101-103) were never used to
 choose the recipe (configs/algo/ppo_maniskill.yaml was tuned on seed 1), and each final policy
@@ -63,6 +64,18 @@ SUITES = {
         "runs": {f"pushcube-heldout-s{s}": [f"seed={s}"] for s in (101, 102, 103)},
         "steps": 200_000,
         "goal": {"pushcube-heldout": 0.9},
+        "heldout": {"measure": "success_rate", "bounds": (0.0, 1.0), "goal": 0.9},
+    },
+    "heldout_mujoco": {  # InvertedPendulum as `mujoco` runs it, on seeds never used for tuning
+        "metric": "rollout/episode_return",
+        "runs": {
+            f"invertedpendulum-heldout-s{s}": ["experiment=mujoco_invertedpendulum", f"seed={s}"]
+            for s in (101, 102, 103)
+        },
+        "steps": 1_000_000,
+        "reference": {"invertedpendulum-heldout": (963, 22)},
+        # the reference band's lower edge; the episode return is bounded by its 1000 steps
+        "heldout": {"measure": "mean_return", "bounds": (0.0, 1000.0), "goal": 941},
     },
     "runtimes": {  # the main job (configs/train.yaml as is), with each runtime
         "metric": "eval/success_rate",
@@ -128,38 +141,42 @@ def evaluate_heldout(name: str) -> None:
         print(f"[{name}] {' '.join(command[3:])}", flush=True)
         subprocess.run(command, check=True)
         overall = json.loads((output / "report.json").read_text())["overall"]
-        results[mode] = {k: overall[k] for k in ("episodes", "successes", "success_rate", "success_ci95")}
+        kept = ("episodes", "successes", "success_rate", "success_ci95", "mean_return")
+        results[mode] = {k: overall[k] for k in kept}
     path = RESULTS / "runs" / f"{name}.json"
     run = json.loads(path.read_text())
     run["heldout"] = {"seed": HELDOUT_SEED, "command": " ".join(command[3:]), **results}
     path.write_text(json.dumps(run))
 
 
-def interval95(values: list[float]) -> list[float]:
-    """Student's t interval of the mean over seeds (n = 3: t = 4.303), cut to [0, 1]: the
-    values are success rates, and three seeds' spread can reach past what a rate can be."""
+def interval95(values: list[float], bounds: tuple[float, float] = (0.0, 1.0)) -> list[float]:
+    """Student's t interval of the mean over seeds (n = 3: t = 4.303), cut to what the measure
+    can be (a success rate [0, 1], a return its bounds): three seeds' spread can reach past it."""
     from scipy import stats
 
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return [float("nan"), float("nan")]
     half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
-    return [float(max(values.mean() - half, 0.0)), float(min(values.mean() + half, 1.0))]
+    return [float(max(values.mean() - half, bounds[0])), float(min(values.mean() + half, bounds[1]))]
 
 
 def heldout_lines(summary: dict, suite: dict) -> list[str]:
     """The held-out table: per mode, the mean, min, max and 95% interval over seeds."""
+    measure, bounds = suite["heldout"]["measure"], suite["heldout"]["bounds"]
     lines = [
         "",
         f"## Held-out evaluation ({HELDOUT_EPISODES} episodes from evaluation seed {HELDOUT_SEED}, final policies)",
         "",
-        "| task | mode | per seed | mean | min | max | 95% interval of the mean (t, cut to [0, 1]) | goal | met |",
+        f"`{measure}` of each final policy; the interval is Student's t over the seeds, cut to {list(bounds)}.",
+        "",
+        "| task | mode | per seed | mean | min | max | 95% interval of the mean | goal | met |",
         "| --- | --- | --- | ---: | ---: | ---: | --- | ---: | --- |",
     ]
     for task, entry in summary["tasks"].items():
         for mode, values in entry.get("heldout", {}).items():
-            goal = suite.get("goal", {}).get(task) if mode == "deterministic" else None
-            low, high = interval95(values)
+            goal = suite["heldout"]["goal"] if mode == "deterministic" else None
+            low, high = interval95(values, bounds)
             met = "-" if goal is None else ("yes" if np.mean(values) >= goal else "**no**")
             lines.append(
                 f"| {task} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
@@ -256,10 +273,9 @@ def report(suite_name: str) -> None:
             entry["env_steps_to_goal"] = reach
         heldout = [run["heldout"] for _, run in sorted(members.items()) if "heldout" in run]
         if heldout:
-            entry["heldout"] = {
-                mode: [h[mode]["success_rate"] for h in heldout] for mode in ("deterministic", "sampled")
-            }
-            entry["heldout_interval95"] = {mode: interval95(v) for mode, v in entry["heldout"].items()}
+            measure, bounds = suite["heldout"]["measure"], suite["heldout"]["bounds"]
+            entry["heldout"] = {mode: [h[mode][measure] for h in heldout] for mode in ("deterministic", "sampled")}
+            entry["heldout_interval95"] = {mode: interval95(v, bounds) for mode, v in entry["heldout"].items()}
         summary["tasks"][task] = entry
         ax.set_title(task)
         ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k")
@@ -323,7 +339,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         train(name, overrides + args.overrides, args.steps or suite["steps"])
-        if args.suite == "heldout":
+        if "heldout" in suite:
             evaluate_heldout(name)
     report(args.suite)
 
