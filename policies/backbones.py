@@ -23,7 +23,7 @@ from embodied.policies.vlm import (
 )
 
 
-def _left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_padded(rows: list[list[int]], length: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows cut to `length` and left-padded, so state and action positions line up."""
     ids = torch.full((len(rows), length), pad, dtype=torch.long)
     mask = torch.zeros(len(rows), length, dtype=torch.long)
@@ -39,7 +39,7 @@ class ByteTokenizer:
     """Instruction text as UTF-8 bytes (ids 1..256; 0 pads), for the built-in tiny backbone."""
 
     def __call__(self, texts: list[str], length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return _left_padded([[b + 1 for b in text.encode("utf-8")] for text in texts], length, pad=0)
+        return left_padded([[b + 1 for b in text.encode("utf-8")] for text in texts], length, pad=0)
 
 
 class PretrainedTokenizer:
@@ -54,7 +54,7 @@ class PretrainedTokenizer:
         for text, row in zip(texts, rows):
             if text.strip() and not row:  # e.g. a tokenizer class that does not match its files
                 raise ConfigError(f"the backbone's tokenizer turned the instruction {text!r} into no tokens")
-        return _left_padded(rows, length, pad=self.pad)
+        return left_padded(rows, length, pad=self.pad)
 
 
 TINY_BACKBONES = ("tiny", "tiny_vlm")  # built with random weights; any other name is loaded pretrained

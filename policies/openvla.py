@@ -36,14 +36,16 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
+from embodied.policies.action_tokens import ActionTokenizer
+from embodied.policies.backbones import left_padded
+from embodied.policies.oft_heads import ProprioProjector, ResidualMLP
 from embodied.policies.openvla_checkpoint import (
     Layout,
-    as_numpy,
     image_normalization,
     latest_file,
     mismatches,
     parameters_on_meta,
+    random_config,
     read_config,
     read_shapes,
     read_statistics,
@@ -57,14 +59,6 @@ from embodied.policies.token_vla import TokenPolicyConfig, TokenVLAPolicy
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 ACTION_HEADS = ("tokens", "l1")
 GRIPPERS = ("as_is", "openvla_libero")
-PUBLISHED_TOWERS = ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
-TINY_TOWERS = ["tiny_dinov2_reg4", "tiny_siglip"]
-# Llama-2 7B as the published config.json gives it (transformers' LlamaConfig defaults, with
-# the vocabulary padded from 32000 to a multiple of 64)
-PUBLISHED_TEXT = {"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
-                  "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-6,
-                  "max_position_embeddings": 2048, "pad_token_id": 32000}  # fmt: skip
-PAD_TO_MULTIPLE = 64
 
 
 @dataclass
@@ -131,46 +125,7 @@ class OpenVLAPrompt:
         longest = max(len(row) for row in rows)
         if longest > length:
             raise ConfigError(f"a prompt of {longest} tokens exceeds policy.max_instruction_tokens={length}")
-        ids = torch.full((len(rows), longest), self.pad, dtype=torch.long)
-        mask = torch.zeros(len(rows), longest, dtype=torch.long)
-        for row, tokens in enumerate(rows):
-            ids[row, longest - len(tokens) :] = torch.tensor(tokens)
-            mask[row, longest - len(tokens) :] = 1
-        return ids, mask
-
-
-class ResidualMLP(nn.Module):
-    """OFT's L1 head (`MLPResNet`): LayerNorm, fc1, ReLU, blocks of (LayerNorm, Linear, ReLU)
-    added to their input, LayerNorm, fc2."""
-
-    def __init__(self, inputs: int, hidden: int, outputs: int, blocks: int = 2):
-        super().__init__()
-        self.layer_norm1 = nn.LayerNorm(inputs)
-        self.fc1 = nn.Linear(inputs, hidden)
-        self.mlp_resnet_blocks = nn.ModuleList(
-            nn.ModuleDict({"ffn": nn.Sequential(nn.LayerNorm(hidden), nn.Linear(hidden, hidden), nn.ReLU())})
-            for _ in range(blocks)
-        )
-        self.layer_norm2 = nn.LayerNorm(hidden)
-        self.fc2 = nn.Linear(hidden, outputs)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.relu(self.fc1(self.layer_norm1(x)))
-        for block in self.mlp_resnet_blocks:
-            x = block["ffn"](x) + x
-        return self.fc2(self.layer_norm2(x))
-
-
-class ProprioProjector(nn.Module):
-    """OFT's state token: fc1, GELU, fc2 into the language model's width."""
-
-    def __init__(self, state_dim: int, width: int):
-        super().__init__()
-        self.fc1 = nn.Linear(state_dim, width)
-        self.fc2 = nn.Linear(width, width)
-
-    def forward(self, state: torch.Tensor) -> torch.Tensor:
-        return self.fc2(nn.functional.gelu(self.fc1(state)))
+        return left_padded(rows, longest, self.pad)  # to the batch's longest prompt, not `length`
 
 
 class OpenVLAPolicy(TokenVLAPolicy):
@@ -188,7 +143,7 @@ class OpenVLAPolicy(TokenVLAPolicy):
         self.folder = Path(cfg.pretrained) if cfg.pretrained else None
         if self.folder is not None and not self.folder.is_dir():
             raise ConfigError(f"policy.pretrained {cfg.pretrained} is not a folder")
-        self.published = read_config(self.folder) if self.folder else _random_config(cfg)
+        self.published = read_config(self.folder) if self.folder else random_config(cfg)
         self.statistics, self.statistics_source, self.unnorm_key = (
             read_statistics(self.folder, self.published, cfg.unnorm_key) if self.folder else ({}, "", "")
         )
@@ -284,11 +239,10 @@ class OpenVLAPolicy(TokenVLAPolicy):
         }
         ours.update({f"vision.{n}": t for n, t in self.vision.state_dict().items()})
         ours.update({f"projector.{n}": t for n, t in self.projector.state_dict().items()})
-        meta = {name: torch.empty(t.shape, device="meta") for name, t in ours.items()}
-        meta = {n: t for n, t in meta.items() if "position_embeddings" not in n}  # filled below
-        for name, tensor in ours.items():
-            if "position_embeddings" in name:
-                meta[name] = torch.zeros(tensor.shape)  # the class token's zero position
+        meta = {  # shapes only; the layout reads the class token's position, which must be zero
+            name: torch.zeros(t.shape) if "position_embeddings" in name else torch.empty(t.shape, device="meta")
+            for name, t in ours.items()
+        }
         return {name: tuple(t.shape) for name, t in self.layout.to_published(meta).items()}
 
     def _action_tokenizer(self) -> ActionTokenizer:
@@ -297,7 +251,7 @@ class OpenVLAPolicy(TokenVLAPolicy):
         if not self.statistics:
             return ActionTokenizer(vocab, np.array(self.spec.action_low), np.array(self.spec.action_high))
         action = self.statistics["action"]
-        q01, q99 = as_numpy(action["q01"]), as_numpy(action["q99"])
+        q01, q99 = np.asarray(action["q01"], dtype=np.float64), np.asarray(action["q99"], dtype=np.float64)
         mask = np.asarray(action.get("mask", [True] * len(q01)), dtype=bool)
         if len(q01) != self.spec.action_dim:
             raise ConfigError(
@@ -375,13 +329,11 @@ class OpenVLAPolicy(TokenVLAPolicy):
 
     # ---- the prefix ---------------------------------------------------------------------------
     def _patches(self, observation: Observation) -> torch.Tensor:
-        device = self.action_queries.device
-        tokens = []
-        for name in self.cameras:
-            frames = observation.images[name]
-            features = self.vision(self.pixels(torch.as_tensor(frames).to(device)))
-            tokens.append(self.projector(features))
-        return torch.cat(tokens, 1)
+        """Each camera's patch tokens side by side (B, patches x cameras, width), from one pass
+        of the towers and the projector over every camera's frames."""
+        pixels = torch.cat([self.pixels(observation.images[name]) for name in self.cameras])
+        tokens = self.projector(self.vision(pixels))  # (cameras x B, patches, width)
+        return torch.cat(tokens.chunk(len(self.cameras)), 1)
 
     def _prefix(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
         """[pads, BOS, patches, (proprio), prompt] (B, L, width) and its mask: the patches go
@@ -405,9 +357,9 @@ class OpenVLAPolicy(TokenVLAPolicy):
         return embeddings, (target >= bos).long()
 
     def _proprio(self, observation: Observation) -> torch.Tensor:
-        state = observation.state.to(self.action_queries.device, torch.float32)
         if self.proprio_bounds is None:
             return self._state(observation)
+        state = observation.state.to(self.action_queries.device, torch.float32)
         q01, q99 = (b.to(state.device) for b in self.proprio_bounds)
         return torch.clamp(2 * (state - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)
 
@@ -573,41 +525,6 @@ class OpenVLAPolicy(TokenVLAPolicy):
 def _plain(backbone: nn.Module) -> nn.Module:
     """The Llama under a peft wrapper (the module itself without one)."""
     return backbone.get_base_model() if hasattr(backbone, "get_base_model") else backbone
-
-
-def _random_config(cfg: OpenVLAConfig) -> dict:
-    """A published-style config.json for random weights at `cfg.variant`'s size."""
-    if cfg.variant == "7b":
-        text, towers = dict(PUBLISHED_TEXT), PUBLISHED_TOWERS
-    else:
-        if cfg.vocab_size < 259 + NUM_BINS:
-            raise ConfigError(
-                f"policy.vocab_size must hold 259 byte ids and {NUM_BINS} action ids, got {cfg.vocab_size}"
-            )
-        text = {
-            "vocab_size": cfg.vocab_size + PAD_TO_MULTIPLE,
-            "hidden_size": cfg.hidden_size,
-            "intermediate_size": 2 * cfg.hidden_size,
-            "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads,
-            "num_key_value_heads": cfg.num_heads,
-            "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 2048,
-            "pad_token_id": cfg.vocab_size,
-        }
-        towers = TINY_TOWERS
-    return {
-        "model_type": "openvla",
-        "prompt_tokenizer": "bytes",
-        "arch_specifier": "no-align+fused-gelu-mlp",
-        "use_fused_vision_backbone": True,
-        "timm_model_ids": list(towers),
-        "image_sizes": [tower_spec(t).image_size for t in towers],
-        "image_resize_strategy": "resize-naive",
-        "n_action_bins": NUM_BINS,
-        "pad_to_multiple_of": PAD_TO_MULTIPLE,
-        "text_config": text,
-    }
 
 
 @POLICIES.register("openvla", OpenVLAConfig)

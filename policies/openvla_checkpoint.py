@@ -22,12 +22,14 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.policies.action_tokens import NUM_BINS
+from embodied.policies.prismatic import tower_spec
 
 PUBLISHED_FILES = ("model.safetensors", "model.safetensors.index.json")
 
@@ -335,5 +337,47 @@ def parameters_on_meta() -> contextlib.AbstractContextManager:
     return context()
 
 
-def as_numpy(values) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64)
+PUBLISHED_TOWERS = ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
+TINY_TOWERS = ["tiny_dinov2_reg4", "tiny_siglip"]
+# Llama-2 7B as the published config.json gives it (transformers' LlamaConfig defaults, with
+# the vocabulary padded from 32000 to a multiple of 64)
+PUBLISHED_TEXT = {"vocab_size": 32064, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": 32, "rms_norm_eps": 1e-6,
+                  "max_position_embeddings": 2048, "pad_token_id": 32000}  # fmt: skip
+PAD_TO_MULTIPLE = 64
+
+
+def random_config(cfg: Any) -> dict:
+    """A published-style config.json for random weights at `cfg.variant`'s size (a policy
+    config: `variant`, and for tiny `vocab_size`, `hidden_size`, `num_layers`, `num_heads`)."""
+    if cfg.variant == "7b":
+        text, towers = dict(PUBLISHED_TEXT), PUBLISHED_TOWERS
+    else:
+        if cfg.vocab_size < 259 + NUM_BINS:
+            raise ConfigError(
+                f"policy.vocab_size must hold 259 byte ids and {NUM_BINS} action ids, got {cfg.vocab_size}"
+            )
+        text = {
+            "vocab_size": cfg.vocab_size + PAD_TO_MULTIPLE,
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": 2 * cfg.hidden_size,
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_heads,
+            "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 2048,
+            "pad_token_id": cfg.vocab_size,
+        }
+        towers = TINY_TOWERS
+    return {
+        "model_type": "openvla",
+        "prompt_tokenizer": "bytes",
+        "arch_specifier": "no-align+fused-gelu-mlp",
+        "use_fused_vision_backbone": True,
+        "timm_model_ids": list(towers),
+        "image_sizes": [tower_spec(t).image_size for t in towers],
+        "image_resize_strategy": "resize-naive",
+        "n_action_bins": NUM_BINS,
+        "pad_to_multiple_of": PAD_TO_MULTIPLE,
+        "text_config": text,
+    }
