@@ -574,11 +574,11 @@ def openvla(scale: Scale, work: Path) -> StepResult:
     import shutil
 
     import torch
-    from openvla_real_size import measure as measure_openvla  # sibling script
-    from openvla_real_size import save_random_checkpoint
+    from openvla_real_size import SIZES, save_random_checkpoint  # sibling script
+    from openvla_real_size import measure as measure_openvla
 
     device = torch.device(scale.device)
-    variant, size, batch, minibatch, runs = ("tiny", 56, 4, 2, 1) if scale.smoke else ("7b", 224, 64, 8, 3)
+    variant, size, batch, minibatch, runs = SIZES[scale.smoke]
     folder = work / "openvla"
     save_s = save_random_checkpoint(folder, variant, device, size)
     try:

@@ -46,6 +46,8 @@ from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy  # noqa: E402
 NAME = "openvla_real_size"
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 ACTION_DIM, LORA_RANK = 7, 32
+# (variant, image size, rollout batch, GRPO minibatch, timed runs): the GPU's, and --smoke's on a CPU
+SIZES = {False: ("7b", 224, 64, 8, 3), True: ("tiny", 56, 4, 2, 1)}
 
 
 def spec(size: int) -> EnvSpec:
@@ -226,7 +228,7 @@ def main() -> None:
     if not cuda and not smoke:
         sys.exit("no CUDA GPU here: run with --smoke to check the script on small sizes")
     device = torch.device("cuda" if cuda else "cpu")
-    variant, size, batch, minibatch, runs = ("tiny", 56, 4, 2, 1) if smoke else ("7b", 224, 64, 8, 3)
+    variant, size, batch, minibatch, runs = SIZES[smoke]
     out = Path(tempfile.mkdtemp()) if smoke else Path(os.environ.get("OUT") or tempfile.mkdtemp())
     results: dict[str, Any] = {
         **provenance("openvla_real_size.py"),

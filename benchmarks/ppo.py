@@ -202,9 +202,10 @@ def collect(name: str) -> None:
     wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
     out = RESULTS / "runs" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads(out.read_text()) if out.exists() else {}
     record = {"name": name, "wall_time_s": wall, "curve": curve, "provenance": provenance("ppo.py")}
-    if out.exists() and "provenance" in json.loads(out.read_text()):  # re-collected: keep where it ran
-        record["provenance"] = json.loads(out.read_text())["provenance"]
+    # re-collected: keep where the run ran and its held-out evaluation
+    record.update({key: earlier[key] for key in ("provenance", "heldout") if key in earlier})
     out.write_text(json.dumps(record))
 
 
