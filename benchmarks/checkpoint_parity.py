@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT))  # for tests.policies; after the installed package, never before it
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS  # noqa: E402

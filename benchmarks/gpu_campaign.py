@@ -8,7 +8,7 @@ files back) the moment it finishes, since GPU time can end at any minute.
     python benchmarks/gpu_campaign.py report                 # benchmarks/results/gpu/README.md from the steps
 
 On the GPU machine it runs through tools/gpu/there.sh, which installs the kit that
-tools/gpu/kit.py prepares here (tools/gpu/README.md). `--smoke` (physx_cpu, one env, a few
+tools/gpu/kit.py prepares here (docs/gpu.md). `--smoke` (physx_cpu, one env, a few
 steps) is part of the test suite, so the campaign cannot rot between visits to a GPU."""
 
 from __future__ import annotations
@@ -131,6 +131,13 @@ def step_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def failure_cause(error: str, width: int = 110) -> str:
+    """An error's last line, where the cause is named (its end, where that is long), fit for a
+    table cell."""
+    last = [line.strip() for line in error.splitlines() if line.strip()][-1].replace("|", "/")
+    return last if len(last) <= width else "..." + last[-width:]
+
+
 def report(results: Path) -> str:
     """The campaign's state: which GPU figures are measured (and on what), which are not."""
     lines = [
@@ -148,11 +155,12 @@ def report(results: Path) -> str:
         if record is None or record.get("smoke"):
             lines.append(f"| {name} | not measured on a GPU yet | | | |")
             continue
-        result = (
-            ("failed: " + record["error"][:60])
-            if "error" in record
-            else {True: "goal met", False: "goal not met", None: "measured"}[record.get("met")]
-        )
+        if "error" in record:
+            result = "failed: " + failure_cause(record["error"])
+        elif not record["rows"]:
+            result = "nothing measured (see its notes)"
+        else:
+            result = {True: "goal met", False: "goal not met", None: "measured"}[record.get("met")]
         lines.append(
             f"| [{name}]({name}.md) | {result} | {record['machine'].get('gpu')} | {record['commit'][:10]} "
             f"| {record['started']} |"

@@ -34,7 +34,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multitask_vla import SFT  # noqa: E402
 from plots import save_with_summary  # noqa: E402

@@ -32,8 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from placement import DeviceMemory  # noqa: E402
 from plots import provenance, provenance_line  # noqa: E402
@@ -159,7 +157,9 @@ def train_cli(folder: Path, sharding: str, ranks: int, scratch: Path) -> dict[st
         "total_env_steps=256", "eval_episodes=0", "eval_every=0", "logger.progress_bar=false", f"run_dir={run_dir}",
     ]  # fmt: skip
     with DeviceMemory() as memory:
-        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1200)
+        # from the scratch folder: `-m embodied` run from the checkout's root could find its bare embodied/
+        # folder before the installed package (on the GPU machine, the package is laid out elsewhere)
+        result = subprocess.run(command, capture_output=True, text=True, cwd=scratch, timeout=1200)
     if result.returncode != 0:
         return {"sharding": sharding, "ranks": ranks, "error": result.stderr[-2000:]}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -25,7 +25,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS, RUNS  # noqa: E402

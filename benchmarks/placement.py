@@ -82,6 +82,14 @@ class DeviceMemory:
         return (self.peak - self.baseline) / 1e9 if self.available else None
 
 
+def defaults_under(overrides: list[str]) -> list[str]:
+    """DEFAULT, less its `policy.*` settings where the overrides choose another policy: those
+    belong to the token VLA, and Hydra applies them to whichever policy is chosen."""
+    if any(o.startswith("policy=") for o in overrides):
+        return [d for d in DEFAULT if not d.startswith("policy")]
+    return DEFAULT
+
+
 def run(placement: str, updates: int, overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp, DeviceMemory() as memory:
         run_dir = Path(tmp) / placement
@@ -90,7 +98,7 @@ def run(placement: str, updates: int, overrides: list[str]) -> dict:
             "-m",
             "embodied.cli",
             "train",
-            *DEFAULT,
+            *defaults_under(overrides),
             *overrides,
             "runtime=procs",
             f"runtime.placement={placement}",

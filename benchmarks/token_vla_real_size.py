@@ -40,8 +40,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
 from ppo import RESULTS  # noqa: E402

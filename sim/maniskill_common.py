@@ -4,6 +4,7 @@ instructions, building ManiSkill's gym env, and reading its observations and spe
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
@@ -105,7 +106,25 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
     try:
         return gym.make(cfg.task, **kwargs)
     except Exception as error:
-        raise ConfigError(f"ManiSkill could not build {cfg.task} with {kwargs}: {error}") from error
+        hint = ""
+        if sim_backend == "physx_cuda" and not physx_gpu_library().is_file():
+            hint = (
+                f"\nSAPIEN downloads its PhysX GPU library from GitHub the first time physx_cuda runs; "
+                f"offline, unzip linux-so.zip of {PHYSX_GPU_RELEASES} release {physx_gpu_library().parent.name} "
+                f"into {physx_gpu_library().parent}"
+            )
+        raise ConfigError(f"ManiSkill could not build {cfg.task} with {kwargs}: {error}{hint}") from error
+
+
+PHYSX_GPU_RELEASES = "https://github.com/sapien-sim/physx-precompiled/releases"
+
+
+def physx_gpu_library() -> Path:
+    """Where SAPIEN looks for its PhysX GPU library (`sapien.physx.enable_gpu`), which it
+    downloads from PHYSX_GPU_RELEASES the first time physx_cuda runs on a machine."""
+    import sapien.physx
+
+    return Path.home() / ".sapien" / "physx" / sapien.physx.version() / "libPhysXGpu_64.so"
 
 
 def flatten_state(observation: Any) -> np.ndarray:

