@@ -30,6 +30,20 @@ from embodied.core.errors import EmbodiedError
 VERBS = ("train", "eval", "serve", "robot", "teleop", "collect", "keys", "demos", "sft", "reward", "plot", "info")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's preemption, `kill`, a container stop), handled as Ctrl-C is: every
+    cleanup that Ctrl-C runs (env workers closed, their sockets removed) runs for it too."""
+
+
+def terminate_like_ctrl_c() -> None:
+    import signal
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def train(overrides: list[str]) -> int:
     import logging
 
@@ -198,7 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if verb in ("robot", "teleop", "collect"):
-            return robot(overrides, verb)
+            return robot(overrides, verb)  # the robot client stops on SIGTERM with its own safe ending
+        terminate_like_ctrl_c()
         return {
             "train": train,
             "eval": evaluate,
@@ -213,10 +228,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except EmbodiedError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         hint = "; resume from the last checkpoint with resume=<run dir>" if verb in ("train", "sft") else ""
-        print(f"\ninterrupted{hint}", file=sys.stderr)
-        return 130
+        terminated = isinstance(stop, Terminated)
+        print(f"\n{'terminated' if terminated else 'interrupted'}{hint}", file=sys.stderr)
+        return 143 if terminated else 130  # 128 + the signal's number, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,44 @@ def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new
     assert latest(run_dir).name == "iter_000001"  # nothing written past the checkpoint
     embodied("train", f"resume={run_dir}", more, "env_resume=fresh", "eval_episodes=0")
     assert latest(run_dir).name == "iter_000002"
+
+
+@pytest.mark.parametrize("transport", ["pipe", "zmq"])
+def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_path, transport):
+    """A scheduler's preemption sends SIGTERM: the env workers are closed, the hub's socket
+    folder removed, and the run says where to resume from."""
+    run_dir, mark = tmp_path / "run", f"EMBODIED_TEST_RUN={tmp_path}"
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "embodied.cli", "train", *TINY, "env.num_workers=2", f"env.transport={transport}",
+         "total_env_steps=1000000", f"run_dir={run_dir}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # TMPDIR: where the hub's socket folder goes; the mark: inherited by every worker
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path), "EMBODIED_TEST_RUN": str(tmp_path)},
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (run_dir / "checkpoints" / "latest").is_file():
+        assert trainer.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+        time.sleep(0.2)
+    assert bool(list(tmp_path.glob("embodied-env-*"))) == (transport == "zmq")  # the workers' hub is up
+
+    def marked() -> list[str]:  # this run's processes: the trainer and its workers
+        found = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if mark.encode() in environ.read_bytes().split(b"\0"):
+                    found.append(environ.parent.name)
+            except OSError:  # ended while being read, or not ours to read
+                continue
+        return found
+
+    assert len(marked()) >= 3
+    trainer.send_signal(signal.SIGTERM)
+    _, stderr = trainer.communicate(timeout=120)
+    assert trainer.returncode == 143 and "terminated; resume from the last checkpoint" in stderr, stderr[-2000:]
+    assert not list(tmp_path.glob("embodied-env-*"))
+    deadline = time.monotonic() + 30
+    while marked() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not marked()
