@@ -74,6 +74,11 @@ def final_success(run_dir: Path) -> float | None:
     return json.loads(report.read_text())["overall"]["success_rate"] if report.is_file() else None
 
 
+def write_markdown(name: str, lines: list[str]) -> None:
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{name}.md").read_text())
+
+
 def sft_dir(policy: str):
     return RUNS / f"{policy}-sft"
 
@@ -191,8 +196,7 @@ def report() -> None:
         "",
         "![curves](flow_rl.png)",
     ]
-    (RESULTS / "flow_rl.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "flow_rl.md").read_text())
+    write_markdown("flow_rl", lines)
 
 
 # ---- held out: the recipe above on fresh seeds, evaluated on episodes nothing was tuned on ----
@@ -319,8 +323,7 @@ def heldout_report() -> None:
         "",
         "![periodic evaluations](flow_rl_heldout.png)",
     ]
-    (RESULTS / "flow_rl_heldout.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "flow_rl_heldout.md").read_text())
+    write_markdown("flow_rl_heldout", lines)
 
 
 def main() -> None:
