@@ -58,7 +58,9 @@ def train_interrupted(trainer: subprocess.Popen, run_dir: Path, interrupt, after
     return updates_of(run_dir)
 
 
-def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float = 180.0) -> None:
+def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float = 420.0) -> None:
+    """Until `condition()`; the limit only keeps a hung run from hanging the suite (a busy
+    machine can take minutes to start a run's processes)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert process.poll() is None, f"training exited while waiting for {what}:\n{process.communicate()[1]}"

@@ -7,6 +7,7 @@ import time
 import uuid
 
 import psutil
+import pytest
 from safetensors.torch import load_file
 
 from embodied.checkpoint import resolve_checkpoint
@@ -119,6 +120,7 @@ def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
         assert (weights["local"][name] == weights["ray"][name]).all(), name
 
 
+@pytest.mark.timeout(1200)  # two runs, each starting Ray's and the run's processes
 def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path):
     """Ray places two rollouts (half the envs and one env worker each) and learner rank 1 as
     actors; the run takes the updates `procs` takes with the same layout, bit for bit."""
@@ -149,6 +151,7 @@ def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
     assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
 
 
+@pytest.mark.timeout(1200)  # Ray's start, a kill and a restart, slow on a busy machine
 def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
     updates = train_killing_one("RolloutRole", 1, tmp_path / "run")
     assert updates[-1]["train/rollout_restarts"] == 1
