@@ -195,11 +195,6 @@ def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_pa
         # TMPDIR: where the hub's socket folder goes; the mark: inherited by every worker
         env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path), "EMBODIED_TEST_RUN": str(tmp_path)},
     )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not (run_dir / "checkpoints" / "latest").is_file():
-        assert trainer.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
-        time.sleep(0.2)
-    assert bool(list(tmp_path.glob("embodied-env-*"))) == (transport == "zmq")  # the workers' hub is up
 
     def marked() -> list[str]:  # this run's processes: the trainer and its workers
         found = []
@@ -211,9 +206,17 @@ def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_pa
                 continue
         return found
 
-    assert len(marked()) >= 3
-    trainer.send_signal(signal.SIGTERM)
-    _, stderr = trainer.communicate(timeout=120)
+    try:
+        deadline = time.monotonic() + 420
+        while not (run_dir / "checkpoints" / "latest").is_file():
+            assert trainer.poll() is None and time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        assert bool(list(tmp_path.glob("embodied-env-*"))) == (transport == "zmq")  # the workers' hub is up
+        assert len(marked()) >= 3
+        trainer.send_signal(signal.SIGTERM)
+        _, stderr = trainer.communicate(timeout=120)
+    finally:  # a failed assertion leaves no million-step run behind
+        trainer.kill()
     assert trainer.returncode == 143 and "terminated; resume from the last checkpoint" in stderr, stderr[-2000:]
     assert not list(tmp_path.glob("embodied-env-*"))
     deadline = time.monotonic() + 30
