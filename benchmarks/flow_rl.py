@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_rl  # noqa: E402
 from plots import provenance, save_with_summary  # noqa: E402
-from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, interval95  # noqa: E402
+from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, heldout_results, interval95  # noqa: E402
 from sft_rl import dataset_episodes, embodied, eval_curve  # noqa: E402
 
 DEMOS = RUNS / "flow-demos"
@@ -207,33 +207,14 @@ HELDOUT_RUNS = RESULTS / "runs" / "flow_rl_heldout"
 MODES = ("deterministic", "sampled")
 
 
-def heldout_eval(run_dir: Path) -> dict:
-    """The run's final policy on the held-out episodes, greedy and sampled."""
-    results = {}
-    for mode in MODES:
-        output = run_dir / "eval" / f"heldout-{mode}"
-        if not (output / "report.json").is_file():
-            embodied(
-                "eval",
-                f"checkpoint={run_dir}",
-                f"episodes={HELDOUT_EPISODES}",
-                f"seed={HELDOUT_SEED}",
-                f"deterministic={str(mode == 'deterministic').lower()}",
-                f"output={output}",
-                "progress_bar=false",
-            )
-        overall = json.loads((output / "report.json").read_text())["overall"]
-        results[mode] = {k: overall[k] for k in ("episodes", "successes", "success_rate", "success_ci95")}
-    return results
-
-
 def heldout(demos: int, sft_steps: int) -> None:
     """Train what is missing, evaluate it held out, and keep each run's results (compact JSON)."""
     policies = sorted({ARMS[arm][0] for arm in HELDOUT_ARMS})
     demos_and_sft(demos, sft_steps, policies)
     HELDOUT_RUNS.mkdir(parents=True, exist_ok=True)
     for policy in policies:
-        record = {"kind": "sft", "policy": policy, "heldout": heldout_eval(sft_dir(policy)), **provenance("flow_rl.py")}
+        results, _ = heldout_results(sft_dir(policy))
+        record = {"kind": "sft", "policy": policy, "heldout": results, **provenance("flow_rl.py")}
         (HELDOUT_RUNS / f"{policy}-sft.json").write_text(json.dumps(record))
     for arm in HELDOUT_ARMS:
         policy, overrides = ARMS[arm]
@@ -249,7 +230,7 @@ def heldout(demos: int, sft_steps: int) -> None:
                 "policy": policy,
                 "seed": seed,
                 "overrides": [*POLICIES[policy], *settings],
-                "heldout": heldout_eval(run_dir),
+                "heldout": heldout_results(run_dir)[0],
                 "env_steps": curve.env_steps,
                 "wall_time_s": curve.wall_time_s,
                 "curve": curve.as_json(),

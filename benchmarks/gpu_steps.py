@@ -40,14 +40,14 @@ class Scale:
         return [1] if self.smoke else list(real)
 
 
-def require_physx_gpu() -> None:
+def require_physx_gpu(scale: Scale) -> None:
     """physx_cuda needs SAPIEN's PhysX GPU library, which SAPIEN downloads from GitHub the first
     time: where it is missing and GitHub is out of reach, say so before anything runs."""
     import socket
 
     from embodied.sim.maniskill_common import PHYSX_GPU_RELEASES, physx_gpu_library
 
-    if physx_gpu_library().is_file():
+    if scale.smoke or physx_gpu_library().is_file():  # smoke: physx_cpu
         return
     try:
         socket.getaddrinfo("github.com", 443)
@@ -146,8 +146,7 @@ def compare_envs(task: str, num_envs: int, sim_backend: str, chunk: int, seed: i
 
 
 def correctness(scale: Scale, work: Path) -> StepResult:
-    if not scale.smoke:
-        require_physx_gpu()
+    require_physx_gpu(scale)
     rows = [
         measure("compare_envs", task=task, num_envs=scale.sizes(64)[0], sim_backend=scale.sim_backend, chunk=5, seed=3)
         for task in ("PushCube-v1", "PickCube-v1")
@@ -220,8 +219,7 @@ def env_rates(task: str, num_envs: int, obs_mode: str, sim_backend: str, steps: 
 
 
 def throughput(scale: Scale, work: Path) -> StepResult:
-    if not scale.smoke:
-        require_physx_gpu()
+    require_physx_gpu(scale)
     steps = 3 if scale.smoke else 100
     rows = [
         measure(
@@ -254,8 +252,7 @@ PPO_RUNS = {  # ManiSkill's published PPO baselines' settings (examples/baseline
 
 
 def ppo(scale: Scale, work: Path) -> StepResult:
-    if not scale.smoke:
-        require_physx_gpu()
+    require_physx_gpu(scale)
     rows = []
     for task, run in PPO_RUNS.items():
         env = f"env=maniskill_{task.split('-')[0].lower()}"

@@ -121,31 +121,37 @@ def train(name: str, overrides: list[str], steps: int) -> None:
 HELDOUT_SEED, HELDOUT_EPISODES = 900_001, 100  # an evaluation stream no run or tuning has drawn from
 
 
-def evaluate_heldout(name: str) -> None:
-    """The run's final policy on the held-out episodes, greedy and sampled, into its per-run JSON."""
+def heldout_results(run_dir: Path) -> tuple[dict, str]:
+    """A run's final policy on the held-out episodes, greedy and sampled, and the command."""
     results = {}
     for mode in ("deterministic", "sampled"):
-        output = RUNS / name / "eval" / f"heldout-{mode}"
+        output = run_dir / "eval" / f"heldout-{mode}"
         command = [
             sys.executable,
             "-m",
             "embodied.cli",
             "eval",
-            f"checkpoint={RUNS / name}",
+            f"checkpoint={run_dir}",
             f"episodes={HELDOUT_EPISODES}",
             f"seed={HELDOUT_SEED}",
             f"deterministic={str(mode == 'deterministic').lower()}",
             f"output={output}",
             "progress_bar=false",
         ]
-        print(f"[{name}] {' '.join(command[3:])}", flush=True)
+        print(f"[{run_dir.name}] {' '.join(command[3:])}", flush=True)
         subprocess.run(command, check=True)
         overall = json.loads((output / "report.json").read_text())["overall"]
         kept = ("episodes", "successes", "success_rate", "success_ci95", "mean_return")
         results[mode] = {k: overall[k] for k in kept}
+    return results, " ".join(command[3:])
+
+
+def evaluate_heldout(name: str) -> None:
+    """The run's held-out results, into its per-run JSON."""
+    results, command = heldout_results(RUNS / name)
     path = RESULTS / "runs" / f"{name}.json"
     run = json.loads(path.read_text())
-    run["heldout"] = {"seed": HELDOUT_SEED, "command": " ".join(command[3:]), **results}
+    run["heldout"] = {"seed": HELDOUT_SEED, "command": command, **results}
     path.write_text(json.dumps(run))
 
 

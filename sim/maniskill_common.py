@@ -106,12 +106,12 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
     try:
         return gym.make(cfg.task, **kwargs)
     except Exception as error:
-        hint = ""
-        if sim_backend == "physx_cuda" and not physx_gpu_library().is_file():
+        hint, library = "", physx_gpu_library() if sim_backend == "physx_cuda" else None
+        if library is not None and not library.is_file():
             hint = (
                 f"\nSAPIEN downloads its PhysX GPU library from GitHub the first time physx_cuda runs; "
-                f"offline, unzip linux-so.zip of {PHYSX_GPU_RELEASES} release {physx_gpu_library().parent.name} "
-                f"into {physx_gpu_library().parent}"
+                f"offline, unzip linux-so.zip of {PHYSX_GPU_RELEASES} release {library.parent.name} "
+                f"into {library.parent}"
             )
         raise ConfigError(f"ManiSkill could not build {cfg.task} with {kwargs}: {error}{hint}") from error
 
