@@ -22,7 +22,16 @@ drives the simulated robot through `embodied robot ... record.root=...`.
 
     python benchmarks/hil.py                  # everything, two runs at a time
     python benchmarks/hil.py --steps 20000    # a shorter budget per run
-    python benchmarks/hil.py report           # rebuild the summary from collected runs"""
+    python benchmarks/hil.py report           # rebuild the summary from collected runs
+    python benchmarks/hil.py heldout          # rlpd, rlpd-oracle, rlpd-corrections on 3 fresh seeds
+    python benchmarks/hil.py heldout report   # rebuild that summary from the committed runs
+
+`heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
+the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
+run's own seed, so none of those episodes was looked at while choosing the settings; each
+final policy is also evaluated on 100 episodes of the held-out evaluation seed, greedy and
+sampled. Per-run records (curve, intervention share, held-out success, provenance) go to
+results/runs/hil_heldout/, from which `heldout report` rebuilds results/hil_heldout.*."""
 
 from __future__ import annotations
 
@@ -36,9 +45,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS, RUNS, first_reaching, load  # noqa: E402
+from ppo import (  # noqa: E402
+    HELDOUT_EPISODES,
+    HELDOUT_SEED,
+    RESULTS,
+    RUNS,
+    first_reaching,
+    heldout_results,
+    interval95,
+    load,
+)
 from ppo import train as train_run  # noqa: E402
 
 EXPERT = RUNS / "pushcube-s1"
@@ -242,15 +262,198 @@ def report() -> None:
     print((RESULTS / "hil.md").read_text())
 
 
+# ---- held out: the intervention arms on fresh seeds, final policies on unseen episodes ----
+HELDOUT_ARMS = ("hil-rlpd", "hil-rlpd-oracle", "hil-rlpd-corrections")
+HELDOUT_SEEDS = (101, 102, 103)
+HELDOUT_DIR = "hil_heldout"  # under RUNS (run directories) and RESULTS / "runs" (records)
+SPEEDUP_GOAL = 2.0  # interventions cut the env steps to 90% at least this much
+
+
+def heldout_name(arm: str, seed: int) -> str:
+    return f"{HELDOUT_DIR}/{arm.removeprefix('hil-')}-s{seed}"
+
+
+def heldout(steps: int, parallel: int) -> None:
+    """Train what is missing, evaluate each final policy held out, annotate its record."""
+
+    def one(arm: str, seed: int) -> None:
+        name = heldout_name(arm, seed)
+        record_path = RESULTS / "runs" / f"{name}.json"
+        if record_path.is_file() and "heldout" in json.loads(record_path.read_text()):
+            return
+        overrides = [*(o for o in COMMON if not o.startswith("seed=")), f"seed={seed}", *ARMS[arm]]
+        train_run(name, overrides, steps)
+        results, command = heldout_results(RUNS / name)
+        record = json.loads(record_path.read_text())
+        heldout_record = {"seed": HELDOUT_SEED, "command": command, **results}
+        record.update({"arm": arm, "seed": seed, "overrides": overrides, "heldout": heldout_record})
+        record_path.write_text(json.dumps(record))
+
+    ensure_expert()
+    with ThreadPoolExecutor(parallel) as pool:
+        jobs = [pool.submit(one, arm, seed) for seed in HELDOUT_SEEDS for arm in HELDOUT_ARMS]
+        for job in jobs:
+            job.result()
+
+
+def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached: dict[int, int | None]) -> list:
+    """Per seed: (ratio, exact). Where plain RLPD missed the goal its budget stands in, so the
+    ratio is a lower bound; where the arm missed it, there is no ratio."""
+    out = []
+    for seed, steps in arm_reached.items():
+        if steps is None:
+            out.append((None, False))
+        elif reached[seed] is None:
+            out.append((budget[seed] / steps, False))
+        else:
+            out.append((reached[seed] / steps, True))
+    return out
+
+
+def heldout_report() -> None:
+    """results/hil_heldout.{json,md,png}, rebuilt from results/runs/hil_heldout/."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / HELDOUT_DIR).glob("*.json"))]
+    records = [r for r in records if "heldout" in r]
+    if not records:
+        print("no held-out HIL runs collected")
+        return
+    summary: dict = {
+        "task": "PushCube-v1",
+        "goal": GOAL,
+        "speedup_goal": SPEEDUP_GOAL,
+        "heldout_seed": HELDOUT_SEED,
+        "heldout_episodes": HELDOUT_EPISODES,
+        "arms": {},
+    }
+    reached: dict[str, dict[int, int | None]] = {}
+    budget: dict[str, dict[int, int]] = {}
+    rows, heldout_rows = [], []
+    fig, axes = plt.subplots(1, len(HELDOUT_ARMS), figsize=(5 * len(HELDOUT_ARMS), 3.6), sharey=True)
+    for ax, arm in zip(axes, HELDOUT_ARMS):
+        members = sorted((r for r in records if r["arm"] == arm), key=lambda r: r["seed"])
+        if not members:
+            continue
+        curves = {r["seed"]: [p for p in r["curve"] if "eval/success_rate" in p] for r in members}
+        reached[arm] = {seed: first_reaching(c, "eval/success_rate", GOAL) for seed, c in curves.items()}
+        budget[arm] = {r["seed"]: r["curve"][-1]["env_steps"] for r in members}
+        shares = [
+            float(np.mean(v)) if (v := [p["replay/intervened"] for p in r["curve"] if "replay/intervened" in p]) else 0
+            for r in members
+        ]
+        entry: dict = {
+            "seeds": list(curves),
+            "env_steps_to_goal": list(reached[arm].values()),
+            "held_from": [held_from(c, GOAL) for c in curves.values()],
+            "final_periodic_success": [c[-1]["eval/success_rate"] for c in curves.values()],
+            "intervention_share": shares,
+            "wall_time_s": [r["wall_time_s"] for r in members],
+        }
+        for mode in ("deterministic", "sampled"):
+            values = [r["heldout"][mode]["success_rate"] for r in members]
+            low, high = interval95(values)
+            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": [low, high]}
+            met = "-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**")
+            heldout_rows.append(
+                f"| {arm.removeprefix('hil-')} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
+                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {min(values):.2f} | "
+                f"{max(values):.2f} | [{low:.3f}, {high:.3f}] | {met} |"
+            )
+        summary["arms"][arm] = entry
+        steps_text = ", ".join(
+            f"{s:,}" if s else f"not within {budget[arm][seed]:,}" for seed, s in reached[arm].items()
+        )
+        rows.append(
+            f"| {arm.removeprefix('hil-')} | {steps_text} | "
+            f"{', '.join(f'{v:.2f}' for v in entry['final_periodic_success'])} | "
+            f"{', '.join(f'{v:.0%}' for v in shares)} | "
+            f"{', '.join(f'{w / 60:.0f}' for w in entry['wall_time_s'])} min |"
+        )
+        for seed, curve in curves.items():
+            ax.plot([p["env_steps"] for p in curve], [p["eval/success_rate"] for p in curve], label=f"seed {seed}")
+        ax.axhline(GOAL, color="grey", linestyle="--", linewidth=1)
+        ax.set_title(arm.removeprefix("hil-"))
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("periodic eval success (16 episodes)")
+    fig.suptitle("PushCube-v1, interventions on fresh seeds (periodic evals; held-out figures in the table)")
+    ratio_rows = []
+    for arm in HELDOUT_ARMS[1:]:
+        if arm not in reached or "hil-rlpd" not in reached:
+            continue
+        per_seed = speedups(reached["hil-rlpd"], budget["hil-rlpd"], reached[arm])
+        values = [r for r, _ in per_seed if r is not None]
+        exact = all(e for _, e in per_seed)
+        mean = float(np.mean(values)) if len(values) == len(per_seed) else None
+        summary["arms"][arm]["speedup_over_rlpd"] = {
+            "per_seed": [r for r, _ in per_seed],
+            "exact": [e for _, e in per_seed],
+            "mean": mean,
+            "goal_met": mean is not None and mean >= SPEEDUP_GOAL,
+        }
+        text = ", ".join("-" if r is None else f"{'' if e else '>= '}{r:.1f}x" for r, e in per_seed)
+        mean_text = "-" if mean is None else f"{'' if exact else '>= '}{mean:.1f}x"
+        verdict = "yes" if mean is not None and mean >= SPEEDUP_GOAL else "**no**"
+        ratio_rows.append(f"| rlpd -> {arm.removeprefix('hil-')} | {text} | {mean_text} | {verdict} |")
+    commits = sorted({r["provenance"]["commit"] for r in records})
+    summary.update({"commits": commits, "machine": records[0]["provenance"]["machine"]})
+    save_with_summary(fig, RESULTS, "hil_heldout", summary)
+    seeds = ", ".join(map(str, HELDOUT_SEEDS))
+    lines = [
+        "# Human-in-the-loop on fresh seeds, held out (PushCube-v1)",
+        "",
+        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/hil.py heldout`.",
+        "",
+        f"The recipe of [hil.md](hil.md), unchanged (its settings were chosen on seed 1), on training seeds {seeds}. "
+        "Steps to 90%: the first periodic evaluation (16 episodes drawn from the run's own seed, every 1,000 env "
+        "steps) with >= 90% success; those episodes were never used to choose the settings. The final policies are "
+        f"also evaluated on {HELDOUT_EPISODES} episodes of evaluation seed {HELDOUT_SEED}, which no run or tuning has "
+        "drawn from. Intervals are Student's t over the seeds, cut to [0, 1].",
+        "",
+        "| arm | env steps to 90% (per seed) | final periodic success | steps the operator drove | wall time |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        f"## Interventions against plain RLPD (goal: >= {SPEEDUP_GOAL:g}x fewer env steps to 90%, mean over seeds)",
+        "",
+        "`>=` marks a lower bound: plain RLPD did not reach 90% within its budget, which stands in for its steps.",
+        "",
+        "| comparison | per seed | mean | goal met |",
+        "| --- | --- | ---: | --- |",
+        *ratio_rows,
+        "",
+        f"## Final policies, held out ({HELDOUT_EPISODES} episodes of seed {HELDOUT_SEED}; goal 90% greedy)",
+        "",
+        "| arm | mode | per seed | mean | min | max | 95% interval of the mean | goal met |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
+        *heldout_rows,
+        "",
+        "![periodic evaluations](hil_heldout.png)",
+    ]
+    (RESULTS / "hil_heldout.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / "hil_heldout.md").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
+    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", "heldout"))
+    parser.add_argument("then", nargs="?", choices=("report",), help="after heldout: only rebuild its summary")
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per arm")
     parser.add_argument("--demos", type=int, default=20, help="expert episodes to record")
     parser.add_argument("--only", nargs="*", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--parallel", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+    if args.command == "heldout":
+        if args.then != "report":
+            heldout(args.steps, args.parallel)
+        heldout_report()
+        return
     if args.command == "run":
         ensure_expert()
         if any(f"algo.demos={DEMOS}" in ARMS[name] for name in args.only):

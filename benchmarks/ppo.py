@@ -203,6 +203,7 @@ def collect(name: str) -> None:
         "eval/success_rate",
         "eval/episode_return",
         "train/env_steps_per_s",
+        "replay/intervened",  # share of the collected steps an operator drove (HIL runs)
     )
     curve = [{k: line[k] for k in keep if k in line} for line in lines]
     wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
