@@ -1,0 +1,55 @@
+"""The arithmetic behind reported benchmark figures: a speed ratio against its bound, and
+intervention speedups where a run missed its goal (a lower bound, never an exact figure)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import hil  # noqa: E402  (benchmarks/hil.py, a script)
+import placement  # noqa: E402  (benchmarks/placement.py, a script)
+
+
+def row(name: str, seconds: float, copies: float = 0.0) -> dict:
+    return {"placement": name, "seconds_per_update": seconds, "offload_s_per_update": copies}
+
+
+def test_placement_ratio_is_compared_with_the_bound_its_copies_set():
+    results = [
+        row("disaggregated", 10.0),
+        row("collocated", 11.0, 0.5),
+        row("collocated", 11.4, 0.7),
+        row("disaggregated", 10.4),
+    ]
+    comparison = placement.compare(results)
+    assert comparison["collocated_time_ratio"] == pytest.approx(11.2 / 10.2)
+    assert comparison["ratio_lower_bound"] == pytest.approx((10.2 + 0.6) / 10.2)
+    assert comparison["noise"] == pytest.approx(0.4 / 10.2)
+    assert not comparison["beyond_bound"]
+
+
+def test_a_collocated_run_faster_than_its_bound_allows_is_flagged():
+    # collocated 8% faster than disaggregated though it copies, and rounds agree within 1%
+    results = [
+        row("disaggregated", 10.0),
+        row("collocated", 9.2, 0.5),
+        row("collocated", 9.25, 0.5),
+        row("disaggregated", 10.05),
+    ]
+    assert placement.compare(results)["beyond_bound"]
+
+
+def test_intervention_speedups_are_exact_only_where_both_runs_reached_the_goal():
+    rlpd_reached = {101: 16_000, 102: None, 103: 12_000}
+    rlpd_budget = {101: 20_000, 102: 20_000, 103: 20_000}
+    arm_reached = {101: 4_000, 102: 5_000, 103: None}
+    assert hil.speedups(rlpd_reached, rlpd_budget, arm_reached) == [(4.0, True), (4.0, False), (None, False)]
+
+
+def test_held_from_is_the_first_evaluation_after_the_last_dip():
+    curve = [{"env_steps": s, "eval/success_rate": v} for s, v in [(1, 0.5), (2, 0.95), (3, 0.8), (4, 0.9), (5, 1.0)]]
+    assert hil.held_from(curve, 0.9) == 4
+    assert hil.held_from(curve[:3], 0.9) is None
