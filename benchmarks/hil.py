@@ -114,9 +114,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def record_demos(episodes: int) -> None:
-    """The expert, served, drives the simulated robot while the client records."""
-    if (DEMOS / "meta" / "info.json").is_file():
+def record_demos(episodes: int, root: Path = DEMOS) -> None:
+    """The expert, served, drives the simulated robot while the client records into `root`."""
+    if (root / "meta" / "info.json").is_file():
         return
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     server = subprocess.Popen(
@@ -134,8 +134,8 @@ def record_demos(episodes: int) -> None:
                 f"server={endpoint}",
                 f"episodes={episodes}",
                 "control_hz=50",
-                f"record.root={DEMOS}",
-                f"output={RUNS / 'hil-demos-client'}",
+                f"record.root={root}",
+                f"output={root.with_name(root.name + '-client')}",
             ],
             check=True,
             stdin=subprocess.DEVNULL,
@@ -144,7 +144,7 @@ def record_demos(episodes: int) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    summary = json.loads((RUNS / "hil-demos-client" / "summary.json").read_text())
+    summary = json.loads((root.with_name(root.name + "-client") / "summary.json").read_text())
     print(f"demos: {len(summary['episodes'])} episodes, expert success {summary['success_rate']:.2f}")
 
 
