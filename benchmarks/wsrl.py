@@ -1,0 +1,271 @@
+"""WSRL against naive offline-to-online fine-tuning, from pretraining worth keeping
+(ManiSkill PushCube-v1, state, CPU; the learner and networks of hil.py).
+
+hil.py's first comparison pretrained on 20 demos for 2,000 Cal-QL steps, a policy that almost
+never succeeded, so there was little for WSRL's warm-up to keep. Here:
+
+  tune      on seed 1, the tuning seed: each pretraining variant (demos x Cal-QL steps)
+            pretrains, then its frozen policy collects WSRL's warm-up while the periodic
+            evaluation (2 x 16 episodes of seed 1's evaluation stream) measures it. PRETRAIN
+            names the variant chosen from that table: the cheapest whose pretrained policy
+            succeeds at least MIN_PRETRAINED of the time.
+  heldout   wsrl and naive from that pretraining on training seeds 101-103 (never used for
+            tuning), ENV_STEPS each: S0 (the frozen pretrained policy during wsrl's warm-up,
+            32 episodes of the run's own seed), the dip (the lowest periodic success in the
+            first DIP_WINDOW env steps of online learning, where naive fine-tuning is known
+            to unlearn), env steps to 90%, and each final policy on 100 episodes of the
+            held-out evaluation seed, greedy and sampled.
+  report    rebuild results/wsrl.{json,md,png} from the committed per-run records in
+            results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
+
+    python benchmarks/wsrl.py tune
+    python benchmarks/wsrl.py heldout --parallel 2
+    python benchmarks/wsrl.py report
+
+The expert and its recorded demos are hil.py's (a PPO run of the main job, served by
+`embodied serve`, driving `embodied robot robot=sim` while it records)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hil import COMMON, GOAL, ensure_expert, held_from, record_demos  # noqa: E402
+from plots import save_with_summary  # noqa: E402
+from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, first_reaching, heldout_results, interval95  # noqa: E402
+from ppo import train as train_run  # noqa: E402
+
+VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
+    "d20-p2k": (20, 2_000),  # hil.py's
+    "d20-p10k": (20, 10_000),
+    "d50-p10k": (50, 10_000),
+    "d50-p30k": (50, 30_000),
+}
+MIN_PRETRAINED = 0.2  # "succeeds some of the time"
+PRETRAIN: str | None = None  # chosen from the tuning table (see the report)
+WARMUP = 2_000  # env steps the frozen pretrained policy collects before WSRL learns online
+ARMS = {
+    "wsrl": [f"algo.warmup_steps={WARMUP}", "algo.retain_offline=false"],
+    "naive": ["algo.retain_offline=false"],
+}
+SEEDS = (101, 102, 103)
+ENV_STEPS = 20_000  # per run, as hil.py
+DIP_WINDOW = 5_000  # env steps of online learning in which the dip is looked for
+TUNING, HELDOUT = "wsrl_tuning", "wsrl_heldout"  # under RUNS (run directories) and RESULTS / "runs"
+
+
+def demos(count: int) -> Path:
+    return RUNS / f"hil-demos-{count}"
+
+
+def pretraining(variant: str) -> list[str]:
+    count, steps = VARIANTS[variant]
+    return [f"algo.demos={demos(count)}", f"algo.offline_pretrain_steps={steps}", "algo.calql_alpha=5"]
+
+
+def settings(seed: int, extra: list[str]) -> list[str]:
+    return [*(o for o in COMMON if not o.startswith("seed=")), f"seed={seed}", *extra]
+
+
+def record_path(name: str) -> Path:
+    return RESULTS / "runs" / f"{name}.json"
+
+
+def annotate(name: str, **fields: object) -> None:
+    path = record_path(name)
+    record = json.loads(path.read_text())
+    record.update(fields)
+    path.write_text(json.dumps(record))
+
+
+def done(name: str, key: str) -> bool:
+    return record_path(name).is_file() and key in json.loads(record_path(name).read_text())
+
+
+def prepare(variants: list[str]) -> None:
+    ensure_expert()
+    for count in sorted({VARIANTS[v][0] for v in variants}):
+        record_demos(count, demos(count))
+
+
+def tune() -> None:
+    """Each variant's pretrained policy, measured during the warm-up on seed 1."""
+    prepare(list(VARIANTS))
+    for variant in VARIANTS:
+        name = f"{TUNING}/{variant}"
+        if done(name, "variant"):
+            continue
+        overrides = settings(1, [*pretraining(variant), *ARMS["wsrl"]])
+        train_run(name, overrides, WARMUP)
+        annotate(name, variant=variant, overrides=overrides)
+
+
+def pretrained_success(record: dict) -> float:
+    """The frozen pretrained policy: the periodic evaluations of the warm-up."""
+    values = [p["eval/success_rate"] for p in record["curve"] if "eval/success_rate" in p and p["env_steps"] <= WARMUP]
+    return float(np.mean(values))
+
+
+def heldout(parallel: int) -> None:
+    if PRETRAIN is None:
+        raise SystemExit("no pretraining chosen yet: run `wsrl.py tune` and set PRETRAIN from its table")
+    prepare([PRETRAIN])
+
+    def one(arm: str, seed: int) -> None:
+        name = f"{HELDOUT}/{arm}-s{seed}"
+        if done(name, "heldout"):
+            return
+        overrides = settings(seed, [*pretraining(PRETRAIN), *ARMS[arm]])
+        train_run(name, overrides, ENV_STEPS)
+        results, command = heldout_results(RUNS / name)
+        held = {"seed": HELDOUT_SEED, "command": command, **results}
+        annotate(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides, heldout=held)
+
+    with ThreadPoolExecutor(parallel) as pool:
+        for job in [pool.submit(one, arm, seed) for seed in SEEDS for arm in ARMS]:
+            job.result()
+
+
+def load_records(folder: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / folder).glob("*.json"))]
+
+
+def report() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tuning = {r["variant"]: r for r in load_records(TUNING) if "variant" in r}
+    runs = [r for r in load_records(HELDOUT) if "heldout" in r]
+    summary: dict = {
+        "task": "PushCube-v1",
+        "goal": GOAL,
+        "min_pretrained": MIN_PRETRAINED,
+        "pretraining": PRETRAIN,
+        "tuning": {
+            v: {"pretrained_success": pretrained_success(r), "wall_time_s": r["wall_time_s"]} for v, r in tuning.items()
+        },
+        "arms": {},
+    }
+    tuning_rows = [
+        f"| {v} | {VARIANTS[v][0]} | {VARIANTS[v][1]:,} | {summary['tuning'][v]['pretrained_success']:.2f} | "
+        f"{summary['tuning'][v]['wall_time_s'] / 60:.0f} min |{' **chosen**' if v == PRETRAIN else ''}"
+        for v in VARIANTS
+        if v in tuning
+    ]
+    rows, heldout_rows = [], []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colours = {"wsrl": "tab:blue", "naive": "tab:orange"}
+    s0 = {r["seed"]: pretrained_success(r) for r in runs if r["arm"] == "wsrl"}
+    for arm in ARMS:
+        members = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
+        if not members:
+            continue
+        start = WARMUP if arm == "wsrl" else 0  # where online learning starts
+        entry: dict = {"seeds": [r["seed"] for r in members], "s0": [s0.get(r["seed"]) for r in members]}
+        curves = [[p for p in r["curve"] if "eval/success_rate" in p] for r in members]
+        entry["dip"] = [
+            min(p["eval/success_rate"] for p in c if start < p["env_steps"] <= start + DIP_WINDOW) for c in curves
+        ]
+        entry["env_steps_to_goal"] = [first_reaching(c, "eval/success_rate", GOAL) for c in curves]
+        entry["held_from"] = [held_from(c, GOAL) for c in curves]
+        entry["final_periodic_success"] = [c[-1]["eval/success_rate"] for c in curves]
+        for mode in ("deterministic", "sampled"):
+            values = [r["heldout"][mode]["success_rate"] for r in members]
+            low, high = interval95(values)
+            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": [low, high]}
+            heldout_rows.append(
+                f"| {arm} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
+                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | [{low:.3f}, {high:.3f}] | "
+                + ("-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**"))
+                + " |"
+            )
+        summary["arms"][arm] = entry
+        listed = lambda values, fmt="{:.2f}": ", ".join("-" if v is None else fmt.format(v) for v in values)  # noqa: E731
+        rows.append(
+            f"| {arm} | {listed(entry['s0'])} | {listed(entry['dip'])} | "
+            f"{', '.join(f'{s:,}' if s else f'not within {ENV_STEPS:,}' for s in entry['env_steps_to_goal'])} | "
+            f"{listed(entry['final_periodic_success'])} |"
+        )
+        for record, curve in zip(members, curves):
+            ax.plot(
+                [p["env_steps"] for p in curve],
+                [p["eval/success_rate"] for p in curve],
+                color=colours[arm],
+                alpha=0.8,
+                label=f"{arm} (seeds {', '.join(map(str, entry['seeds']))})" if record is members[0] else None,
+            )
+    ax.axvline(WARMUP, color="tab:blue", linestyle=":", linewidth=1, label="wsrl: warm-up ends")
+    ax.axhline(GOAL, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("env steps (pretraining not counted)")
+    ax.set_ylabel("periodic eval success (16 episodes)")
+    ax.set_title(f"PushCube-v1: WSRL vs naive after Cal-QL pretraining ({PRETRAIN})")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    commits = sorted({r["provenance"]["commit"] for r in [*tuning.values(), *runs]})
+    machine = next((r["provenance"]["machine"] for r in [*tuning.values(), *runs]), None)
+    summary.update({"commits": commits, "machine": machine})
+    save_with_summary(fig, RESULTS, "wsrl", summary)
+    count, steps = VARIANTS[PRETRAIN] if PRETRAIN else (0, 0)
+    lines = [
+        "# WSRL against naive offline-to-online, from pretraining worth keeping (PushCube-v1)",
+        "",
+        f"Commits {', '.join(commits)}; {machine}; `python benchmarks/wsrl.py tune`, "
+        "`python benchmarks/wsrl.py heldout --parallel 2`.",
+        "",
+        "## Tuning (seed 1): the pretrained policy per pretraining variant",
+        "",
+        "Success of the frozen pretrained policy over its warm-up: 2 periodic evaluations of 16 episodes from seed 1's "
+        f"evaluation stream. Chosen: the cheapest variant at >= {MIN_PRETRAINED:.0%}.",
+        "",
+        "| variant | demos | Cal-QL steps | pretrained success | wall time (pretraining + warm-up) |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *tuning_rows,
+        "",
+        f"## Reported (seeds {', '.join(map(str, SEEDS))}, never used for tuning)",
+        "",
+        f"Both arms pretrain on {count} demos for {steps:,} Cal-QL steps, then learn online without the offline data "
+        f"for {ENV_STEPS:,} env steps; wsrl first lets the frozen policy collect {WARMUP:,} of them. S0: wsrl's "
+        f"warm-up evaluations (32 episodes of the run's seed). Dip: the lowest periodic success in the first "
+        f"{DIP_WINDOW:,} env steps of online learning.",
+        "",
+        "| arm | S0 (per seed) | dip | env steps to 90% | final periodic success |",
+        "| --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+        f"Final policies on {HELDOUT_EPISODES} episodes of the held-out evaluation seed {HELDOUT_SEED} (interval: "
+        "Student's t over the seeds, cut to [0, 1]; goal 90% greedy):",
+        "",
+        "| arm | mode | per seed | mean | 95% interval of the mean | goal met |",
+        "| --- | --- | --- | ---: | --- | --- |",
+        *heldout_rows,
+        "",
+        "![periodic evaluations](wsrl.png)",
+    ]
+    (RESULTS / "wsrl.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / "wsrl.md").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=("tune", "heldout", "report"))
+    parser.add_argument("--parallel", type=int, default=2, help="heldout runs at a time")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+    if args.command == "tune":
+        tune()
+    elif args.command == "heldout":
+        heldout(args.parallel)
+    report()
+
+
+if __name__ == "__main__":
+    main()
