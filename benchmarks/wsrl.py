@@ -6,12 +6,12 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
 
   tune      on seed 1, the tuning seed: each pretraining variant (demos x Cal-QL steps)
             pretrains, then its frozen policy collects WSRL's warm-up while the periodic
-            evaluation (2 x 16 episodes of seed 1's evaluation stream) measures it. PRETRAIN
+            evaluation (16 fixed episodes of seed 1's evaluation stream) measures it. PRETRAIN
             names the variant chosen from that table: the cheapest whose pretrained policy
             succeeds at least MIN_PRETRAINED of the time.
   heldout   wsrl and naive from that pretraining on training seeds 101-103 (never used for
             tuning), ENV_STEPS each: S0 (the frozen pretrained policy during wsrl's warm-up,
-            32 episodes of the run's own seed), the dip (the lowest periodic success in the
+            16 fixed episodes of the run's own seed), the dip (the lowest periodic success in the
             first DIP_WINDOW env steps of online learning, where naive fine-tuning is known
             to unlearn), env steps to 90%, and each final policy on 100 episodes of the
             held-out evaluation seed, greedy and sampled.
@@ -48,7 +48,9 @@ VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
     "d50-p10k": (50, 10_000),
     "d50-p30k": (50, 30_000),
 }
-MIN_PRETRAINED = 0.2  # "succeeds some of the time"
+# WSRL's claim is that its warm-up keeps what pretraining learned; a policy that succeeds a
+# quarter of the time leaves little to keep, so the chosen one succeeds about half the time
+MIN_PRETRAINED = 0.5
 PRETRAIN: str | None = None  # chosen from the tuning table (see the report)
 WARMUP = 2_000  # env steps the frozen pretrained policy collects before WSRL learns online
 ARMS = {
@@ -108,7 +110,8 @@ def tune() -> None:
 
 
 def pretrained_success(record: dict) -> float:
-    """The frozen pretrained policy: the periodic evaluations of the warm-up."""
+    """The frozen pretrained policy: the periodic evaluations of the warm-up (the same 16
+    episodes each time, so they agree; their mean is that one measurement)."""
     values = [p["eval/success_rate"] for p in record["curve"] if "eval/success_rate" in p and p["env_steps"] <= WARMUP]
     return float(np.mean(values))
 
@@ -223,8 +226,8 @@ def report() -> None:
         "",
         "## Tuning (seed 1): the pretrained policy per pretraining variant",
         "",
-        "Success of the frozen pretrained policy over its warm-up: 2 periodic evaluations of 16 episodes from seed 1's "
-        f"evaluation stream. Chosen: the cheapest variant at >= {MIN_PRETRAINED:.0%}.",
+        "Success of the frozen pretrained policy during its warm-up: the periodic evaluation, 16 fixed episodes from "
+        f"seed 1's evaluation stream. Chosen: the cheapest variant at >= {MIN_PRETRAINED:.0%}.",
         "",
         "| variant | demos | Cal-QL steps | pretrained success | wall time (pretraining + warm-up) |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -234,7 +237,7 @@ def report() -> None:
         "",
         f"Both arms pretrain on {count} demos for {steps:,} Cal-QL steps, then learn online without the offline data "
         f"for {ENV_STEPS:,} env steps; wsrl first lets the frozen policy collect {WARMUP:,} of them. S0: wsrl's "
-        f"warm-up evaluations (32 episodes of the run's seed). Dip: the lowest periodic success in the first "
+        f"warm-up evaluation (16 fixed episodes of the run's seed). Dip: the lowest periodic success in the first "
         f"{DIP_WINDOW:,} env steps of online learning.",
         "",
         "| arm | S0 (per seed) | dip | env steps to 90% | final periodic success |",
