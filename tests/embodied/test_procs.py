@@ -45,13 +45,15 @@ def env_workers(process: psutil.Process) -> list[psutil.Process]:
     return [p for p in process.children(recursive=True) if "embodied.sim.worker" in " ".join(p.cmdline())]
 
 
-def train_interrupted(trainer: subprocess.Popen, run_dir: Path, interrupt, after_updates: int = 2) -> list[dict]:
+def train_interrupted(
+    trainer: subprocess.Popen, run_dir: Path, interrupt, after_updates: int = 2, wait_s: float = 420.0
+) -> list[dict]:
     """Once `after_updates` updates are logged, call `interrupt()` (which kills something);
     the run must finish all the same. Returns its updates."""
     try:
-        wait_for(lambda: len(updates_of(run_dir)) >= after_updates, f"{after_updates} updates", trainer)
+        wait_for(lambda: len(updates_of(run_dir)) >= after_updates, f"{after_updates} updates", trainer, wait_s)
         interrupt()
-        out, err = trainer.communicate(timeout=600)
+        out, err = trainer.communicate(timeout=max(600.0, wait_s))  # a restart is as slow as a start
     finally:
         trainer.kill()
     assert trainer.returncode == 0, err
