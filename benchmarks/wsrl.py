@@ -115,7 +115,7 @@ def pretrained_success(record: dict) -> float:
     return float(np.mean(values))
 
 
-def heldout(parallel: int) -> None:
+def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS) -> None:
     if PRETRAIN is None:
         raise SystemExit("no pretraining chosen yet: run `wsrl.py tune` and set PRETRAIN from its table")
     prepare([PRETRAIN])
@@ -131,7 +131,7 @@ def heldout(parallel: int) -> None:
         annotate(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides, heldout=held)
 
     with ThreadPoolExecutor(parallel) as pool:
-        for job in [pool.submit(one, arm, seed) for seed in SEEDS for arm in ARMS]:
+        for job in [pool.submit(one, arm, seed) for seed in seeds for arm in ARMS]:
             job.result()
 
 
@@ -260,12 +260,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("tune", "heldout", "report"))
     parser.add_argument("--parallel", type=int, default=2, help="heldout runs at a time")
+    parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS, help="heldout: these of the seeds only")
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
     if args.command == "tune":
         tune()
     elif args.command == "heldout":
-        heldout(args.parallel)
+        heldout(args.parallel, tuple(args.seeds))
     report()
 
 
