@@ -226,7 +226,8 @@ def collect(name: str) -> None:
     out = RESULTS / "runs" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(out.read_text()) if out.exists() else {}
-    record = {"name": name, "wall_time_s": wall, "curve": curve, "provenance": provenance("ppo.py")}
+    # the script that ran: hil.py and wsrl.py train through this one too
+    record = {"name": name, "wall_time_s": wall, "curve": curve, "provenance": provenance(Path(sys.argv[0]).name)}
     # re-collected: keep where the run ran and its held-out evaluation
     record.update({key: earlier[key] for key in ("provenance", "heldout") if key in earlier})
     out.write_text(json.dumps(record))
