@@ -158,8 +158,8 @@ def report() -> None:
         "arms": {},
     }
     tuning_rows = [
-        f"| {v} | {VARIANTS[v][0]} | {VARIANTS[v][1]:,} | {summary['tuning'][v]['pretrained_success']:.2f} | "
-        f"{summary['tuning'][v]['wall_time_s'] / 60:.0f} min |{' **chosen**' if v == PRETRAIN else ''}"
+        f"| {f'**{v}** (chosen)' if v == PRETRAIN else v} | {VARIANTS[v][0]} | {VARIANTS[v][1]:,} | "
+        f"{summary['tuning'][v]['pretrained_success']:.2f} | {summary['tuning'][v]['wall_time_s'] / 60:.0f} min |"
         for v in VARIANTS
         if v in tuning
     ]
@@ -184,16 +184,18 @@ def report() -> None:
             values = [r["heldout"][mode]["success_rate"] for r in members]
             low, high = interval95(values)
             entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": [low, high]}
+            spread = f"[{low:.3f}, {high:.3f}]" if len(values) > 1 else "- (one seed)"
             heldout_rows.append(
-                f"| {arm} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
-                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | [{low:.3f}, {high:.3f}] | "
+                f"| {arm} | {', '.join(map(str, entry['seeds']))} | "
+                f"{'greedy' if mode == 'deterministic' else 'sampled'} | "
+                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {spread} | "
                 + ("-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**"))
                 + " |"
             )
         summary["arms"][arm] = entry
         listed = lambda values, fmt="{:.2f}": ", ".join("-" if v is None else fmt.format(v) for v in values)  # noqa: E731
         rows.append(
-            f"| {arm} | {listed(entry['s0'])} | {listed(entry['dip'])} | "
+            f"| {arm} | {', '.join(map(str, entry['seeds']))} | {listed(entry['s0'])} | {listed(entry['dip'])} | "
             f"{', '.join(f'{s:,}' if s else f'not within {ENV_STEPS:,}' for s in entry['env_steps_to_goal'])} | "
             f"{listed(entry['final_periodic_success'])} |"
         )
@@ -239,15 +241,15 @@ def report() -> None:
         f"warm-up evaluation (16 fixed episodes of the run's seed). Dip: the lowest periodic success in the first "
         f"{DIP_WINDOW:,} env steps of online learning.",
         "",
-        "| arm | S0 (per seed) | dip | env steps to 90% | final periodic success |",
-        "| --- | --- | --- | --- | --- |",
+        "| arm | seeds | S0 | dip | env steps to 90% | final periodic success |",
+        "| --- | --- | --- | --- | --- | --- |",
         *rows,
         "",
         f"Final policies on {HELDOUT_EPISODES} episodes of the held-out evaluation seed {HELDOUT_SEED} (interval: "
         "Student's t over the seeds, cut to [0, 1]; goal 90% greedy):",
         "",
-        "| arm | mode | per seed | mean | 95% interval of the mean | goal met |",
-        "| --- | --- | --- | ---: | --- | --- |",
+        "| arm | seeds | mode | per seed | mean | 95% interval of the mean | goal met |",
+        "| --- | --- | --- | --- | ---: | --- | --- |",
         *heldout_rows,
         "",
         "![periodic evaluations](wsrl.png)",
