@@ -54,10 +54,13 @@ from ppo import (  # noqa: E402
     HELDOUT_SEED,
     RESULTS,
     RUNS,
+    evaluate_heldout,
     first_reaching,
-    heldout_results,
+    has_heldout,
     interval95,
     load,
+    mode_name,
+    seed_cells,
 )
 from ppo import train as train_run  # noqa: E402
 
@@ -118,7 +121,7 @@ def record_demos(episodes: int, root: Path = DEMOS) -> None:
     """The expert, served, drives the simulated robot while the client records into `root`."""
     if (root / "meta" / "info.json").is_file():
         return
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoint, client_output = f"tcp://127.0.0.1:{free_port()}", root.with_name(root.name + "-client")
     server = subprocess.Popen(
         [sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={EXPERT}", f"endpoint={endpoint}", "device=cpu"]
     )
@@ -135,7 +138,7 @@ def record_demos(episodes: int, root: Path = DEMOS) -> None:
                 f"episodes={episodes}",
                 "control_hz=50",
                 f"record.root={root}",
-                f"output={root.with_name(root.name + '-client')}",
+                f"output={client_output}",
             ],
             check=True,
             stdin=subprocess.DEVNULL,
@@ -144,7 +147,7 @@ def record_demos(episodes: int, root: Path = DEMOS) -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-    summary = json.loads((root.with_name(root.name + "-client") / "summary.json").read_text())
+    summary = json.loads((client_output / "summary.json").read_text())
     print(f"demos: {len(summary['episodes'])} episodes, expert success {summary['success_rate']:.2f}")
 
 
@@ -278,16 +281,11 @@ def heldout(steps: int, parallel: int) -> None:
 
     def one(arm: str, seed: int) -> None:
         name = heldout_name(arm, seed)
-        record_path = RESULTS / "runs" / f"{name}.json"
-        if record_path.is_file() and "heldout" in json.loads(record_path.read_text()):
+        if has_heldout(name):
             return
         overrides = [*(o for o in COMMON if not o.startswith("seed=")), f"seed={seed}", *ARMS[arm]]
         train_run(name, overrides, steps)
-        results, command = heldout_results(RUNS / name)
-        record = json.loads(record_path.read_text())
-        heldout_record = {"seed": HELDOUT_SEED, "command": command, **results}
-        record.update({"arm": arm, "seed": seed, "overrides": overrides, "heldout": heldout_record})
-        record_path.write_text(json.dumps(record))
+        evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
     ensure_expert()
     with ThreadPoolExecutor(parallel) as pool:
@@ -355,14 +353,9 @@ def heldout_report() -> None:
         }
         for mode in ("deterministic", "sampled"):
             values = [r["heldout"][mode]["success_rate"] for r in members]
-            low, high = interval95(values)
-            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": [low, high]}
+            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": interval95(values)}
             met = "-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**")
-            heldout_rows.append(
-                f"| {arm.removeprefix('hil-')} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
-                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {min(values):.2f} | "
-                f"{max(values):.2f} | [{low:.3f}, {high:.3f}] | {met} |"
-            )
+            heldout_rows.append(f"| {arm.removeprefix('hil-')} | {mode_name(mode)} | {seed_cells(values)} | {met} |")
         summary["arms"][arm] = entry
         steps_text = ", ".join(
             f"{s:,}" if s else f"not within {budget[arm][seed]:,}" for seed, s in reached[arm].items()

@@ -31,13 +31,12 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from statistics import mean
 
 import torch
-from plots import (
-    bar_chart,
-    provenance,
-    provenance_line,
-)  # sibling module: the scripts run as `python benchmarks/<name>.py`
+
+# sibling module: the scripts run as `python benchmarks/<name>.py`
+from plots import bar_chart, provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A token VLA of some size (a random 8-layer, 512-wide Qwen2 with a 32k vocabulary: 45M
@@ -151,10 +150,6 @@ def run(placement: str, updates: int, overrides: list[str]) -> dict:
         "offload_s_per_update": (moving(last) - moving(first)) / (len(counted) - 1),
         "updates_timed": len(counted) - 1,
     }
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 def compare(results: list[dict]) -> dict:

@@ -162,13 +162,19 @@ def heldout_results(run_dir: Path) -> tuple[dict, str]:
     return results, " ".join(command[3:])
 
 
-def evaluate_heldout(name: str) -> None:
-    """The run's held-out results, into its per-run JSON."""
+def evaluate_heldout(name: str, **fields: object) -> None:
+    """The run's held-out results, and any other `fields`, into its per-run JSON."""
     results, command = heldout_results(RUNS / name)
     path = RESULTS / "runs" / f"{name}.json"
     run = json.loads(path.read_text())
-    run["heldout"] = {"seed": HELDOUT_SEED, "command": command, **results}
+    run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, **results})
     path.write_text(json.dumps(run))
+
+
+def has_heldout(name: str) -> bool:
+    """Whether the run's per-run JSON holds its held-out evaluation (its work is done)."""
+    path = RESULTS / "runs" / f"{name}.json"
+    return path.is_file() and "heldout" in json.loads(path.read_text())
 
 
 def interval95(values: list[float], bounds: tuple[float, float] = (0.0, 1.0)) -> list[float]:
@@ -181,6 +187,20 @@ def interval95(values: list[float], bounds: tuple[float, float] = (0.0, 1.0)) ->
         return [float("nan"), float("nan")]
     half = stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values))
     return [float(max(values.mean() - half, bounds[0])), float(min(values.mean() + half, bounds[1]))]
+
+
+def mode_name(mode: str) -> str:
+    return "greedy" if mode == "deterministic" else "sampled"
+
+
+def seed_cells(values: list[float], bounds: tuple[float, float] = (0.0, 1.0)) -> str:
+    """Table cells over seeds: per seed | mean | min | max | 95% interval of the mean."""
+    low, high = interval95(values, bounds)
+    spread = f"[{low:.3f}, {high:.3f}]" if len(values) > 1 else "- (one seed)"
+    return (
+        f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {min(values):.2f} | "
+        f"{max(values):.2f} | {spread}"
+    )
 
 
 def heldout_lines(summary: dict, suite: dict) -> list[str]:
@@ -198,12 +218,10 @@ def heldout_lines(summary: dict, suite: dict) -> list[str]:
     for task, entry in summary["tasks"].items():
         for mode, values in entry.get("heldout", {}).items():
             goal = suite["heldout"]["goal"] if mode == "deterministic" else None
-            low, high = interval95(values, bounds)
             met = "-" if goal is None else ("yes" if np.mean(values) >= goal else "**no**")
             lines.append(
-                f"| {task} | {'greedy' if mode == 'deterministic' else 'sampled'} | "
-                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {min(values):.2f} | "
-                f"{max(values):.2f} | [{low:.3f}, {high:.3f}] | {goal if goal is not None else '-'} | {met} |"
+                f"| {task} | {mode_name(mode)} | {seed_cells(values, bounds)} | "
+                f"{goal if goal is not None else '-'} | {met} |"
             )
     return lines
 

@@ -39,7 +39,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hil import COMMON, GOAL, ensure_expert, held_from, record_demos  # noqa: E402
 from plots import save_with_summary  # noqa: E402
-from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, first_reaching, heldout_results, interval95  # noqa: E402
+from ppo import (  # noqa: E402
+    HELDOUT_EPISODES,
+    HELDOUT_SEED,
+    RESULTS,
+    RUNS,
+    evaluate_heldout,
+    first_reaching,
+    has_heldout,
+    interval95,
+    mode_name,
+    seed_cells,
+)
 from ppo import train as train_run  # noqa: E402
 
 VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
@@ -79,17 +90,6 @@ def record_path(name: str) -> Path:
     return RESULTS / "runs" / f"{name}.json"
 
 
-def annotate(name: str, **fields: object) -> None:
-    path = record_path(name)
-    record = json.loads(path.read_text())
-    record.update(fields)
-    path.write_text(json.dumps(record))
-
-
-def done(name: str, key: str) -> bool:
-    return record_path(name).is_file() and key in json.loads(record_path(name).read_text())
-
-
 def prepare(variants: list[str]) -> None:
     ensure_expert()
     for count in sorted({VARIANTS[v][0] for v in variants}):
@@ -101,11 +101,12 @@ def tune() -> None:
     prepare(list(VARIANTS))
     for variant in VARIANTS:
         name = f"{TUNING}/{variant}"
-        if done(name, "variant"):
+        if record_path(name).is_file() and "variant" in json.loads(record_path(name).read_text()):
             continue
         overrides = settings(1, [*pretraining(variant), *ARMS["wsrl"]])
         train_run(name, overrides, WARMUP)
-        annotate(name, variant=variant, overrides=overrides)
+        record = json.loads(record_path(name).read_text())
+        record_path(name).write_text(json.dumps({**record, "variant": variant, "overrides": overrides}))
 
 
 def pretrained_success(record: dict) -> float:
@@ -122,13 +123,11 @@ def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS) -> None:
 
     def one(arm: str, seed: int) -> None:
         name = f"{HELDOUT}/{arm}-s{seed}"
-        if done(name, "heldout"):
+        if has_heldout(name):
             return
         overrides = settings(seed, [*pretraining(PRETRAIN), *ARMS[arm]])
         train_run(name, overrides, ENV_STEPS)
-        results, command = heldout_results(RUNS / name)
-        held = {"seed": HELDOUT_SEED, "command": command, **results}
-        annotate(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides, heldout=held)
+        evaluate_heldout(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides)
 
     with ThreadPoolExecutor(parallel) as pool:
         for job in [pool.submit(one, arm, seed) for seed in seeds for arm in ARMS]:
@@ -182,16 +181,10 @@ def report() -> None:
         entry["final_periodic_success"] = [c[-1]["eval/success_rate"] for c in curves]
         for mode in ("deterministic", "sampled"):
             values = [r["heldout"][mode]["success_rate"] for r in members]
-            low, high = interval95(values)
-            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": [low, high]}
-            spread = f"[{low:.3f}, {high:.3f}]" if len(values) > 1 else "- (one seed)"
-            heldout_rows.append(
-                f"| {arm} | {', '.join(map(str, entry['seeds']))} | "
-                f"{'greedy' if mode == 'deterministic' else 'sampled'} | "
-                f"{', '.join(f'{v:.2f}' for v in values)} | {np.mean(values):.3f} | {spread} | "
-                + ("-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**"))
-                + " |"
-            )
+            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": interval95(values)}
+            met = "-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**")
+            seeds = ", ".join(map(str, entry["seeds"]))
+            heldout_rows.append(f"| {arm} | {seeds} | {mode_name(mode)} | {seed_cells(values)} | {met} |")
         summary["arms"][arm] = entry
         listed = lambda values, fmt="{:.2f}": ", ".join("-" if v is None else fmt.format(v) for v in values)  # noqa: E731
         rows.append(
@@ -248,8 +241,8 @@ def report() -> None:
         f"Final policies on {HELDOUT_EPISODES} episodes of the held-out evaluation seed {HELDOUT_SEED} (interval: "
         "Student's t over the seeds, cut to [0, 1]; goal 90% greedy):",
         "",
-        "| arm | seeds | mode | per seed | mean | 95% interval of the mean | goal met |",
-        "| --- | --- | --- | --- | ---: | --- | --- |",
+        "| arm | seeds | mode | per seed | mean | min | max | 95% interval of the mean | goal met |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | --- | --- |",
         *heldout_rows,
         "",
         "![periodic evaluations](wsrl.png)",
