@@ -77,6 +77,13 @@ def run_step(name: str, scale: gpu_steps.Scale, results: Path, work: Path) -> di
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)),
     }
+    measured: list[dict[str, Any]] = []
+
+    def publish(row: dict[str, Any]) -> None:  # the rows so far, in case GPU time ends mid-step
+        measured.append(row)
+        write({**record, "unfinished": True, "rows": measured, "seconds": time.time() - started}, results)
+
+    gpu_steps.on_measured = publish
     try:
         record.update(asdict(STEPS[name](scale, work)))
     except (Exception, SystemExit) as error:  # recorded, and the campaign goes on with the next step
@@ -92,9 +99,8 @@ def write(record: dict[str, Any], results: Path) -> None:
     (results / f"{name}.json").write_text(json.dumps(record, indent=2, default=str))
     (results / f"{name}.md").write_text(step_markdown(record))
     out = os.environ.get("OUT")
-    if out:  # the GPU machine hands back what is under $OUT
-        for suffix in (".json", ".md"):
-            shutil.copy(results / f"{name}{suffix}", Path(out) / f"{name}{suffix}")
+    if out:  # the GPU machine hands back at most 8 files: the JSON only (`report` rebuilds the Markdown)
+        shutil.copy(results / f"{name}.json", Path(out) / f"{name}.json")
 
 
 def cell(value: Any) -> str:
@@ -120,7 +126,10 @@ def step_markdown(record: dict[str, Any]) -> str:
     ]
     if "error" in record:
         return "\n".join([*lines, f"**Failed:** {record['error']}", "", "```", record["traceback"], "```", ""])
-    lines += [f"Goal: {record['goal']}: {verdict}.", ""]
+    if record.get("unfinished"):
+        lines += ["**Unfinished:** the step was cut off; the rows it had measured by then:", ""]
+    else:
+        lines += [f"Goal: {record['goal']}: {verdict}.", ""]
     rows = record["rows"]
     if rows:
         keys = list(dict.fromkeys(key for row in rows for key in row))
@@ -155,8 +164,11 @@ def report(results: Path) -> str:
         if record is None or record.get("smoke"):
             lines.append(f"| {name} | not measured on a GPU yet | | | |")
             continue
+        (results / f"{name}.md").write_text(step_markdown(record))  # from the JSON a GPU machine handed back
         if "error" in record:
             result = "failed: " + failure_cause(record["error"])
+        elif record.get("unfinished"):
+            result = f"unfinished: cut off after {len(record['rows'])} rows"
         elif not record["rows"]:
             result = "nothing measured (see its notes)"
         else:

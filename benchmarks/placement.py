@@ -99,7 +99,10 @@ def defaults_under(overrides: list[str]) -> list[str]:
     return DEFAULT
 
 
-def run(placement: str, updates: int, overrides: list[str]) -> dict:
+def run(placement: str, updates: int, overrides: list[str], timeout_s: float | None = None) -> dict:
+    """Seconds per update and peak device memory of one run, stopped after its updates (or,
+    with `timeout_s`, after that long: an error naming how far it got)."""
+    deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
     with tempfile.TemporaryDirectory() as tmp, DeviceMemory() as memory:
         run_dir = Path(tmp) / placement
         command = [
@@ -117,16 +120,27 @@ def run(placement: str, updates: int, overrides: list[str]) -> dict:
             f"run_dir={run_dir}",
             f"total_env_steps={10**9}",
         ]
-        trainer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # stderr into a file: a pipe nobody reads until the end can fill and stall the trainer
+        log = Path(tmp) / "stderr.log"
+        with open(log, "w") as stderr:
+            trainer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         metrics = run_dir / "metrics.jsonl"
         rows: list[dict] = []
         try:
             while len(rows) < updates + WARMUP_UPDATES:
                 if trainer.poll() is not None:
-                    raise SystemExit(f"the {placement} run failed:\n{trainer.stderr.read()[-3000:]}")
+                    raise SystemExit(f"the {placement} run failed:\n{log.read_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise SystemExit(
+                        f"the {placement} run made {len(rows)} of {updates + WARMUP_UPDATES} updates in "
+                        f"{timeout_s:.0f} s; its stderr ends:\n{log.read_text()[-2000:]}"
+                    )
                 time.sleep(0.5)
                 if metrics.is_file():
+                    done = len(rows)
                     rows = [r for r in map(json.loads, metrics.read_text().splitlines()) if "train/iteration" in r]
+                    if len(rows) > done:
+                        print(f"placement: {placement}: update {len(rows)}", file=sys.stderr, flush=True)
         finally:  # Ctrl-C: the learner tells its rollout to finish, so nothing holds the device after it
             trainer.send_signal(signal.SIGINT)
             try:

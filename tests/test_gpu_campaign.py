@@ -61,6 +61,50 @@ def test_a_failing_step_is_recorded_and_the_campaign_goes_on(tmp_path, monkeypat
     assert "| correctness | not measured on a GPU yet |" in gpu_campaign.report(tmp_path)  # a smoke run is no GPU run
 
 
+def test_a_step_cut_off_midway_has_already_handed_back_the_rows_it_measured(tmp_path, monkeypatch):
+    """GPU time can end inside a step: each measurement is published as it comes, into $OUT too
+    (JSON only: the machine hands back at most 8 files), and `report` marks the step unfinished."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_campaign
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("OUT", str(out))
+    seen_midway = []
+
+    def two_rows(scale, work):
+        gpu_campaign.gpu_steps.on_measured({"workers": 4, "speedup": 1.2})
+        seen_midway.append(json.loads((out / "pipeline.json").read_text()))
+        gpu_campaign.gpu_steps.on_measured({"workers": 8, "speedup": 1.5})
+        return gpu_campaign.gpu_steps.StepResult("a goal", False, [{"workers": 4}, {"workers": 8}])
+
+    monkeypatch.setitem(gpu_campaign.STEPS, "pipeline", two_rows)
+    results = tmp_path / "results"
+    record = gpu_campaign.run_step("pipeline", gpu_campaign.gpu_steps.Scale(smoke=True), results, tmp_path)
+    assert seen_midway[0]["unfinished"] and seen_midway[0]["rows"] == [{"workers": 4, "speedup": 1.2}]
+    assert "unfinished" not in record and record["met"] is False
+    assert sorted(p.name for p in out.iterdir()) == ["pipeline.json"]
+    # A record cut off on a GPU (not a smoke run): the report says so and rebuilds its Markdown.
+    cut_off = {**seen_midway[0], "smoke": False}
+    (results / "pipeline.json").write_text(json.dumps(cut_off))
+    (results / "pipeline.md").unlink()
+    assert "| [pipeline](pipeline.md) | unfinished: cut off after 1 rows |" in gpu_campaign.report(results)
+    assert "**Unfinished:**" in (results / "pipeline.md").read_text()
+
+
+def test_the_kit_check_refuses_a_first_call_over_the_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(kit, "KIT", tmp_path)
+    (tmp_path / "debs").mkdir()
+    (tmp_path / "MANIFEST.json").write_text("{}")
+    (tmp_path / "site.tar.xz").write_bytes(b"x" * 1000)
+    monkeypatch.setattr(kit, "working_tree_bytes", lambda: 500)
+    monkeypatch.setattr(kit, "LIMIT_BYTES", 2000)
+    assert "EMBODIED_COMMIT=" in kit.check()
+    monkeypatch.setattr(kit, "LIMIT_BYTES", 1200)
+    with pytest.raises(SystemExit, match="over the"):
+        kit.check()
+
+
 def test_the_kit_carries_what_the_campaign_imports_and_the_gpu_image_lacks():
     needed = kit.needed()
     carried = {"mani-skill", "sapien", "pyzmq", "hydra-core", "omegaconf", "gymnasium", "mujoco", "pyopengl"}

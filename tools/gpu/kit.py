@@ -21,6 +21,7 @@ carry at most 64 MiB (the working tree included). So this builds, under .gpu/ (g
     python tools/gpu/kit.py prepare --physx-gpu linux-so.zip   # with SAPIEN's PhysX GPU library
     python tools/gpu/kit.py prepare-vla    # the `vla` step's demos and SFT, on this CPU (~30 min)
     python tools/gpu/kit.py plan           # what would be carried, without downloading
+    python tools/gpu/kit.py check          # right before a visit: the first call still fits
     python tools/gpu/kit.py trace-assets   # re-read which ManiSkill assets our tasks load (strace)
 
 tools/gpu/there.sh installs it on the GPU machine and runs benchmarks/gpu_campaign.py; docs/gpu.md
@@ -422,6 +423,26 @@ def prepare(physx_gpu: Path | None = None) -> dict:
     return manifest
 
 
+def check() -> str:
+    """Right before a GPU visit: whether the first call still fits, since the working tree grows
+    after the kit is prepared, and the command that names the commit measured."""
+    if not (KIT / "MANIFEST.json").is_file():
+        raise SystemExit(f"no kit at {KIT}: run `python tools/gpu/kit.py prepare` first")
+    carried = [KIT / "site.tar.xz", KIT / "MANIFEST.json", *sorted((KIT / "debs").iterdir())]
+    first_call = working_tree_bytes() + sum(p.stat().st_size for p in carried)
+    if first_call > LIMIT_BYTES:
+        raise SystemExit(
+            f"the first call would carry {first_call / 2**20:.1f} MiB (the working tree "
+            f"{working_tree_bytes() / 2**20:.1f} MiB), over the {LIMIT_BYTES >> 20} MiB limit: "
+            "commit less into the tree (large result files) or slim the kit"
+        )
+    head = commit()
+    return (
+        f"first call: {first_call / 2**20:.1f} MiB of {LIMIT_BYTES >> 20}\n"
+        f"run there: EMBODIED_COMMIT='{head}' bash tools/gpu/there.sh --only <steps>"
+    )
+
+
 def prepare_vla() -> Path:
     """The `vla` step's demos and SFT, run here on the CPU (about half an hour), packed with
     only the latest checkpoint as .gpu/vla-sft.tar for the GPU machine (there.sh unpacks it
@@ -471,7 +492,7 @@ def trace_assets() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["prepare", "prepare-vla", "plan", "trace-assets"])
+    parser.add_argument("command", choices=["prepare", "prepare-vla", "plan", "check", "trace-assets"])
     parser.add_argument(
         "--physx-gpu",
         type=Path,
@@ -482,6 +503,8 @@ def main() -> None:
         parser.error(f"--physx-gpu {args.physx_gpu}: no such file")
     if args.command == "plan":
         print(json.dumps(needed(), indent=2))
+    elif args.command == "check":
+        print(check())
     elif args.command == "trace-assets":
         trace_assets()
     elif args.command == "prepare-vla":

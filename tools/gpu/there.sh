@@ -59,7 +59,12 @@ if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e "$nvidia/vulkan/icd.
     export VK_DRIVER_FILES="$nvidia/vulkan/icd.d/nvidia_icd.json"
     export __EGL_VENDOR_LIBRARY_FILENAMES="$nvidia/glvnd/egl_vendor.d/10_nvidia.json"
 fi
-EMBODIED_COMMIT="$(python3 -c 'import json; print(json.load(open(".gpu/MANIFEST.json"))["commit"])' 2>/dev/null || echo unknown)"
+# The commit measured: the working tree travels without .git, so the caller names it
+# (EMBODIED_COMMIT=<sha> bash tools/gpu/there.sh ...); else the kit's, which the tree may be newer than.
+if [ -z "${EMBODIED_COMMIT:-}" ]; then
+    kit_commit="$(python3 -c 'import json; print(json.load(open(".gpu/MANIFEST.json"))["commit"])' 2>/dev/null || echo unknown)"
+    EMBODIED_COMMIT="unknown: the kit was prepared at $kit_commit"
+fi
 export EMBODIED_COMMIT
 
 {  # what the machine offers, handed back with the results
@@ -79,4 +84,5 @@ fi
 repo="$(pwd)"
 mkdir -p /tmp/embodied-gpu-run
 cd /tmp/embodied-gpu-run
-exec python3 "$repo/benchmarks/gpu_campaign.py" "$@"
+# The log goes back with the results, also when the call's time limit cuts the campaign off.
+python3 "$repo/benchmarks/gpu_campaign.py" "$@" 2>&1 | tee "$out/campaign.log"
