@@ -339,10 +339,7 @@ def heldout_report() -> None:
         curves = {r["seed"]: [p for p in r["curve"] if "eval/success_rate" in p] for r in members}
         reached[arm] = {seed: first_reaching(c, "eval/success_rate", GOAL) for seed, c in curves.items()}
         budget[arm] = {r["seed"]: r["curve"][-1]["env_steps"] for r in members}
-        shares = [
-            float(np.mean(v)) if (v := [p["replay/intervened"] for p in r["curve"] if "replay/intervened" in p]) else 0
-            for r in members
-        ]
+        shares = [r["intervened_mean"] for r in members]
         entry: dict = {
             "seeds": list(curves),
             "env_steps_to_goal": list(reached[arm].values()),

@@ -226,26 +226,48 @@ def heldout_lines(summary: dict, suite: dict) -> list[str]:
     return lines
 
 
+TRAINING_POINTS = 200  # training-log points a run record keeps for its plot; every evaluation is kept
+CURVE_KEYS = (
+    "env_steps",
+    "rollout/episode_return",
+    "rollout/success_rate",
+    "eval/success_rate",
+    "eval/episode_return",
+    "train/env_steps_per_s",
+    "replay/intervened",  # share of the collected steps an operator drove (HIL runs)
+)
+
+
+def compact(lines: list[dict]) -> dict:
+    """A run's log as a record keeps it: every evaluation, the last line and about
+    TRAINING_POINTS training lines for the plot, and the statistics of the whole log that the
+    reports need (an off-policy run logs every few env steps, thousands of lines)."""
+    curve = [{k: line[k] for k in CURVE_KEYS if k in line} for line in lines]
+    stride = max(1, len(curve) // TRAINING_POINTS)
+    kept = [
+        p
+        for i, p in enumerate(curve)
+        if i % stride == 0 or i == len(curve) - 1 or any(k.startswith("eval/") for k in p)
+    ]
+    rates = [p["train/env_steps_per_s"] for p in curve if "train/env_steps_per_s" in p]
+    shares = [p["replay/intervened"] for p in curve if "replay/intervened" in p]
+    return {
+        "curve": kept,
+        "env_steps_per_s_median": float(np.median(rates)) if rates else None,
+        "intervened_mean": float(np.mean(shares)) if shares else 0.0,  # the operator's share, mean over the log
+    }
+
+
 def collect(name: str) -> None:
     """Curve and wall time of a finished run (start: its config file; end: its last checkpoint)."""
     run_dir = RUNS / name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    keep = (
-        "env_steps",
-        "rollout/episode_return",
-        "rollout/success_rate",
-        "eval/success_rate",
-        "eval/episode_return",
-        "train/env_steps_per_s",
-        "replay/intervened",  # share of the collected steps an operator drove (HIL runs)
-    )
-    curve = [{k: line[k] for k in keep if k in line} for line in lines]
     wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
     out = RESULTS / "runs" / f"{name}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(out.read_text()) if out.exists() else {}
     # the script that ran: hil.py and wsrl.py train through this one too
-    record = {"name": name, "wall_time_s": wall, "curve": curve, "provenance": provenance(Path(sys.argv[0]).name)}
+    record = {"name": name, "wall_time_s": wall, **compact(lines), "provenance": provenance(Path(sys.argv[0]).name)}
     # re-collected: keep where the run ran and its held-out evaluation
     record.update({key: earlier[key] for key in ("provenance", "heldout") if key in earlier})
     out.write_text(json.dumps(record))
@@ -287,9 +309,7 @@ def report(suite_name: str) -> None:
             ax.plot(x, y, label=name)
             finals.append(y[-1])
             steps.append(x[-1])
-            speeds.append(
-                float(np.median([p["train/env_steps_per_s"] for p in run["curve"] if "train/env_steps_per_s" in p]))
-            )
+            speeds.append(run["env_steps_per_s_median"])
             walls.append(run.get("wall_time_s"))
             if "goal" in suite:
                 reach.append(first_reaching(curve, metric, suite.get("goal", {}).get(task, 0.9)))

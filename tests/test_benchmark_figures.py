@@ -1,5 +1,6 @@
-"""The arithmetic behind reported benchmark figures: a speed ratio against its bound, and
-intervention speedups where a run missed its goal (a lower bound, never an exact figure)."""
+"""The arithmetic behind reported benchmark figures: a speed ratio against its bound,
+intervention speedups where a run missed its goal (a lower bound, never an exact figure), and
+the run records the reports are rebuilt from."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import hil  # noqa: E402  (benchmarks/hil.py, a script)
 import placement  # noqa: E402  (benchmarks/placement.py, a script)
+import ppo  # noqa: E402  (benchmarks/ppo.py, a script)
 
 
 def row(name: str, seconds: float, copies: float = 0.0) -> dict:
@@ -53,3 +55,22 @@ def test_held_from_is_the_first_evaluation_after_the_last_dip():
     curve = [{"env_steps": s, "eval/success_rate": v} for s, v in [(1, 0.5), (2, 0.95), (3, 0.8), (4, 0.9), (5, 1.0)]]
     assert hil.held_from(curve, 0.9) == 4
     assert hil.held_from(curve[:3], 0.9) is None
+
+
+def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statistics():
+    lines = [
+        {"env_steps": 4 * i, "train/env_steps_per_s": float(i), "replay/intervened": float(i % 2), "loss": 1.0}
+        for i in range(1, 5001)
+    ]
+    for i in range(499, 5000, 500):
+        lines[i]["eval/success_rate"] = i / 5000
+    record = ppo.compact(lines)
+    curve = record["curve"]
+    assert len(curve) <= ppo.TRAINING_POINTS + 1 + 10
+    assert [p["eval/success_rate"] for p in curve if "eval/success_rate" in p] == [
+        i / 5000 for i in range(499, 5000, 500)
+    ]
+    assert curve[-1]["env_steps"] == 20000 and curve[-1]["train/env_steps_per_s"] == 5000.0
+    assert record["env_steps_per_s_median"] == 2500.5  # over all 5000 lines, not the kept ones
+    assert record["intervened_mean"] == 0.5
+    assert "loss" not in curve[0]
