@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Optional
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from embodied.core.compose import RENAMED, load_yaml, renamed, validate
 from embodied.core.errors import ConfigError
@@ -165,8 +166,17 @@ def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
     top = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in group_names])
     config = validate(schema, top, "")
     check_values(config)
+    # A group's interpolations (an algo's `seed: ${seed}`) resolve against the top level, its
+    # defaults included, before the group is validated on its own.
+    scope = OmegaConf.structured(config)
     for group in group_names:
-        section = cfg.get(group)
+        scope[group] = cfg.get(group)
+    try:
+        resolved = OmegaConf.to_container(scope, resolve=True)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"config error at '{getattr(error, 'full_key', None) or '?'}': {error}") from None
+    for group in group_names:
+        section = resolved.get(group)
         if section is None and getattr(schema, "GROUPS_OPTIONAL", False):
             continue
         setattr(config, group, validate_group(group, section))

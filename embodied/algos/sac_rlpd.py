@@ -83,7 +83,7 @@ class SACConfig:
     image_augmentation: str = "none"  # from pixels: none (features cached per frame) | shift (DrQ)
     shift_pad: int = 4  # pixels of DrQ's random shift
     feature_batch: int = 256  # frames per backbone pass when caching features
-    seed: int = 0
+    seed: int = 0  # seeds critics, replay sampling and target subsets; configs/algo sets the run's seed
 
 
 def check_sac_config(cfg: SACConfig) -> None:

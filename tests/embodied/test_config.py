@@ -22,6 +22,14 @@ def test_default_config_maps_onto_typed_schemas():
     assert config.algo.name == "ppo" and config.runtime.name == "local"
 
 
+@pytest.mark.parametrize("algo", ["sac_rlpd", "dsrl"])
+def test_off_policy_algorithms_take_the_runs_seed(algo):
+    """Their critics, replay samplers and target subsets are seeded from algo.seed: three seeds
+    of a run must not share them."""
+    assert load(f"algo={algo}", "seed=7").algo.seed == 7
+    assert load(f"algo={algo}", "seed=8").algo.seed == 8
+
+
 def test_experiment_overrides_groups_and_values():
     config = load("experiment=mujoco_hopper")
     assert config.env.task == "Hopper-v4" and config.algo.rollout_steps == 2048
