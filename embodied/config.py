@@ -30,7 +30,9 @@ class LoggerConfig:
 
 @dataclass
 class InterventionConfig:
-    expert: Optional[str] = None  # a run or checkpoint whose policy plays the operator; None: no operator
+    # a run or checkpoint whose policy plays the operator; `scripted`: the env's scripted expert
+    # (ManiSkill Pick/Push/StackCube, pd_ee_delta_pos), which reads privileged state; None: no operator
+    expert: Optional[str] = None
     threshold: float = 0.5  # take over when the policy is farther than this from the expert (action units)...
     patience: int = 3  # ... for this many steps in a row
     release: int = 10  # hand back after this many steps of agreement...

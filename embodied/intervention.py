@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from embodied.config import InterventionConfig
+from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
 from embodied.policy_loading import load_run_policy, numpy_infer
@@ -22,9 +23,26 @@ from embodied.robots.teleop import OracleRule
 OFF_POLICY_ALGOS = ("sac_rlpd", "dsrl")
 
 
+SCRIPTED = "scripted"  # intervention.expert: the env's own scripted expert (privileged state)
+
+
 class SimOperator:
-    def __init__(self, cfg: InterventionConfig, num_envs: int, chunk_size: int):
-        self.infer = numpy_infer(load_run_policy(cfg.expert))
+    """`cfg.expert` a trained run (its policy reads what the learning policy reads), or
+    SCRIPTED: the env's scripted expert, which reads the simulator's privileged state, as a
+    person reads the scene; the operator for a policy that learns from pixels."""
+
+    def __init__(self, cfg: InterventionConfig, num_envs: int, chunk_size: int, env: BatchedEnv | None = None):
+        if cfg.expert == SCRIPTED:
+            if env is None:
+                raise ValueError("intervention.expert=scripted needs the env whose expert it asks")
+            if chunk_size != 1:
+                raise ConfigError(
+                    f"the scripted expert acts one step at a time; the policy acts in chunks of {chunk_size}"
+                )
+            env.expert_actions()  # an env without one says so here, not at the first step
+            self.infer = lambda observation: env.expert_actions()[:, None]
+        else:
+            self.infer = numpy_infer(load_run_policy(cfg.expert))
         self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs, max_takeover=cfg.max_takeover)
         self.chunk_size = chunk_size
 
@@ -42,7 +60,7 @@ class SimOperator:
         self.rule.reset(slice(None) if done is None else np.asarray(done, dtype=bool))
 
 
-def build_operator(config: Any, num_envs: int) -> SimOperator | None:
+def build_operator(config: Any, env: BatchedEnv) -> SimOperator | None:
     cfg: InterventionConfig = config.intervention
     if not cfg.expert:
         return None
@@ -53,4 +71,4 @@ def build_operator(config: Any, num_envs: int) -> SimOperator | None:
         )
     if getattr(config.runtime, "pipeline", False):
         raise ConfigError("intervention.expert does not work with runtime.pipeline=true")
-    return SimOperator(cfg, num_envs, config.policy.chunk_size)
+    return SimOperator(cfg, env.num_envs, config.policy.chunk_size, env)

@@ -25,6 +25,7 @@ STEP_M = 0.1  # an action of 1 moves the end-effector target this far (the contr
 GAIN = 3.0  # proportional gain on the position error, in actions per STEP_M
 OPEN, CLOSED = 1.0, -1.0
 GRIP_STEPS = 3  # steps the gripper is given to close or open
+CARRIED_M = 0.03  # a grasped cube's centre is this close to the TCP (its half size is 0.02)
 
 
 @dataclass
@@ -57,9 +58,17 @@ class ScriptedExpert:
     def waypoints(self, scene: Any) -> list[Waypoint]:
         raise NotImplementedError
 
+    def lost(self, scene: Any, tcp: np.ndarray) -> bool:
+        """Whether the phase reached no longer fits the scene (the object the plan carries is not
+        at the gripper): the plan starts over. It happens where another hand drove in between,
+        as when the expert is an operator that takes over from a policy."""
+        return False
+
     def act(self, scene: Any) -> np.ndarray:
         """The action for the scene's current state (float32 (4,))."""
         tcp = _position(scene.agent.tcp)
+        if self.phase and self.lost(scene, tcp):
+            self.phase, self.held = 0, 0
         plan = self.waypoints(scene)
         point = plan[min(self.phase, len(plan) - 1)]
         if self.phase < len(plan) - 1:
@@ -87,6 +96,9 @@ class PickCubeExpert(ScriptedExpert):
             Waypoint(goal, CLOSED),
         ]
 
+    def lost(self, scene: Any, tcp: np.ndarray) -> bool:
+        return self.phase >= 3 and np.linalg.norm(_position(scene.cube) - tcp) > CARRIED_M
+
 
 class PushCubeExpert(ScriptedExpert):
     task = "PushCube-v1"
@@ -102,6 +114,9 @@ class PushCubeExpert(ScriptedExpert):
             Waypoint(start, CLOSED, tolerance=0.005),
             Waypoint(through, CLOSED, speed=self.push_speed),
         ]
+
+    def lost(self, scene: Any, tcp: np.ndarray) -> bool:  # pushing, but no longer behind the cube
+        return self.phase >= 2 and np.linalg.norm(_position(scene.obj) - tcp) > 2 * self.behind
 
 
 class StackCubeExpert(ScriptedExpert):
@@ -121,6 +136,9 @@ class StackCubeExpert(ScriptedExpert):
             Waypoint(on_b, OPEN, steps=GRIP_STEPS),
             Waypoint(on_b + [0, 0, 0.05], OPEN),
         ]
+
+    def lost(self, scene: Any, tcp: np.ndarray) -> bool:  # carrying cube A, or about to let go of it
+        return 3 <= self.phase <= 5 and np.linalg.norm(_position(scene.cubeA) - tcp) > CARRIED_M
 
 
 EXPERTS = {cls.task: cls for cls in (PickCubeExpert, PushCubeExpert, StackCubeExpert)}

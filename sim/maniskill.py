@@ -23,6 +23,7 @@ import numpy as np
 from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS
+from embodied.sim.experts import ScriptedExpert, make_expert
 from embodied.sim.maniskill_batched import ManiSkillBatchedEnv
 from embodied.sim.maniskill_common import (
     INSTRUCTIONS,
@@ -79,6 +80,7 @@ class ManiSkillEnv(SingleEnv):
         self.cfg = cfg = replace(cfg, task=self.task)
         self.instruction = cfg.instruction or INSTRUCTIONS[self.task]
         self.env = make_gym_env(cfg, num_envs=1, sim_backend="physx_cpu")
+        self.expert: ScriptedExpert | None = None  # made on the first expert_action
         first = self.reset(0)
         self.spec = env_spec(self.env, cfg, first.state[None], {k: v[None] for k, v in first.images.items()})
 
@@ -94,6 +96,8 @@ class ManiSkillEnv(SingleEnv):
 
     def reset(self, seed: int) -> SingleObservation:
         raw, _ = self.env.reset(seed=seed)
+        if self.expert is not None:
+            self.expert.reset()
         return self._observation(raw)
 
     def step(self, action: np.ndarray) -> SingleStep:
@@ -115,6 +119,13 @@ class ManiSkillEnv(SingleEnv):
             return None
         world = agent.tcp.pose.p[0] - agent.robot.pose.p[0]  # the robot base is not rotated in these tasks
         return world.detach().cpu().numpy().astype(np.float64)
+
+    def expert_action(self) -> np.ndarray:
+        """The task's scripted expert (embodied.sim.experts) on this env's privileged state. It
+        follows its waypoints from wherever the arm is, so it can take over mid-episode."""
+        if self.expert is None:
+            self.expert = make_expert(self.task, self.cfg.control_mode)
+        return self.expert.act(self.env.unwrapped)
 
     def close(self) -> None:
         self.env.close()

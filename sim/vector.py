@@ -305,6 +305,9 @@ class VectorizedEnv(BatchedEnv):
         self.workers[k].send("render", local_idx=int(env_idx - self._starts[k]))
         return self.workers[k].receive()
 
+    def expert_actions(self) -> np.ndarray:
+        return np.concatenate(self._all("expert_actions"))
+
     def resume_state(self) -> dict[str, Any]:
         """Per env, independent of how envs are spread over workers."""
         parts = self._all("resume_state")

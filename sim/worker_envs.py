@@ -114,6 +114,9 @@ class WorkerEnvs:
     def render(self, local_idx: int) -> np.ndarray:
         return self.envs[local_idx].render()
 
+    def expert_actions(self) -> np.ndarray:
+        return np.stack([env.expert_action() for env in self.envs]).astype(np.float32)
+
     def resume_state(self) -> dict[str, Any]:
         """Each env's episode as (seed, actions since reset): replaying them on a
         deterministic simulator restores the exact state without simulator-specific code."""
@@ -153,7 +156,9 @@ class EnvWorkerError(RuntimeError):
     """An env worker process failed, died or stopped answering."""
 
 
-COMMANDS = frozenset({"describe", "observe", "reset", "rewind", "step", "render", "resume_state", "restore"})
+COMMANDS = frozenset(
+    {"describe", "observe", "reset", "rewind", "step", "render", "expert_actions", "resume_state", "restore"}
+)
 
 
 def run_command(envs: WorkerEnvs, request: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation, StepResult
 
 
@@ -54,6 +55,11 @@ class SingleEnv(ABC):
         """(3,) metres in the robot's base frame, for tasks with an arm (a robot's workspace box)."""
         return None
 
+    def expert_action(self) -> np.ndarray:
+        """(A,) what a scripted expert reading the simulator's privileged state would do now:
+        the operator of `intervention.expert=scripted`, which a policy from pixels cannot be."""
+        raise ConfigError(f"{type(self).__name__} ({self.task}) has no scripted expert")
+
     def close(self) -> None:
         pass
 
@@ -77,6 +83,10 @@ class BatchedEnv(ABC):
 
     def render(self, env_idx: int = 0) -> np.ndarray:
         raise NotImplementedError(f"{type(self).__name__} cannot render frames")
+
+    def expert_actions(self) -> np.ndarray:
+        """float32 (B, A): each env's scripted expert action now (`SingleEnv.expert_action`)."""
+        raise ConfigError(f"{type(self).__name__} has no scripted expert")
 
     def recover(self) -> Observation:
         """After an `EnvWorkerError`: restart what failed and return the full batch of

@@ -40,7 +40,7 @@ class LocalRuntime:
                 device,
                 pipeline=self.cfg.pipeline,
                 seed=config.seed,
-                operator=build_operator(config, env.num_envs),
+                operator=build_operator(config, env),
             )
             session.restore(learner, rollout)
             pretrained = learner.before_training()

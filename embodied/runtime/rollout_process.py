@@ -132,7 +132,7 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
                 device,
                 pipeline=runtime.pipeline,
                 seed=config.seed,
-                operator=build_operator(config, env.num_envs),
+                operator=build_operator(config, env),
                 index=index,
                 offload=runtime.placement == "collocated",
             )
