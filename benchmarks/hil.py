@@ -25,6 +25,9 @@ drives the simulated robot through `embodied robot ... record.root=...`.
     python benchmarks/hil.py report           # rebuild the summary from collected runs
     python benchmarks/hil.py heldout          # rlpd, rlpd-oracle, rlpd-corrections on 3 fresh seeds
     python benchmarks/hil.py heldout report   # rebuild that summary from the committed runs
+    python benchmarks/hil.py pixels           # from 64 px RGB on PickCube: RLPD with 20 demos, without
+                                              # and with the scripted expert correcting (3 fresh seeds)
+    python benchmarks/hil.py pixels report    # rebuild that summary from the committed runs
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -43,6 +46,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -266,30 +270,107 @@ def report() -> None:
 
 
 # ---- held out: the intervention arms on fresh seeds, final policies on unseen episodes ----
-HELDOUT_ARMS = ("hil-rlpd", "hil-rlpd-oracle", "hil-rlpd-corrections")
 HELDOUT_SEEDS = (101, 102, 103)
-HELDOUT_DIR = "hil_heldout"  # under RUNS (run directories) and RESULTS / "runs" (records)
 SPEEDUP_GOAL = 2.0  # interventions cut the env steps to 90% at least this much
 
+# From pixels (PickCube-v1, 64 px RGB; the real robot's case): 20 scripted demos in both arms,
+# and in one of them the scripted expert, which reads privileged state, corrects at most 5
+# steps at a time. Otherwise hil.py's recipe, unchanged: nothing was tuned on this task.
+PIXEL_DEMOS = RUNS / "pixel-demos-20"
+PIXEL_ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos", "env.obs_mode=rgb", "env.image_size=64"]
+PIXEL_EVERY = 2_500  # env steps between periodic evaluations and checkpoints
+PIXEL_COMMON = [
+    *PIXEL_ENV,
+    *(o for o in COMMON if not o.startswith(("env=", "eval_every=", "checkpoint_every="))),
+    f"eval_every={PIXEL_EVERY // 4}",
+    f"checkpoint_every={PIXEL_EVERY // 4}",
+    f"algo.demos={PIXEL_DEMOS}",
+]
+PIXEL_ARMS = {
+    "pixels-rlpd": [],
+    "pixels-rlpd-corrections": [
+        "intervention.expert=scripted",
+        "intervention.threshold=1.0",
+        "intervention.patience=5",
+        "intervention.max_takeover=5",
+    ],
+}
 
-def heldout_name(arm: str, seed: int) -> str:
-    return f"{HELDOUT_DIR}/{arm.removeprefix('hil-')}-s{seed}"
+
+@dataclass(frozen=True)
+class Study:
+    """Arms on the held-out seeds: the first arm is plain RLPD, the others are compared with it."""
+
+    name: str  # results/<name>.{json,md,png}; records in results/runs/<name>/, runs in RUNS/<name>/
+    task: str
+    common: list[str]
+    arms: dict[str, list[str]]
+    steps: int  # env steps per run
+    eval_every: int  # env steps between periodic evaluations
+    recipe: str  # how the settings came about, for the report
+
+    def run_name(self, arm: str, seed: int) -> str:
+        return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
 
 
-def heldout(steps: int, parallel: int) -> None:
+STUDIES = {
+    "heldout": Study(
+        "hil_heldout",
+        "PushCube-v1",
+        COMMON,
+        {arm: ARMS[arm] for arm in ("hil-rlpd", "hil-rlpd-oracle", "hil-rlpd-corrections")},
+        20_000,
+        1_000,
+        "The recipe of [hil.md](hil.md), unchanged (its settings were chosen on seed 1)",
+    ),
+    "pixels": Study(
+        "hil_pixels",
+        "PickCube-v1 from 64 px RGB",
+        PIXEL_COMMON,
+        PIXEL_ARMS,
+        50_000,
+        PIXEL_EVERY,
+        "hil.py's recipe (chosen on PushCube from state, seed 1; nothing tuned on this task), with 20 scripted "
+        "demos in both arms, a frozen EfficientNet-Lite0 per camera, and the scripted expert (privileged state) "
+        "as the operator",
+    ),
+}
+
+
+def record_pixel_demos(episodes: int = 20) -> None:
+    """The scripted expert's episodes with their camera frames (`embodied demos`)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "demos",
+            *PIXEL_ENV,
+            f"episodes={episodes}",
+            f"root={PIXEL_DEMOS}",
+            "progress_bar=false",
+        ],
+        check=True,
+    )
+
+
+def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS) -> None:
     """Train what is missing, evaluate each final policy held out, annotate its record."""
 
     def one(arm: str, seed: int) -> None:
-        name = heldout_name(arm, seed)
+        name = study.run_name(arm, seed)
         if has_heldout(name):
             return
-        overrides = [*(o for o in COMMON if not o.startswith("seed=")), f"seed={seed}", *ARMS[arm]]
-        train_run(name, overrides, steps)
+        overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={seed}", *study.arms[arm]]
+        train_run(name, overrides, study.steps)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
-    ensure_expert()
+    if study is STUDIES["pixels"]:
+        record_pixel_demos()
+    else:
+        ensure_expert()
     with ThreadPoolExecutor(parallel) as pool:
-        jobs = [pool.submit(one, arm, seed) for seed in HELDOUT_SEEDS for arm in HELDOUT_ARMS]
+        jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in study.arms]
         for job in jobs:
             job.result()
 
@@ -308,20 +389,22 @@ def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached
     return out
 
 
-def heldout_report() -> None:
-    """results/hil_heldout.{json,md,png}, rebuilt from results/runs/hil_heldout/."""
+def heldout_report(study: Study) -> None:
+    """results/<study>.{json,md,png}, rebuilt from results/runs/<study>/."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / HELDOUT_DIR).glob("*.json"))]
+    records = [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / study.name).glob("*.json"))]
     records = [r for r in records if "heldout" in r]
     if not records:
-        print("no held-out HIL runs collected")
+        print(f"no {study.name} runs collected")
         return
+    arms = list(study.arms)
+    plain = arms[0]
     summary: dict = {
-        "task": "PushCube-v1",
+        "task": study.task,
         "goal": GOAL,
         "speedup_goal": SPEEDUP_GOAL,
         "heldout_seed": HELDOUT_SEED,
@@ -331,8 +414,8 @@ def heldout_report() -> None:
     reached: dict[str, dict[int, int | None]] = {}
     budget: dict[str, dict[int, int]] = {}
     rows, heldout_rows = [], []
-    fig, axes = plt.subplots(1, len(HELDOUT_ARMS), figsize=(5 * len(HELDOUT_ARMS), 3.6), sharey=True)
-    for ax, arm in zip(axes, HELDOUT_ARMS):
+    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.6), sharey=True)
+    for ax, arm in zip(axes, arms):
         members = sorted((r for r in records if r["arm"] == arm), key=lambda r: r["seed"])
         if not members:
             continue
@@ -371,12 +454,12 @@ def heldout_report() -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("periodic eval success (16 episodes)")
-    fig.suptitle("PushCube-v1, interventions on fresh seeds (periodic evals; held-out figures in the table)")
+    fig.suptitle(f"{study.task}, interventions on fresh seeds (periodic evals; held-out figures in the table)")
     ratio_rows = []
-    for arm in HELDOUT_ARMS[1:]:
-        if arm not in reached or "hil-rlpd" not in reached:
+    for arm in arms[1:]:
+        if arm not in reached or plain not in reached:
             continue
-        per_seed = speedups(reached["hil-rlpd"], budget["hil-rlpd"], reached[arm])
+        per_seed = speedups(reached[plain], budget[plain], reached[arm])
         values = [r for r, _ in per_seed if r is not None]
         exact = all(e for _, e in per_seed)
         mean = float(np.mean(values)) if len(values) == len(per_seed) else None
@@ -389,19 +472,23 @@ def heldout_report() -> None:
         text = ", ".join("-" if r is None else f"{'' if e else '>= '}{r:.1f}x" for r, e in per_seed)
         mean_text = "-" if mean is None else f"{'' if exact else '>= '}{mean:.1f}x"
         verdict = "yes" if mean is not None and mean >= SPEEDUP_GOAL else "**no**"
-        ratio_rows.append(f"| rlpd -> {arm.removeprefix('hil-')} | {text} | {mean_text} | {verdict} |")
+        ratio_rows.append(
+            f"| {plain.removeprefix('hil-')} -> {arm.removeprefix('hil-')} | {text} | {mean_text} | {verdict} |"
+        )
     commits = sorted({r["provenance"]["commit"] for r in records})
     summary.update({"commits": commits, "machine": records[0]["provenance"]["machine"]})
-    save_with_summary(fig, RESULTS, "hil_heldout", summary)
+    save_with_summary(fig, RESULTS, study.name, summary)
     seeds = ", ".join(map(str, HELDOUT_SEEDS))
+    command = next(key for key, value in STUDIES.items() if value is study)
     lines = [
-        "# Human-in-the-loop on fresh seeds, held out (PushCube-v1)",
+        f"# Human-in-the-loop on fresh seeds, held out ({study.task})",
         "",
-        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/hil.py heldout`.",
+        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/hil.py {command}`.",
         "",
-        f"The recipe of [hil.md](hil.md), unchanged (its settings were chosen on seed 1), on training seeds {seeds}. "
-        "Steps to 90%: the first periodic evaluation (16 episodes drawn from the run's own seed, every 1,000 env "
-        "steps) with >= 90% success; those episodes were never used to choose the settings. The final policies are "
+        f"{study.recipe}, on training seeds {seeds}. "
+        "Steps to 90%: the first periodic evaluation (16 episodes drawn from the run's own seed, every "
+        f"{study.eval_every:,} env steps) with >= 90% success; those episodes were never used to choose the "
+        "settings. The final policies are "
         f"also evaluated on {HELDOUT_EPISODES} episodes of evaluation seed {HELDOUT_SEED}, which no run or tuning has "
         "drawn from. Intervals are Student's t over the seeds, cut to [0, 1].",
         "",
@@ -409,9 +496,11 @@ def heldout_report() -> None:
         "| --- | --- | --- | --- | --- |",
         *rows,
         "",
-        f"## Interventions against plain RLPD (goal: >= {SPEEDUP_GOAL:g}x fewer env steps to 90%, mean over seeds)",
+        f"## Interventions against RLPD without an operator (goal: >= {SPEEDUP_GOAL:g}x fewer env steps to 90%, "
+        "mean over seeds)",
         "",
-        "`>=` marks a lower bound: plain RLPD did not reach 90% within its budget, which stands in for its steps.",
+        "`>=` marks a lower bound: RLPD without an operator did not reach 90% within its budget, which stands in "
+        "for its steps.",
         "",
         "| comparison | per seed | mean | goal met |",
         "| --- | --- | ---: | --- |",
@@ -423,26 +512,28 @@ def heldout_report() -> None:
         "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
         *heldout_rows,
         "",
-        "![periodic evaluations](hil_heldout.png)",
+        f"![periodic evaluations]({study.name}.png)",
     ]
-    (RESULTS / "hil_heldout.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "hil_heldout.md").read_text())
+    (RESULTS / f"{study.name}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{study.name}.md").read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", "heldout"))
-    parser.add_argument("then", nargs="?", choices=("report",), help="after heldout: only rebuild its summary")
-    parser.add_argument("--steps", type=int, default=20_000, help="env steps per arm")
+    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", *STUDIES))
+    parser.add_argument("then", nargs="?", choices=("report",), help="after a study: only rebuild its summary")
+    parser.add_argument("--steps", type=int, default=20_000, help="env steps per arm (run)")
     parser.add_argument("--demos", type=int, default=20, help="expert episodes to record")
     parser.add_argument("--only", nargs="*", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--seeds", type=int, nargs="*", default=HELDOUT_SEEDS, help="a study: these seeds only")
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
-    if args.command == "heldout":
+    if args.command in STUDIES:
+        study = STUDIES[args.command]
         if args.then != "report":
-            heldout(args.steps, args.parallel)
-        heldout_report()
+            heldout(study, args.parallel, tuple(args.seeds))
+        heldout_report(study)
         return
     if args.command == "run":
         ensure_expert()

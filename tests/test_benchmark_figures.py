@@ -74,3 +74,30 @@ def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statisti
     assert record["env_steps_per_s_median"] == 2500.5  # over all 5000 lines, not the kept ones
     assert record["intervened_mean"] == 0.5
     assert "loss" not in curve[0]
+
+
+def benchmark_settings() -> dict[str, list[str]]:
+    import dsrl  # noqa: PLC0415  (benchmarks/dsrl.py, a script)
+
+    settings = {
+        f"hil {name} {arm}": [*study.common, *overrides]
+        for name, study in hil.STUDIES.items()
+        for arm, overrides in study.arms.items()
+    }
+    settings["dsrl flow-sde"] = dsrl.arm_settings("flow-sde", 101)
+    settings["dsrl dsrl"] = [*dsrl.DSRL, "seed=101"]
+    return settings
+
+
+@pytest.mark.parametrize("name", list(benchmark_settings()))
+def test_every_benchmark_arm_composes_into_a_valid_config(name):
+    """A typo in an arm's overrides fails here, not hours into a benchmark."""
+    from embodied.config import TrainConfig, to_schema
+    from embodied.core.compose import compose
+
+    config = to_schema(TrainConfig, compose("train", benchmark_settings()[name]))
+    if "pixels" in name:
+        assert config.env.obs_mode == "rgb" and config.algo.demos.endswith("pixel-demos-20")
+        assert (config.intervention.expert == "scripted") == name.endswith("corrections")
+    if name.startswith("dsrl"):
+        assert config.init.endswith("flow-sft") and config.keep_checkpoints >= 6
