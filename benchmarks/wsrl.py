@@ -17,10 +17,15 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
             held-out evaluation seed, greedy and sampled.
   report    rebuild results/wsrl.{json,md,png} from the committed per-run records in
             results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
+  collapse  why both arms fall to 0 once online learning starts: on the tuning seed, wsrl as
+            reported and with a lower initial SAC temperature, through the warm-up and
+            DIP_WINDOW env steps of online learning, with the actor's entropy and the
+            temperature beside success (results/wsrl_collapse.{json,md,png})
 
     python benchmarks/wsrl.py tune
     python benchmarks/wsrl.py heldout --parallel 2
     python benchmarks/wsrl.py report
+    python benchmarks/wsrl.py collapse
 
 The expert and its recorded demos are hil.py's (a PPO run of the main job, served by
 `embodied serve`, driving `embodied robot robot=sim` while it records)."""
@@ -251,9 +256,112 @@ def report() -> None:
     print((RESULTS / "wsrl.md").read_text())
 
 
+ACTION_DIM = 8  # PushCube-v1 under pd_joint_delta_pos: the uniform policy's entropy is 8 ln 2 nats
+COLLAPSE_VARIANTS = {
+    "as reported": [],
+    "init_temperature=0.05": ["algo.init_temperature=0.05"],
+}
+
+
+def collapse_name(variant: str) -> str:
+    return f"{TUNING}/collapse-{variant.replace(' ', '-').replace('=', '-')}"
+
+
+def collapse() -> None:
+    """WSRL on seed 1 through the dip window, as reported and with a lower initial temperature;
+    the records keep the actor's entropy and the temperature of the whole run."""
+    prepare([PRETRAIN])
+    for variant, extra in COLLAPSE_VARIANTS.items():
+        name = collapse_name(variant)
+        if record_path(name).is_file() and "collapse_variant" in json.loads(record_path(name).read_text()):
+            continue
+        overrides = settings(1, [*pretraining(PRETRAIN), *ARMS["wsrl"], *extra])
+        train_run(name, overrides, WARMUP + DIP_WINDOW)
+        lines = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+        learner = [
+            {"env_steps": r["env_steps"], "entropy": r["train/entropy"], "temperature": r["train/temperature"]}
+            for r in lines
+            if "train/entropy" in r and r["env_steps"] % 100 == 0
+        ]
+        record = json.loads(record_path(name).read_text())
+        record.update(collapse_variant=variant, overrides=overrides, learner=learner)
+        record_path(name).write_text(json.dumps(record))
+
+
+def collapse_report() -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = {r["collapse_variant"]: r for r in load_records(TUNING) if "collapse_variant" in r}
+    if not records:
+        print("no collapse runs collected")
+        return
+    bound = ACTION_DIM * float(np.log(2))
+    summary: dict = {"task": "PushCube-v1", "seed": 1, "uniform_entropy": bound, "variants": {}}
+    rows = []
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.6))
+    for variant, record in records.items():
+        evals = [p for p in record["curve"] if "eval/success_rate" in p]
+        online = [p for p in record["learner"] if p["env_steps"] > WARMUP]
+        dip = min(p["eval/success_rate"] for p in evals if WARMUP < p["env_steps"] <= WARMUP + DIP_WINDOW)
+        entry = {
+            "pretrained_success": pretrained_success(record),
+            "dip": dip,
+            "temperature_at_handover": online[0]["temperature"],
+            "entropy_first_1000": float(np.mean([p["entropy"] for p in online if p["env_steps"] <= WARMUP + 1000])),
+            "entropy_max": max(p["entropy"] for p in online),
+        }
+        summary["variants"][variant] = entry
+        rows.append(
+            f"| {variant} | {entry['pretrained_success']:.2f} | {entry['temperature_at_handover']:.3f} | "
+            f"{entry['entropy_first_1000']:.2f} | {entry['entropy_max']:.2f} | {dip:.2f} |"
+        )
+        axes[0].plot(
+            [p["env_steps"] for p in evals], [p["eval/success_rate"] for p in evals], marker="o", label=variant
+        )
+        axes[1].plot(
+            [p["env_steps"] for p in record["learner"]], [p["entropy"] for p in record["learner"]], label=variant
+        )
+        axes[2].plot(
+            [p["env_steps"] for p in record["learner"]], [p["temperature"] for p in record["learner"]], label=variant
+        )
+    axes[1].axhline(bound, color="grey", linestyle="--", linewidth=1, label="uniform policy (8 ln 2)")
+    for ax, label in zip(axes, ("periodic eval success (16 episodes)", "actor entropy (nats)", "SAC temperature")):
+        ax.axvline(WARMUP, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("env steps (warm-up ends at the dotted line)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[2].set_yscale("log")
+    provenances = [r["provenance"] for r in records.values()]
+    summary.update({"commits": sorted({p["commit"] for p in provenances}), "machine": provenances[0]["machine"]})
+    save_with_summary(fig, RESULTS, "wsrl_collapse", summary)
+    lines = [
+        "# Why WSRL and naive fine-tuning collapse once online learning starts (PushCube-v1, seed 1)",
+        "",
+        f"Commits {', '.join(summary['commits'])}; {summary['machine']}; `python benchmarks/wsrl.py collapse`.",
+        "",
+        f"WSRL from the chosen pretraining ({PRETRAIN}) on the tuning seed, through its {WARMUP:,}-step warm-up and "
+        f"{DIP_WINDOW:,} env steps of online learning. Entropy: the actor's, -log pi of its samples (nats), whose "
+        f"largest possible value on [-1, 1]^{ACTION_DIM} is the uniform policy's, {bound:.2f}. Dip: the lowest "
+        "periodic success after the warm-up. A diagnosis on the tuning seed, not a reported result.",
+        "",
+        "| variant | pretrained success | temperature at the hand-over | entropy, first 1,000 online steps | "
+        "entropy, max | dip |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        *rows,
+        "",
+        "![success, entropy and temperature](wsrl_collapse.png)",
+    ]
+    (RESULTS / "wsrl_collapse.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / "wsrl_collapse.md").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("tune", "heldout", "report"))
+    parser.add_argument("command", choices=("tune", "heldout", "report", "collapse"))
     parser.add_argument("--parallel", type=int, default=2, help="heldout runs at a time")
     parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS, help="heldout: these of the seeds only")
     args = parser.parse_args()
@@ -262,6 +370,10 @@ def main() -> None:
         tune()
     elif args.command == "heldout":
         heldout(args.parallel, tuple(args.seeds))
+    elif args.command == "collapse":
+        collapse()
+        collapse_report()
+        return
     report()
 
 
