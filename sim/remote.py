@@ -10,11 +10,13 @@ from __future__ import annotations
 import collections
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import zmq
@@ -74,6 +76,27 @@ def worker_command(
     return command, environment
 
 
+HUB_PREFIX = "embodied-env-"  # <tmp>/embodied-env-<pid>-*: a hub's ipc socket folder
+
+
+def remove_stale_hubs(root: Path | None = None) -> list[Path]:
+    """Remove the socket folders of hubs whose process is gone: a process killed outright (SIGKILL)
+    has no chance to remove its own. Returns what was removed."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{HUB_PREFIX}*-*"):
+        pid = folder.name.removeprefix(HUB_PREFIX).split("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        except PermissionError:  # alive, another user's
+            pass
+    return removed
+
+
 class EnvHub:
     def __init__(
         self,
@@ -94,7 +117,8 @@ class EnvHub:
         if endpoint is None and self.placement is not None:
             endpoint = f"tcp://{self.placement.host}:*"
         if endpoint is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="embodied-env-")
+            remove_stale_hubs()
+            self._tmp = tempfile.TemporaryDirectory(prefix=f"{HUB_PREFIX}{os.getpid()}-")
             endpoint = f"ipc://{self._tmp.name}/hub"
         keys_dir = self.placement.keys_dir if self.placement is not None else None
         self.curve = None

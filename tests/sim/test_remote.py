@@ -217,3 +217,21 @@ def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one()
     torch.testing.assert_close(pipelined.last_value, sequential.last_value)
     assert torch.equal(pipelined.terminated, sequential.terminated)
     np.testing.assert_allclose(last_pipe, last_seq)
+
+
+def test_the_socket_folders_of_killed_hubs_are_removed_and_live_ones_kept(tmp_path):
+    """A process killed outright cannot remove its hub's folder; the next hub does."""
+    import subprocess
+
+    from embodied.sim.remote import HUB_PREFIX, remove_stale_hubs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / f"{HUB_PREFIX}{gone.pid}-abc"
+    live = tmp_path / f"{HUB_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{HUB_PREFIX}notapid"
+    for folder in (stale, live, other):
+        folder.mkdir()
+        (folder / "hub").write_text("")
+    assert remove_stale_hubs(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
