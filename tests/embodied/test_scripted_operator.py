@@ -5,8 +5,6 @@ person at a real robot would. Real ManiSkill, through an env worker process."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,6 +15,8 @@ from embodied.intervention import SCRIPTED, SimOperator
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
+from tests.embodied.test_cli import embodied
+from tests.embodied.test_sac_pixels import PIXEL_SAC
 
 PICKCUBE_FROM_PIXELS = ManiSkillConfig(
     task="PickCube-v1", control_mode="pd_ee_delta_pos", num_envs=2, num_workers=1, obs_mode="rgb", image_size=32
@@ -56,54 +56,17 @@ def test_an_env_without_a_scripted_expert_is_refused_when_the_operator_is_built(
         env.close()
 
 
-def test_a_pixel_policy_trains_with_the_scripted_operator_taking_over():
+def test_a_pixel_policy_trains_with_the_scripted_operator_taking_over(tmp_path):
     """Every drifting step is taken over (threshold ~0): the executed actions are the expert's,
     flagged, and RLPD holds them among its offline rows."""
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = Path(tmp) / "run"
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "train",
-                "env=maniskill_pickcube",
-                "env.control_mode=pd_ee_delta_pos",
-                "env.obs_mode=rgb",
-                "env.image_size=32",
-                "env.num_envs=2",
-                "env.num_workers=1",
-                "policy=squashed_gaussian",
-                "policy.hidden=[16]",
-                "policy.image_backbone=random_cnn",
-                "policy.image_projection=8",
-                "algo=sac_rlpd",
-                "algo.critic_hidden=[16]",
-                "algo.num_critics=2",
-                "algo.batch_size=8",
-                "algo.utd_ratio=1",
-                "intervention.expert=scripted",
-                "intervention.threshold=1e-3",
-                "intervention.patience=1",
-                "eval_episodes=0",
-                "logger.progress_bar=false",
-                "runtime.device=cpu",
-                "total_env_steps=12",
-                f"run_dir={run_dir}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        updates = [
-            json.loads(line)
-            for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if "train/iteration" in line
-        ]
+    run_dir = tmp_path / "run"
+    pickcube = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos", "env.num_workers=1"]
+    settings = [a for a in PIXEL_SAC if not a.startswith(("env=", "env.num_workers=", "checkpoint_every="))]
+    operator = ["intervention.expert=scripted", "intervention.threshold=1e-3", "intervention.patience=1"]
+    embodied("train", *settings, *pickcube, *operator, "total_env_steps=12", f"run_dir={run_dir}")
+    updates = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
+    ]
     shares = [u["replay/intervened"] for u in updates]  # of each update's new steps
     assert len(shares) == 6 and all(share == 1.0 for share in shares[1:])  # taken over, never handed back
     assert updates[-1]["replay/offline"] >= 10 and updates[-1]["replay/online"] == 12
