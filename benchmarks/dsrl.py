@@ -91,7 +91,7 @@ VARIANTS = {  # DSRL settings tried on seed 1
     "gamma0.99": [],
     "gamma0.9": ["algo.gamma=0.9"],
 }
-CHOSEN: str | None = None  # set from the tuning table (`dsrl.py tune` prints it)
+CHOSEN: str | None = "gamma0.9"  # from the tuning table: 0.98 against gamma 0.99's 0.92 on seed 1
 
 
 def steps_per_iteration(arm: str) -> int:
