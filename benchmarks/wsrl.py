@@ -18,7 +18,7 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
   report    rebuild results/wsrl.{json,md,png} from the committed per-run records in
             results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
   collapse  why both arms fall to 0 once online learning starts: on the tuning seed, wsrl as
-            reported and with a lower initial SAC temperature, through the warm-up and
+            reported and with other SAC temperatures, through the warm-up and
             DIP_WINDOW env steps of online learning, with the actor's entropy and the
             temperature beside success (results/wsrl_collapse.{json,md,png})
 
@@ -260,6 +260,8 @@ ACTION_DIM = 8  # PushCube-v1 under pd_joint_delta_pos: the uniform policy's ent
 COLLAPSE_VARIANTS = {
     "as reported": [],
     "init_temperature=0.05": ["algo.init_temperature=0.05"],
+    # pretraining sets the temperature whatever it starts from: this one holds it still
+    "temperature fixed at 0.01": ["algo.init_temperature=0.01", "algo.temperature_lr=0"],
 }
 
 
@@ -268,7 +270,7 @@ def collapse_name(variant: str) -> str:
 
 
 def collapse() -> None:
-    """WSRL on seed 1 through the dip window, as reported and with a lower initial temperature;
+    """WSRL on seed 1 through the dip window, as reported and with other temperatures;
     the records keep the actor's entropy and the temperature of the whole run."""
     prepare([PRETRAIN])
     for variant, extra in COLLAPSE_VARIANTS.items():
