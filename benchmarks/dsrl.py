@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,7 +46,10 @@ from ppo import (  # noqa: E402
     evaluate_heldout,
     first_reaching,
     has_heldout,
+    heldout_eval,
+    load_records,
     mode_name,
+    record_path,
     seed_cells,
 )
 from ppo import train as train_run  # noqa: E402
@@ -106,10 +108,6 @@ def arm_settings(arm: str, seed: int) -> list[str]:
     return [*FLOW_SDE, f"seed={seed}"]
 
 
-def record_path(name: str) -> Path:
-    return RESULTS / "runs" / f"{name}.json"
-
-
 def tuning_score(record: dict) -> float:
     """The mean of the last three periodic evaluations (32 episodes each, the run's own seed)."""
     values = [p["eval/success_rate"] for p in record["curve"] if "eval/success_rate" in p]
@@ -131,23 +129,9 @@ def tune() -> None:
 def checkpoint_success(checkpoint: Path) -> float:
     """Greedy success of one checkpoint on the held-out episodes (kept beside it)."""
     output = checkpoint.parents[1] / "eval" / f"heldout-{checkpoint.name}"
-    if not (output / "report.json").is_file():
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "eval",
-                f"checkpoint={checkpoint}",
-                f"episodes={HELDOUT_EPISODES}",
-                f"seed={HELDOUT_SEED}",
-                "deterministic=true",
-                f"output={output}",
-                "progress_bar=false",
-            ],
-            check=True,
-        )
-    return json.loads((output / "report.json").read_text())["overall"]["success_rate"]
+    if (output / "report.json").is_file():
+        return json.loads((output / "report.json").read_text())["overall"]["success_rate"]
+    return heldout_eval(checkpoint, output, deterministic=True)[0]["success_rate"]
 
 
 def grid_successes(arm: str, run_dir: Path) -> dict[str, float]:
@@ -178,10 +162,6 @@ def heldout(parallel: int, seeds: tuple[int, ...]) -> None:
             job.result()
 
 
-def load_records() -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / FOLDER).glob("*.json"))]
-
-
 def sft_success() -> dict[str, float]:
     """S0: the SFT flow on the held-out episodes, as flow_rl.py measured it."""
     record = json.loads((HELDOUT_RUNS / "flow-sft.json").read_text())
@@ -201,7 +181,7 @@ def report() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = load_records()
+    records = load_records(FOLDER)
     tuning = {r["variant"]: r for r in records if r["name"].split("/")[-1].startswith("tune-") and "variant" in r}
     runs = [r for r in records if "heldout" in r and "arm" in r]
     s0 = sft_success()

@@ -63,6 +63,7 @@ from ppo import (  # noqa: E402
     has_heldout,
     interval95,
     load,
+    load_records,
     mode_name,
     seed_cells,
 )
@@ -396,8 +397,7 @@ def heldout_report(study: Study) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / study.name).glob("*.json"))]
-    records = [r for r in records if "heldout" in r]
+    records = [r for r in load_records(study.name) if "heldout" in r]
     if not records:
         print(f"no {study.name} runs collected")
         return

@@ -137,35 +137,50 @@ def train(name: str, overrides: list[str], steps: int) -> None:
 HELDOUT_SEED, HELDOUT_EPISODES = 900_001, 100  # an evaluation stream no run or tuning has drawn from
 
 
+def heldout_eval(checkpoint: Path, output: Path, deterministic: bool) -> tuple[dict, str]:
+    """A policy (a run's latest checkpoint, or a checkpoint) on the held-out episodes: the
+    report's overall figures, and the command."""
+    command = [
+        sys.executable,
+        "-m",
+        "embodied.cli",
+        "eval",
+        f"checkpoint={checkpoint}",
+        f"episodes={HELDOUT_EPISODES}",
+        f"seed={HELDOUT_SEED}",
+        f"deterministic={str(deterministic).lower()}",
+        f"output={output}",
+        "progress_bar=false",
+    ]
+    print(f"[{checkpoint.name}] {' '.join(command[3:])}", flush=True)
+    subprocess.run(command, check=True)
+    return json.loads((output / "report.json").read_text())["overall"], " ".join(command[3:])
+
+
 def heldout_results(run_dir: Path) -> tuple[dict, str]:
     """A run's final policy on the held-out episodes, greedy and sampled, and the command."""
     results = {}
     for mode in ("deterministic", "sampled"):
-        output = run_dir / "eval" / f"heldout-{mode}"
-        command = [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "eval",
-            f"checkpoint={run_dir}",
-            f"episodes={HELDOUT_EPISODES}",
-            f"seed={HELDOUT_SEED}",
-            f"deterministic={str(mode == 'deterministic').lower()}",
-            f"output={output}",
-            "progress_bar=false",
-        ]
-        print(f"[{run_dir.name}] {' '.join(command[3:])}", flush=True)
-        subprocess.run(command, check=True)
-        overall = json.loads((output / "report.json").read_text())["overall"]
+        overall, command = heldout_eval(run_dir, run_dir / "eval" / f"heldout-{mode}", mode == "deterministic")
         kept = ("episodes", "successes", "success_rate", "success_ci95", "mean_return")
         results[mode] = {k: overall[k] for k in kept}
-    return results, " ".join(command[3:])
+    return results, command
+
+
+def record_path(name: str) -> Path:
+    """Where a run's record (compact JSON, committed) lives: results/runs/<name>.json."""
+    return RESULTS / "runs" / f"{name}.json"
+
+
+def load_records(folder: str) -> list[dict]:
+    """Every record under results/runs/<folder>/, by name."""
+    return [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / folder).glob("*.json"))]
 
 
 def evaluate_heldout(name: str, **fields: object) -> None:
     """The run's held-out results, and any other `fields`, into its per-run JSON."""
     results, command = heldout_results(RUNS / name)
-    path = RESULTS / "runs" / f"{name}.json"
+    path = record_path(name)
     run = json.loads(path.read_text())
     run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, **results})
     path.write_text(json.dumps(run))
@@ -173,7 +188,7 @@ def evaluate_heldout(name: str, **fields: object) -> None:
 
 def has_heldout(name: str) -> bool:
     """Whether the run's per-run JSON holds its held-out evaluation (its work is done)."""
-    path = RESULTS / "runs" / f"{name}.json"
+    path = record_path(name)
     return path.is_file() and "heldout" in json.loads(path.read_text())
 
 
@@ -263,7 +278,7 @@ def collect(name: str) -> None:
     run_dir = RUNS / name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
-    out = RESULTS / "runs" / f"{name}.json"
+    out = record_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(out.read_text()) if out.exists() else {}
     # the script that ran: hil.py and wsrl.py train through this one too
@@ -274,7 +289,7 @@ def collect(name: str) -> None:
 
 
 def load(name: str) -> dict | None:
-    path = RESULTS / "runs" / f"{name}.json"
+    path = record_path(name)
     return json.loads(path.read_text()) if path.exists() else None
 
 

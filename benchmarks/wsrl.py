@@ -53,7 +53,9 @@ from ppo import (  # noqa: E402
     first_reaching,
     has_heldout,
     interval95,
+    load_records,
     mode_name,
+    record_path,
     seed_cells,
 )
 from ppo import train as train_run  # noqa: E402
@@ -89,10 +91,6 @@ def pretraining(variant: str) -> list[str]:
 
 def settings(seed: int, extra: list[str]) -> list[str]:
     return [*(o for o in COMMON if not o.startswith("seed=")), f"seed={seed}", *extra]
-
-
-def record_path(name: str) -> Path:
-    return RESULTS / "runs" / f"{name}.json"
 
 
 def prepare(variants: list[str]) -> None:
@@ -137,10 +135,6 @@ def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS) -> None:
     with ThreadPoolExecutor(parallel) as pool:
         for job in [pool.submit(one, arm, seed) for seed in seeds for arm in ARMS]:
             job.result()
-
-
-def load_records(folder: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((RESULTS / "runs" / folder).glob("*.json"))]
 
 
 def report() -> None:
