@@ -54,16 +54,26 @@ def summarize(task: str, episodes: list[EpisodeStats]) -> TaskResult:
     )
 
 
+def eval_generator(policy: Policy, seed: int) -> torch.Generator:
+    """The evaluation's own random stream. A policy's "deterministic" mode may still draw
+    (a flow or diffusion policy's initial noise), and drawing from torch's global stream would
+    make two evaluations of one checkpoint on one seed disagree."""
+    return torch.Generator(device=policy.device).manual_seed(seed)
+
+
 @torch.no_grad()
 def run_episodes(
     env: BatchedEnv,
     policy: Policy,
     episodes: int,
+    seed: int,
     deterministic: bool = True,
     video_episodes: int = 0,
     progress: bool = True,
 ) -> tuple[list[EpisodeStats], list[list[np.ndarray]]]:
-    """Run the env's fixed evaluation set (it is rewound first) until `episodes` ended.
+    """Run the env's fixed evaluation set (it is rewound first) until `episodes` ended, the
+    policy drawing from a stream seeded with `seed`: the same checkpoint, env and seed give the
+    same episodes.
 
     Each env gets a fixed share of the episodes, fixed in advance, so that envs whose
     episodes end sooner do not bias the sample toward short (often failing) episodes."""
@@ -78,9 +88,10 @@ def run_episodes(
     if record:
         frames.append(env.render(0))
     device = policy.device
+    generator = eval_generator(policy, seed)
     bar = tqdm(total=episodes, desc="eval", unit="ep", disable=not progress)
     while (finished < quota).any():
-        chunk = policy.act(observation.to_torch(device), deterministic=deterministic)
+        chunk = policy.act(observation.to_torch(device), deterministic=deterministic, generator=generator)
         result = env.step(chunk.actions.cpu().numpy())
         observation = result.observation
         for episode in result.episodes:

@@ -28,7 +28,7 @@ from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.types import EpisodeStats
-from embodied.eval_episodes import write_report, write_videos
+from embodied.eval_episodes import eval_generator, write_report, write_videos
 from embodied.policy_loading import policy_source
 from embodied.sim.libero import SUITE_TASK_COUNTS
 
@@ -126,23 +126,26 @@ def run_trials(
     env: BatchedEnv,
     policy: Policy,
     trials: list[int],
+    seed: int,
     deterministic: bool,
     video_trials: set[int],
     on_wave: Callable[[dict[int, EpisodeStats]], None],
 ) -> dict[int, list[np.ndarray]]:
     """Run `trials` (reset seeds) in waves of `env.num_envs`; the first episode each env
     finishes in a wave is its trial's result, handed to `on_wave` when the wave is over.
-    Returns the frames of the trials in `video_trials`."""
+    The policy draws from a stream of the wave's own, seeded with `seed` and the wave's first
+    trial. Returns the frames of the trials in `video_trials`."""
     videos: dict[int, list[np.ndarray]] = {}
     for start in range(0, len(trials), env.num_envs):
         wave = trials[start : start + env.num_envs]
+        generator = eval_generator(policy, int(np.random.SeedSequence([seed, wave[0]]).generate_state(1)[0]))
         seeds = wave + [wave[-1]] * (env.num_envs - len(wave))  # spare envs repeat a trial, unrecorded
         observation = env.reset(seeds=seeds)
         pending = set(range(len(wave)))
         frames = {i: [env.render(i)] for i, trial in enumerate(wave) if trial in video_trials}
         results: dict[int, EpisodeStats] = {}
         while pending:
-            chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic)
+            chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic, generator=generator)
             result = env.step(chunk.actions.cpu().numpy())
             observation = result.observation
             for episode in result.episodes:
@@ -215,7 +218,9 @@ def evaluate_suite(config: Any) -> Path:
                 )
                 bar.update(len(results))
 
-            videos = run_trials(env, policy, remaining, config.deterministic, set(range(config.video_episodes)), record)
+            videos = run_trials(
+                env, policy, remaining, config.seed, config.deterministic, set(range(config.video_episodes)), record
+            )
         finally:
             env.close()
         if videos:

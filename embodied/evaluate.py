@@ -29,7 +29,13 @@ def evaluate_checkpoint(config: Any) -> Path:
     try:
         loaded = source.load(env.spec, f"env '{label}'")
         results, videos = run_episodes(
-            env, loaded.policy, config.episodes, config.deterministic, config.video_episodes, config.progress_bar
+            env,
+            loaded.policy,
+            config.episodes,
+            config.seed,
+            config.deterministic,
+            config.video_episodes,
+            config.progress_bar,
         )
     finally:
         env.close()

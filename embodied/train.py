@@ -85,7 +85,9 @@ class PeriodicEvaluation:
     def run(self, policy: Policy) -> dict[str, float]:
         if self.env is None:
             self.env = build_env(in_this_process(self.config.env), seed=self.config.seed, stream=1)
-        episodes, _ = run_episodes(self.env, policy, self.config.periodic_eval_episodes, progress=False)
+        episodes, _ = run_episodes(
+            self.env, policy, self.config.periodic_eval_episodes, self.config.seed, progress=False
+        )
         result = summarize("all", episodes)
         return {
             "eval/success_rate": result.success_rate,

@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from embodied.core.types import EpisodeStats
 from embodied.eval_episodes import summarize, wilson_interval, write_report
@@ -30,3 +31,27 @@ def test_report_groups_episodes_by_task(tmp_path):
     assert report["overall"]["episodes"] == 3
     assert "| all | 3 | 66.7% |" in (tmp_path / "report.md").read_text()
     assert summarize("none", []).success_ci95 == (0.0, 1.0)
+
+
+def test_two_evaluations_of_one_flow_policy_on_one_seed_agree():
+    """A flow policy's greedy mode still draws its initial noise: the evaluation's own
+    stream makes it repeatable, whatever torch's global stream has done in between."""
+    from embodied.build import build_env
+    from embodied.eval_episodes import run_episodes
+    from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+    from embodied.sim.maniskill import ManiSkillConfig
+
+    env = build_env(
+        ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=0, max_episode_steps=10), seed=3, stream=1
+    )
+    try:
+        torch.manual_seed(0)
+        policy = FlowPolicy(FlowPolicyConfig(sampler="flow_sde", hidden=[16]), env.spec)
+        first, _ = run_episodes(env, policy, episodes=4, seed=5, progress=False)
+        torch.randn(1000)  # the global stream moves on, as it does during training
+        second, _ = run_episodes(env, policy, episodes=4, seed=5, progress=False)
+        other, _ = run_episodes(env, policy, episodes=4, seed=6, progress=False)
+    finally:
+        env.close()
+    assert [e.episode_return for e in first] == [e.episode_return for e in second]
+    assert [e.episode_return for e in first] != [e.episode_return for e in other]
