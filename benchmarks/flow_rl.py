@@ -17,6 +17,7 @@ Every step is a normal command a user would type; the runs land in benchmarks/ru
     python benchmarks/flow_rl.py report               # rebuild the summary from the runs
     python benchmarks/flow_rl.py heldout              # Flow-SDE and DPPO on 3 fresh seeds, held out
     python benchmarks/flow_rl.py heldout report       # rebuild that summary from the committed runs
+    python benchmarks/flow_rl.py heldout reevaluate   # evaluate the kept runs' policies held out again
 
 `heldout` checks the recipe above without changing it: the same demos and SFT, then RL on
 seeds 101-103 (never used to choose the recipe, which was settled on seed 1), and every
@@ -207,14 +208,20 @@ HELDOUT_RUNS = RESULTS / "runs" / "flow_rl_heldout"
 MODES = ("deterministic", "sampled")
 
 
+def heldout_evaluation(run_dir: Path) -> dict:
+    """The run's final policy on the held-out episodes, with the commit that evaluated it (the
+    run may have been trained at an earlier one)."""
+    return {**heldout_results(run_dir)[0], "commit": provenance("flow_rl.py")["commit"]}
+
+
 def heldout(demos: int, sft_steps: int) -> None:
     """Train what is missing, evaluate it held out, and keep each run's results (compact JSON)."""
     policies = sorted({ARMS[arm][0] for arm in HELDOUT_ARMS})
     demos_and_sft(demos, sft_steps, policies)
     HELDOUT_RUNS.mkdir(parents=True, exist_ok=True)
     for policy in policies:
-        results, _ = heldout_results(sft_dir(policy))
-        record = {"kind": "sft", "policy": policy, "heldout": results, **provenance("flow_rl.py")}
+        record = {"kind": "sft", "policy": policy, "heldout": heldout_evaluation(sft_dir(policy))}
+        record.update(provenance("flow_rl.py"))
         (HELDOUT_RUNS / f"{policy}-sft.json").write_text(json.dumps(record))
     for arm in HELDOUT_ARMS:
         policy, overrides = ARMS[arm]
@@ -230,13 +237,23 @@ def heldout(demos: int, sft_steps: int) -> None:
                 "policy": policy,
                 "seed": seed,
                 "overrides": [*POLICIES[policy], *settings],
-                "heldout": heldout_results(run_dir)[0],
+                "heldout": heldout_evaluation(run_dir),
                 "env_steps": curve.env_steps,
                 "wall_time_s": curve.wall_time_s,
                 "curve": curve.as_json(),
                 **provenance("flow_rl.py"),
             }
             (HELDOUT_RUNS / f"{name}.json").write_text(json.dumps(record))
+
+
+def reevaluate() -> None:
+    """Every kept run's final policy evaluated held out again, its training untouched: after a
+    change to how policies are evaluated, the figures follow it without retraining."""
+    for path in sorted(HELDOUT_RUNS.glob("*.json")):
+        record = json.loads(path.read_text())
+        run_dir = sft_dir(record["policy"]) if record["kind"] == "sft" else RUNS / "flow-heldout" / path.stem
+        record["heldout"] = heldout_evaluation(run_dir)
+        path.write_text(json.dumps(record))
 
 
 def heldout_report() -> None:
@@ -285,12 +302,15 @@ def heldout_report() -> None:
     axes[0].set_ylabel("periodic eval success (32 episodes)")
     fig.suptitle("PickCube-v1: SFT then RL on fresh seeds (the periodic evals; the table's figures are held out)")
     commits = sorted({r["commit"] for r in runs.values()})
-    summary.update({"commits": commits, "machine": next(iter(runs.values()))["machine"] if runs else None})
+    evaluated = sorted({r["heldout"].get("commit", r["commit"]) for r in runs.values()})
+    summary.update({"commits": commits, "evaluated_at": evaluated})
+    summary["machine"] = next(iter(runs.values()))["machine"] if runs else None
     save_with_summary(fig, RESULTS, "flow_rl_heldout", summary)
     lines = [
         "# Flow-SDE and DPPO on fresh seeds, held out (PickCube-v1)",
         "",
-        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/flow_rl.py heldout`.",
+        f"Trained at commits {', '.join(commits)}; evaluated held out at {', '.join(evaluated)}; "
+        f"{summary['machine']}; `python benchmarks/flow_rl.py heldout`.",
         "",
         "The recipe of [flow_rl.md](flow_rl.md), unchanged (its settings were chosen on seed 1): the same 50 demos "
         f"and SFT, then {HELDOUT_STEPS:,} env steps of RL on seeds {', '.join(map(str, HELDOUT_SEEDS))}. S0 (the SFT "
@@ -309,8 +329,10 @@ def heldout_report() -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["heldout"]:
-        if sys.argv[2:3] != ["report"]:
-            os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+        os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+        if sys.argv[2:3] == ["reevaluate"]:
+            reevaluate()
+        elif sys.argv[2:3] != ["report"]:
             heldout(demos=50, sft_steps=3000)
         heldout_report()
         return
