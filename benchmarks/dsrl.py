@@ -19,6 +19,7 @@ seed's episodes); the reported runs use seeds 101-103.
     python benchmarks/dsrl.py tune                  # DSRL variants on seed 1
     python benchmarks/dsrl.py heldout --parallel 2  # both arms on seeds 101-103, chosen settings
     python benchmarks/dsrl.py report                # results/dsrl.{json,md,png} from the records
+    python benchmarks/dsrl.py reevaluate            # the finished runs evaluated held out again
 
 Per-run records (curve, checkpoint evaluations, held-out results, provenance) go to
 results/runs/dsrl/; `report` rebuilds the summary from them."""
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -162,6 +164,16 @@ def heldout(parallel: int, seeds: tuple[int, ...]) -> None:
             job.result()
 
 
+def reevaluate() -> None:
+    """The finished runs' checkpoints and final policies evaluated held out again, their
+    training untouched: after a change to how policies are evaluated, the figures follow it."""
+    for record in load_records(FOLDER):
+        if "heldout" in record:
+            run_dir = RUNS / record["name"]
+            shutil.rmtree(run_dir / "eval", ignore_errors=True)
+            evaluate_heldout(record["name"], grid=grid_successes(record["arm"], run_dir))
+
+
 def sft_success() -> dict[str, float]:
     """S0: the SFT flow on the held-out episodes, as flow_rl.py measured it."""
     record = json.loads((HELDOUT_RUNS / "flow-sft.json").read_text())
@@ -245,8 +257,9 @@ def report() -> None:
     ax.grid(alpha=0.3)
     provenances = [r["provenance"] for r in [*tuning.values(), *runs]]
     commits = sorted({p["commit"] for p in provenances})
+    evaluated = sorted({r["heldout"].get("commit", r["provenance"]["commit"]) for r in runs if "heldout" in r})
     machine = next((p["machine"] for p in provenances), None)
-    summary.update({"commits": commits, "machine": machine})
+    summary.update({"commits": commits, "evaluated_at": evaluated, "machine": machine})
     save_with_summary(fig, RESULTS, "dsrl", summary)
     verdict = "not measured yet"
     if target_lift is not None and {"dsrl", "flow-sde"} <= set(summary["arms"]):
@@ -263,8 +276,8 @@ def report() -> None:
     lines = [
         "# DSRL against Flow-SDE PPO from the same SFT flow (PickCube-v1)",
         "",
-        f"Commits {', '.join(commits)}; {machine}; `python benchmarks/dsrl.py tune`, "
-        "`python benchmarks/dsrl.py heldout --parallel 2`.",
+        f"Trained at commits {', '.join(commits)}; evaluated held out at {', '.join(evaluated)}; {machine}; "
+        "`python benchmarks/dsrl.py tune`, `python benchmarks/dsrl.py heldout --parallel 2`.",
         "",
         "Both arms start from flow_rl.py's SFT flow. DSRL keeps it frozen and learns the initial noise of each chunk; "
         "Flow-SDE PPO fine-tunes the flow (flow_rl.py's recipe). Every "
@@ -306,7 +319,7 @@ def report() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=("tune", "heldout", "report"))
+    parser.add_argument("command", choices=("tune", "heldout", "reevaluate", "report"))
     parser.add_argument("--parallel", type=int, default=2, help="heldout runs at a time")
     parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS, help="heldout: these of the seeds only")
     args = parser.parse_args()
@@ -315,6 +328,8 @@ def main() -> None:
         tune()
     elif args.command == "heldout":
         heldout(args.parallel, tuple(args.seeds))
+    elif args.command == "reevaluate":
+        reevaluate()
     report()
 
 

@@ -182,7 +182,8 @@ def evaluate_heldout(name: str, **fields: object) -> None:
     results, command = heldout_results(RUNS / name)
     path = record_path(name)
     run = json.loads(path.read_text())
-    run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, **results})
+    evaluated_at = provenance(Path(sys.argv[0]).name)["commit"]  # the run may have been trained earlier
+    run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, "commit": evaluated_at, **results})
     path.write_text(json.dumps(run))
 
 
