@@ -27,18 +27,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import gpu_steps  # sibling module: the scripts run as `python benchmarks/<name>.py`
+import gpu_model_steps  # sibling modules: the scripts run as `python benchmarks/<name>.py`
+import gpu_sim_steps
+import gpu_steps
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
 STEPS = {  # the campaign's order: what matters most comes first
-    "correctness": gpu_steps.correctness,
-    "throughput": gpu_steps.throughput,
-    "ppo": gpu_steps.ppo,
-    "vla": gpu_steps.vla,
-    "pipeline": gpu_steps.pipeline,
-    "placement": gpu_steps.placement,
-    "rendering": gpu_steps.rendering,
-    "openvla": gpu_steps.openvla,
+    "correctness": gpu_sim_steps.correctness,
+    "throughput": gpu_sim_steps.throughput,
+    "ppo": gpu_sim_steps.ppo,
+    "vla": gpu_model_steps.vla,
+    "pipeline": gpu_model_steps.pipeline,
+    "placement": gpu_model_steps.placement,
+    "rendering": gpu_sim_steps.rendering,
+    "openvla": gpu_model_steps.openvla,
 }
 
 
