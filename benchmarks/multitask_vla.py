@@ -19,7 +19,16 @@ step is a command a user would type; the runs land in benchmarks/runs/.
 
     python benchmarks/multitask_vla.py                    # everything
     python benchmarks/multitask_vla.py --only grpo        # one arm (all its seeds)
-    python benchmarks/multitask_vla.py report             # rebuild the summary from the runs"""
+    python benchmarks/multitask_vla.py report             # rebuild the summary from the runs
+    python benchmarks/multitask_vla.py heldout            # the ppo recipe on fresh seeds, held out
+    python benchmarks/multitask_vla.py heldout report     # rebuild that summary from the committed runs
+
+`heldout` checks the committed recipe (`ppo`, settled on seeds 1-3 and the 144 episodes above)
+without changing it: the same demos and SFT, then RL on seeds 101-103, and the SFT policy and
+each final policy evaluated greedy and sampled on 144 episodes of an evaluation seed no run or
+tuning has drawn from (ppo.HELDOUT_SEED). Per-run results go to
+results/runs/multitask_vla_heldout/, from which `heldout report` rebuilds
+results/multitask_vla_heldout.*."""
 
 from __future__ import annotations
 
@@ -30,8 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_rl  # noqa: E402
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS, RUNS  # noqa: E402
+from plots import provenance, save_with_summary  # noqa: E402
+from ppo import HELDOUT_SEED, RESULTS, RUNS, interval95, seed_cells  # noqa: E402
 from sft_rl import Curve, dataset_episodes, embodied, eval_curve  # noqa: E402
 
 DEMOS = RUNS / "multitask-demos1000"
@@ -88,15 +97,16 @@ def evaluated(run_dir: Path, name: str, *overrides: str) -> dict | None:
     return json.loads(report.read_text()) if report.is_file() else None
 
 
-def final_success(run_dir: Path, deterministic: bool) -> dict | None:
+def final_success(run_dir: Path, deterministic: bool, heldout: bool = False) -> dict | None:
     """Success of the run's last checkpoint, per task and the mean of the tasks, on the same
     EVAL_EPISODES for every run (12 envs, 4 per task): greedy action tokens, or sampled at the
-    policy's temperature as in training."""
+    policy's temperature as in training. `heldout`: on the held-out evaluation seed's episodes."""
     report = evaluated(
         run_dir,
-        "final" if deterministic else "final-sampled",
+        ("heldout" if heldout else "final") + ("" if deterministic else "-sampled"),
         f"episodes={EVAL_EPISODES}",
         f"deterministic={deterministic}",
+        *([f"seed={HELDOUT_SEED}"] if heldout else []),
     )
     if report is None:
         return None
@@ -122,7 +132,7 @@ def committed_curve(arm: dict) -> Curve:
     return Curve(points=points, env_steps=arm["env_steps"], wall_time_s=arm["wall_time_s"], env_steps_to_90=None)
 
 
-def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
+def demos_and_sft(demos: int, sft_steps: int) -> None:
     embodied("demos", *ENV, f"episodes={demos}", f"root={DEMOS}", "progress_bar=false")
     if (SFT / "checkpoints" / "latest").is_file():
         embodied("sft", f"resume={SFT}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
@@ -138,34 +148,39 @@ def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
             "eval_episodes=0",
             "logger.progress_bar=false",
         )
-    commands = []
-    for name in arms:
-        for seed in SEEDS[name]:
-            run_dir = seed_run_dir(name, seed)
-            budget = [] if steps is None else [f"total_env_steps={steps}"]
-            if (run_dir / "checkpoints" / "latest").is_file():
-                commands.append(["train", f"resume={run_dir}", *budget, "eval_episodes=0", "logger.progress_bar=false"])
-            else:
-                commands.append(
-                    [
-                        "train",
-                        *ENV,
-                        *RL_ENV,
-                        *POLICY,
-                        *COMMON,
-                        *ARMS[name],
-                        f"seed={seed}",
-                        f"init={SFT}",
-                        f"run_dir={run_dir}",
-                        *budget,
-                        "eval_episodes=0",
-                        "logger.progress_bar=false",
-                    ]
-                )
-    # side by side, as many as there are cores: each run's hour is about one core of the machine
+
+
+def rl_command(name: str, seed: int, run_dir: Path, steps: int | None) -> list[str]:
+    """Arm `name`'s RL from the SFT weights on `seed` into `run_dir` (continued where it stopped)."""
+    budget = [] if steps is None else [f"total_env_steps={steps}"]
+    if (run_dir / "checkpoints" / "latest").is_file():
+        return ["train", f"resume={run_dir}", *budget, "eval_episodes=0", "logger.progress_bar=false"]
+    return [
+        "train",
+        *ENV,
+        *RL_ENV,
+        *POLICY,
+        *COMMON,
+        *ARMS[name],
+        f"seed={seed}",
+        f"init={SFT}",
+        f"run_dir={run_dir}",
+        *budget,
+        "eval_episodes=0",
+        "logger.progress_bar=false",
+    ]
+
+
+def side_by_side(commands: list[list[str]]) -> None:
+    """As many at once as there are cores: each run's hour is about one core of the machine."""
     at_once = os.cpu_count() or 1
     for start in range(0, len(commands), at_once):
         sft_rl.embodied_side_by_side(commands[start : start + at_once])
+
+
+def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
+    demos_and_sft(demos, sft_steps)
+    side_by_side([rl_command(name, seed, seed_run_dir(name, seed), steps) for name in arms for seed in SEEDS[name]])
 
 
 def seed_run_dir(name: str, seed: int) -> Path:
@@ -324,7 +339,137 @@ def report() -> None:
     print((RESULTS / "multitask_vla.md").read_text())
 
 
+HELDOUT_ARM = "ppo"  # the committed recipe
+HELDOUT_SEEDS = (101, 102, 103)
+HELDOUT_RUNS = RESULTS / "runs" / "multitask_vla_heldout"
+MODES = ("greedy", "sampled")
+
+
+def heldout_evaluation(run_dir: Path) -> dict:
+    """The run's final policy on the held-out episodes, greedy and sampled, with the commit that
+    evaluated it."""
+    results = {mode: final_success(run_dir, mode == "greedy", heldout=True) for mode in MODES}
+    return {**results, "commit": provenance("multitask_vla.py")["commit"]}
+
+
+def heldout() -> None:
+    """Train what is missing (side by side), evaluate it held out, and keep each run's results
+    (compact JSON)."""
+    demos_and_sft(demos=1000, sft_steps=4000)
+    runs = {f"{HELDOUT_ARM}-s{seed}": seed for seed in HELDOUT_SEEDS}
+    side_by_side(
+        [rl_command(HELDOUT_ARM, seed, RUNS / "multitask-heldout" / name, None) for name, seed in runs.items()]
+    )
+    HELDOUT_RUNS.mkdir(parents=True, exist_ok=True)
+    sft = {"kind": "sft", "heldout": heldout_evaluation(SFT), "demos": dataset_episodes(DEMOS)}
+    (HELDOUT_RUNS / "sft.json").write_text(json.dumps({**sft, **provenance("multitask_vla.py")}))
+    for name, seed in runs.items():
+        run_dir = RUNS / "multitask-heldout" / name
+        curve = eval_curve(run_dir)
+        record = {
+            "kind": "rl",
+            "arm": HELDOUT_ARM,
+            "seed": seed,
+            "overrides": [*RL_ENV, *POLICY, *COMMON, *ARMS[HELDOUT_ARM], f"seed={seed}"],
+            "heldout": heldout_evaluation(run_dir),
+            "env_steps": curve.env_steps,
+            "wall_time_s": curve.wall_time_s,
+            "curve": curve.as_json(),
+            "rollout_success": rollout_success(run_dir),
+            **provenance("multitask_vla.py"),
+        }
+        (HELDOUT_RUNS / f"{name}.json").write_text(json.dumps(record))
+
+
+def heldout_report() -> None:
+    """results/multitask_vla_heldout.{json,md,png}, rebuilt from results/runs/multitask_vla_heldout/."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = {path.stem: json.loads(path.read_text()) for path in sorted(HELDOUT_RUNS.glob("*.json"))}
+    sft = records.pop("sft", None)
+    runs = sorted(records.values(), key=lambda r: r["seed"])
+    if sft is None or not runs:
+        raise SystemExit(f"nothing to report: no SFT record or no runs in {HELDOUT_RUNS}")
+    summary: dict = {"heldout_seed": HELDOUT_SEED, "eval_episodes": EVAL_EPISODES, "arm": HELDOUT_ARM, "modes": {}}
+    rows, task_rows = [], []
+    for mode in MODES:
+        s0 = sft["heldout"][mode]["mean"]
+        s1 = [r["heldout"][mode]["mean"] for r in runs]
+        lift = 100 * (sum(s1) / len(s1) - s0)
+        met = lift >= 20 and all(r["wall_time_s"] <= CPU_HOUR_S + LAST_ITERATION_S for r in runs)
+        summary["modes"][mode] = {"s0": s0, "s1": s1, "interval95": interval95(s1), "lift": lift, "goal_met": met}
+        rows.append(f"| {mode} | {s0:.2f} | {seed_cells(s1)} | {lift:+.0f} | {'yes' if met else '**no**'} |")
+        for label, record in [("SFT (S0)", sft), *((f"seed {r['seed']}", r) for r in runs)]:
+            result = record["heldout"][mode]
+            task_rows.append(
+                f"| {label} | {mode} | {' / '.join(f'{result[t]:.2f}' for t in TASKS)} | {result['mean']:.2f} |"
+            )
+    fig, (periodic, sampled) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for record in runs:
+        points = record["curve"]
+        periodic.plot(
+            [p["env_steps"] for p in points], [p["eval/success_rate"] for p in points], label=f"seed {record['seed']}"
+        )
+        sampled.plot(*zip(*record["rollout_success"]), label=f"seed {record['seed']}", linewidth=1)
+    periodic.set_ylabel(f"success, greedy ({PERIODIC_EPISODES} episodes of the run's own seed)")
+    sampled.set_ylabel("success in training (sampled, last 100)")
+    for ax in (periodic, sampled):
+        ax.set_xlabel("env steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Token VLA, three ManiSkill tasks: the ppo recipe on fresh seeds (the table's figures are held out)")
+    commits = sorted({r["commit"] for r in [sft, *runs]})
+    evaluated_at = sorted({r["heldout"]["commit"] for r in [sft, *runs]})
+    summary.update(
+        {
+            "runs": {f"{r['arm']}-s{r['seed']}": {k: r[k] for k in ("seed", "env_steps", "wall_time_s")} for r in runs},
+            "commits": commits,
+            "evaluated_at": evaluated_at,
+            "machine": sft["machine"],
+        }
+    )
+    save_with_summary(fig, RESULTS, "multitask_vla_heldout", summary)
+    steps = ", ".join(f"{r['env_steps']:,} in {r['wall_time_s'] / 60:.0f} min" for r in runs)
+    lines = [
+        "# Token VLA on three ManiSkill tasks, held out: the ppo recipe on fresh seeds",
+        "",
+        f"Trained at commits {', '.join(commits)}; evaluated held out at {', '.join(evaluated_at)}; "
+        f"{sft['machine']}; `python benchmarks/multitask_vla.py heldout`.",
+        "",
+        f"The committed recipe of [multitask_vla.md](multitask_vla.md) (`{HELDOUT_ARM}`, settled on seeds 1-3 and the "
+        "144 episodes reported there), unchanged: the same demos and SFT weights, then RL on seeds "
+        f"{', '.join(str(r['seed']) for r in runs)} ({steps}). S0 (the SFT policy) and S1 (each final policy): "
+        f"success on {EVAL_EPISODES} episodes ({EVAL_EPISODES // 3} per task) of evaluation seed {HELDOUT_SEED}, "
+        "which no run or tuning has drawn from; greedy action tokens, and sampled at temperature 1 as in training. "
+        "The interval is Student's t over the seeds, cut to [0, 1]. Goal: RL improves mean success by >= 20 points "
+        "over SFT within one CPU-hour, judged on the mean of the seeds.",
+        "",
+        "| actions | S0 (SFT) | S1 per seed | mean | min | max | 95% interval of the mean | lift (points) | goal met |",
+        "| --- | ---: | --- | ---: | ---: | ---: | --- | ---: | --- |",
+        *rows,
+        "",
+        "Per task (held out):",
+        "",
+        "| policy | actions | PushCube / PickCube / StackCube | mean |",
+        "| --- | --- | --- | ---: |",
+        *task_rows,
+        "",
+        "![curves](multitask_vla_heldout.png)",
+    ]
+    (RESULTS / "multitask_vla_heldout.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / "multitask_vla_heldout.md").read_text())
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["heldout"]:
+        os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+        if sys.argv[2:3] != ["report"]:
+            heldout()
+        heldout_report()
+        return
     sft_rl.main(__doc__, list(ARMS), run, report, demos=1000, sft_steps=4000, steps=None)
 
 
