@@ -1,6 +1,6 @@
 """DSRL against Flow-SDE PPO from the same SFT flow, on ManiSkill PickCube-v1 (state, CPU).
 
-Both arms start from flow_rl.py's SFT flow (held-out S0 0.56, inside the 40-60% band):
+Both arms start from flow_rl.py's SFT flow (held-out S0 0.60 greedy, at the top of the 40-60% band):
 
   dsrl      the flow stays frozen; a small SAC actor chooses each chunk's initial noise and
             the flow's ODE maps it to the actions (algo=dsrl, policy.latent_actor=true)
