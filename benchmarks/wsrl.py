@@ -256,6 +256,8 @@ COLLAPSE_VARIANTS = {
     "init_temperature=0.05": ["algo.init_temperature=0.05"],
     # pretraining sets the temperature whatever it starts from: this one holds it still
     "temperature fixed at 0.01": ["algo.init_temperature=0.01", "algo.temperature_lr=0"],
+    # pretraining as reported; online learning starts from a low temperature, which then learns
+    "online_temperature=0.01": ["algo.online_temperature=0.01"],
 }
 
 

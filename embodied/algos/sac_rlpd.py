@@ -10,7 +10,9 @@
   its episode (the calibration).
 - WSRL (Zhou et al. 2024): after pretraining, `warmup_steps` env steps collected by the frozen
   pretrained policy seed the online buffer, and with `retain_offline: false` the offline
-  data is dropped from then on.
+  data is dropped from then on. `online_temperature` restarts the entropy temperature there:
+  pretraining with BC holds the policy's entropy far below the target, so the temperature
+  climbs, and once BC stops that temperature drives the actor toward the uniform policy.
 - `critic_loss: hl_gauss` trains the critics as classifiers over a value support.
 - `bc_weight` (ConRFT's Cal-ConRFT, Chen et al. 2025): the actor also regresses its mode
   onto the data's actions on the offline rows, demonstrations and the operator's corrections,
@@ -71,6 +73,7 @@ class SACConfig:
     offline_fraction: float = 0.5  # of each batch from demos + interventions, while there are any
     retain_offline: bool = True  # WSRL: false drops the offline data once online learning starts
     warmup_steps: int = 0  # WSRL: env steps collected by the frozen policy before online updates
+    online_temperature: Optional[float] = None  # the temperature online learning starts from (None: as it is)
     offline_pretrain_steps: int = 0  # gradient steps on the offline data before any env step
     critic_loss: str = "mse"  # mse | hl_gauss
     hl_gauss_bins: int = 101
@@ -99,6 +102,8 @@ def check_sac_config(cfg: SACConfig) -> None:
     for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
+    if cfg.online_temperature is not None and cfg.online_temperature <= 0:
+        raise ConfigError(f"algo.online_temperature must be > 0 (or null), got {cfg.online_temperature}")
     if cfg.image_augmentation not in ("none", "shift"):
         raise ConfigError(f"algo.image_augmentation must be none or shift, got '{cfg.image_augmentation}'")
     if cfg.shift_pad < 0 or cfg.feature_batch < 1:
@@ -169,7 +174,7 @@ class SACRLPD:
         self.env_steps = 0
         self.critic_steps = 0
         self.pretrained = False
-        self.offline_dropped = False
+        self.online_started = False  # past pretraining and warm-up: online updates have begun
 
     @property
     def temperature(self) -> torch.Tensor:
@@ -261,15 +266,27 @@ class SACRLPD:
         }
         if self.env_steps <= self.cfg.warmup_steps:
             return {**metrics, "train/warming_up": 1.0}
-        if not self.cfg.retain_offline and not self.offline_dropped:
-            self.offline, self.offline_dropped = self._no_offline_data(), True
-            logger.info("online learning starts: offline data dropped (retain_offline=false)")
+        if not self.online_started:
+            self.start_online()
         for i in range(self.cfg.utd_ratio * len(new)):
             sample, offline_rows = self.sample()
             metrics.update(self.critic_step(sample, offline_rows))
             if (i + 1) % self.cfg.utd_ratio == 0:
                 metrics.update(self.actor_step(sample, offline_rows))
         return metrics
+
+    def start_online(self) -> None:
+        """The hand-over to online learning, once per run: WSRL drops the offline data, and
+        the temperature restarts where `online_temperature` says."""
+        self.online_started = True
+        if not self.cfg.retain_offline:
+            self.offline = self._no_offline_data()
+            logger.info("online learning starts: offline data dropped (retain_offline=false)")
+        if self.cfg.online_temperature is not None:
+            with torch.no_grad():
+                self.log_temperature.fill_(math.log(self.cfg.online_temperature))
+            self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=self.cfg.temperature_lr)
+            logger.info("online learning starts: temperature set to %g", self.cfg.online_temperature)
 
     def _no_offline_data(self) -> ReplayBuffer:
         """WSRL after its warm-up: an empty offline buffer, so every batch is online."""
@@ -383,7 +400,7 @@ class SACRLPD:
             "env_steps": self.env_steps,
             "critic_steps": self.critic_steps,
             "pretrained": self.pretrained,
-            "offline_dropped": self.offline_dropped,
+            "online_started": self.online_started,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -395,8 +412,9 @@ class SACRLPD:
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.temperature_optimizer.load_state_dict(state["temperature_optimizer"])
         self.online.load_state_dict(state["online"])
-        self.offline_dropped = bool(state["offline_dropped"])
-        if self.offline_dropped:
+        # checkpoints from before online_temperature say only whether the offline data was dropped
+        self.online_started = bool(state.get("online_started", state.get("offline_dropped")))
+        if self.online_started and not self.cfg.retain_offline:
             self.offline = self._no_offline_data()
         self.offline.load_state_dict(state["offline"])
         self.generator.set_state(state["generator"])

@@ -277,6 +277,27 @@ def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(
     assert len(algo.offline) == 0 and algo.critic_steps == 5 + 2  # online from now on, offline data gone
 
 
+def test_online_temperature_restarts_the_temperature_once_at_the_hand_over():
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    config = SACConfig(**SMALL, warmup_steps=2, init_temperature=1.0, online_temperature=0.01)
+    algo = SACRLPD(config, policy := small_policy(spec))
+    batches = collect(policy, 4)
+    for batch in batches[:2]:
+        algo.update(batch, 0.0)
+    assert algo.temperature.item() == pytest.approx(1.0)  # warming up: nothing learns
+    algo.update(batches[2], 0.0)
+    # the hand-over, then one temperature step (Adam's first moves log-temperature by its lr)
+    assert math.log(algo.temperature.item()) == pytest.approx(math.log(0.01), abs=1.01 * config.temperature_lr)
+    resumed = SACRLPD(config, resumed_policy := small_policy(spec))
+    resumed_policy.load_state_dict(policy.state_dict())
+    resumed.load_state_dict(algo.state_dict())
+    torch.manual_seed(5)
+    algo.update(batches[3], 0.0)
+    torch.manual_seed(5)
+    resumed.update(batches[3], 0.0)
+    assert resumed.temperature.item() == algo.temperature.item()  # a resumed run does not restart it again
+
+
 def test_resume_restores_critics_optimizers_buffers_and_counters(tmp_path):
     spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
     batches = collect(small_policy(spec), 5, seed=1)
