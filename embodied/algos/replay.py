@@ -10,12 +10,14 @@ From pixels a transition also holds each camera's frames before and after the st
 as the camera gave them (`images`, `next_images`), and, where the learner caches them, the
 frozen backbone's features of those frames (`features`, `next_features`).
 
-Buffers are tensors with a fixed capacity; their `state_dict` goes into checkpoints, so a
-resumed run continues with the same data (its sampling generator included)."""
+Buffers are tensors with a fixed capacity, allocated as transitions come (a capacity of
+frames is gigabytes, which a short run never fills); their `state_dict` goes into
+checkpoints, so a resumed run continues with the same data (its sampling generator
+included)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
@@ -78,6 +80,9 @@ def concat(parts: list[Transitions]) -> Transitions:
     return Transitions.from_columns({name: torch.cat([c[name] for c in columns]) for name in columns[0]})
 
 
+INITIAL_ROWS = 1024  # a buffer's storage to begin with; it grows as transitions come
+
+
 class ReplayBuffer:
     def __init__(
         self,
@@ -93,22 +98,9 @@ class ReplayBuffer:
         if capacity < 1:
             raise ConfigError(f"a replay buffer needs a capacity >= 1, got {capacity}")
         self.capacity = capacity
-        frames = lambda: {  # noqa: E731
-            camera: torch.zeros(capacity, *shape, dtype=torch.uint8) for camera, shape in (image_shapes or {}).items()
-        }
-        self.data = Transitions(
-            state=torch.zeros(capacity, state_dim),
-            action=torch.zeros(capacity, action_dim),
-            reward=torch.zeros(capacity),
-            next_state=torch.zeros(capacity, state_dim),
-            discount=torch.zeros(capacity),
-            intervened=torch.zeros(capacity, dtype=torch.bool),
-            mc_return=torch.full((capacity,), -torch.inf),
-            images=frames(),
-            next_images=frames(),
-            features=torch.zeros(capacity, feature_dim) if feature_dim else None,
-            next_features=torch.zeros(capacity, feature_dim) if feature_dim else None,
-        )
+        self.state_dim, self.action_dim, self.feature_dim = state_dim, action_dim, feature_dim
+        self.image_shapes = dict(image_shapes or {})
+        self.data = self._empty(min(capacity, INITIAL_ROWS))
         self.size = 0
         self.cursor = 0  # where the next transition goes; the oldest are overwritten first
         self.added = 0  # ever
@@ -117,6 +109,36 @@ class ReplayBuffer:
     def __len__(self) -> int:
         return self.size
 
+    def _empty(self, rows: int) -> Transitions:
+        frames = lambda: {
+            camera: torch.zeros(rows, *shape, dtype=torch.uint8) for camera, shape in self.image_shapes.items()
+        }  # noqa: E731
+        return Transitions(
+            state=torch.zeros(rows, self.state_dim),
+            action=torch.zeros(rows, self.action_dim),
+            reward=torch.zeros(rows),
+            next_state=torch.zeros(rows, self.state_dim),
+            discount=torch.zeros(rows),
+            intervened=torch.zeros(rows, dtype=torch.bool),
+            mc_return=torch.full((rows,), -torch.inf),
+            images=frames(),
+            next_images=frames(),
+            features=torch.zeros(rows, self.feature_dim) if self.feature_dim else None,
+            next_features=torch.zeros(rows, self.feature_dim) if self.feature_dim else None,
+        )
+
+    def _reserve(self, rows: int) -> None:
+        """Room for `rows` transitions (at most the capacity): the storage at least doubles when
+        it grows, so growing costs a constant share of the copying over a run."""
+        allocated = len(self.data)
+        if rows <= allocated:
+            return
+        grown = self._empty(min(self.capacity, max(rows, 2 * allocated)))
+        stored = grown.columns()
+        for name, value in self.data.columns().items():
+            stored[name][:allocated] = value
+        self.data = grown
+
     def add(self, items: Transitions) -> None:
         stored, given = self.data.columns(), items.columns()
         if given.keys() != stored.keys():
@@ -124,6 +146,8 @@ class ReplayBuffer:
         for start in range(0, len(items), self.capacity):
             part = {name: value[start : start + self.capacity] for name, value in given.items()}
             count = len(part["reward"])
+            self._reserve(min(self.capacity, self.cursor + count))  # until it is full, cursor == size
+            stored = self.data.columns()
             rows = (self.cursor + torch.arange(count)) % self.capacity
             for name, value in part.items():
                 stored[name][rows] = value.to(stored[name].dtype)
@@ -131,11 +155,13 @@ class ReplayBuffer:
             self.size = min(self.size + count, self.capacity)
             self.added += count
 
-    def sample(self, count: int) -> Transitions:
+    def sample(self, count: int, frames: bool = True) -> Transitions:
+        """`count` transitions drawn uniformly; without their frames where `frames` is false
+        (a learner that reads their cached features only), the same rows either way."""
         if self.size == 0:
             raise ValueError("sampling from an empty replay buffer")
         rows = torch.randint(self.size, (count,), generator=self.generator)
-        return self.data.select(rows)
+        return (self.data if frames else replace(self.data, images={}, next_images={})).select(rows)
 
     def state_dict(self) -> dict[str, Any]:
         used = slice(0, self.size)
@@ -151,6 +177,7 @@ class ReplayBuffer:
         size = int(data["reward"].shape[0])
         if size > self.capacity:
             raise ValueError(f"a saved buffer of {size} transitions does not fit a capacity of {self.capacity}")
+        self._reserve(size)
         stored = self.data.columns()
         if data.keys() != stored.keys():
             raise ValueError(f"a saved buffer of {sorted(data)} does not fit a buffer of {sorted(stored)}")

@@ -235,7 +235,8 @@ class SACRLPD:
         )
         metrics: dict[str, float] = {}
         for _ in range(self.cfg.offline_pretrain_steps):
-            batch = self.inputs(self.offline.sample(self.cfg.batch_size).to(self.policy.device))
+            batch = self.offline.sample(self.cfg.batch_size, frames=not self.caches_features)
+            batch = self.inputs(batch.to(self.policy.device))
             metrics = self.critic_step(batch, offline_rows=len(batch))
             metrics.update(self.actor_step(batch, offline_rows=len(batch)))
         self.pretrained = True
@@ -298,8 +299,9 @@ class SACRLPD:
         there are any."""
         size = self.cfg.batch_size
         offline_rows = int(round(size * self.cfg.offline_fraction)) if len(self.offline) else 0
-        parts = [self.offline.sample(offline_rows)] if offline_rows else []
-        parts.append(self.online.sample(size - offline_rows))
+        frames = not self.caches_features  # cached features stand in for the frames
+        parts = [self.offline.sample(offline_rows, frames)] if offline_rows else []
+        parts.append(self.online.sample(size - offline_rows, frames))
         return self.inputs(concat(parts).to(self.policy.device)), offline_rows
 
     def q_values(self, critics: CriticEnsemble, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:

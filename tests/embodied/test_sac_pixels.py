@@ -204,6 +204,45 @@ def test_image_buffers_and_the_shift_generator_survive_resume_bit_exactly(tmp_pa
         assert torch.equal(a.state, b.state) and torch.equal(a.next_state, b.next_state)
 
 
+def test_a_buffer_of_frames_grows_as_transitions_come_and_wraps_at_its_capacity(monkeypatch):
+    from embodied.algos import replay
+
+    monkeypatch.setattr(replay, "INITIAL_ROWS", 4)
+    buffer = replay.ReplayBuffer(10, 2, 1, seed=3, image_shapes={"base": (2, 2, 3)}, feature_dim=5)
+    assert len(buffer.data) == 4  # not the capacity's worth of frames up front
+
+    def batch(start, count):
+        ids = torch.arange(start, start + count, dtype=torch.float32)
+        frames = ids.view(-1, 1, 1, 1).expand(count, 2, 2, 3).to(torch.uint8)
+        return Transitions(
+            state=ids.view(-1, 1).expand(count, 2),
+            action=ids.view(-1, 1),
+            reward=ids,
+            next_state=ids.view(-1, 1).expand(count, 2) + 1,
+            discount=torch.ones(count),
+            intervened=torch.zeros(count, dtype=torch.bool),
+            mc_return=ids,
+            images={"base": frames},
+            next_images={"base": frames + 1},
+            features=ids.view(-1, 1).expand(count, 5),
+            next_features=ids.view(-1, 1).expand(count, 5) + 1,
+        )
+
+    sizes = []
+    for start in range(0, 15, 3):  # 15 transitions into room for 10: the first 5 are overwritten
+        buffer.add(batch(start, 3))
+        sizes.append(len(buffer.data))
+    assert sizes == [4, 8, 10, 10, 10] and len(buffer) == 10
+    assert buffer.data.reward.tolist() == [10, 11, 12, 13, 14, 5, 6, 7, 8, 9]
+    assert torch.equal(buffer.data.images["base"][:, 0, 0, 0], buffer.data.reward.to(torch.uint8))
+    resumed = replay.ReplayBuffer(10, 2, 1, image_shapes={"base": (2, 2, 3)}, feature_dim=5)
+    resumed.load_state_dict(buffer.state_dict())  # the same rows and the same draws to come
+    framed, bare = buffer.sample(6), resumed.sample(6, frames=False)
+    assert torch.equal(framed.images["base"][:, 0, 0, 0], framed.reward.to(torch.uint8))
+    assert torch.equal(bare.reward, framed.reward) and torch.equal(bare.features, framed.features)
+    assert not bare.images and not bare.next_images
+
+
 def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_path, monkeypatch):
     """A LeRobotDataset written by the robot client with two cameras: each transition holds
     the frames of its step and of the next one; the terminal step's next frame is its own."""
