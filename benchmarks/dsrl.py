@@ -60,6 +60,8 @@ FOLDER = "dsrl"  # under RUNS (run directories) and RESULTS / "runs" (records)
 SEEDS = (101, 102, 103)
 ENV_STEPS = 100_000  # Flow-SDE's budget in flow_rl.py
 GRID = 20_000  # env steps between the checkpoints evaluated held out
+# PickCube's grasping physics depends on its history: an interrupted run continues with new episodes
+RESUME_WITH = ("env_resume=fresh",)
 DSRL_ENVS = 4  # envs per iteration: a DSRL iteration is DSRL_ENVS env steps
 FLOW_SDE_STEPS_PER_ITERATION = 800  # ppo_maniskill's rollout of PickCube's envs
 # Sized for a CPU core per run, as hil.py's SAC runs (DSRL's paper uses 256-wide networks).
@@ -155,7 +157,7 @@ def heldout(parallel: int, seeds: tuple[int, ...]) -> None:
         if has_heldout(name):
             return
         overrides = arm_settings(arm, seed)
-        train_run(name, overrides, ENV_STEPS)
+        train_run(name, overrides, ENV_STEPS, RESUME_WITH)
         grid = grid_successes(arm, RUNS / name)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides, grid=grid, variant=CHOSEN)
 

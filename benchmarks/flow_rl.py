@@ -95,7 +95,12 @@ def rl(run_dir: Path, policy: str, overrides: list[str], steps: int) -> None:
     """PPO from the policy's SFT weights (continues an interrupted run)."""
     if (run_dir / "checkpoints" / "latest").is_file():
         embodied(
-            "train", f"resume={run_dir}", f"total_env_steps={steps}", "eval_episodes=0", "logger.progress_bar=false"
+            "train",
+            f"resume={run_dir}",
+            "env_resume=fresh",  # PickCube's grasping physics depends on its history: new episodes
+            f"total_env_steps={steps}",
+            "eval_episodes=0",
+            "logger.progress_bar=false",
         )
     else:
         embodied(

@@ -309,6 +309,7 @@ class Study:
     steps: int  # env steps per run
     eval_every: int  # env steps between periodic evaluations
     recipe: str  # how the settings came about, for the report
+    resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (ppo.train)
 
     def run_name(self, arm: str, seed: int) -> str:
         return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
@@ -334,6 +335,8 @@ STUDIES = {
         "hil.py's recipe (chosen on PushCube from state, seed 1; nothing tuned on this task), with 20 scripted "
         "demos in both arms, a frozen EfficientNet-Lite0 per camera, and the scripted expert (privileged state) "
         "as the operator",
+        # PickCube's grasping physics depends on its history: an interrupted run continues with new episodes
+        resume_with=("env_resume=fresh",),
     ),
 }
 
@@ -363,7 +366,7 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS)
         if has_heldout(name):
             return
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={seed}", *study.arms[arm]]
-        train_run(name, overrides, study.steps)
+        train_run(name, overrides, study.steps, study.resume_with)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
     if study is STUDIES["pixels"]:

@@ -154,7 +154,15 @@ def rl_command(name: str, seed: int, run_dir: Path, steps: int | None) -> list[s
     """Arm `name`'s RL from the SFT weights on `seed` into `run_dir` (continued where it stopped)."""
     budget = [] if steps is None else [f"total_env_steps={steps}"]
     if (run_dir / "checkpoints" / "latest").is_file():
-        return ["train", f"resume={run_dir}", *budget, "eval_episodes=0", "logger.progress_bar=false"]
+        # PickCube's and StackCube's grasping physics depends on its history: new episodes
+        return [
+            "train",
+            f"resume={run_dir}",
+            "env_resume=fresh",
+            *budget,
+            "eval_episodes=0",
+            "logger.progress_bar=false",
+        ]
     return [
         "train",
         *ENV,
