@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_rl  # noqa: E402
 from plots import provenance, save_with_summary  # noqa: E402
-from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, heldout_results, interval95  # noqa: E402
+from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, heldout_results, interval95, resumable  # noqa: E402
 from sft_rl import dataset_episodes, embodied, eval_curve  # noqa: E402
 
 DEMOS = RUNS / "flow-demos"
@@ -93,7 +93,7 @@ def run(demos: int, sft_steps: int, steps: int, arms: list[str]) -> None:
 
 def rl(run_dir: Path, policy: str, overrides: list[str], steps: int) -> None:
     """PPO from the policy's SFT weights (continues an interrupted run)."""
-    if (run_dir / "checkpoints" / "latest").is_file():
+    if resumable(run_dir):
         embodied(
             "train",
             f"resume={run_dir}",
@@ -120,7 +120,7 @@ def demos_and_sft(demos: int, sft_steps: int, policies: list[str]) -> None:
     embodied("demos", *ENV, f"episodes={demos}", f"root={DEMOS}", "progress_bar=false")
     for policy in policies:
         sft = sft_dir(policy)
-        if (sft / "checkpoints" / "latest").is_file():  # continue (or find finished) an interrupted run
+        if resumable(sft):  # continue (or find finished) an interrupted run
             embodied("sft", f"resume={sft}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
         else:
             embodied(

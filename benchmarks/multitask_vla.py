@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sft_rl  # noqa: E402
 from plots import provenance, save_with_summary  # noqa: E402
-from ppo import HELDOUT_SEED, RESULTS, RUNS, interval95, seed_cells  # noqa: E402
+from ppo import HELDOUT_SEED, RESULTS, RUNS, interval95, resumable, seed_cells  # noqa: E402
 from sft_rl import Curve, dataset_episodes, embodied, eval_curve  # noqa: E402
 
 DEMOS = RUNS / "multitask-demos1000"
@@ -134,7 +134,7 @@ def committed_curve(arm: dict) -> Curve:
 
 def demos_and_sft(demos: int, sft_steps: int) -> None:
     embodied("demos", *ENV, f"episodes={demos}", f"root={DEMOS}", "progress_bar=false")
-    if (SFT / "checkpoints" / "latest").is_file():
+    if resumable(SFT):
         embodied("sft", f"resume={SFT}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
     else:
         embodied(
@@ -153,7 +153,7 @@ def demos_and_sft(demos: int, sft_steps: int) -> None:
 def rl_command(name: str, seed: int, run_dir: Path, steps: int | None) -> list[str]:
     """Arm `name`'s RL from the SFT weights on `seed` into `run_dir` (continued where it stopped)."""
     budget = [] if steps is None else [f"total_env_steps={steps}"]
-    if (run_dir / "checkpoints" / "latest").is_file():
+    if resumable(run_dir):
         # PickCube's and StackCube's grasping physics depends on its history: new episodes
         return [
             "train",

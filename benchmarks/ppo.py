@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,18 @@ SUITES = {
 }
 
 
+def resumable(run_dir: Path) -> bool:
+    """Whether an earlier run in `run_dir` can be continued. One killed before its first
+    checkpoint left nothing to continue, and `embodied train` refuses a folder that holds a
+    run: the folder is removed, so the run starts over."""
+    if (run_dir / "checkpoints" / "latest").is_file():
+        return True
+    if run_dir.exists():
+        print(f"no checkpoint in {run_dir}: starting that run over", flush=True)
+        shutil.rmtree(run_dir)
+    return False
+
+
 def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, ...] = ()) -> None:
     """Train run `name`, or continue it from its last checkpoint with `resume_with` added (e.g.
     `env_resume=fresh` where the simulator cannot replay the episodes in progress)."""
@@ -129,7 +142,7 @@ def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, .
         "eval_episodes=0",
         "logger.progress_bar=false",
     ]
-    if (run_dir / "checkpoints" / "latest").is_file():  # continue an interrupted benchmark run
+    if resumable(run_dir):  # continue an interrupted benchmark run
         command = [
             sys.executable,
             "-m",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied.config import LoggerConfig
+from embodied.core.errors import ConfigError
 
 
 def new_run_dir(runs_root: str, run_name: str) -> Path:
@@ -20,6 +21,16 @@ def new_run_dir(runs_root: str, run_name: str) -> Path:
         path = Path(f"{base}-{n}")
     path.mkdir(parents=True)
     return path
+
+
+def refuse_a_used_run_dir(run_dir: Path) -> None:
+    """A new run into a folder that already holds one would append to its log and mix their
+    checkpoints: refused, before anything is written."""
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
+        raise ConfigError(
+            f"run_dir={run_dir} already holds a run: resume={run_dir} continues it; to start over, "
+            "remove it or give another run_dir"
+        )
 
 
 def drop_metrics_after(run_dir: Path, step_key: str, step: int) -> None:

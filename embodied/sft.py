@@ -46,7 +46,7 @@ from embodied.core.policy import Policy
 from embodied.core.types import EnvSpec, Observation
 from embodied.policy_loading import load_run_policy
 from embodied.process import get_rng_state, set_rng_state, start_process
-from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
+from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir, refuse_a_used_run_dir
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +180,8 @@ def run_sft(config: SFTConfig) -> Path:
     generator = np.random.default_rng(config.seed)
 
     run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root, config.run_name)
+    if not config.resume:
+        refuse_a_used_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     config.run_dir = str(run_dir)
     config_yaml = to_yaml(config)

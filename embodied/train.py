@@ -31,7 +31,7 @@ from embodied.core.types import EpisodeStats
 from embodied.eval_episodes import run_episodes, summarize
 from embodied.policy_loading import load_run_policy
 from embodied.process import get_rng_state, set_rng_state
-from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir
+from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir, refuse_a_used_run_dir
 from embodied.runtime.learner import Learner
 from embodied.runtime.rollout import Rollout
 
@@ -106,6 +106,8 @@ class TrainSession:
         self.checkpoint = resolve_checkpoint(config.resume) if config.resume else None
         if config.run_dir:
             self.run_dir = Path(config.run_dir)
+            if self.checkpoint is None:
+                refuse_a_used_run_dir(self.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
         else:
             self.run_dir = new_run_dir(config.runs_root, config.run_name)

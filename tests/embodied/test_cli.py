@@ -147,6 +147,14 @@ def test_resume_of_a_run_without_checkpoints_fails_clearly(tmp_path):
     assert result.returncode == 2 and "holds no checkpoint" in result.stderr
 
 
+def test_a_new_run_into_a_folder_that_holds_one_is_refused_and_leaves_it_untouched(uninterrupted):
+    before = {name: (uninterrupted / name).read_text() for name in ("metrics.jsonl", "config.yaml")}
+    result = embodied("train", *TINY, f"run_dir={uninterrupted}", check=False)
+    assert result.returncode == 2 and "already holds a run" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert {name: (uninterrupted / name).read_text() for name in before} == before
+
+
 def test_resume_from_an_older_checkpoint_is_refused_and_leaves_the_run_untouched(uninterrupted):
     older = uninterrupted / "checkpoints" / "iter_000001"
     before = (older / "config.yaml").read_text()

@@ -193,6 +193,10 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(pickcub
     assert steps == [10, 20, 30]
     with pytest.raises(ConfigError, match="cannot change"):
         sft_config(["dataset=elsewhere"], resume=str(resumed))
+    logged = (whole / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):  # a new run into it would mix the two
+        sft_run(tmp_path, pickcube_demos, "steps=5", name="whole")
+    assert (whole / "metrics.jsonl").read_text() == logged
 
 
 def test_a_new_training_run_starts_from_the_sft_weights_with_init(pickcube_demos, tmp_path):
