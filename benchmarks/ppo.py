@@ -307,11 +307,11 @@ def collect(name: str) -> None:
     out = record_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(out.read_text()) if out.exists() else {}
-    # the script that ran: hil.py and wsrl.py train through this one too
-    record = {"name": name, "wall_time_s": wall, **compact(lines), "provenance": provenance(Path(sys.argv[0]).name)}
-    # re-collected: keep where the run ran and its held-out evaluation
-    record.update({key: earlier[key] for key in ("provenance", "heldout") if key in earlier})
-    out.write_text(json.dumps(record))
+    record = {"name": name, "wall_time_s": wall, **compact(lines)}
+    # re-collected: keep where the run ran, its held-out evaluation and what scripts added
+    # (arm, seed, overrides, ...); the script that ran, as hil.py and others train through this one
+    where = earlier.get("provenance") or provenance(Path(sys.argv[0]).name)
+    out.write_text(json.dumps({**earlier, **record, "provenance": where}))
 
 
 def load(name: str) -> dict | None:
