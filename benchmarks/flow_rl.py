@@ -213,19 +213,13 @@ HELDOUT_RUNS = RESULTS / "runs" / "flow_rl_heldout"
 MODES = ("deterministic", "sampled")
 
 
-def heldout_evaluation(run_dir: Path) -> dict:
-    """The run's final policy on the held-out episodes, with the commit that evaluated it (the
-    run may have been trained at an earlier one)."""
-    return {**heldout_results(run_dir)[0], "commit": provenance("flow_rl.py")["commit"]}
-
-
 def heldout(demos: int, sft_steps: int) -> None:
     """Train what is missing, evaluate it held out, and keep each run's results (compact JSON)."""
     policies = sorted({ARMS[arm][0] for arm in HELDOUT_ARMS})
     demos_and_sft(demos, sft_steps, policies)
     HELDOUT_RUNS.mkdir(parents=True, exist_ok=True)
     for policy in policies:
-        record = {"kind": "sft", "policy": policy, "heldout": heldout_evaluation(sft_dir(policy))}
+        record = {"kind": "sft", "policy": policy, "heldout": heldout_results(sft_dir(policy))[0]}
         record.update(provenance("flow_rl.py"))
         (HELDOUT_RUNS / f"{policy}-sft.json").write_text(json.dumps(record))
     for arm in HELDOUT_ARMS:
@@ -242,7 +236,7 @@ def heldout(demos: int, sft_steps: int) -> None:
                 "policy": policy,
                 "seed": seed,
                 "overrides": [*POLICIES[policy], *settings],
-                "heldout": heldout_evaluation(run_dir),
+                "heldout": heldout_results(run_dir)[0],
                 "env_steps": curve.env_steps,
                 "wall_time_s": curve.wall_time_s,
                 "curve": curve.as_json(),
@@ -257,7 +251,7 @@ def reevaluate() -> None:
     for path in sorted(HELDOUT_RUNS.glob("*.json")):
         record = json.loads(path.read_text())
         run_dir = sft_dir(record["policy"]) if record["kind"] == "sft" else RUNS / "flow-heldout" / path.stem
-        record["heldout"] = heldout_evaluation(run_dir)
+        record["heldout"] = heldout_results(run_dir)[0]
         path.write_text(json.dumps(record))
 
 

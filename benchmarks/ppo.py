@@ -183,8 +183,9 @@ def heldout_eval(checkpoint: Path, output: Path, deterministic: bool) -> tuple[d
 
 
 def heldout_results(run_dir: Path) -> tuple[dict, str]:
-    """A run's final policy on the held-out episodes, greedy and sampled, and the command."""
-    results = {}
+    """A run's final policy on the held-out episodes, greedy and sampled, with the commit that
+    evaluated it (the run may have been trained at an earlier one), and the command."""
+    results: dict = {"commit": provenance(Path(sys.argv[0]).name)["commit"]}
     for mode in ("deterministic", "sampled"):
         overall, command = heldout_eval(run_dir, run_dir / "eval" / f"heldout-{mode}", mode == "deterministic")
         kept = ("episodes", "successes", "success_rate", "success_ci95", "mean_return")
@@ -207,8 +208,7 @@ def evaluate_heldout(name: str, **fields: object) -> None:
     results, command = heldout_results(RUNS / name)
     path = record_path(name)
     run = json.loads(path.read_text())
-    evaluated_at = provenance(Path(sys.argv[0]).name)["commit"]  # the run may have been trained earlier
-    run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, "commit": evaluated_at, **results})
+    run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, **results})
     path.write_text(json.dumps(run))
 
 
