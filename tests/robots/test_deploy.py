@@ -443,9 +443,17 @@ def test_one_request_pending_per_client():
         assert receive(raw)[1].kind == "welcome"
         for seq in (2, 3, 4):
             send(raw, Message("infer", seq, {"tick": seq, "observation": {"state": np.zeros(4, np.float32)}}))
-        time.sleep(0.2)
+        replies = []
+
+        def both_later_requests_refused() -> bool:
+            server._drain(0.05)  # takes in what has arrived; answers only what it refuses
+            while raw.poll(0):
+                replies.append(receive(raw)[1])
+            return len(replies) == 2
+
+        wait_until(both_later_requests_refused, "the two requests sent behind a pending one to be refused")
         assert server.run_once(1.0) == 1
-        replies = [receive(raw)[1] for _ in range(3)]
+        replies.append(receive(raw)[1])
         assert sorted((r.seq, r.kind, r.body.get("code")) for r in replies) == [
             (2, "action", None),
             (3, "error", "busy"),
