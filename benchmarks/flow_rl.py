@@ -186,6 +186,8 @@ def report() -> None:
     by_steps.set_ylabel("eval success (32 fixed episodes)")
     by_steps.legend(fontsize=8)
     fig.suptitle("PickCube-v1 (state, CPU): SFT on scripted demos, then PPO on flow and diffusion policies")
+    if not summary["arms"]:  # run directories are not kept in the repository: a clone has none
+        raise SystemExit(f"no flow_rl.py runs in {RUNS}: nothing to report; results/flow_rl.* left as they are")
     save_with_summary(fig, RESULTS, "flow_rl", summary)
     lines = [
         "# Flow-matching and diffusion policies: SFT, then RL (PickCube-v1)",

@@ -196,6 +196,10 @@ def report() -> None:
 
     runs = {name: load(name) for name in ARMS}
     runs = {name: run for name, run in runs.items() if run}
+    if not runs:  # a clone has no run records: the committed summary stays as it is
+        raise SystemExit(
+            f"no hil.py runs collected in {RESULTS / 'runs'}: nothing to report; results/hil.* left as they are"
+        )
     summary: dict = {"task": "PushCube-v1", "goal": GOAL, "metric": "eval/success_rate", "runs": {}}
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     rows = []

@@ -202,6 +202,8 @@ def report() -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    if not (SFT / "checkpoints" / "latest").is_file():  # every lift is measured from it
+        raise SystemExit(f"no SFT run in {SFT}: nothing to report; results/multitask_vla.* left as they are")
     s0 = {"greedy": final_success(SFT, True), "sampled": final_success(SFT, False)}
     s0_periodic = sft_on_periodic_episodes()
     committed = RESULTS / "multitask_vla.json"

@@ -101,3 +101,15 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
         assert (config.intervention.expert == "scripted") == name.endswith("corrections")
     if name.startswith("dsrl"):
         assert config.init.endswith("flow-sft") and config.keep_checkpoints >= 6
+
+
+def test_a_report_without_its_runs_leaves_the_committed_summary_alone(tmp_path, monkeypatch):
+    # a clone holds no run records for hil.py's first study: its report must not overwrite
+    # the committed figures with empty ones
+    monkeypatch.setattr(ppo, "RESULTS", tmp_path)
+    monkeypatch.setattr(hil, "RESULTS", tmp_path)
+    (tmp_path / "hil.md").write_text("committed")
+    with pytest.raises(SystemExit, match="nothing to report"):
+        hil.report()
+    assert [p.name for p in tmp_path.iterdir()] == ["hil.md"]
+    assert (tmp_path / "hil.md").read_text() == "committed"
