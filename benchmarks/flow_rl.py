@@ -141,6 +141,9 @@ def report() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    curves = {name: eval_curve(RUNS / name) for name in ARMS}
+    if not any(curves.values()):  # run directories are not kept in the repository: a clone has none
+        raise SystemExit(f"no flow_rl.py runs in {RUNS}: nothing to report; results/flow_rl.* left as they are")
     s0s = {policy: final_success(sft_dir(policy)) for policy in POLICIES}
     summary: dict = {
         "task": "PickCube-v1",
@@ -153,7 +156,7 @@ def report() -> None:
     fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     rows = []
     for name, (policy, overrides) in ARMS.items():
-        s0, curve = s0s[policy], eval_curve(RUNS / name)
+        s0, curve = s0s[policy], curves[name]
         if curve is None:
             continue
         s1 = final_success(RUNS / name)
@@ -186,8 +189,6 @@ def report() -> None:
     by_steps.set_ylabel("eval success (32 fixed episodes)")
     by_steps.legend(fontsize=8)
     fig.suptitle("PickCube-v1 (state, CPU): SFT on scripted demos, then PPO on flow and diffusion policies")
-    if not summary["arms"]:  # run directories are not kept in the repository: a clone has none
-        raise SystemExit(f"no flow_rl.py runs in {RUNS}: nothing to report; results/flow_rl.* left as they are")
     save_with_summary(fig, RESULTS, "flow_rl", summary)
     lines = [
         "# Flow-matching and diffusion policies: SFT, then RL (PickCube-v1)",
