@@ -28,6 +28,7 @@ drives the simulated robot through `embodied robot ... record.root=...`.
     python benchmarks/hil.py pixels           # from 64 px RGB on PickCube: RLPD with 20 demos, without
                                               # and with the scripted expert correcting (3 fresh seeds)
     python benchmarks/hil.py pixels report    # rebuild that summary from the committed runs
+    python benchmarks/hil.py pickcube-state   # the pixel study's arms from privileged state (a check)
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -282,7 +283,8 @@ SPEEDUP_GOAL = 2.0  # interventions cut the env steps to 90% at least this much
 # and in one of them the scripted expert, which reads privileged state, corrects at most 5
 # steps at a time. Otherwise hil.py's recipe, unchanged: nothing was tuned on this task.
 PIXEL_DEMOS = RUNS / "pixel-demos-20"
-PIXEL_ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos", "env.obs_mode=rgb", "env.image_size=64"]
+PICKCUBE = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
+PIXEL_ENV = [*PICKCUBE, "env.obs_mode=rgb", "env.image_size=64"]
 PIXEL_EVERY = 2_500  # env steps between periodic evaluations and checkpoints
 PIXEL_COMMON = [
     *PIXEL_ENV,
@@ -300,6 +302,14 @@ PIXEL_ARMS = {
         "intervention.max_takeover=5",
     ],
 }
+# The same two arms from privileged state (20 state demos): whether the recipe learns PickCube
+# at all, apart from the pixel path.
+STATE_DEMOS = RUNS / "pickcube-state-demos-20"
+STATE_COMMON = [
+    *PICKCUBE,
+    *(o for o in PIXEL_COMMON if o not in PIXEL_ENV and not o.startswith("algo.demos=")),
+    f"algo.demos={STATE_DEMOS}",
+]
 
 
 @dataclass(frozen=True)
@@ -342,24 +352,42 @@ STUDIES = {
         # PickCube's grasping physics depends on its history: an interrupted run continues with new episodes
         resume_with=("env_resume=fresh",),
     ),
+    "pickcube-state": Study(
+        "hil_pickcube_state",
+        "PickCube-v1 from state",
+        STATE_COMMON,
+        {arm.replace("pixels", "state"): overrides for arm, overrides in PIXEL_ARMS.items()},
+        50_000,
+        PIXEL_EVERY,
+        "The pixel study's recipe and operator from privileged state, with 20 scripted state demos: whether "
+        "the recipe learns PickCube at all, apart from the pixel path",
+        resume_with=("env_resume=fresh",),
+    ),
 }
+# each study's demos: (where, the env overrides they are recorded with)
+STUDY_DEMOS = {"pixels": (PIXEL_DEMOS, PIXEL_ENV), "pickcube-state": (STATE_DEMOS, PICKCUBE)}
 
 
-def record_pixel_demos(episodes: int = 20) -> None:
-    """The scripted expert's episodes with their camera frames (`embodied demos`)."""
+def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
+    """The scripted expert's episodes, with camera frames where `env` renders them (`embodied demos`)."""
     subprocess.run(
         [
             sys.executable,
             "-m",
             "embodied.cli",
             "demos",
-            *PIXEL_ENV,
+            *env,
             f"episodes={episodes}",
-            f"root={PIXEL_DEMOS}",
+            f"root={root}",
             "progress_bar=false",
         ],
         check=True,
     )
+
+
+def study_command(study: Study) -> str:
+    """The `hil.py` command that runs `study`."""
+    return next(key for key, value in STUDIES.items() if value is study)
 
 
 def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS) -> None:
@@ -373,8 +401,9 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS)
         train_run(name, overrides, study.steps, study.resume_with)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
-    if study is STUDIES["pixels"]:
-        record_pixel_demos()
+    command = study_command(study)
+    if command in STUDY_DEMOS:
+        record_scripted_demos(*STUDY_DEMOS[command])
     else:
         ensure_expert()
     with ThreadPoolExecutor(parallel) as pool:
@@ -486,7 +515,7 @@ def heldout_report(study: Study) -> None:
     summary.update({"commits": commits, "machine": records[0]["provenance"]["machine"]})
     save_with_summary(fig, RESULTS, study.name, summary)
     seeds = ", ".join(map(str, HELDOUT_SEEDS))
-    command = next(key for key, value in STUDIES.items() if value is study)
+    command = study_command(study)
     lines = [
         f"# Human-in-the-loop on fresh seeds, held out ({study.task})",
         "",

@@ -99,8 +99,21 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
     if "pixels" in name:
         assert config.env.obs_mode == "rgb" and config.algo.demos.endswith("pixel-demos-20")
         assert (config.intervention.expert == "scripted") == name.endswith("corrections")
+    if "pickcube-state" in name:
+        assert config.env.obs_mode == "state" and config.algo.demos.endswith("pickcube-state-demos-20")
+        assert (config.intervention.expert == "scripted") == name.endswith("corrections")
     if name.startswith("dsrl"):
         assert config.init.endswith("flow-sft") and config.keep_checkpoints >= 6
+
+
+def test_the_pickcube_state_check_differs_from_the_pixel_study_only_in_observations_and_demos():
+    pixels, state = hil.STUDIES["pixels"], hil.STUDIES["pickcube-state"]
+    observation = ("env.obs_mode=", "env.image_size=", "algo.demos=")
+    assert [o for o in pixels.common if not o.startswith(observation)] == [
+        o for o in state.common if not o.startswith(observation)
+    ]
+    assert list(state.arms.values()) == list(pixels.arms.values())
+    assert (pixels.steps, pixels.eval_every) == (state.steps, state.eval_every)
 
 
 def test_a_report_without_its_runs_leaves_the_committed_summary_alone(tmp_path, monkeypatch):
