@@ -514,7 +514,7 @@ def heldout_report(study: Study) -> None:
     commits = sorted({r["provenance"]["commit"] for r in records})
     summary.update({"commits": commits, "machine": records[0]["provenance"]["machine"]})
     save_with_summary(fig, RESULTS, study.name, summary)
-    seeds = ", ".join(map(str, HELDOUT_SEEDS))
+    seeds = ", ".join(map(str, sorted({r["seed"] for r in records})))
     command = study_command(study)
     lines = [
         f"# Human-in-the-loop on fresh seeds, held out ({study.task})",
