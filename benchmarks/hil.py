@@ -286,13 +286,13 @@ PIXEL_DEMOS = RUNS / "pixel-demos-20"
 PICKCUBE = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
 PIXEL_ENV = [*PICKCUBE, "env.obs_mode=rgb", "env.image_size=64"]
 PIXEL_EVERY = 2_500  # env steps between periodic evaluations and checkpoints
-PIXEL_COMMON = [
-    *PIXEL_ENV,
+# hil.py's recipe on PickCube, whatever the observations
+PICKCUBE_RECIPE = [
     *(o for o in COMMON if not o.startswith(("env=", "eval_every=", "checkpoint_every="))),
     f"eval_every={PIXEL_EVERY // 4}",
     f"checkpoint_every={PIXEL_EVERY // 4}",
-    f"algo.demos={PIXEL_DEMOS}",
 ]
+PIXEL_COMMON = [*PIXEL_ENV, *PICKCUBE_RECIPE, f"algo.demos={PIXEL_DEMOS}"]
 PIXEL_ARMS = {
     "pixels-rlpd": [],
     "pixels-rlpd-corrections": [
@@ -305,11 +305,7 @@ PIXEL_ARMS = {
 # The same two arms from privileged state (20 state demos): whether the recipe learns PickCube
 # at all, apart from the pixel path.
 STATE_DEMOS = RUNS / "pickcube-state-demos-20"
-STATE_COMMON = [
-    *PICKCUBE,
-    *(o for o in PIXEL_COMMON if o not in PIXEL_ENV and not o.startswith("algo.demos=")),
-    f"algo.demos={STATE_DEMOS}",
-]
+STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
 
 
 @dataclass(frozen=True)
@@ -324,6 +320,8 @@ class Study:
     eval_every: int  # env steps between periodic evaluations
     recipe: str  # how the settings came about, for the report
     resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (ppo.train)
+    # (where, the env overrides) of the scripted expert's demos it records; none: the PPO expert's
+    scripted_demos: tuple[Path, list[str]] | None = None
 
     def run_name(self, arm: str, seed: int) -> str:
         return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
@@ -351,6 +349,7 @@ STUDIES = {
         "as the operator",
         # PickCube's grasping physics depends on its history: an interrupted run continues with new episodes
         resume_with=("env_resume=fresh",),
+        scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
     ),
     "pickcube-state": Study(
         "hil_pickcube_state",
@@ -362,10 +361,9 @@ STUDIES = {
         "The pixel study's recipe and operator from privileged state, with 20 scripted state demos: whether "
         "the recipe learns PickCube at all, apart from the pixel path",
         resume_with=("env_resume=fresh",),
+        scripted_demos=(STATE_DEMOS, PICKCUBE),
     ),
 }
-# each study's demos: (where, the env overrides they are recorded with)
-STUDY_DEMOS = {"pixels": (PIXEL_DEMOS, PIXEL_ENV), "pickcube-state": (STATE_DEMOS, PICKCUBE)}
 
 
 def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
@@ -385,11 +383,6 @@ def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> Non
     )
 
 
-def study_command(study: Study) -> str:
-    """The `hil.py` command that runs `study`."""
-    return next(key for key, value in STUDIES.items() if value is study)
-
-
 def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS) -> None:
     """Train what is missing, evaluate each final policy held out, annotate its record."""
 
@@ -401,9 +394,8 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS)
         train_run(name, overrides, study.steps, study.resume_with)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
-    command = study_command(study)
-    if command in STUDY_DEMOS:
-        record_scripted_demos(*STUDY_DEMOS[command])
+    if study.scripted_demos:
+        record_scripted_demos(*study.scripted_demos)
     else:
         ensure_expert()
     with ThreadPoolExecutor(parallel) as pool:
@@ -515,7 +507,7 @@ def heldout_report(study: Study) -> None:
     summary.update({"commits": commits, "machine": records[0]["provenance"]["machine"]})
     save_with_summary(fig, RESULTS, study.name, summary)
     seeds = ", ".join(map(str, sorted({r["seed"] for r in records})))
-    command = study_command(study)
+    command = next(key for key, value in STUDIES.items() if value is study)
     lines = [
         f"# Human-in-the-loop on fresh seeds, held out ({study.task})",
         "",
