@@ -42,6 +42,7 @@ from embodied.policies.oft_heads import ProprioProjector, ResidualMLP
 from embodied.policies.openvla_checkpoint import (
     Layout,
     image_normalization,
+    installed_names,
     latest_file,
     mismatches,
     parameters_on_meta,
@@ -223,11 +224,8 @@ class OpenVLAPolicy(TokenVLAPolicy):
         ours = self.layout.from_published(read_tensors(files, torch.float32))
         parts = {"backbone.": backbone, "vision.": self.vision, "projector.": self.projector}
         for prefix, module in parts.items():
-            module.load_state_dict(
-                {name.removeprefix(prefix): t for name, t in ours.items() if name.startswith(prefix)},
-                strict=True,
-                assign=True,
-            )
+            mine = {name.removeprefix(prefix): t for name, t in ours.items() if name.startswith(prefix)}
+            module.load_state_dict(installed_names(mine, list(module.state_dict())), strict=True, assign=True)
 
     def published_shapes(self, backbone: nn.Module | None = None) -> dict[str, tuple[int, ...]]:
         """Every tensor name and shape of this architecture in the published layout."""

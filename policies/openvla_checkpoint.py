@@ -87,6 +87,37 @@ def _tower_names(family: str, depth: int) -> list[tuple[str, str]]:
     return pairs
 
 
+# transformers before 5.0 builds DINOv2's attention from two modules (self-attention, output);
+# the mapping above uses the names 5.x gives. A tower built by an older one is renamed on the way
+# in and out, so the published layout does not depend on the installed version.
+_DINOV2_RENAMED = {
+    ".attention.attention.query.": ".attention.q_proj.",
+    ".attention.attention.key.": ".attention.k_proj.",
+    ".attention.attention.value.": ".attention.v_proj.",
+    ".attention.output.dense.": ".attention.o_proj.",
+}
+
+
+def _renamed(name: str, table: dict[str, str]) -> str:
+    for old, new in table.items():
+        if old in name:
+            return name.replace(old, new)
+    return name
+
+
+def current_names(ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our state dict under the names transformers 5 gives its towers."""
+    return {_renamed(name, _DINOV2_RENAMED): tensor for name, tensor in ours.items()}
+
+
+def installed_names(ours: dict[str, torch.Tensor], installed: list[str]) -> dict[str, torch.Tensor]:
+    """`ours` (current names) under the names of a module whose state dict has `installed`."""
+    if not any(old in name for name in installed for old in _DINOV2_RENAMED):
+        return ours
+    back = {new: old for old, new in _DINOV2_RENAMED.items()}
+    return {_renamed(name, back): tensor for name, tensor in ours.items()}
+
+
 def _attention_prefix(family: str, index: int) -> str:
     return f"encoder.layer.{index}.attention" if family == "dinov2" else f"encoder.layers.{index}.self_attn"
 
@@ -100,6 +131,7 @@ class Layout:
         self.fused_projector = fused_projector
 
     def to_published(self, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        ours = current_names(ours)
         out: dict[str, torch.Tensor] = {}
         for (published, family, depth), ours_prefix in zip(
             self.towers, ("vision.featurizer.model.", "vision.fused_featurizer.model.")
@@ -139,7 +171,8 @@ class Layout:
         return out
 
     def from_published(self, theirs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Our names for `theirs` (which must be complete: check with `mismatches` first)."""
+        """Our names for `theirs` (which must be complete: check with `mismatches` first), as
+        transformers 5 gives them (`installed_names` turns them into an older version's)."""
         out: dict[str, torch.Tensor] = {}
         for (published, family, depth), ours_prefix in zip(
             self.towers, ("vision.featurizer.model.", "vision.fused_featurizer.model.")

@@ -101,7 +101,7 @@ class VisionTower(nn.Module):
         elif spec.family == "siglip":
             from transformers import SiglipVisionConfig, SiglipVisionModel
 
-            self.model = SiglipVisionModel(
+            model = SiglipVisionModel(
                 SiglipVisionConfig(
                     hidden_size=spec.width,
                     intermediate_size=spec.mlp,
@@ -113,6 +113,8 @@ class VisionTower(nn.Module):
                     layer_norm_eps=1e-6,
                 )
             )
+            # transformers before 5.0 keeps the tower one level down; 5.x flattened it
+            self.model = getattr(model, "vision_model", model)
             self.prefix = 0
         else:
             raise ConfigError(f"unknown vision tower family '{spec.family}'")

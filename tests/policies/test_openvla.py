@@ -13,7 +13,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.action_tokens import ActionTokenizer
 from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy, OpenVLAPrompt
-from embodied.policies.openvla_checkpoint import read_statistics
+from embodied.policies.openvla_checkpoint import current_names, installed_names, read_statistics
 from embodied.policies.prismatic import ImagePixels, tower_spec
 from embodied.runtime.wire import published_weights
 
@@ -421,3 +421,15 @@ def test_bad_settings_are_refused_by_name(tmp_path):
     folder = tiny().save_published(tmp_path / "openvla", dtype=torch.float32)
     with pytest.raises(ConfigError, match="no action_head--<step>_checkpoint.pt"):
         tiny(pretrained=str(folder), decoder="parallel", action_head="l1")
+
+
+def test_towers_named_by_transformers_before_5_map_to_the_same_published_layout():
+    """transformers 4.x names DINOv2's attention in two modules; the layout reads it either way."""
+    prefix = "vision.featurizer.model.encoder.layer.0.attention."
+    old = {f"{prefix}attention.query.weight": torch.ones(1), f"{prefix}output.dense.bias": torch.zeros(1)}
+    new = current_names(old)
+    assert sorted(new) == [f"{prefix}o_proj.bias", f"{prefix}q_proj.weight"]
+    assert new[f"{prefix}q_proj.weight"] is old[f"{prefix}attention.query.weight"]
+    # back into a module built by transformers 4.x; a 5.x module keeps the names as they are
+    assert installed_names(new, ["encoder.layer.0.attention.attention.key.weight"]) == old
+    assert installed_names(new, ["encoder.layer.0.attention.k_proj.weight"]) == new
