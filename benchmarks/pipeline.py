@@ -8,15 +8,17 @@ batch, the regime where overlapping them pays most, in two ways:
                        cores to the envs, as a throughput-bound accelerator does (this machine
                        may have none, so the wait stands in for it)
 
-With k env workers the pipeline can at best turn (inference + step) into max(inference,
-stage step + inference / k), where a stage is one worker's share of the envs: 1.33x for k=2
-and 1.6x for k=4 if a stage alone steps as long as the whole batch (the workers run in
-parallel), 2x in the limit. The bound of each row is computed from its own stage times,
+With the env workers in k stages (runtime.pipeline_stages, 2 unless --stages says otherwise;
+the results committed before that option existed had one stage per worker) the pipeline can at
+best turn (inference + step) into max(inference, stage step + inference / k), where a stage is
+its workers' share of the envs: 1.33x for k=2 and 1.6x for k=4 if a stage alone steps as long
+as the whole batch (the workers run in parallel), 2x in the limit. The bound of each row is
+computed from its own stage times,
 measured in the same run: the whole batch's step, one stage stepped alone (the mean over the
 stages) and the whole batch's inference. A speed-up above its bound is a measurement to
 investigate, not a result.
 
-    python benchmarks/pipeline.py [--task PushCube-v1] [--num-envs 16] [--workers 2 4] [--steps 60]
+    python benchmarks/pipeline.py [--task PushCube-v1] [--num-envs 16] [--workers 2 4] [--steps 60] [--stages 2]
 
 Writes benchmarks/results/pipeline.{json,md,png}."""
 
@@ -71,10 +73,10 @@ def seconds_per_call(function, repeats: int = 20) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def rollout_rates(env, policy, steps: int, device: str = "cpu") -> dict[str, float]:
+def rollout_rates(env, policy, steps: int, device: str = "cpu", stages: int = 2) -> dict[str, float]:
     rates: dict[str, float] = {}
     for pipeline in (False, True, False, True):  # interleaved, best of two each
-        rollout = Rollout(env, policy, torch.device(device), pipeline=pipeline)
+        rollout = Rollout(env, policy, torch.device(device), pipeline=pipeline, pipeline_stages=stages)
         rollout.start()
         rollout.collect(3)
         started = time.perf_counter()
@@ -102,28 +104,31 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         observation = env.reset()
         zeros = np.zeros((args.num_envs, 1, env.spec.action_dim), np.float32)
         step_s = seconds_per_call(lambda: env.step(zeros))
-        stage_s = float(np.mean([seconds_per_call(lambda k=k: stage_step(env, k, zeros)) for k in range(workers)]))
+        env.group_stages(args.stages)  # as the rollout groups them
+        stages = env.num_stages
+        stage_s = float(np.mean([seconds_per_call(lambda k=k: stage_step(env, k, zeros)) for k in range(stages)]))
         policy, hidden, inference_s = cpu_policy_as_slow_as(step_s, observation.to_torch(), env.spec)
         small = MLPGaussianPolicy(MLPPolicyConfig(actor_hidden=[64] * 2, critic_hidden=[64] * 2), env.spec)
         off_cpu = OffCPUInference(small, step_s / args.num_envs)
         with torch.no_grad():
             off_cpu_s = seconds_per_call(lambda: off_cpu.act(observation.to_torch()))
         rates = {
-            "cpu inference": rollout_rates(env, policy, args.steps),
-            "off-cpu inference": rollout_rates(env, off_cpu, args.steps),
+            "cpu inference": rollout_rates(env, policy, args.steps, stages=args.stages),
+            "off-cpu inference": rollout_rates(env, off_cpu, args.steps, stages=args.stages),
         }
     finally:
         env.close()
     inference = {"cpu inference": inference_s, "off-cpu inference": off_cpu_s}
     return {
         "workers": workers,
+        "stages": stages,
         "env_step_ms": step_s * 1e3,
         "stage_step_ms": stage_s * 1e3,
         "cpu_policy_hidden": hidden,
         "inference_ms": {name: seconds * 1e3 for name, seconds in inference.items()},
         "env_steps_per_s": rates,
         "speedup": {name: r["pipelined"] / r["sequential"] for name, r in rates.items()},
-        "bound": {name: pipelining_bound(step_s, stage_s, seconds, workers) for name, seconds in inference.items()},
+        "bound": {name: pipelining_bound(step_s, stage_s, seconds, stages) for name, seconds in inference.items()},
     }
 
 
@@ -133,11 +138,16 @@ def stage_step(env, stage: int, actions: np.ndarray) -> None:
     env.receive_stage_step(stage)
 
 
-def pipelining_bound(step_s: float, stage_s: float, inference_s: float, stages: int) -> float:
-    """The best pipelined / sequential ratio these stage times allow: sequential pays the
-    whole batch's step and inference one after the other; pipelined, one stage's step and its
-    share of the inference run while the other stages' inference goes on."""
-    return (step_s + inference_s) / max(inference_s, stage_s + inference_s / stages)
+def pipelining_bound(
+    step_s: float, stage_s: float, inference_s: float, stages: int, stage_inference_s: float | None = None
+) -> float:
+    """The best pipelined / sequential ratio these times allow: sequential pays the whole
+    batch's step and inference one after the other; pipelined, each stage's step and its own
+    inference, while the policy infers for every stage in turn. `stage_inference_s`: one
+    stage's inference where measured (a GPU's small batches do not cost their share of the
+    whole batch's); else its share."""
+    stage_inference_s = inference_s / stages if stage_inference_s is None else stage_inference_s
+    return (step_s + inference_s) / max(stages * stage_inference_s, stage_s + stage_inference_s)
 
 
 def main() -> None:
@@ -146,6 +156,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--stages", type=int, default=2, help="runtime.pipeline_stages: groups of env workers")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = [measure(args, workers) for workers in args.workers]

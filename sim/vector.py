@@ -75,6 +75,9 @@ class _PipeWorker:
         )
         self.process.start()
         child.close()
+
+    def wait_ready(self) -> None:
+        """Until the worker has built its envs (started first, so that several build side by side)."""
         try:
             self.receive()
         except BaseException:
@@ -111,6 +114,12 @@ class _PipeWorker:
             self.process.kill()
             self.process.join()
         self.connection.close()
+
+
+def _wait_ready(worker: Any) -> None:
+    """A pipe worker builds its envs after it starts; the other kinds are ready when made."""
+    if isinstance(worker, _PipeWorker):
+        worker.wait_ready()
 
 
 def vectorize(
@@ -160,9 +169,12 @@ class VectorizedEnv(BatchedEnv):
         self._splits = [ids.tolist() for ids in splits]
         self._starts = np.cumsum([0] + [len(ids) for ids in splits])  # first env index of each worker
         self.workers: list[Any] = []
+        self._stages = [[k] for k in range(len(self._splits))]  # pipelined rollout: `group_stages`
         try:
             for ids in self._splits:
                 self.workers.append(make_worker(ids))
+            for worker in self.workers:  # they build their envs side by side
+                _wait_ready(worker)
             descriptions = self._all("describe")
         except BaseException:
             self.close()
@@ -243,6 +255,7 @@ class VectorizedEnv(BatchedEnv):
         for k in sorted(self._failed):
             self.workers[k].close()
             self.workers[k] = self._make_worker(self._splits[k])
+            _wait_ready(self.workers[k])
             self.workers[k].send("reset")
             self.workers[k].receive()
             self._failed.discard(k)
@@ -274,31 +287,47 @@ class VectorizedEnv(BatchedEnv):
             ],
         )
 
-    # ---- stages: one worker each, stepped independently so that inference for one worker
+    # ---- stages: groups of workers stepped independently, so that inference for one stage
     # ---- overlaps simulation in the others (pipelined rollout)
+    def group_stages(self, count: int) -> None:
+        """Split the workers into `count` stages of contiguous workers (at most one per worker).
+        Until this is called, each worker is a stage."""
+        groups = np.array_split(np.arange(len(self.workers)), max(1, min(count, len(self.workers))))
+        self._stages = [group.tolist() for group in groups]
+
     @property
     def num_stages(self) -> int:
-        return len(self.workers)
+        return len(self._stages)
+
+    def _worker_rows(self, worker: int) -> slice:
+        return slice(int(self._starts[worker]), int(self._starts[worker + 1]))
 
     def stage_rows(self, stage: int) -> slice:
-        return slice(int(self._starts[stage]), int(self._starts[stage + 1]))
+        workers = self._stages[stage]
+        return slice(int(self._starts[workers[0]]), int(self._starts[workers[-1] + 1]))
 
     def send_stage_step(self, stage: int, actions: np.ndarray) -> None:
-        try:
-            self.workers[stage].send("step", chunk=np.asarray(actions, dtype=np.float32))
-        except EnvWorkerError:
-            self._failed.add(stage)
-            raise
-        self._awaiting.add(stage)
+        actions = np.asarray(actions, dtype=np.float32)
+        first = self._starts[self._stages[stage][0]]
+        for k in self._stages[stage]:
+            try:
+                chunk = actions[self._starts[k] - first : self._starts[k + 1] - first]
+                self.workers[k].send("step", chunk=chunk)
+            except EnvWorkerError:
+                self._failed.add(k)
+                raise
+            self._awaiting.add(k)
 
     def receive_stage_step(self, stage: int) -> StepResult:
-        self._awaiting.discard(stage)
-        try:
-            part = self.workers[stage].receive()
-        except EnvWorkerError:
-            self._failed.add(stage)
-            raise
-        return self._result([part], rows=self.stage_rows(stage))
+        parts = []
+        for k in self._stages[stage]:  # a failure leaves the rest awaited: `drain` reads them
+            self._awaiting.discard(k)
+            try:
+                parts.append(self.workers[k].receive())
+            except EnvWorkerError:
+                self._failed.add(k)
+                raise
+        return self._result(parts, rows=self.stage_rows(stage))
 
     def render(self, env_idx: int = 0) -> np.ndarray:
         k = int(np.searchsorted(self._starts, env_idx, side="right") - 1)
@@ -325,7 +354,7 @@ class VectorizedEnv(BatchedEnv):
             raise ValueError(f"the saved env state has {len(state['seed'])} envs, this env has {self.num_envs}")
         per_worker = []
         for k in range(len(self.workers)):
-            rows = self.stage_rows(k)
+            rows = self._worker_rows(k)
             per_worker.append(
                 {
                     "saved": {

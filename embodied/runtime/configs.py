@@ -16,9 +16,10 @@ class LocalRuntimeConfig:
     name: str = "local"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     torch_threads: Optional[int] = None  # None: torch's default
-    # Overlap policy inference for one env worker with simulation in the others
+    # Overlap policy inference for one stage of env workers with simulation in the others
     # (needs env.num_workers >= 2).
     pipeline: bool = False
+    pipeline_stages: int = 2  # groups of env workers; each costs one inference per step
 
 
 @dataclass
@@ -27,7 +28,8 @@ class ProcsRuntimeConfig:
     device: str = "auto"  # the learner's: auto | cpu | cuda | cuda:N
     rollout_device: str = "auto"  # the rollout's policy inference
     torch_threads: Optional[int] = None  # per process; None: torch's default
-    pipeline: bool = False  # overlap inference for one env worker with simulation in others
+    pipeline: bool = False  # overlap inference for one stage of env workers with simulation in others
+    pipeline_stages: int = 2  # groups of env workers; each costs one inference per step
     # 0: synchronous, every sample from the current policy. k > 0: the rollout keeps acting
     # with weights up to k updates old; older samples are dropped and counted, the rest are
     # corrected with their behaviour log-prob (decoupled PPO).

@@ -39,6 +39,7 @@ class LocalRuntime:
                 policy,
                 device,
                 pipeline=self.cfg.pipeline,
+                pipeline_stages=self.cfg.pipeline_stages,
                 seed=config.seed,
                 operator=build_operator(config, env),
             )

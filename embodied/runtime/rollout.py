@@ -10,6 +10,7 @@ import torch
 
 from embodied.algos.buffers import Trajectory, TrajectoryBuilder, concat_envs
 from embodied.core.env import BatchedEnv, episode_seed
+from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
 from embodied.intervention import SimOperator
@@ -53,6 +54,7 @@ class Rollout:
         device: torch.device,
         max_env_restarts: int = 3,
         pipeline: bool = False,
+        pipeline_stages: int = 2,
         seed: int = 0,
         operator: SimOperator | None = None,
         index: int = 0,
@@ -60,7 +62,13 @@ class Rollout:
     ):
         self.env = env
         self.operator = operator  # a scripted operator that may take over envs (embodied/intervention.py)
-        # Pipelining needs an env whose env workers step independently (VectorizedEnv with workers).
+        # Pipelining needs an env whose env workers step independently (VectorizedEnv with
+        # workers), grouped into stages: each stage costs one inference per step, and a GPU's
+        # small-batch inference costs about as much for a few rows as for all of them.
+        if pipeline and pipeline_stages < 2:
+            raise ConfigError(f"runtime.pipeline_stages must be >= 2, got {pipeline_stages}")
+        if pipeline and hasattr(env, "group_stages"):
+            env.group_stages(pipeline_stages)
         self.pipeline = pipeline and getattr(env, "num_stages", 1) > 1
         self.policy = policy
         self.device = device
@@ -156,8 +164,9 @@ class Rollout:
 
     @torch.no_grad()
     def _collect_pipelined(self, num_steps: int) -> tuple[Trajectory, list[EpisodeStats], int]:
-        """Each env worker is a stage: while one worker simulates its chunk, the policy runs
-        for the next one, so inference and simulation overlap (SEED RL / RLinf style)."""
+        """Each stage (a group of env workers) steps on its own: while one stage simulates its
+        chunk, the policy runs for the next one, so inference and simulation overlap (SEED RL /
+        RLinf style)."""
         env = self.env
         stages = range(env.num_stages)
         observations = [self.observation.select(env.stage_rows(k)) for k in stages]

@@ -131,6 +131,7 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
                 policy,
                 device,
                 pipeline=runtime.pipeline,
+                pipeline_stages=runtime.pipeline_stages,
                 seed=config.seed,
                 operator=build_operator(config, env),
                 index=index,

@@ -191,7 +191,10 @@ def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
     assert last["env_steps"] >= 12288 and last["train/env_worker_restarts"] == 1
 
 
-def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one():
+@pytest.mark.parametrize("workers,stages,rows", [(2, 2, [4, 4]), (4, 2, [4, 4]), (4, 4, [2, 2, 2, 2])])
+def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one(workers, stages, rows):
+    """Whatever the workers are grouped into (runtime.pipeline_stages), pipelining changes when
+    inference runs, not what is collected."""
     import torch
 
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
@@ -199,24 +202,43 @@ def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one()
 
     batches = []
     for pipeline in (False, True):
-        env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2), seed=3)
+        env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=8, num_workers=workers), seed=3)
         try:
             torch.manual_seed(0)
             policy = MLPGaussianPolicy(MLPPolicyConfig(init_log_std=-30.0), env.spec)  # sampling = the mean
-            rollout = Rollout(env, policy, torch.device("cpu"), pipeline=pipeline)
+            rollout = Rollout(env, policy, torch.device("cpu"), pipeline=pipeline, pipeline_stages=stages)
+            if pipeline:
+                sizes = [env.stage_rows(k).stop - env.stage_rows(k).start for k in range(env.num_stages)]
+                assert sizes == rows
             rollout.start()
             batch, episodes, env_steps = rollout.collect(40)
             batches.append((batch, len(episodes), env_steps, rollout.observation.state))
         finally:
             env.close()
     (sequential, n_seq, steps_seq, last_seq), (pipelined, n_pipe, steps_pipe, last_pipe) = batches
-    assert (n_seq, steps_seq) == (n_pipe, steps_pipe) and steps_seq == 160
+    assert (n_seq, steps_seq) == (n_pipe, steps_pipe) and steps_seq == 320
     torch.testing.assert_close(pipelined.observation.state, sequential.observation.state)
     torch.testing.assert_close(pipelined.reward, sequential.reward)
     torch.testing.assert_close(pipelined.value, sequential.value)
     torch.testing.assert_close(pipelined.last_value, sequential.last_value)
     assert torch.equal(pipelined.terminated, sequential.terminated)
     np.testing.assert_allclose(last_pipe, last_seq)
+
+
+def test_a_pipeline_of_fewer_than_two_stages_is_refused_by_name():
+    import torch
+
+    from embodied.core.errors import ConfigError
+    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runtime.rollout import Rollout
+
+    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2), seed=3)
+    try:
+        policy = MLPGaussianPolicy(MLPPolicyConfig(), env.spec)
+        with pytest.raises(ConfigError, match="runtime.pipeline_stages must be >= 2, got 1"):
+            Rollout(env, policy, torch.device("cpu"), pipeline=True, pipeline_stages=1)
+    finally:
+        env.close()
 
 
 def test_the_socket_folders_of_killed_hubs_are_removed_and_live_ones_kept(tmp_path):
