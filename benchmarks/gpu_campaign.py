@@ -190,7 +190,9 @@ def main() -> int:
     parser.add_argument("command", nargs="?", choices=["run", "report"], default="run")
     parser.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of: {', '.join(STEPS)}")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on a CPU (physx_cpu, one env)")
-    parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--results", type=Path, default=None, help=f"default: {RESULTS} (with --smoke: a fresh temporary folder)"
+    )
     parser.add_argument(
         "--work",
         type=Path,
@@ -198,6 +200,10 @@ def main() -> int:
         help="where the steps' runs go; kept between calls, so a long step resumes",
     )
     args = parser.parse_args()
+    if args.results is None:  # a smoke run never writes over what a GPU measured
+        args.results = Path(tempfile.mkdtemp(prefix="gpu-campaign-smoke-")) if args.smoke else RESULTS
+        if args.smoke:
+            print(f"results: {args.results}", flush=True)
     if args.command == "report":
         print(report(args.results))
         return 0

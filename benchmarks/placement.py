@@ -99,6 +99,17 @@ def defaults_under(overrides: list[str]) -> list[str]:
     return DEFAULT
 
 
+def echo_new_lines(log: Path, done: int, prefix: str) -> int:
+    """Print the complete lines `log` gained after its first `done` bytes; the bytes read."""
+    with open(log, "rb") as file:
+        file.seek(done)
+        new = file.read()
+    complete = new[: new.rfind(b"\n") + 1]
+    for line in complete.decode(errors="replace").splitlines():
+        print(f"{prefix}{line}", file=sys.stderr, flush=True)
+    return done + len(complete)
+
+
 def run(placement: str, updates: int, overrides: list[str], timeout_s: float | None = None) -> dict:
     """Seconds per update and peak device memory of one run, stopped after its updates (or,
     with `timeout_s`, after that long: an error naming how far it got)."""
@@ -126,8 +137,10 @@ def run(placement: str, updates: int, overrides: list[str], timeout_s: float | N
             trainer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         metrics = run_dir / "metrics.jsonl"
         rows: list[dict] = []
+        echoed = 0  # of the trainer's stderr, passed on: where a slow run spends its time shows
         try:
             while len(rows) < updates + WARMUP_UPDATES:
+                echoed = echo_new_lines(log, echoed, f"placement: {placement}: ")
                 if trainer.poll() is not None:
                     raise SystemExit(f"the {placement} run failed:\n{log.read_text()[-3000:]}")
                 if time.monotonic() > deadline:

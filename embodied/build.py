@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from typing import Any, Sequence
 
 import torch
@@ -12,10 +14,15 @@ from embodied.core.policy import Policy
 from embodied.core.registry import ALGOS, ENVS, POLICIES
 from embodied.core.types import EnvSpec
 
+log = logging.getLogger(__name__)
+
 
 def build_env(env_cfg: Any, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None) -> BatchedEnv:
     """The config's envs, or only `env_ids` of them (a rollout's share when several run)."""
-    return ENVS.get(env_cfg.name).factory(env_cfg, seed, stream, env_ids)
+    started = time.perf_counter()
+    env = ENVS.get(env_cfg.name).factory(env_cfg, seed, stream, env_ids)
+    log.info("env %s: %d envs built in %.1f s", env_cfg.name, env.num_envs, time.perf_counter() - started)
+    return env
 
 
 def in_this_process(env_cfg: Any, **changes: Any) -> Any:
@@ -27,7 +34,20 @@ def in_this_process(env_cfg: Any, **changes: Any) -> Any:
 
 
 def build_policy(policy_cfg: Any, spec: EnvSpec, device: torch.device) -> Policy:
-    return POLICIES.get(policy_cfg.name).factory(policy_cfg, spec).to(device)
+    # timed: building a VLA at its published size is where a slow start usually goes
+    started = time.perf_counter()
+    policy = POLICIES.get(policy_cfg.name).factory(policy_cfg, spec)
+    built = time.perf_counter()
+    policy = policy.to(device)
+    log.info(
+        "policy %s: %.0fM parameters built in %.1f s, moved to %s in %.1f s",
+        policy_cfg.name,
+        sum(p.numel() for p in policy.parameters()) / 1e6,
+        built - started,
+        device,
+        time.perf_counter() - built,
+    )
+    return policy
 
 
 def build_algo(algo_cfg: Any, policy: Policy) -> Any:
