@@ -300,10 +300,16 @@ def compact(lines: list[dict]) -> dict:
 
 
 def collect(name: str) -> None:
-    """Curve and wall time of a finished run (start: its config file; end: its last checkpoint)."""
+    """Curve and wall time of a finished run: the trainer's own clock, which a resume carries
+    on (else from its config file to its last checkpoint, which a resume rewrites)."""
     run_dir = RUNS / name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    wall = (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
+    elapsed = [line["train/elapsed_s"] for line in lines if "train/elapsed_s" in line]
+    wall = (
+        elapsed[-1]
+        if elapsed
+        else (run_dir / "checkpoints" / "latest").stat().st_mtime - (run_dir / "config.yaml").stat().st_mtime
+    )
     out = record_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
     earlier = json.loads(out.read_text()) if out.exists() else {}
