@@ -126,3 +126,22 @@ def test_a_report_without_its_runs_leaves_the_committed_summary_alone(tmp_path, 
         hil.report()
     assert [p.name for p in tmp_path.iterdir()] == ["hil.md"]
     assert (tmp_path / "hil.md").read_text() == "committed"
+
+
+def test_a_run_record_takes_its_wall_time_from_the_trainers_clock_not_from_a_resume(tmp_path, monkeypatch):
+    """A resume rewrites config.yaml after the last checkpoint: file times would give a negative wall time."""
+    import json
+    import os
+
+    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    run = tmp_path / "runs" / "resumed"
+    (run / "checkpoints").mkdir(parents=True)
+    lines = [{"env_steps": 4 * i, "train/elapsed_s": 10.0 * i} for i in range(1, 6)]
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    (run / "checkpoints" / "latest").write_text("iter_5")
+    (run / "config.yaml").write_text("seed: 1\n")
+    os.utime(run / "checkpoints" / "latest", (1000, 1000))  # the last checkpoint, before the resume
+    os.utime(run / "config.yaml", (5000, 5000))
+    ppo.collect("resumed")
+    assert json.loads((tmp_path / "results" / "runs" / "resumed.json").read_text())["wall_time_s"] == 50.0
