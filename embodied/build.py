@@ -40,7 +40,7 @@ def build_policy(policy_cfg: Any, spec: EnvSpec, device: torch.device) -> Policy
     built = time.perf_counter()
     policy = policy.to(device)
     log.info(
-        "policy %s: %.0fM parameters built in %.1f s, moved to %s in %.1f s",
+        "policy %s: %.3gM parameters built in %.1f s, moved to %s in %.1f s",
         policy_cfg.name,
         sum(p.numel() for p in policy.parameters()) / 1e6,
         built - started,
