@@ -121,8 +121,12 @@ def server(trained):
         # started as a background job of a script: SIGINT ignored, which the server undoes
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
+    seen = []  # log lines (stderr, merged in) may come before the server says it serves
     line = process.stdout.readline()
-    assert line.startswith("serving mlp_gaussian"), line + process.stdout.read()
+    while line and not line.startswith("serving"):
+        seen.append(line)
+        line = process.stdout.readline()
+    assert line.startswith("serving mlp_gaussian"), "".join(seen[-30:]) + line
     yield endpoint
     process.send_signal(signal.SIGINT)
     assert process.wait(60) == 130  # Ctrl-C ends the server, in about a second
