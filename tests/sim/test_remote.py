@@ -225,6 +225,39 @@ def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one(w
     np.testing.assert_allclose(last_pipe, last_seq)
 
 
+def _env_once_all_workers_started(folder: str, workers: int, cfg: GymnasiumConfig, index: int):
+    """An env that is built only once `workers` worker processes have begun building theirs."""
+    import time
+    from pathlib import Path
+
+    from embodied.sim.gymnasium_env import GymnasiumEnv
+
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(Path(folder).iterdir())) < workers:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the other env workers never started")
+        time.sleep(0.05)
+    return GymnasiumEnv(cfg, index)
+
+
+def test_pipe_workers_build_their_envs_side_by_side(tmp_path):
+    """Workers started one after another, each waiting for the last to be ready, would never
+    all be building at once, and these envs are built only then."""
+    from functools import partial
+
+    from embodied.sim.vector import vectorize
+
+    cfg = GymnasiumConfig(task="InvertedPendulum-v4", num_envs=3, num_workers=3)
+    make_env = partial(_env_once_all_workers_started, str(tmp_path), 3, cfg)
+    env = vectorize(make_env, [0, 1, 2], num_workers=3, worker_timeout_s=120)
+    try:
+        assert env.num_envs == 3 and len(list(tmp_path.iterdir())) == 3
+        assert env.reset().state.shape[0] == 3
+    finally:
+        env.close()
+
+
 def test_a_pipeline_of_fewer_than_two_stages_is_refused_by_name():
     import torch
 
