@@ -140,7 +140,7 @@ def pipeline_rates(
     workers: int, num_envs: int, steps: int, device: str, width: int, depths: list[int]
 ) -> dict[str, Any]:
     import torch
-    from pipeline import pipelining_bound, rollout_rates, seconds_per_call, stage_step  # sibling script
+    from pipeline import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step  # sibling script
 
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.sim.maniskill import make_maniskill
@@ -192,10 +192,9 @@ def pipeline_rates(
     }
 
 
-STAGES = 2  # runtime.pipeline_stages' default
-
-
 def pipeline(scale: Scale, work: Path) -> StepResult:
+    from pipeline import STAGES  # sibling script
+
     rows = []
     for w in [2] if scale.smoke else [4, 8, 16]:
         try:
@@ -203,7 +202,7 @@ def pipeline(scale: Scale, work: Path) -> StepResult:
                 measure(
                     "pipeline_rates",
                     workers=w,
-                    num_envs=1 * w if scale.smoke else 16 * w,
+                    num_envs=w if scale.smoke else 16 * w,
                     steps=2 if scale.smoke else 40,
                     device=scale.device,
                     width=64 if scale.smoke else 4096,

@@ -39,11 +39,13 @@ from plots import (  # sibling module: the scripts run as `python benchmarks/<na
 )
 
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.runtime.configs import LocalRuntimeConfig
 from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
+STAGES = LocalRuntimeConfig.pipeline_stages  # the runtime's default grouping of env workers
 
 
 class OffCPUInference:
@@ -73,7 +75,7 @@ def seconds_per_call(function, repeats: int = 20) -> float:
     return (time.perf_counter() - started) / repeats
 
 
-def rollout_rates(env, policy, steps: int, device: str = "cpu", stages: int = 2) -> dict[str, float]:
+def rollout_rates(env, policy, steps: int, device: str = "cpu", stages: int = STAGES) -> dict[str, float]:
     rates: dict[str, float] = {}
     for pipeline in (False, True, False, True):  # interleaved, best of two each
         rollout = Rollout(env, policy, torch.device(device), pipeline=pipeline, pipeline_stages=stages)
@@ -156,7 +158,7 @@ def main() -> None:
     parser.add_argument("--num-envs", type=int, default=16)
     parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--stages", type=int, default=2, help="runtime.pipeline_stages: groups of env workers")
+    parser.add_argument("--stages", type=int, default=STAGES, help="runtime.pipeline_stages: groups of env workers")
     args = parser.parse_args()
     torch.set_num_threads(1)
     runs = [measure(args, workers) for workers in args.workers]
