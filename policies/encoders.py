@@ -98,15 +98,19 @@ class EfficientNetLite0(nn.Module):
         model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         return model.eval().requires_grad_(False)
 
-    def features(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 (B, H, W, 3) -> (B, 1280), pooled over space. Inputs are scaled to [-1, 1],
-        the convention of the TensorFlow Lite models."""
+    def feature_map(self, images: torch.Tensor, blocks: int | None = None) -> torch.Tensor:
+        """uint8 (B, H, W, 3) -> the map after the first `blocks` blocks (B, C, h, w), or
+        after the head (1280 channels at 1/32 of the image) when `blocks` is None. Inputs are
+        scaled to [-1, 1], the convention of the TensorFlow Lite models."""
         x = images.permute(0, 3, 1, 2).float() / 127.5 - 1.0
         x = F.relu6(self._bn0(self._conv_stem(x)))
-        for block in self._blocks:
+        for block in self._blocks[:blocks]:
             x = block(x)
-        x = F.relu6(self._bn1(self._conv_head(x)))
-        return x.mean((2, 3))
+        return x if blocks is not None else F.relu6(self._bn1(self._conv_head(x)))
+
+    def features(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 (B, H, W, 3) -> (B, 1280), the head's map averaged over space."""
+        return self.feature_map(images).mean((2, 3))
 
     def classify(self, images: torch.Tensor) -> torch.Tensor:
         return self._fc(self.features(images))

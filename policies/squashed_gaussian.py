@@ -44,9 +44,11 @@ class SquashedGaussianConfig:
     layer_norm: bool = True
     log_std_min: float = -5.0
     log_std_max: float = 2.0
-    # from pixels: efficientnet_lite0 | random_cnn | timm:<model> | torchvision:<model> (frozen), and each
+    # from pixels: efficientnet_lite0 | random_cnn | timm:<model> | torchvision:<model> (frozen), its
+    # features pooled over space or spatial (the flattened map; where things are survives), and each
     # camera's trainable projection width
     image_backbone: str = "efficientnet_lite0"
+    image_features: str = "pooled"
     image_projection: int = 64
     cameras: Optional[list[str]] = None  # the env cameras it reads: None every one, [] none (state only)
 
@@ -75,19 +77,18 @@ class PixelProjection(nn.Module):
     """[state, frozen features of each camera] -> [state, tanh(LayerNorm(W features)) of each
     camera]: the trainable part of the image encoder. Identity without cameras."""
 
-    def __init__(self, state_dim: int, cameras: int, feature_dim: int, width: int):
+    def __init__(self, state_dim: int, feature_dims: list[int], width: int):
         super().__init__()
-        self.state_dim, self.cameras, self.feature_dim = state_dim, cameras, feature_dim
+        self.state_dim, self.feature_dims = state_dim, feature_dims  # one width per camera
         self.heads = nn.ModuleList(
-            nn.Sequential(nn.Linear(feature_dim, width), nn.LayerNorm(width), nn.Tanh()) for _ in range(cameras)
+            nn.Sequential(nn.Linear(dim, width), nn.LayerNorm(width), nn.Tanh()) for dim in feature_dims
         )
-        self.output_dim = state_dim + cameras * width
+        self.output_dim = state_dim + len(feature_dims) * width
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not self.cameras:
+        if not self.feature_dims:
             return inputs
-        state, features = inputs.split([self.state_dim, self.cameras * self.feature_dim], dim=-1)
-        parts = features.split(self.feature_dim, dim=-1)
+        state, *parts = inputs.split([self.state_dim, *self.feature_dims], dim=-1)
         return torch.cat([state, *(head(part) for head, part in zip(self.heads, parts))], dim=-1)
 
 
@@ -116,9 +117,12 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             )
         # the learner stores the next observation's frames too: its targets bootstrap from them
         self.needs_next_images = bool(self.cameras)
-        self.backbone = frozen_backbone(cfg.image_backbone) if self.cameras else None
-        feature_dim = self.backbone.feature_dim if self.backbone is not None else 0
-        self.input_dim = spec.state_dim + len(self.cameras) * feature_dim
+        self.backbone = frozen_backbone(cfg.image_backbone, cfg.image_features) if self.cameras else None
+        # each camera's feature width (spatial features grow with the image)
+        self.feature_dims = (
+            [self.backbone.output_dim(spec.image_shapes[c]) for c in self.cameras] if self.cameras else []
+        )
+        self.input_dim = spec.state_dim + sum(self.feature_dims)
         self.projection = self.new_projection()
         self.net = layer_norm_mlp(
             [self.projection.output_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
@@ -135,8 +139,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
     # ---- inputs: the state and the frozen image features -------------------------------------
     def new_projection(self) -> PixelProjection:
         """A fresh trainable projection of the input vector (the actor's own, or a critic's)."""
-        feature_dim = self.backbone.feature_dim if self.backbone is not None else 0
-        return PixelProjection(self.spec.state_dim, len(self.cameras), feature_dim, self.cfg.image_projection)
+        return PixelProjection(self.spec.state_dim, self.feature_dims, self.cfg.image_projection)
 
     @torch.no_grad()
     def image_features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:

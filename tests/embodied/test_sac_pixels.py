@@ -16,7 +16,7 @@ from embodied.algos.sac_rlpd import SACRLPD, SACConfig
 from embodied.build import build_env
 from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.core.errors import ConfigError
-from embodied.core.types import EnvSpec
+from embodied.core.types import EnvSpec, Observation
 from embodied.policies.image_backbones import frozen_backbone
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 from embodied.runtime.rollout import Rollout
@@ -90,7 +90,13 @@ def test_random_shift_crops_the_edge_padded_frame_at_one_offset_per_image():
     assert torch.equal(random_shift(images, 0), images)
 
 
-def test_the_backbone_stays_frozen_and_cached_features_equal_a_fresh_forward_pass():
+# EfficientNet-Lite0's features of a 32 px frame: the head's 1280 channels averaged, or the
+# map after stage 4 (80 channels at 1/16 of the frame: 2 x 2)
+EFFICIENTNET_WIDTH_AT_32PX = {"pooled": 1280, "spatial": 80 * 2 * 2}
+
+
+@pytest.mark.parametrize("features", ["pooled", "spatial"])
+def test_the_backbone_stays_frozen_and_cached_features_equal_a_fresh_forward_pass(features):
     """The shipped EfficientNet-Lite0 reads real ManiSkill frames; after updates its weights
     are unchanged, and every stored frame's cached features are the backbone's on that frame."""
     torch.manual_seed(0)
@@ -99,8 +105,12 @@ def test_the_backbone_stays_frozen_and_cached_features_equal_a_fresh_forward_pas
     )
     spec = env_spec.spec
     env_spec.close()
-    policy = SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[16], image_projection=8), spec)
-    assert policy.input_dim == spec.state_dim + len(spec.image_shapes) * 1280
+    policy = SquashedGaussianPolicy(
+        SquashedGaussianConfig(hidden=[16], image_projection=8, image_features=features), spec
+    )
+    width = EFFICIENTNET_WIDTH_AT_32PX[features]
+    assert policy.input_dim == spec.state_dim + len(spec.image_shapes) * width
+    assert features_match_the_backbone(policy, features)
     frozen = {name: value.clone() for name, value in policy.backbone.state_dict().items()}
     assert not any(p.requires_grad for p in policy.backbone.parameters())
     algo = SACRLPD(SACConfig(**SMALL), policy)
@@ -117,6 +127,39 @@ def test_the_backbone_stays_frozen_and_cached_features_equal_a_fresh_forward_pas
     camera = policy.cameras[0]
     assert torch.equal(data.images[camera][0], batches[0].observation.images[camera][0, 0])
     assert torch.equal(data.next_images[camera][0], batches[1].observation.images[camera][0, 0])  # no episode ended
+
+
+def features_match_the_backbone(policy, features):
+    """The policy's features of a frame: the backbone's map flattened (spatial) or its pooled vector."""
+    frames = {c: torch.randint(0, 256, (2, *policy.spec.image_shapes[c]), dtype=torch.uint8) for c in policy.cameras}
+    net = policy.backbone.net
+    expected = [
+        net.feature_map(frames[c], 8).flatten(1) if features == "spatial" else net.feature_map(frames[c]).mean((2, 3))
+        for c in policy.cameras
+    ]
+    return torch.equal(policy.image_features(frames), torch.cat(expected, dim=-1))
+
+
+def test_spatial_features_give_each_camera_its_own_width_from_its_frame_size():
+    """Spatial features grow with the frame: cameras of different sizes get projections of
+    different widths, and the policy acts on the concatenation."""
+    spec = EnvSpec(**{**SPEC.__dict__, "image_shapes": {"base": (32, 32, 3), "wrist": (48, 48, 3)}})
+    torch.manual_seed(0)
+    policy = SquashedGaussianPolicy(
+        SquashedGaussianConfig(hidden=[16], image_backbone="random_cnn", image_projection=8, image_features="spatial"),
+        spec,
+    )
+    # random_cnn: three unpadded stride-2 3x3 convolutions, 32 channels: 32 -> 15 -> 7 -> 3, 48 -> 23 -> 11 -> 5
+    assert policy.feature_dims == [32 * 3 * 3, 32 * 5 * 5]
+    assert [head[0].in_features for head in policy.projection.heads] == policy.feature_dims
+    frames = {c: torch.randint(0, 256, (4, *shape), dtype=torch.uint8) for c, shape in spec.image_shapes.items()}
+    features = policy.image_features(frames)
+    maps = [policy.backbone.feature_map(frames[c]) for c in ("base", "wrist")]
+    assert torch.equal(features, torch.cat([m.flatten(1) for m in maps], dim=-1))
+    pooled = frozen_backbone("random_cnn")
+    assert pooled.output_dim((32, 32, 3)) == pooled.output_dim((48, 48, 3)) == 128  # pooled: one width for all
+    observation = Observation(state=torch.zeros(4, 3), images=frames)
+    assert policy.act(observation).actions.shape == (4, 1, 2)
 
 
 def test_one_shift_per_sample_reaches_both_its_critic_and_actor_steps(monkeypatch):
@@ -157,8 +200,9 @@ def test_pixel_critic_targets_and_loss_match_a_float64_recomputation():
     metrics = algo.critic_step(inputs, offline_rows=0)
     with torch.no_grad():  # the float64 recomputation
         backbone = copy.deepcopy(policy.backbone.net).double()
+        pooled = lambda maps: F.adaptive_avg_pool2d(maps, 2).flatten(1)  # noqa: E731
         features = lambda frames: torch.cat(  # noqa: E731
-            [backbone(frames[c].permute(0, 3, 1, 2).double() / 255) for c in sorted(frames)], -1
+            [pooled(backbone(frames[c].permute(0, 3, 1, 2).double() / 255)) for c in sorted(frames)], -1
         )
         state = torch.cat([batch.state.double(), features(batch.images)], -1)
         next_state = torch.cat([batch.next_state.double(), features(batch.next_images)], -1)
@@ -280,6 +324,10 @@ def test_backbones_are_refused_by_name_with_what_would_serve():
         frozen_backbone("resnet")
     with pytest.raises(ConfigError, match="image_augmentation"):
         SACRLPD(SACConfig(**SMALL, image_augmentation="crop"), pixel_policy())
+    with pytest.raises(ConfigError, match="image_features must be pooled or spatial, got 'grid'"):
+        frozen_backbone("random_cnn", "grid")
+    with pytest.raises(ConfigError, match="torchvision:resnet18 does not give here: use efficientnet_lite0"):
+        frozen_backbone("torchvision:resnet18", "spatial")
 
 
 def test_a_timm_or_torchvision_backbone_without_its_package_says_how_to_get_it(monkeypatch):
@@ -317,7 +365,13 @@ def test_pixel_sac_trains_on_maniskill_frames_under_procs_and_resumes(tmp_path):
     resumed run continues with its image buffers whole."""
     run_dir = tmp_path / "run"
     embodied(
-        "train", *PIXEL_SAC, "runtime=procs", "runtime.rollout_device=cpu", "total_env_steps=8", f"run_dir={run_dir}"
+        "train",
+        *PIXEL_SAC,
+        "policy.image_features=spatial",
+        "runtime=procs",
+        "runtime.rollout_device=cpu",
+        "total_env_steps=8",
+        f"run_dir={run_dir}",
     )
     embodied("train", f"resume={run_dir}", "total_env_steps=12")
     updates = [
