@@ -7,9 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a script)
 import hil  # noqa: E402  (benchmarks/hil.py, a script)
 import placement  # noqa: E402  (benchmarks/placement.py, a script)
 import ppo  # noqa: E402  (benchmarks/ppo.py, a script)
@@ -42,6 +44,24 @@ def test_a_collocated_run_faster_than_its_bound_allows_is_flagged():
         row("disaggregated", 10.05),
     ]
     assert placement.compare(results)["beyond_bound"]
+
+
+def test_the_probe_scores_held_out_episodes_with_the_ridge_strength_validation_chose():
+    rng = np.random.default_rng(0)
+    episodes = np.repeat(np.arange(encoder_probe.EPISODES), 10)
+    position = rng.normal(0, 5, (len(episodes), 2))
+    noise = rng.normal(size=(len(position), 20))
+    features = np.c_[position @ rng.normal(size=(2, 6)), noise]  # the position, linearly, and noise
+    informative = encoder_probe.readout(features, position, episodes)
+    assert max(informative["rmse_cm"]) < 0.05 and informative["dim"] == 26
+    uninformative = encoder_probe.readout(noise, position, episodes)
+    assert min(uninformative["rmse_cm"]) > 0.9 * min(uninformative["baseline_rmse_cm"]) > 4
+    # what the held-out episodes hold changes their score, never the strength chosen
+    held_out = episodes >= encoder_probe.VALIDATE.stop
+    shuffled = position.copy()
+    shuffled[held_out] = rng.permutation(shuffled[held_out])
+    scrambled = encoder_probe.readout(features, shuffled, episodes)
+    assert scrambled["ridge"] == informative["ridge"] and min(scrambled["rmse_cm"]) > 1
 
 
 def test_intervention_speedups_are_exact_only_where_both_runs_reached_the_goal():
