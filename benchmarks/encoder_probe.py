@@ -10,7 +10,8 @@ the scripted expert with Gaussian action noise of a scale drawn per episode (0 t
 the cube is picked and carried in some and pushed about or left in others. The features are
 exactly what `policy=squashed_gaussian` reads (`frozen_backbone`), pooled and spatial.
 
-The read-out is ridge regression on standardised features. Its strength is chosen on
+The read-out is ridge regression on standardised features (each divided by its spread, or
+by a tenth of the mean spread where its own is smaller). Its strength is chosen on
 validation episodes, refitted on fit + validation episodes, and scored on held-out episodes
 only. The baseline predicts the fitted mean everywhere: its error is the spread of the
 cube's position itself. A linear read-out is a floor on what a trained head can extract,
@@ -31,11 +32,12 @@ from plots import provenance, provenance_line  # sibling module: the scripts run
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK = "PickCube-v1"
 SIZES = (64, 128)
-EPISODES = 40  # of 50 steps each
-FIT, VALIDATE = range(0, 20), range(20, 30)  # episodes; the rest (30-39) are held out
+EPISODES = 80  # of 50 steps each
+FIT, VALIDATE = range(0, 40), range(40, 60)  # episodes; the rest (60-79) are held out
 FIRST_EPISODE_SEED = 1000
 MAX_NOISE = 0.3  # per episode, the expert's action noise scale is drawn from [0, MAX_NOISE]
-RIDGE = (0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5)
+RIDGE = (0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)
+STANDARD_FLOOR = 0.1  # of the features' mean spread: the least a feature is divided by
 BACKBONES = [
     ("efficientnet_lite0", "pooled"),
     ("efficientnet_lite0", "spatial"),
@@ -99,8 +101,10 @@ def readout(x: np.ndarray, y: np.ndarray, episodes: np.ndarray) -> dict:
     fit, validate = np.isin(episodes, FIT), np.isin(episodes, VALIDATE)
     held_out = ~(fit | validate)
     known = fit | validate
-    scale_mean, scale = x[fit].mean(0), x[fit].std(0) + 1e-8  # standardised on the fit episodes only
-    x = (x - scale_mean) / scale
+    # standardised on the fit episodes only; a feature that barely varies there (a ReLU map's
+    # unit that stays off) is not blown up, or it would swamp the read-out where it does vary
+    spread = x[fit].std(0)
+    x = (x - x[fit].mean(0)) / np.maximum(spread, STANDARD_FLOOR * spread.mean())
 
     def validation_error(strength: float) -> float:
         weights, bias = ridge_fit(x[fit], y[fit], strength)
