@@ -44,12 +44,11 @@ class SquashedGaussianConfig:
     layer_norm: bool = True
     log_std_min: float = -5.0
     log_std_max: float = 2.0
-    # from pixels: efficientnet_lite0 | random_cnn | timm:<model> | torchvision:<model> (frozen), its
-    # features pooled over space or spatial (the flattened map; where things are survives), and each
-    # camera's trainable projection width
+    # from pixels, the frozen backbone: efficientnet_lite0 | random_cnn | timm:<model> | torchvision:<model>
     image_backbone: str = "efficientnet_lite0"
+    # its features: pooled (averaged over space) | spatial (its feature map flattened: where things are survives)
     image_features: str = "pooled"
-    image_projection: int = 64
+    image_projection: int = 64  # each camera's trainable projection width
     cameras: Optional[list[str]] = None  # the env cameras it reads: None every one, [] none (state only)
 
 
