@@ -187,7 +187,7 @@ def report(result: dict) -> None:
         ax.bar(where + 0.2, [np.mean(row["median_abs_error_cm"]) for row in at_size], 0.4, label="median error")
         ax.set_xticks(where, labels)
         baseline = float(np.mean(at_size[0]["baseline_rmse_cm"]))
-        ax.axhline(baseline, color="tab:red", linestyle="--", label="mean position (baseline)")
+        ax.axhline(baseline, color="tab:red", linestyle="--", label="mean position everywhere (RMSE)")
         ax.set_title(f"{size} px")
         ax.tick_params(axis="x", labelsize=8)
     np.atleast_1d(axes)[0].set_ylabel("held-out error of cube x, y (cm, mean of both)")
