@@ -32,8 +32,6 @@ from torch import nn
 from embodied.core.errors import ConfigError
 
 RANDOM_CNN_SEED = 20240601  # the random backbone's weights, the same in every process
-
-
 FEATURES = ("pooled", "spatial")
 EFFICIENTNET_SPATIAL_BLOCKS = 8  # through stage 4: 80 channels at 1/16 of the image
 
