@@ -112,10 +112,10 @@ def readout(x: np.ndarray, y: np.ndarray, episodes: np.ndarray) -> dict:
 
     strength = min(RIDGE, key=validation_error)
     weights, bias = ridge_fit(x[known], y[known], strength)
-    error = x[held_out] @ weights + bias - y[held_out]
+    prediction = x[held_out] @ weights + bias
     return {
-        "rmse_cm": np.sqrt((error**2).mean(0)).tolist(),
-        "median_abs_error_cm": np.median(np.abs(error), 0).tolist(),
+        "rmse_cm": rmse(prediction, y[held_out]).tolist(),
+        "median_abs_error_cm": np.median(np.abs(prediction - y[held_out]), 0).tolist(),
         "baseline_rmse_cm": rmse(np.broadcast_to(y[known].mean(0), y[held_out].shape), y[held_out]).tolist(),
         "ridge": strength,
         "dim": int(x.shape[1]),

@@ -99,7 +99,14 @@ class RandomCNN(ImageBackbone):
         return F.adaptive_avg_pool2d(self.feature_map(images), 2).flatten(1)
 
 
-class TimmBackbone(ImageBackbone):
+class NormalisedInputBackbone(ImageBackbone):
+    """A backbone that reads images scaled to [0, 1] and normalised by its `mean` and `std` buffers."""
+
+    def normalised(self, images: torch.Tensor) -> torch.Tensor:
+        return (images.permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
+
+
+class TimmBackbone(NormalisedInputBackbone):
     def __init__(self, model: str) -> None:
         super().__init__()
         try:
@@ -114,9 +121,6 @@ class TimmBackbone(ImageBackbone):
         self.register_buffer("mean", torch.tensor(config["mean"]).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(config["std"]).view(1, 3, 1, 1), persistent=False)
 
-    def normalised(self, images: torch.Tensor) -> torch.Tensor:
-        return (images.permute(0, 3, 1, 2).float() / 255.0 - self.mean) / self.std
-
     def pooled(self, images: torch.Tensor) -> torch.Tensor:
         return self.net(self.normalised(images))
 
@@ -124,7 +128,7 @@ class TimmBackbone(ImageBackbone):
         return self.net.forward_features(self.normalised(images))
 
 
-class TorchvisionBackbone(ImageBackbone):
+class TorchvisionBackbone(NormalisedInputBackbone):
     IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
     def __init__(self, model: str) -> None:
@@ -145,8 +149,7 @@ class TorchvisionBackbone(ImageBackbone):
         self.register_buffer("std", torch.tensor(self.IMAGENET_STD).view(1, 3, 1, 1), persistent=False)
 
     def pooled(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.permute(0, 3, 1, 2).float() / 255.0
-        return self.net((x - self.mean) / self.std)
+        return self.net(self.normalised(images))
 
 
 def frozen_backbone(name: str, features: str = "pooled") -> ImageBackbone:

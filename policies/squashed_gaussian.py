@@ -118,9 +118,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         self.needs_next_images = bool(self.cameras)
         self.backbone = frozen_backbone(cfg.image_backbone, cfg.image_features) if self.cameras else None
         # each camera's feature width (spatial features grow with the image)
-        self.feature_dims = (
-            [self.backbone.output_dim(spec.image_shapes[c]) for c in self.cameras] if self.cameras else []
-        )
+        self.feature_dims = [self.backbone.output_dim(spec.image_shapes[c]) for c in self.cameras]
         self.input_dim = spec.state_dim + sum(self.feature_dims)
         self.projection = self.new_projection()
         self.net = layer_norm_mlp(

@@ -17,7 +17,7 @@ from embodied.build import build_env
 from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.image_backbones import frozen_backbone
+from embodied.policies.image_backbones import EFFICIENTNET_SPATIAL_BLOCKS, frozen_backbone
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import ManiSkillConfig
@@ -134,7 +134,9 @@ def features_match_the_backbone(policy, features):
     frames = {c: torch.randint(0, 256, (2, *policy.spec.image_shapes[c]), dtype=torch.uint8) for c in policy.cameras}
     net = policy.backbone.net
     expected = [
-        net.feature_map(frames[c], 8).flatten(1) if features == "spatial" else net.feature_map(frames[c]).mean((2, 3))
+        net.feature_map(frames[c], EFFICIENTNET_SPATIAL_BLOCKS).flatten(1)
+        if features == "spatial"
+        else net.feature_map(frames[c]).mean((2, 3))
         for c in policy.cameras
     ]
     return torch.equal(policy.image_features(frames), torch.cat(expected, dim=-1))
