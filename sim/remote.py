@@ -137,6 +137,8 @@ class EnvHub:
         self.count = 0
 
     def start_worker(self, env_ids: list[int]) -> "SocketWorker":
+        """Launch a worker and return its handle at once: it builds its envs while the next
+        ones start, and `SocketWorker.wait_ready` checks its hello."""
         identity = f"env-worker-{self.count}".encode()
         self.count += 1
         if self.placement is not None:
@@ -152,21 +154,13 @@ class EnvHub:
                     "keys_dir": self.placement.keys_dir,
                 },
             )
-            return self._adopt(identity, process)
-        command, environment = worker_command(
-            self.endpoint, self.env_config, env_ids, self.base_seed, self.stream, identity.decode()
-        )
-        return self._adopt(identity, subprocess.Popen(command, env=environment))
-
-    def _adopt(self, identity: bytes, process: Any) -> "SocketWorker":
+        else:
+            command, environment = worker_command(
+                self.endpoint, self.env_config, env_ids, self.base_seed, self.stream, identity.decode()
+            )
+            process = subprocess.Popen(command, env=environment)
         self.known.add(identity)
-        worker = SocketWorker(self, identity, process)
-        try:
-            self._handshake(worker)
-        except BaseException:
-            worker.close()
-            raise
-        return worker
+        return SocketWorker(self, identity, process)
 
     def _handshake(self, worker: "SocketWorker") -> None:
         """Every worker must serve envs of one spec (observation and action space, control
@@ -217,6 +211,14 @@ class SocketWorker:
         self.process = process
         self.name = f"{identity.decode()} (pid {process.pid})"
         self.pending: int | None = None
+
+    def wait_ready(self) -> None:
+        """Until the worker has built its envs and its hello has passed the hub's spec check."""
+        try:
+            self.hub._handshake(self)
+        except BaseException:
+            self.close()
+            raise
 
     def wait_for(self, kind: str, seq: int | None = None) -> Message:
         deadline = time.monotonic() + self.hub.timeout_s

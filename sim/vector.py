@@ -117,8 +117,8 @@ class _PipeWorker:
 
 
 def _wait_ready(worker: Any) -> None:
-    """A pipe worker builds its envs after it starts; the other kinds are ready when made."""
-    if isinstance(worker, _PipeWorker):
+    """Pipe and ZeroMQ workers build their envs after they start; in-process ones are ready when made."""
+    if not isinstance(worker, _LocalWorker):
         worker.wait_ready()
 
 

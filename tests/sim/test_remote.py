@@ -3,14 +3,17 @@
 import os
 import signal
 import sys
+from dataclasses import asdict
+from functools import partial
 
 import numpy as np
 import pytest
 
 from embodied.core.sockets import EndpointError, check_endpoint
-from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from embodied.sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
+from embodied.sim.vector import vectorize
 from embodied.sim.worker_envs import EnvWorkerError
 
 
@@ -61,9 +64,39 @@ def test_an_env_worker_with_other_envs_is_refused_on_both_ends():
     hub = EnvHub(pendulum, base_seed=0, stream=0, timeout_s=60, expected_spec=hopper_spec)
     try:
         with pytest.raises(EnvWorkerError, match=r"do not match the others: state_dim: this side 11, peer 4"):
-            hub.start_worker([0])
+            hub.start_worker([0]).wait_ready()
     finally:
         hub.close()
+
+
+def test_zmq_workers_start_side_by_side(tmp_path):
+    """Each worker waits, before it builds its env, until every worker has started: started one
+    after another (each waiting for the previous one's hello), they would time out instead."""
+    barrier = tmp_path / "started"
+    barrier.mkdir()
+    script = tmp_path / "barrier.py"
+    script.write_text(
+        "import os, pathlib, runpy, sys, time\n"
+        f"barrier = pathlib.Path({str(barrier)!r})\n"
+        "(barrier / str(os.getpid())).touch()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "sys.argv = ['embodied.sim.worker'] + sys.argv[3:]\n"
+        "runpy.run_module('embodied.sim.worker', run_name='__main__')\n"
+    )
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
+    wrapper.chmod(0o755)
+    config = GymnasiumConfig(
+        task="InvertedPendulum-v4", num_envs=2, num_workers=2, transport="zmq", python=str(wrapper)
+    )
+    env = vectorize(partial(GymnasiumEnv, config), [0, 1], 2, 0, 0, "zmq", asdict(config), worker_timeout_s=30)
+    try:
+        assert len(list(barrier.iterdir())) == 2
+        assert env.reset().state.shape == (2, 4)
+    finally:
+        env.close()
 
 
 def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
