@@ -69,28 +69,36 @@ def test_an_env_worker_with_other_envs_is_refused_on_both_ends():
         hub.close()
 
 
-def test_zmq_workers_start_side_by_side(tmp_path):
-    """Each worker waits, before it builds its env, until every worker has started: started one
-    after another (each waiting for the previous one's hello), they would time out instead."""
-    barrier = tmp_path / "started"
-    barrier.mkdir()
-    script = tmp_path / "barrier.py"
+def worker_interpreter(tmp_path, prelude: str) -> str:
+    """An interpreter for env workers (`env.python`) that runs `prelude` before the worker module."""
+    script = tmp_path / "worker_prelude.py"
     script.write_text(
-        "import os, pathlib, runpy, sys, time\n"
-        f"barrier = pathlib.Path({str(barrier)!r})\n"
-        "(barrier / str(os.getpid())).touch()\n"
-        "deadline = time.monotonic() + 60\n"
-        "while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:\n"
-        "    time.sleep(0.05)\n"
+        prelude + "\nimport runpy, sys\n"
+        "assert sys.argv[1:3] == ['-m', 'embodied.sim.worker']\n"
         "sys.argv = ['embodied.sim.worker'] + sys.argv[3:]\n"
         "runpy.run_module('embodied.sim.worker', run_name='__main__')\n"
     )
     wrapper = tmp_path / "python"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     wrapper.chmod(0o755)
-    config = GymnasiumConfig(
-        task="InvertedPendulum-v4", num_envs=2, num_workers=2, transport="zmq", python=str(wrapper)
+    return str(wrapper)
+
+
+def test_zmq_workers_start_side_by_side(tmp_path):
+    """Each worker waits, before it builds its env, until every worker has started: started one
+    after another (each waiting for the previous one's hello), they would time out instead."""
+    barrier = tmp_path / "started"
+    barrier.mkdir()
+    python = worker_interpreter(
+        tmp_path,
+        "import os, pathlib, time\n"
+        f"barrier = pathlib.Path({str(barrier)!r})\n"
+        "(barrier / str(os.getpid())).touch()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n",
     )
+    config = GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2, transport="zmq", python=python)
     env = vectorize(partial(GymnasiumEnv, config), [0, 1], 2, 0, 0, "zmq", asdict(config), worker_timeout_s=30)
     try:
         assert len(list(barrier.iterdir())) == 2
@@ -102,25 +110,16 @@ def test_zmq_workers_start_side_by_side(tmp_path):
 def test_the_env_worker_runs_where_torch_cannot_be_imported(tmp_path):
     """The worker runs under an interpreter in which any torch import fails (as a separate
     virtualenv without torch would), and serves a gymnasium env over ZeroMQ."""
-    script = tmp_path / "no_torch.py"
-    script.write_text(
+    python = worker_interpreter(
+        tmp_path,
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name == 'torch' or name.startswith('torch.'):\n"
         "            raise ImportError('torch is blocked in this test')\n"
-        "sys.meta_path.insert(0, Block())\n"
-        "import runpy\n"
-        "assert sys.argv[1:3] == ['-m', 'embodied.sim.worker']\n"
-        "sys.argv = ['embodied.sim.worker'] + sys.argv[3:]\n"
-        "runpy.run_module('embodied.sim.worker', run_name='__main__')\n"
+        "sys.meta_path.insert(0, Block())\n",
     )
-    wrapper = tmp_path / "python"
-    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
-    wrapper.chmod(0o755)
-    config = GymnasiumConfig(
-        task="InvertedPendulum-v4", num_envs=1, num_workers=1, transport="zmq", python=str(wrapper)
-    )
+    config = GymnasiumConfig(task="InvertedPendulum-v4", num_envs=1, num_workers=1, transport="zmq", python=python)
     env = make_gymnasium(config, seed=0)
     try:
         first = env.reset()
