@@ -24,6 +24,9 @@ class _LocalWorker:
         self.envs = WorkerEnvs(make_env, env_ids, base_seed, stream)
         self._pending: Any = None
 
+    def wait_ready(self) -> None:
+        """Its envs are built when it is made (pipe and ZeroMQ workers build theirs after they start)."""
+
     def send(self, command: str, **args: Any) -> None:
         self._pending = getattr(self.envs, command)(**args)
 
@@ -116,12 +119,6 @@ class _PipeWorker:
         self.connection.close()
 
 
-def _wait_ready(worker: Any) -> None:
-    """Pipe and ZeroMQ workers build their envs after they start; in-process ones are ready when made."""
-    if not isinstance(worker, _LocalWorker):
-        worker.wait_ready()
-
-
 def vectorize(
     make_env: Callable[[int], SingleEnv],
     env_ids: Sequence[int],
@@ -174,7 +171,7 @@ class VectorizedEnv(BatchedEnv):
             for ids in self._splits:
                 self.workers.append(make_worker(ids))
             for worker in self.workers:  # they build their envs side by side
-                _wait_ready(worker)
+                worker.wait_ready()
             descriptions = self._all("describe")
         except BaseException:
             self.close()
@@ -255,7 +252,7 @@ class VectorizedEnv(BatchedEnv):
         for k in sorted(self._failed):
             self.workers[k].close()
             self.workers[k] = self._make_worker(self._splits[k])
-            _wait_ready(self.workers[k])
+            self.workers[k].wait_ready()
             self.workers[k].send("reset")
             self.workers[k].receive()
             self._failed.discard(k)
