@@ -13,7 +13,7 @@ from embodied.core.env import episode_seed
 from embodied.core.errors import ConfigError
 from embodied.runtime.procs import check_rollouts
 from embodied.runtime.rollout import Rollout, env_share, sampling_seed
-from embodied.sim.maniskill_common import ManiSkillConfig
+from embodied.sim.maniskill import ManiSkillConfig  # registers the maniskill env
 
 
 @pytest.mark.parametrize(
