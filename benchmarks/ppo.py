@@ -154,9 +154,10 @@ def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, .
             "eval_episodes=0",
             "logger.progress_bar=false",
         ]
+    fresh = not resumable(run_dir)
     print(f"[{name}] {' '.join(command[3:])}", flush=True)
     subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    collect(name)
+    collect(name, fresh=fresh)
 
 
 HELDOUT_SEED, HELDOUT_EPISODES = 900_001, 100  # an evaluation stream no run or tuning has drawn from
@@ -299,9 +300,11 @@ def compact(lines: list[dict]) -> dict:
     }
 
 
-def collect(name: str) -> None:
+def collect(name: str, fresh: bool = False) -> None:
     """Curve and wall time of a finished run: the trainer's own clock, which a resume carries
-    on (else from its config file to its last checkpoint, which a resume rewrites)."""
+    on (else from its config file to its last checkpoint, which a resume rewrites). `fresh`: the
+    run was trained from its first step just now, so an earlier record of the same name (another
+    training of it) says nothing about where it ran or how it did held out."""
     run_dir = RUNS / name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     elapsed = [line["train/elapsed_s"] for line in lines if "train/elapsed_s" in line]
@@ -312,7 +315,7 @@ def collect(name: str) -> None:
     )
     out = record_path(name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    earlier = json.loads(out.read_text()) if out.exists() else {}
+    earlier = json.loads(out.read_text()) if out.exists() and not fresh else {}
     record = {"name": name, "wall_time_s": wall, **compact(lines)}
     # re-collected: keep where the run ran, its held-out evaluation and what scripts added
     # (arm, seed, overrides, ...); the script that ran, as hil.py and others train through this one

@@ -165,3 +165,25 @@ def test_a_run_record_takes_its_wall_time_from_the_trainers_clock_not_from_a_res
     os.utime(run / "config.yaml", (5000, 5000))
     ppo.collect("resumed")
     assert json.loads((tmp_path / "results" / "runs" / "resumed.json").read_text())["wall_time_s"] == 50.0
+
+
+def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_and_heldout(tmp_path, monkeypatch):
+    """Its run directory gone, a run is trained anew: the record must name this training's
+    commit, and the old held-out figures belong to the other training."""
+    import json
+
+    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    run = tmp_path / "runs" / "again"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 4, "train/elapsed_s": 7.0}) + "\n")
+    record = tmp_path / "results" / "runs" / "again.json"
+    record.parent.mkdir(parents=True)
+    earlier = {"provenance": {"commit": "0000000"}, "heldout": {"seed": 1}, "seed": 101}
+    record.write_text(json.dumps(earlier))
+    ppo.collect("again")  # a resume of the same training keeps them
+    assert json.loads(record.read_text())["provenance"] == {"commit": "0000000"}
+    ppo.collect("again", fresh=True)
+    collected = json.loads(record.read_text())
+    assert "heldout" not in collected and "seed" not in collected
+    assert collected["provenance"]["commit"] != "0000000" and collected["wall_time_s"] == 7.0
