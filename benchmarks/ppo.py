@@ -131,6 +131,7 @@ def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, .
     """Train run `name`, or continue it from its last checkpoint with `resume_with` added (e.g.
     `env_resume=fresh` where the simulator cannot replay the episodes in progress)."""
     run_dir = RUNS / name
+    fresh = not resumable(run_dir)
     command = [
         sys.executable,
         "-m",
@@ -142,7 +143,7 @@ def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, .
         "eval_episodes=0",
         "logger.progress_bar=false",
     ]
-    if resumable(run_dir):  # continue an interrupted benchmark run
+    if not fresh:  # continue an interrupted benchmark run
         command = [
             sys.executable,
             "-m",
@@ -154,7 +155,6 @@ def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, .
             "eval_episodes=0",
             "logger.progress_bar=false",
         ]
-    fresh = not resumable(run_dir)
     print(f"[{name}] {' '.join(command[3:])}", flush=True)
     subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     collect(name, fresh=fresh)
