@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 import kit  # noqa: E402  (tools/gpu/kit.py, a script)
 
 
+@pytest.mark.slow
 def test_every_campaign_step_runs_at_toy_size_and_writes_its_result(tmp_path):
     results, work, out = tmp_path / "results", tmp_path / "work", tmp_path / "out"
     out.mkdir()
@@ -105,6 +106,7 @@ def test_the_kit_check_refuses_a_first_call_over_the_limit(tmp_path, monkeypatch
         kit.check()
 
 
+@pytest.mark.slow
 def test_the_kit_carries_what_the_campaign_imports_and_the_gpu_image_lacks():
     needed = kit.needed()
     carried = {"mani-skill", "sapien", "pyzmq", "hydra-core", "omegaconf", "gymnasium", "mujoco", "pyopengl"}
@@ -113,6 +115,7 @@ def test_the_kit_carries_what_the_campaign_imports_and_the_gpu_image_lacks():
     assert set(kit.EXTRAS) <= set(needed)
 
 
+@pytest.mark.slow
 def test_extra_parts_stay_under_the_limit_and_there_joins_their_pieces(tmp_path, monkeypatch):
     """A file larger than a part travels in pieces over several calls; there.sh joins it once
     all have arrived, and lays the working tree out as the `embodied` package."""

@@ -202,6 +202,7 @@ print("failed:", " ".join(failed))
 """
 
 
+@pytest.mark.slow
 def test_each_module_imports_alone(graph):
     names = sorted(graph)
     script = ALONE.format(preload=PRELOAD, names=names)

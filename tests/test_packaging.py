@@ -84,6 +84,7 @@ def test_the_wheel_holds_one_namespace_and_every_config(wheel):
         assert f"embodied/{package}/__init__.py" in names
 
 
+@pytest.mark.slow
 def test_installed_wheel_trains_and_serves_a_robot_client_without_torch(wheel, tmp_path):
     work = tmp_path / "elsewhere"  # no checkout here: what runs is what the wheel installed
     work.mkdir()

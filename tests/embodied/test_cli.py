@@ -1,15 +1,15 @@
 """End to end through the `embodied` command on real ManiSkill."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+
+from tests.cli import embodied, start
 
 TINY = [
     "env.num_envs=2",
@@ -25,19 +25,6 @@ TINY = [
     "runtime.device=cpu",
 ]
 STEPS_PER_ITERATION = 2 * 8
-
-
-def embodied(*args, check=True):
-    result = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        timeout=600,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"embodied {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
-    return result
 
 
 def latest(run_dir: Path) -> Path:
@@ -59,6 +46,7 @@ def uninterrupted(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_training_writes_checkpoints_logs_and_an_eval_report(uninterrupted):
     checkpoint = latest(uninterrupted)
     assert checkpoint.name == "iter_000002"
@@ -77,6 +65,7 @@ def test_training_writes_checkpoints_logs_and_an_eval_report(uninterrupted):
     assert "| PushCube-v1 | 2 |" in (uninterrupted / "eval" / "PushCube-v1" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_resumed_run_reproduces_the_uninterrupted_one(uninterrupted, tmp_path):
     run_dir = tmp_path / "resumed"
     embodied("train", *TINY, f"run_dir={run_dir}", f"total_env_steps={STEPS_PER_ITERATION}", "eval_episodes=0")
@@ -91,6 +80,7 @@ def test_resumed_run_reproduces_the_uninterrupted_one(uninterrupted, tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_a_time_limit_ends_the_run_with_a_checkpoint_and_can_be_raised_on_resume(tmp_path):
     run_dir = tmp_path / "timed"
     embodied("train", *TINY, f"run_dir={run_dir}", "total_env_steps=100000", "time_limit_s=0.001", "eval_episodes=0")
@@ -114,6 +104,7 @@ def test_a_time_limit_that_is_not_positive_is_refused(tmp_path):
     assert not list((tmp_path / "run").glob("checkpoints/*"))
 
 
+@pytest.mark.slow
 def test_eval_command_reports_wilson_interval_and_writes_video(uninterrupted, tmp_path):
     result = embodied(
         "eval",
@@ -164,6 +155,7 @@ def test_resume_from_an_older_checkpoint_is_refused_and_leaves_the_run_untouched
     assert not (older / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new_episodes(tmp_path):
     from embodied.checkpoint import load_checkpoint, save_checkpoint
 
@@ -190,19 +182,22 @@ def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new
 
 
 @pytest.mark.parametrize("transport", ["pipe", "zmq"])
+@pytest.mark.slow
 def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_path, transport):
     """A scheduler's preemption sends SIGTERM: the env workers are closed, the hub's socket
     folder removed, and the run says where to resume from."""
     run_dir, mark = tmp_path / "run", f"EMBODIED_TEST_RUN={tmp_path}"
-    trainer = subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", "train", *TINY, "env.num_workers=2", f"env.transport={transport}",
-         "total_env_steps=1000000", f"run_dir={run_dir}"],
+    trainer = start(
+        "train",
+        *TINY,
+        "env.num_workers=2",
+        f"env.transport={transport}",
+        "total_env_steps=1000000",
+        f"run_dir={run_dir}",
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
         # TMPDIR: where the hub's socket folder goes; the mark: inherited by every worker
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "TMPDIR": str(tmp_path), "EMBODIED_TEST_RUN": str(tmp_path)},
-    )  # fmt: skip
+        env={"TMPDIR": str(tmp_path), "EMBODIED_TEST_RUN": str(tmp_path)},
+    )
 
     def marked() -> list[str]:  # this run's processes: the trainer and its workers
         found = []

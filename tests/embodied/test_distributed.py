@@ -11,6 +11,7 @@ from embodied.algos.distributed import DataParallel
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.types import EnvSpec
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from tests.cli import embodied
 from tests.embodied.test_ppo import _batch
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -98,6 +99,7 @@ def learner_rank(rank: int, world: int, address: str, results, algo: str) -> Non
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])
+@pytest.mark.slow
 def test_two_gloo_ranks_take_the_step_one_process_takes_on_the_whole_minibatch(algo):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -143,11 +145,10 @@ def test_a_minibatch_that_does_not_split_evenly_is_refused():
 
 
 @pytest.mark.parametrize("algo, sharding", [("ppo", "replicate"), ("grpo", "replicate"), ("grpo", "fsdp")])
+@pytest.mark.slow
 def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo, sharding):
     """Two ranks average the same gradients one process computes: only float summation order
     differs, so the weights after a short run agree closely; replicated or sharded."""
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file
 
@@ -182,21 +183,7 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo, sharding):
     for ranks in (1, 2):
         run_dir = tmp_path / f"ranks{ranks}"
         sharded = [f"runtime.learner_sharding={sharding}"] if ranks > 1 else []
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "train",
-                *tiny,
-                *sharded,
-                f"runtime.learner_ranks={ranks}",
-                f"run_dir={run_dir}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        result = embodied("train", *tiny, *sharded, f"runtime.learner_ranks={ranks}", f"run_dir={run_dir}", check=False)
         assert result.returncode == 0, result.stderr
         assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2]
         weights[ranks] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
@@ -291,6 +278,7 @@ def fsdp_rank(rank: int, world: int, address: str, results) -> None:
         parallel.leave()
 
 
+@pytest.mark.slow
 def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
     """Two gloo ranks shard the tiny pi0 (FSDP2, its units and the rest) with the Adam moments
     of an earlier update: each holds about half of the parameters and of the moments, the
@@ -329,13 +317,12 @@ def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
         torch.testing.assert_close(torch.from_numpy(square), single[index]["exp_avg_sq"], rtol=1e-3, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
     """The tiny pi0 on ManiSkill under runtime=procs: two FSDP ranks reach the weights one
     learner reaches in two updates (checkpoints and periodic evaluation in between, which
     gather the sharded policy); the run resumes from its checkpoint, the saved optimizer state
     sharded again, and then once more with a single learner."""
-    import subprocess
-    import sys
 
     from safetensors.torch import load_file
 
@@ -365,12 +352,7 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
         ("fsdp", ["runtime.learner_ranks=2", "runtime.learner_sharding=fsdp"]),
     ):
         run_dir = tmp_path / name
-        result = subprocess.run(
-            [sys.executable, "-m", "embodied.cli", "train", *tiny, *ranks, "total_env_steps=80", f"run_dir={run_dir}"],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        result = embodied("train", *tiny, *ranks, "total_env_steps=80", f"run_dir={run_dir}", check=False)
         assert result.returncode == 0, result.stderr[-3000:]
         updates = updates_of(run_dir)
         assert [u["train/iteration"] for u in updates] == [1, 2]
@@ -387,20 +369,7 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
     assert len(evaluations) == 2
 
     for steps, ranks in ((120, []), (160, ["runtime.learner_ranks=1", "runtime.learner_sharding=replicate"])):
-        result = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "train",
-                f"resume={tmp_path / 'fsdp'}",
-                f"total_env_steps={steps}",
-                *ranks,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+        result = embodied("train", f"resume={tmp_path / 'fsdp'}", f"total_env_steps={steps}", *ranks, check=False)
         assert result.returncode == 0, result.stderr[-3000:]
     assert [u["train/iteration"] for u in updates_of(tmp_path / "fsdp")] == [1, 2, 3, 4]
     from embodied.core.errors import ConfigError

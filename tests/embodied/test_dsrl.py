@@ -188,6 +188,7 @@ STEERED_ON_FRAMES = {
 
 
 @pytest.mark.parametrize("model", list(STEERED_ON_FRAMES))
+@pytest.mark.slow
 def test_dsrl_steers_a_vla_through_its_noise_from_camera_frames(model):
     """The latent actor reads the built-in VLA's context, or a VLM's prefix pooled (and pi0's
     state); the chunk is the model's own ODE from the chosen noise, reproduced step by step;
@@ -304,6 +305,7 @@ DSRL_RUN = [
 ]
 
 
+@pytest.mark.slow
 def test_dsrl_steers_a_flow_on_maniskill_under_procs_and_resumes(tmp_path):
     """An SFT-less flow stands in for the pretrained one: what is checked is the plumbing (the
     noise recorded by the rollout process, sent, learned from, checkpointed and resumed)."""
@@ -319,6 +321,7 @@ def test_dsrl_steers_a_flow_on_maniskill_under_procs_and_resumes(tmp_path):
     assert all(u["train/critic_loss"] == u["train/critic_loss"] for u in updates)
 
 
+@pytest.mark.slow
 def test_dsrl_from_a_trained_flow_keeps_its_weights_bit_for_bit_with_an_operator_correcting(tmp_path):
     """init= a flow trained without a latent actor: the latent actor starts fresh, every
     weight of the flow in DSRL's checkpoints is the trained one, and a scripted operator's

@@ -3,8 +3,6 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -12,25 +10,16 @@ import pytest
 from embodied.config import EvalConfig
 from embodied.core.errors import ConfigError
 from embodied.eval_suite import evaluate_suite
+from tests.cli import start
 
 LIBERO_STATE = ["env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.settle_steps=0"]
-
-
-def embodied(*args: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **popen,
-    )
 
 
 @pytest.fixture(scope="module")
 def libero_checkpoint(tmp_path_factory):
     """An MLP trained one iteration on LIBERO's proprio state: it fits every LIBERO task."""
     run_dir = tmp_path_factory.mktemp("libero") / "run"
-    trainer = embodied(
+    trainer = start(
         "train",
         *LIBERO_STATE,
         "env.num_envs=2",
@@ -63,9 +52,10 @@ def eval_args(run_dir, output, trials=3, videos=0):
     ]
 
 
+@pytest.mark.slow
 def test_suite_eval_runs_every_task_times_trials_with_trial_seeds(libero_checkpoint, tmp_path):
     output = tmp_path / "eval"
-    process = embodied("eval", *eval_args(libero_checkpoint, output, videos=2))
+    process = start("eval", *eval_args(libero_checkpoint, output, videos=2))
     _, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
     records = [json.loads(line) for line in (output / "episodes.jsonl").read_text().splitlines()]
@@ -85,10 +75,11 @@ def test_suite_eval_runs_every_task_times_trials_with_trial_seeds(libero_checkpo
     assert not (output / "videos" / "libero_goal_0" / "trial_002.mp4").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_suite_eval_continues_where_it_stopped(libero_checkpoint, tmp_path):
     output = tmp_path / "eval"
     log = output / "episodes.jsonl"
-    process = embodied("eval", *eval_args(libero_checkpoint, output, trials=4), start_new_session=True)
+    process = start("eval", *eval_args(libero_checkpoint, output, trials=4), start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not (log.is_file() and len(log.read_text().splitlines()) >= 2):
@@ -102,7 +93,7 @@ def test_a_killed_suite_eval_continues_where_it_stopped(libero_checkpoint, tmp_p
             os.killpg(process.pid, signal.SIGKILL)
     before = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert 2 <= len(before) < 8
-    resumed = embodied("eval", *eval_args(libero_checkpoint, output, trials=4))
+    resumed = start("eval", *eval_args(libero_checkpoint, output, trials=4))
     _, err = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, err
     after = [json.loads(line) for line in log.read_text().splitlines()]
@@ -124,9 +115,10 @@ def test_suite_eval_refuses_to_mix_settings_into_an_existing_output(libero_check
         evaluate_suite(EvalConfig(checkpoint=str(libero_checkpoint), suite="libero_gaol", output=str(tmp_path / "x")))
 
 
+@pytest.mark.slow
 def test_maniskill_suite_in_the_same_harness(tmp_path):
     run_dir = tmp_path / "run"
-    trainer = embodied(
+    trainer = start(
         "train",
         "env.num_envs=2",
         "algo.rollout_steps=4",

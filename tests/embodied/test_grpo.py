@@ -4,6 +4,7 @@ import torch
 
 from embodied.algos.advantages import group_normalized
 from embodied.algos.grpo import DynamicSampling, Group, grpo_loss
+from tests.cli import embodied
 
 
 def test_group_advantages_on_hand_made_groups():
@@ -62,35 +63,27 @@ def test_dynamic_sampling_keeps_informative_groups_and_reports_tasks_never_cover
     }
 
 
+@pytest.mark.slow
 def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
     import json
-    import subprocess
-    import sys
 
     run_dir = tmp_path / "run"
     # PushCube episodes are 50 steps; 4 envs in 2 groups of 2 from two initial states.
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=token_vla",
-            "algo=grpo",
-            "algo.group_size=2",
-            "algo.num_minibatches=2",
-            "algo.success_band=[0.0,1.0]",
-            "algo.outcome=return",
-            "env.num_envs=4",
-            "total_env_steps=200",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=token_vla",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.num_minibatches=2",
+        "algo.success_band=[0.0,1.0]",
+        "algo.outcome=return",
+        "env.num_envs=4",
+        "total_env_steps=200",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = [

@@ -15,11 +15,12 @@ does, and is asked of the mean over two seeds.
   success; one SFT step gives 0%. Goal 25% over seeds 1-2."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import pytest
+
+from tests.cli import QUIET, embodied, start
+
 BUDGET = 20480  # env steps: 10 PPO iterations of 2048
 SEEDS = (1, 2)
 GOAL = 150.0  # mean deterministic return over the seeds; untrained about 35, the task's best 1000
@@ -39,51 +40,45 @@ FLOW = (
 SFT_STEPS, SFT_GOAL = 1000, 0.25  # mean success over the seeds of a 20-episode evaluation
 
 
-def embodied(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True, cwd=ROOT, timeout=600
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return result
-
-
-def evaluated_return(
-    run_dir: Path, seed: int, setup: tuple[str, ...] = ("experiment=mujoco_invertedpendulum",), budget: int = BUDGET
-) -> float:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
+def evaluated_returns(
+    work: Path, setup: tuple[str, ...] = ("experiment=mujoco_invertedpendulum",), budget: int = BUDGET
+) -> list[float]:
+    """The seeds' runs side by side (one torch thread each), then each one's evaluated return."""
+    runs = {
+        seed: start(
             "train",
             *setup,
             f"total_env_steps={budget}",
             f"seed={seed}",
             "eval_episodes=5",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads((run_dir / "eval" / "InvertedPendulum-v4" / "report.json").read_text())
-    assert report["env_steps"] >= budget
-    return report["overall"]["mean_return"]
+            *QUIET,
+            f"run_dir={work / f'seed{seed}'}",
+        )
+        for seed in SEEDS
+    }
+    returns = []
+    for seed, process in runs.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, out[-3000:] + err[-3000:]
+        report = json.loads((work / f"seed{seed}" / "eval" / "InvertedPendulum-v4" / "report.json").read_text())
+        assert report["env_steps"] >= budget
+        returns.append(report["overall"]["mean_return"])
+    return returns
 
 
+@pytest.mark.slow
 def test_ppo_learns_to_balance_the_pendulum_within_its_env_step_budget(tmp_path):
-    returns = [evaluated_return(tmp_path / f"seed{seed}", seed) for seed in SEEDS]
+    returns = evaluated_returns(tmp_path)
     assert sum(returns) / len(returns) >= GOAL, returns
 
 
+@pytest.mark.slow
 def test_flow_sde_ppo_learns_to_balance_the_pendulum_within_its_env_step_budget(tmp_path):
-    returns = [evaluated_return(tmp_path / f"seed{seed}", seed, FLOW, FLOW_BUDGET) for seed in SEEDS]
+    returns = evaluated_returns(tmp_path, FLOW, FLOW_BUDGET)
     assert sum(returns) / len(returns) >= GOAL, returns
 
 
+@pytest.mark.slow
 def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(tmp_path):
     demos = tmp_path / "demos"
     embodied(
@@ -104,8 +99,7 @@ def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(
             "batch_size=64",
             f"seed={seed}",
             f"run_dir={run_dir}",
-            "logger.progress_bar=false",
-            "logger.tensorboard=false",
+            *QUIET,
         )
         report = json.loads((run_dir / "eval" / "PushCube-v1" / "report.json").read_text())
         assert report["overall"]["episodes"] == 20

@@ -19,6 +19,7 @@ import pytest
 
 from embodied.core.messages import BODIES, CHANNELS, check_body, definitions, protocol_page
 from embodied.core.types import EnvSpec
+from tests.cli import embodied
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,26 +182,21 @@ TINY = [
 ]
 
 
+@pytest.mark.slow
 def test_a_procs_run_sends_only_defined_bodies_on_the_env_and_learner_channels(recording, tmp_path):
     environment, log_dir = recording
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "runtime=procs",
-            "env.num_envs=2",
-            "env.num_workers=1",
-            "env.transport=zmq",
-            "total_env_steps=16",
-            *TINY,
-            f"run_dir={tmp_path / 'run'}",
-        ],
+    result = embodied(
+        "train",
+        "runtime=procs",
+        "env.num_envs=2",
+        "env.num_workers=1",
+        "env.transport=zmq",
+        "total_env_steps=16",
+        *TINY,
+        f"run_dir={tmp_path / 'run'}",
+        check=False,
         env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        inherit_env=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     messages = recorded(log_dir)
@@ -210,6 +206,7 @@ def test_a_procs_run_sends_only_defined_bodies_on_the_env_and_learner_channels(r
     assert {"hello", "welcome", "command", "result", "trajectory", "ack", "weights", "close"} <= kinds
 
 
+@pytest.mark.slow
 def test_a_robot_and_a_learning_server_send_only_defined_bodies_on_the_policy_channel(recording, tmp_path):
     from tests.embodied.test_robots_runtime import LEARNER, learn_from_a_robot
 
@@ -226,6 +223,7 @@ def test_a_robot_and_a_learning_server_send_only_defined_bodies_on_the_policy_ch
     assert {"hello", "welcome", "infer", "action", "episode", "ack"} <= {m["kind"] for m in messages}
 
 
+@pytest.mark.slow
 def test_infer_is_one_blocking_call_and_says_when_no_server_answers():
     from embodied.robots.policy_client import PolicyClient, ServerError
     from embodied.serve import PolicyServer, ServeConfig

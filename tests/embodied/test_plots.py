@@ -1,13 +1,13 @@
 """`embodied plot` (learning curves of runs) and `embodied info` (what this installation has)."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 
 from embodied.core.errors import ConfigError
 from embodied.plots import curves, plot_runs, read_metrics
+from tests.cli import embodied
 
 
 def write_run(path, rows, cut_last=False):
@@ -53,21 +53,15 @@ def test_what_cannot_be_plotted_is_refused_by_name(tmp_path):
         plot_runs([empty], tmp_path / "x.png")
 
 
+@pytest.mark.slow
 def test_plot_and_info_from_the_command_line(tmp_path):
     run = write_run(tmp_path / "run", [{"env_steps": 10, "rollout/success_rate": 0.0}])
-    result = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "plot", str(run)], capture_output=True, text=True, timeout=120
-    )
+    result = embodied("plot", str(run), check=False, timeout=120)
     assert result.returncode == 0, result.stderr
     assert (run / "curves.png").is_file() and str(run / "curves.png") in result.stdout
-    missing = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "plot", str(tmp_path / "nowhere")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    missing = embodied("plot", str(tmp_path / "nowhere"), check=False, timeout=120)
     assert missing.returncode == 2 and "no metrics.jsonl" in missing.stderr
-    info = subprocess.run([sys.executable, "-m", "embodied.cli", "info"], capture_output=True, text=True, timeout=300)
+    info = embodied("info", check=False, timeout=300)
     assert info.returncode == 0, info.stderr
     for expected in (
         "embodied-rl",

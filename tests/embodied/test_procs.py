@@ -8,10 +8,12 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.procs import RolloutSupervisor
+from tests.cli import embodied
 
 PROCS = [
     "runtime=procs",
@@ -70,6 +72,7 @@ def wait_for(condition, what: str, process: subprocess.Popen, timeout_s: float =
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
     run_dir = tmp_path / "run"
     trainer = subprocess.Popen(
@@ -109,6 +112,7 @@ def test_procs_trains_and_restarts_a_killed_env_worker(tmp_path):
     assert not rollout[0].is_running() or rollout[0].status() == psutil.STATUS_ZOMBIE  # told to finish, it did
 
 
+@pytest.mark.slow
 def test_a_killed_rollout_process_is_restarted_and_training_continues(tmp_path):
     run_dir = tmp_path / "run"
     batch = 2 * 64
@@ -143,6 +147,7 @@ def test_a_killed_rollout_process_is_restarted_and_training_continues(tmp_path):
     assert updates[-1]["env_steps"] == 20 * batch
 
 
+@pytest.mark.slow
 def test_several_rollouts_share_the_envs_and_a_killed_one_is_restarted(tmp_path):
     """Two rollout processes, each with half the envs and one env worker; every update learns
     from a trajectory of each (4 envs x 10 steps), and a killed rollout is replaced."""
@@ -182,6 +187,7 @@ def test_several_rollouts_share_the_envs_and_a_killed_one_is_restarted(tmp_path)
         assert log.count("the learner finished training; exiting") == 1, log
 
 
+@pytest.mark.slow
 def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_path):
     run_dir = tmp_path / "run"
     iterations, batch = 40, 2 * 64
@@ -209,13 +215,7 @@ def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_
     assert psutil.pid_exists(first), "the rollout should outlive the learner"
     assert resolve_checkpoint(run_dir).name == "iter_000010"
 
-    resumed = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ},
-    )
+    resumed = embodied("train", f"resume={run_dir}", check=False, timeout=300, env={**os.environ}, inherit_env=False)
     assert resumed.returncode == 0, resumed.stderr
     assert rollout_pid(run_dir) == first  # adopted, not replaced
 
@@ -234,6 +234,7 @@ def test_learner_killed_and_resumed_uses_every_acknowledged_trajectory_once(tmp_
     assert not psutil.pid_exists(first), "the finished learner should have ended the rollout"
 
 
+@pytest.mark.slow
 def test_asynchronous_training_bounds_policy_lag_and_corrects_stale_samples(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
@@ -263,6 +264,7 @@ def test_asynchronous_training_bounds_policy_lag_and_corrects_stale_samples(tmp_
     assert updates[-1]["env_steps"] + 0 >= 2560
 
 
+@pytest.mark.slow
 def test_synchronous_procs_reproduces_local_bit_for_bit_disaggregated_or_collocated(tmp_path):
     """Same seeds, same data, same updates: the separate processes change nothing but where
     the work runs (CPU; the rollout samples from its own seeded stream in both runtimes).
@@ -290,12 +292,7 @@ def test_synchronous_procs_reproduces_local_bit_for_bit_disaggregated_or_colloca
     weights = {}
     for name, runtime in runs.items():
         run_dir = tmp_path / name
-        result = subprocess.run(
-            [sys.executable, "-m", "embodied.cli", "train", *tiny, *runtime, f"run_dir={run_dir}"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        result = embodied("train", *tiny, *runtime, f"run_dir={run_dir}", check=False, timeout=300)
         assert result.returncode == 0, result.stderr
         weights[name] = load_file(str(resolve_checkpoint(run_dir) / "weights.safetensors"))
         assert [u["train/iteration"] for u in updates_of(run_dir)] == [1, 2, 3]

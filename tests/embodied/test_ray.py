@@ -2,7 +2,6 @@
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 
@@ -11,6 +10,7 @@ import pytest
 from safetensors.torch import load_file
 
 from embodied.checkpoint import resolve_checkpoint
+from tests.cli import start
 from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
 
 # A Ray run starts its cluster and an actor per role, each importing torch and the simulator:
@@ -47,13 +47,7 @@ RUN_ID = uuid.uuid4().hex
 
 
 def run_cli(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", *args],
-        env={**os.environ, MARK: RUN_ID},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start(*args, env={**os.environ, MARK: RUN_ID}, inherit_env=False)
 
 
 def train(*args: str) -> subprocess.Popen:
@@ -108,6 +102,7 @@ def train_killing_one(role: str, expected: int, run_dir) -> list[dict]:
     return updates
 
 
+@pytest.mark.slow
 def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
     """Same seeds, same data, same updates: Ray changes where the roles run, nothing else."""
     weights = {}
@@ -126,6 +121,7 @@ def test_ray_reproduces_local_bit_for_bit_with_env_workers_as_actors(tmp_path):
         assert (weights["local"][name] == weights["ray"][name]).all(), name
 
 
+@pytest.mark.slow
 def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path):
     """Ray places two rollouts (half the envs and one env worker each) and learner rank 1 as
     actors; the run takes the updates `procs` takes with the same layout, bit for bit."""
@@ -150,17 +146,20 @@ def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path)
         assert (weights["procs"][name] == weights["ray"][name]).all(), name
 
 
+@pytest.mark.slow
 def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
     updates = train_killing_one("EnvWorkerRole", 2, tmp_path / "run")
     assert updates[-1]["train/env_worker_restarts"] == 1
     assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
 
 
+@pytest.mark.slow
 def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
     updates = train_killing_one("RolloutRole", 1, tmp_path / "run")
     assert updates[-1]["train/rollout_restarts"] == 1
 
 
+@pytest.mark.slow
 def test_libero_env_workers_run_as_actors_under_their_own_virtualenv(tmp_path):
     """LIBERO lives in .venv-libero (env.python): its worker actor runs it in a child process
     under that interpreter, and nothing of it outlives the run."""

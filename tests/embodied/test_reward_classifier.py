@@ -39,6 +39,7 @@ def test_frames_are_positive_only_in_the_tail_of_successful_episodes():
     assert frame_labels(episode, success, tail=2).tolist() == [False, False, True, True, False, False, False]
 
 
+@pytest.mark.slow
 def test_the_classifier_learns_a_separable_toy_set(tmp_path):
     rng = np.random.default_rng(0)
     recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "toy")), SPEC, fps=10, instruction="lift")
@@ -75,6 +76,7 @@ def test_the_classifier_learns_a_separable_toy_set(tmp_path):
     assert (predicted == (np.arange(20) % 2 == 0)).mean() >= 0.9
 
 
+@pytest.mark.slow
 def test_a_dataset_without_successes_or_cameras_is_refused(tmp_path):
     recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "failures")), SPEC, fps=10, instruction="lift")
     recorder.open()
@@ -100,6 +102,7 @@ def classifier_checkpoint(path, camera, bias):
     return str(path)
 
 
+@pytest.mark.slow
 def test_as_the_env_reward_the_classifier_replaces_the_reward_and_keeps_the_true_success(tmp_path):
     env = make_maniskill(
         ManiSkillConfig(task="PickCube-v1", num_envs=2, num_workers=0, obs_mode="rgb", image_size=32), seed=0

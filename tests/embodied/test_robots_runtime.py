@@ -2,8 +2,6 @@
 sockets with a simulated ManiSkill robot and the real SAC/RLPD learner."""
 
 import json
-import subprocess
-import sys
 import threading
 from itertools import accumulate
 
@@ -22,6 +20,7 @@ from embodied.robots.policy_client import PolicyClient, ServerError
 from embodied.runtime.configs import RobotsRuntimeConfig
 from embodied.runtime.robot_learner import LatestWeights, OutcomeReward, RobotsRuntime, episode_trajectory
 from embodied.serve import PolicyServer, ServeConfig
+from tests.cli import embodied, start
 from tests.embodied.test_reward_classifier import classifier_checkpoint
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
@@ -231,37 +230,26 @@ LEARNER = [
 def learn_from_a_robot(arguments, run_dir, output, episodes=5, env=None, robot_arguments=()):
     """A learning server and a simulated robot client, each in its own process (`env`: their
     environment variables, default this process's)."""
-    server = subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", "train", *arguments],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    server = start("train", *arguments, env=env, inherit_env=False)
     try:
         line = ""
         while "learning from robots on" not in line:
             line = server.stdout.readline()
             assert line or server.poll() is None, server.stderr.read()[-3000:]
         endpoint = line.split(" on ", 1)[1].split()[0]
-        client = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "robot",
-                "robot=sim",
-                f"robot.env_from={run_dir}",
-                f"server={endpoint}",
-                f"episodes={episodes}",
-                "max_episode_steps=20",
-                f"output={output}",
-                *robot_arguments,
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
+        client = embodied(
+            "robot",
+            "robot=sim",
+            f"robot.env_from={run_dir}",
+            f"server={endpoint}",
+            f"episodes={episodes}",
+            "max_episode_steps=20",
+            f"output={output}",
+            *robot_arguments,
+            check=False,
             timeout=300,
+            env=env,
+            inherit_env=False,
         )
         assert client.returncode == 0, client.stderr[-3000:]
         assert server.wait(timeout=120) == 0, server.stderr.read()[-3000:]
@@ -276,6 +264,7 @@ def cumulative(summary) -> list[int]:
     return list(accumulate(episode["steps"] for episode in summary["episodes"]))
 
 
+@pytest.mark.slow
 def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_with_its_replay(tmp_path):
     run_dir = tmp_path / "run"
     summary = learn_from_a_robot([*LEARNER, "total_env_steps=60", f"run_dir={run_dir}"], run_dir, tmp_path / "robot")
@@ -308,6 +297,7 @@ def test_a_robot_client_feeds_the_learner_which_stops_it_when_done_and_resumes_w
     assert metrics[-1]["train/iteration"] == len(totals) + len(more)
 
 
+@pytest.mark.slow
 def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learner_rewards_them(tmp_path):
     env = ["env.obs_mode=rgb", "env.image_size=32", "policy.cameras=[]"]  # a policy of the state alone
     classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success
@@ -327,6 +317,7 @@ def test_with_a_reward_classifier_robots_send_their_outcome_frames_and_the_learn
         assert m["robots/reported_return"] < m["rollout/episode_length"]
 
 
+@pytest.mark.slow
 def test_a_robot_teaches_a_pixel_policy_with_an_operator_and_a_classifier_on_its_frames(tmp_path):
     """The real-robot loop in simulation: the policy reads the robot's camera, episodes carry
     its frames, a scripted operator takes over, the classifier rewards what each tick led to on
@@ -335,23 +326,16 @@ def test_a_robot_teaches_a_pixel_policy_with_an_operator_and_a_classifier_on_its
 
     rgb = ["env.obs_mode=rgb", "env.image_size=32"]
     expert = tmp_path / "expert"
-    trained = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            *[a for a in LEARNER if not a.startswith("runtime")],
-            *rgb,
-            "policy.cameras=[]",
-            "env.num_envs=1",
-            "env.num_workers=0",
-            "total_env_steps=2",
-            f"run_dir={expert}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    trained = embodied(
+        "train",
+        *[a for a in LEARNER if not a.startswith("runtime")],
+        *rgb,
+        "policy.cameras=[]",
+        "env.num_envs=1",
+        "env.num_workers=0",
+        "total_env_steps=2",
+        f"run_dir={expert}",
+        check=False,
     )
     assert trained.returncode == 0, trained.stderr[-3000:]
     classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success

@@ -38,6 +38,7 @@ def test_each_rollout_samples_from_its_own_stream():
     assert len({sampling_seed(3, index) for index in range(4)}) == 4
 
 
+@pytest.mark.slow
 def test_shares_of_a_maniskill_env_reset_to_the_whole_envs_episodes_and_tasks():
     cfg = ManiSkillConfig(tasks=["PushCube-v1", "PickCube-v1"], num_envs=4)
     whole = build_env(cfg, seed=5)

@@ -96,6 +96,7 @@ EFFICIENTNET_WIDTH_AT_32PX = {"pooled": 1280, "spatial": 80 * 2 * 2}
 
 
 @pytest.mark.parametrize("features", ["pooled", "spatial"])
+@pytest.mark.slow
 def test_the_backbone_stays_frozen_and_cached_features_equal_a_fresh_forward_pass(features):
     """The shipped EfficientNet-Lite0 reads real ManiSkill frames; after updates its weights
     are unchanged, and every stored frame's cached features are the backbone's on that frame."""
@@ -289,6 +290,7 @@ def test_a_buffer_of_frames_grows_as_transitions_come_and_wraps_at_its_capacity(
     assert not bare.images and not bare.next_images
 
 
+@pytest.mark.slow
 def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_path, monkeypatch):
     """A LeRobotDataset written by the robot client with two cameras: each transition holds
     the frames of its step and of the next one; the terminal step's next frame is its own."""
@@ -362,6 +364,7 @@ PIXEL_SAC = [
 ]
 
 
+@pytest.mark.slow
 def test_pixel_sac_trains_on_maniskill_frames_under_procs_and_resumes(tmp_path):
     """The rollout process keeps each step's next frames and sends them over the wire; the
     resumed run continues with its image buffers whole."""

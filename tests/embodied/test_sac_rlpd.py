@@ -3,8 +3,6 @@ and warm-up rules, offline data from recorded LeRobotDatasets, and resume."""
 
 import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -20,6 +18,7 @@ from embodied.policies.squashed_gaussian import SquashedGaussianConfig, Squashed
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
 from embodied.runtime.rollout import Rollout
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
+from tests.cli import embodied
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-2.0, -1.0), action_high=(2.0, 1.0), control_hz=10.0)
 SMALL = dict(batch_size=32, num_critics=4, critic_subset=2, critic_hidden=[32, 32], utd_ratio=2)
@@ -159,6 +158,7 @@ def test_the_bc_term_is_the_modes_squared_error_to_the_offline_rows_actions_only
     assert "train/bc_loss" not in algo.actor_step(batch, offline_rows=0)  # an all-online batch: no BC
 
 
+@pytest.mark.slow
 def test_the_bc_term_pulls_the_policy_onto_corrections():
     policy = small_policy()
     algo = SACRLPD(SACConfig(**SMALL, bc_weight=10.0, actor_lr=3e-3, init_temperature=1e-3), policy)
@@ -220,6 +220,7 @@ def record_demos(root, episodes):
     recorder.close()
 
 
+@pytest.mark.slow
 def test_recorded_episodes_become_transitions_with_monte_carlo_returns(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     record_demos(tmp_path / "demos", [([0.0, 0.0, 1.0], True), ([0.5, 0.5], False)])
@@ -247,6 +248,7 @@ def record_pendulum_demo(root, frames):
     return spec
 
 
+@pytest.mark.slow
 def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     spec = record_pendulum_demo(tmp_path / "demos", 12)
@@ -358,16 +360,12 @@ TINY_SAC = [
 
 
 def train_run(run_dir, *args):
-    result = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "train", *TINY_SAC, f"run_dir={run_dir}", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = embodied("train", *TINY_SAC, f"run_dir={run_dir}", *args, check=False)
     assert result.returncode == 0, result.stderr
     return result
 
 
+@pytest.mark.slow
 def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_resumes(tmp_path, monkeypatch):
     """Demos recorded by the robot client -> Cal-QL pretraining -> online RLPD with the rollout
     in its own process -> resume continues with the saved buffers, not a new pretraining."""
@@ -386,12 +384,7 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
         "total_env_steps=8",
     ).stderr
     assert "pretraining on 10 offline transitions for 3 steps" in first
-    resumed = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", "total_env_steps=12"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    resumed = embodied("train", f"resume={run_dir}", "total_env_steps=12", check=False)
     assert resumed.returncode == 0, resumed.stderr
     resumed = resumed.stderr
     assert "pretraining on" not in resumed  # the checkpoint says it is done
@@ -402,6 +395,7 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
     assert all(u["replay/offline"] == 10 for u in updates)
 
 
+@pytest.mark.slow
 def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offline_data(tmp_path):
     """The expert (a trained run) drives envs where the policy drifts; the rollout executes its
     action and flags the step; RLPD then holds those steps as demonstrations too."""
@@ -450,20 +444,14 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
 
 
 def test_on_policy_algorithms_refuse_a_scripted_operator(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "env=mujoco_invertedpendulum",
-            "env.task=Pendulum-v1",
-            "algo=ppo",
-            f"intervention.expert={tmp_path}",
-            f"run_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
+    result = embodied(
+        "train",
+        "env=mujoco_invertedpendulum",
+        "env.task=Pendulum-v1",
+        "algo=ppo",
+        f"intervention.expert={tmp_path}",
+        f"run_dir={tmp_path / 'run'}",
+        check=False,
         timeout=300,
     )
     assert result.returncode != 0 and "off-policy algorithm" in result.stderr

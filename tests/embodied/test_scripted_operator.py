@@ -23,6 +23,7 @@ PICKCUBE_FROM_PIXELS = ManiSkillConfig(
 )
 
 
+@pytest.mark.slow
 def test_the_expert_takes_over_mid_episode_and_grasps_again_after_a_drop():
     """Env 0: the expert drives throughout. Env 1: it drives, then another hand opens the
     gripper and lifts for 8 steps (the cube falls) while the expert only watches, then it
@@ -56,6 +57,7 @@ def test_an_env_without_a_scripted_expert_is_refused_when_the_operator_is_built(
         env.close()
 
 
+@pytest.mark.slow
 def test_a_pixel_policy_trains_with_the_scripted_operator_taking_over(tmp_path):
     """Every drifting step is taken over (threshold ~0): the executed actions are the expert's,
     flagged, and RLPD holds them among its offline rows."""

@@ -88,6 +88,7 @@ def test_experts_refuse_tasks_and_controls_they_do_not_know():
         make_expert("PickCube-v1", "pd_joint_delta_pos")
 
 
+@pytest.mark.slow
 def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_new_seeds(pickcube_demos, tmp_path):
     frames = read_frames(
         pickcube_demos,
@@ -113,6 +114,7 @@ def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_
     assert len({row.tobytes() for row in starts}) == 4  # ... and 3: no initial state twice
 
 
+@pytest.mark.slow
 def test_multi_task_demos_alternate_tasks_and_train_one_policy_for_all(tmp_path):
     from embodied.config import EvalConfig
     from embodied.evaluate import evaluate_checkpoint
@@ -138,6 +140,7 @@ def test_multi_task_demos_alternate_tasks_and_train_one_policy_for_all(tmp_path)
     assert set(report["instructions"]) == {"PushCube-v1", "PickCube-v1"}
 
 
+@pytest.mark.slow
 def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
     root = tmp_path / "rgb"
     generate_demos(
@@ -314,6 +317,7 @@ def test_an_hg_dagger_round_starts_from_the_corrected_policy_and_keeps_its_stati
         sft_run(tmp_path, pickcube_demos, "steps=1", f"init={deployed}", name="wrong", policy=("policy=mlp_gaussian",))
 
 
+@pytest.mark.slow
 def test_pi0_sft_on_a_new_dataset_keeps_the_datasets_statistics_in_its_checkpoint(pickcube_demos, tmp_path):
     """policy.normalization=dataset: SFT computes the demonstrations' state and action
     statistics in pi0's mode (mean/std), trains in those units, and its checkpoint carries

@@ -15,6 +15,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.denoising import gaussian_log_prob
 from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
 from embodied.runtime.wire import published_weights
+from tests.cli import embodied
 from tests.embodied.test_ppo import _batch
 from tests.policies.sft import bc_losses
 
@@ -161,6 +162,7 @@ def test_last_k_fine_tuning_keeps_the_early_steps_on_the_weights_rl_started_from
     policy.load_state_dict(everything.state_dict())
 
 
+@pytest.mark.slow
 def test_sft_epsilon_loss_decreases_on_a_tiny_dataset():
     torch.manual_seed(0)
     policy = DiffusionPolicy(small(hidden=[64, 64], horizon=2), SPEC)
@@ -233,6 +235,7 @@ def test_dppo_update_with_one_ratio_per_step():
     ],
     ids=["dppo", "grpo"],
 )
+@pytest.mark.slow
 def test_one_rl_iteration_end_to_end_on_maniskill_then_resume(tmp_path, algo):
     run_dir = tmp_path / "run"
     common = [
@@ -255,12 +258,7 @@ def test_one_rl_iteration_end_to_end_on_maniskill_then_resume(tmp_path, algo):
     ]
     assert updates and np.isfinite(updates[0]["loss/policy_loss"])
     steps = updates[-1]["env_steps"]
-    result = subprocess.run(
-        [sys.executable, "-m", "embodied.cli", "train", f"resume={run_dir}", f"total_env_steps={2 * steps}"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = embodied("train", f"resume={run_dir}", f"total_env_steps={2 * steps}", check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     updates = [
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/policy_loss" in line

@@ -9,6 +9,7 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
+from tests.cli import embodied
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
@@ -111,32 +112,24 @@ def test_flow_matching_sft_loss_falls_on_a_tiny_dataset():
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
     import json
-    import subprocess
-    import sys
 
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=flow",
-            "env.num_envs=2",
-            "algo.rollout_steps=4",
-            "algo.num_minibatches=2",
-            "algo.update_epochs=1",
-            "total_env_steps=8",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=flow",
+        "env.num_envs=2",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = [
@@ -159,35 +152,27 @@ def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():
     torch.testing.assert_close(results["mean"][1], results["sum"][1] / (4 * policy.dim))  # entropy on the same scale
 
 
+@pytest.mark.slow
 def test_one_grpo_iteration_end_to_end_on_maniskill(tmp_path):
     import json
-    import subprocess
-    import sys
 
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=flow",
-            "policy.sampler=flow_noise",
-            "algo=grpo",
-            "algo.group_size=2",
-            "algo.num_minibatches=2",
-            "algo.outcome=return",
-            "algo.success_band=[0.0,1.0]",
-            "env.num_envs=4",
-            "total_env_steps=200",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=flow",
+        "policy.sampler=flow_noise",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.num_minibatches=2",
+        "algo.outcome=return",
+        "algo.success_band=[0.0,1.0]",
+        "env.num_envs=4",
+        "total_env_steps=200",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = [

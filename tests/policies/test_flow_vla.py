@@ -49,6 +49,7 @@ def vla_and_observation():
     return build_policy(config.policy, env.spec, torch.device("cpu")), observation.to_torch()
 
 
+@pytest.mark.slow
 def test_the_log_prob_of_a_sample_is_recomputed_from_its_record_and_from_its_images(vla_and_observation):
     policy, observation = vla_and_observation
     chunk = policy.act(observation, generator=torch.Generator().manual_seed(1))
@@ -76,6 +77,7 @@ def test_the_encoders_stay_frozen_and_in_eval_mode(vla_and_observation):
     policy.eval()
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_on_maniskill_cameras_and_a_checkpoint_round_trip(tmp_path):
     run_dir = tmp_path / "vla"
     embodied(

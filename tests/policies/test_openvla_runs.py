@@ -11,18 +11,9 @@ import torch
 
 from embodied.core.types import EnvSpec
 from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
+from tests.cli import embodied
 
 FLOAT32 = dict(precision="float32", lora_rank=0)
-
-
-def embodied(*args: str):
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run(
-        [sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True, cwd=root, timeout=600
-    )
 
 
 MANISKILL_RGB = ("env.obs_mode=rgb", "env.image_size=32", "env.num_workers=0")
@@ -46,6 +37,7 @@ def train(run_dir: Path, *overrides: str) -> dict:
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
 
 
+@pytest.mark.slow
 def test_one_grpo_iteration_on_maniskill_cameras_with_lora(tmp_path):
     update = train(
         tmp_path / "run",
@@ -59,6 +51,7 @@ def test_one_grpo_iteration_on_maniskill_cameras_with_lora(tmp_path):
     assert update["loss/grad_norm"] > 0
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
     update = train(
         tmp_path / "run",
@@ -72,6 +65,7 @@ def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
     assert update["env_steps"] == 8 and update["loss/grad_norm"] > 0 and np.isfinite(update["loss/value_loss"])
 
 
+@pytest.mark.slow
 def test_one_grpo_iteration_on_libero_groups_of_one_task_and_initial_state(tmp_path):
     update = train(
         tmp_path / "run",
@@ -107,6 +101,7 @@ def libero_checkpoint(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_published_checkpoint_evaluates_on_libero_in_one_command(libero_checkpoint, tmp_path):
     result = embodied(
         "eval",
@@ -125,6 +120,7 @@ def test_a_published_checkpoint_evaluates_on_libero_in_one_command(libero_checkp
     assert [(t["task"], t["length"]) for t in trials] == [("libero_spatial/0", 6)]
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what_lora_trains(
     libero_checkpoint, tmp_path
 ):
@@ -162,6 +158,7 @@ def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_real_size_benchmark_runs_at_tiny_size_on_a_cpu():
     import subprocess
     import sys
@@ -185,6 +182,7 @@ def test_the_real_size_benchmark_runs_at_tiny_size_on_a_cpu():
     assert (path.parent / "openvla_real_size.md").is_file()
 
 
+@pytest.mark.slow
 def test_lora_on_the_language_model_trains_sharded_over_two_learner_ranks(tmp_path):
     """FSDP units (the towers, the projector, the token embedding, each LM layer) under peft."""
     run_dir = tmp_path / "run"

@@ -5,8 +5,6 @@ and one PPO iteration on real ManiSkill from the lerobot-written checkpoint."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ from embodied.policies.pi0 import (
     resolve_architecture,
 )
 from embodied.policies.statistics import StatisticsNormalizer
+from tests.cli import embodied
 from tests.policies.pi0_parity import (
     CONFIGS,
     PROCESSOR_MODES,
@@ -71,6 +70,7 @@ def lerobot_pi05_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("model", ["pi0", "pi05"])
+@pytest.mark.slow
 def test_sample_matches_lerobot_on_a_checkpoint_it_saved(model, request):
     """Same weights, inputs and noise -> the same action chunk from lerobot's
     sample_actions and from Pi0Model (the checkpoint keeps PaliGemma's token embedding only as
@@ -256,6 +256,7 @@ def test_the_value_head_reads_the_expert_or_the_prefix_detached_or_not(model, va
 
 
 @pytest.mark.parametrize("model", ["pi0", "pi05"])
+@pytest.mark.slow
 def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm(model):
     for expert_only in (False, True):
         pi0 = policy(model, train_expert_only=expert_only)
@@ -343,42 +344,36 @@ def test_sizes_that_do_not_fit_are_refused():
 
 
 @pytest.mark.parametrize("model", ["pi0", "pi05"])
+@pytest.mark.slow
 def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model, tmp_path, request):
     work = request.getfixturevalue("lerobot_checkpoint" if model == "pi0" else "lerobot_pi05_checkpoint")
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            f"policy={model}",
-            f"policy.pretrained={work / 'checkpoint'}",
-            "policy.normalization=running",  # ManiSkill's state and actions are not the checkpoint's
-            "policy.paligemma_variant=tiny",
-            "policy.expert_variant=tiny_expert",
-            "policy.vocab_size=300",
-            "policy.max_state_dim=64",
-            "policy.max_action_dim=8",
-            "policy.horizon=5",
-            "policy.denoise_steps=4",
-            "policy.sampler=flow_noise",
-            "env.obs_mode=rgb",
-            "env.image_size=32",
-            "env.num_envs=2",
-            "env.num_workers=0",
-            "algo.rollout_steps=4",
-            "algo.num_minibatches=2",
-            "algo.update_epochs=1",
-            "total_env_steps=8",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        f"policy={model}",
+        f"policy.pretrained={work / 'checkpoint'}",
+        "policy.normalization=running",  # ManiSkill's state and actions are not the checkpoint's
+        "policy.paligemma_variant=tiny",
+        "policy.expert_variant=tiny_expert",
+        "policy.vocab_size=300",
+        "policy.max_state_dim=64",
+        "policy.max_action_dim=8",
+        "policy.horizon=5",
+        "policy.denoise_steps=4",
+        "policy.sampler=flow_noise",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])

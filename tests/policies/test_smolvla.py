@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,8 @@ from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
 from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
 from embodied.policies.smolvla_model import resize_with_pad
-from tests.policies.pi0_parity import NORM_MAPS, ROOT
+from tests.cli import embodied
+from tests.policies.pi0_parity import NORM_MAPS
 from tests.policies.published import save_lerobot_processors
 from tests.policies.sft import bc_losses
 from tests.policies.smolvla_parity import INSTRUCTIONS, TINY_SPEC, env_spec, loaded, pipeline_actions, run_reference
@@ -32,6 +31,7 @@ def lerobot_smolvla(tmp_path_factory) -> Path:
     return run_reference(tmp_path_factory.mktemp("smolvla_reference"))
 
 
+@pytest.mark.slow
 def test_sample_matches_lerobot_on_a_checkpoint_it_saved(lerobot_smolvla):
     """Same weights, inputs and noise -> the same chunk from lerobot's sample_actions (after
     its own image preparation) and from this project's model loading lerobot's files."""
@@ -119,6 +119,7 @@ def test_the_chunk_log_prob_is_recomputed_from_the_recorded_chain(sampler):
     assert recomputed.value.shape == (3,) and torch.isfinite(recomputed.entropy).all()
 
 
+@pytest.mark.slow
 def test_flow_matching_sft_fits_demos_and_train_expert_only_keeps_the_vlm():
     for expert_only in (False, True):
         torch.manual_seed(0)
@@ -158,37 +159,30 @@ def test_checkpoint_mismatches_are_refused_by_name(lerobot_smolvla, tmp_path):
         loaded(lerobot_smolvla, vlm=str(wider))
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=smolvla",
-            "policy.vlm=tiny",
-            "policy.max_state_dim=64",
-            "policy.max_action_dim=8",
-            "policy.horizon=2",
-            "policy.denoise_steps=2",
-            "policy.sampler=flow_noise",
-            "env.obs_mode=rgb",
-            "env.image_size=32",
-            "env.num_envs=2",
-            "env.num_workers=0",
-            "algo.rollout_steps=4",
-            "algo.num_minibatches=2",
-            "algo.update_epochs=1",
-            "total_env_steps=8",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={tmp_path / 'run'}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=smolvla",
+        "policy.vlm=tiny",
+        "policy.max_state_dim=64",
+        "policy.max_action_dim=8",
+        "policy.horizon=2",
+        "policy.denoise_steps=2",
+        "policy.sampler=flow_noise",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={tmp_path / 'run'}",
+        check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -7,6 +7,7 @@ import torch
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
+from tests.cli import embodied
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0))
 
@@ -94,34 +95,26 @@ def test_lora_publishes_only_adapters_heads_and_buffers():
     assert size(lora) < 0.25 * size(full)
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
     import json
-    import subprocess
-    import sys
 
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=token_vla",
-            "policy.decoder=causal",
-            "env.num_envs=2",
-            "algo.rollout_steps=4",
-            "algo.num_minibatches=2",
-            "algo.update_epochs=1",
-            "total_env_steps=8",
-            "eval_episodes=2",
-            "eval_every=1",
-            "periodic_eval_episodes=2",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=token_vla",
+        "policy.decoder=causal",
+        "env.num_envs=2",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "total_env_steps=8",
+        "eval_episodes=2",
+        "eval_every=1",
+        "periodic_eval_episodes=2",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = [
@@ -205,10 +198,8 @@ def test_tiny_backbones_and_full_fine_tunes_keep_every_weight_in_checkpoints(tmp
         assert saves_whole(TokenVLAPolicy(config, SPEC))
 
 
+@pytest.mark.slow
 def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapter_checkpoints(tmp_path):
-    import subprocess
-    import sys
-
     from safetensors import safe_open
 
     base = tmp_path / "base"
@@ -216,13 +207,7 @@ def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapte
     run_dir = tmp_path / "run"
     quiet = ["logger.progress_bar=false", "eval_episodes=0"]
 
-    def cli(*args):
-        result = subprocess.run(
-            [sys.executable, "-m", "embodied.cli", *args], capture_output=True, text=True, timeout=600
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-
-    cli(
+    embodied(
         "train",
         *quiet,
         "env=mujoco_invertedpendulum",
@@ -240,14 +225,14 @@ def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapte
         "checkpoint_every=1",
         f"run_dir={run_dir}",
     )
-    cli("train", *quiet, f"resume={run_dir}", "total_env_steps=16")
+    embodied("train", *quiet, f"resume={run_dir}", "total_env_steps=16")
     checkpoint = run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip()
     assert checkpoint.name == "iter_000002"
     with safe_open(str(checkpoint / "weights.safetensors"), "pt") as saved:
         names = list(saved.keys())
     assert any("lora_" in name for name in names)
     assert not any("base_layer" in name or "mlp.up_proj" in name or "embed_tokens" in name for name in names)
-    cli("eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false", f"output={tmp_path / 'eval'}")
+    embodied("eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false", f"output={tmp_path / 'eval'}")
     assert (tmp_path / "eval" / "report.json").is_file()
 
 
@@ -384,40 +369,32 @@ def test_cameras_need_a_backbone_that_reads_images():
         TokenVLAPolicy(TokenVLAConfig(backbone="tiny"), RGB)
 
 
+@pytest.mark.slow
 def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone(tmp_path):
     import json
-    import subprocess
-    import sys
 
     from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=token_vla",
-            "policy.backbone=tiny_vlm",
-            "env.obs_mode=rgb",
-            "env.image_size=32",
-            "env.num_envs=2",
-            "env.num_workers=0",
-            "algo=grpo",
-            "algo.group_size=2",
-            "algo.num_minibatches=2",
-            "algo.outcome=return",
-            "algo.success_band=[0.0,1.0]",
-            "total_env_steps=100",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=token_vla",
+        "policy.backbone=tiny_vlm",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo=grpo",
+        "algo.group_size=2",
+        "algo.num_minibatches=2",
+        "algo.outcome=return",
+        "algo.success_band=[0.0,1.0]",
+        "total_env_steps=100",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
@@ -508,6 +485,7 @@ def test_smoothed_sft_targets_are_gaussians_over_neighbouring_bins_cut_at_the_en
     assert float(targets[0, 1, 0]) > float(middle[100])  # the cut-off half's mass goes to the rest
 
 
+@pytest.mark.slow
 def test_smoothed_sft_spreads_the_policy_over_neighbouring_bins_and_keeps_its_mode():
     obs, actions = observation(), demonstrated_actions()
     fitted = {}

@@ -1,8 +1,6 @@
 """The pi0-style flow VLA on a tiny random PaliGemma: prefix, action expert, value heads."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -11,6 +9,7 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
+from tests.cli import embodied
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(
@@ -68,6 +67,7 @@ def test_the_value_head_reads_the_prefix_or_the_expert_detached_or_not(value_fro
     assert reached["expert"] == (value_from == "expert" and not detach)
 
 
+@pytest.mark.slow
 def test_flow_matching_sft_moves_the_vlm_and_the_expert_unless_the_backbone_is_frozen():
     for frozen in (False, True):
         vla = policy(freeze_backbone=frozen)
@@ -120,31 +120,25 @@ def test_state_observations_and_unknown_value_heads_are_refused():
         VLMExpertPolicy(VLMExpertConfig(value_from="critic"), SPEC)
 
 
+@pytest.mark.slow
 def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
     run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "train",
-            "policy=vlm_expert",
-            "env.obs_mode=rgb",
-            "env.image_size=32",
-            "env.num_envs=2",
-            "env.num_workers=0",
-            "algo.rollout_steps=4",
-            "algo.num_minibatches=2",
-            "algo.update_epochs=1",
-            "total_env_steps=8",
-            "eval_episodes=0",
-            "eval_every=0",
-            "logger.progress_bar=false",
-            f"run_dir={run_dir}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = embodied(
+        "train",
+        "policy=vlm_expert",
+        "env.obs_mode=rgb",
+        "env.image_size=32",
+        "env.num_envs=2",
+        "env.num_workers=0",
+        "algo.rollout_steps=4",
+        "algo.num_minibatches=2",
+        "algo.update_epochs=1",
+        "total_env_steps=8",
+        "eval_episodes=0",
+        "eval_every=0",
+        "logger.progress_bar=false",
+        f"run_dir={run_dir}",
+        check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     update = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])

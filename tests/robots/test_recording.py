@@ -80,6 +80,7 @@ def column(dataset, key):
     return values.reshape(len(values), -1) if values.ndim < 2 else values
 
 
+@pytest.mark.slow
 def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
     """The oracle operator takes over a simulated robot; the dataset holds exactly what the
     robot executed, what the policy wanted and which ticks were the operator's."""
@@ -128,6 +129,7 @@ def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
     assert (rewards <= 0).all() and (rewards < 0).any()  # Pendulum's cost, as the robot reported it
 
 
+@pytest.mark.slow
 def test_images_are_kept_exactly_a_rerecorded_episode_is_dropped_and_a_dataset_grows(tmp_path):
     root = tmp_path / "dataset"
     rng = np.random.default_rng(0)
@@ -188,6 +190,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # a crash: nothing of ours runs after this
 
 
 @pytest.mark.parametrize("partial, frames, finalize_every", [("keep", 7, 1), ("discard", 4, 1), ("discard", 4, 3)])
+@pytest.mark.slow
 def test_a_killed_client_leaves_a_dataset_that_loads(tmp_path, partial, frames, finalize_every):
     """With finalize_every=3 the saved episode was not finalized yet: the writer does it."""
     root = tmp_path / "dataset"
@@ -205,6 +208,7 @@ def test_a_killed_client_leaves_a_dataset_that_loads(tmp_path, partial, frames, 
     assert dataset.num_episodes == (2 if partial == "keep" else 1)
 
 
+@pytest.mark.slow
 def test_finalizing_every_few_episodes_writes_the_same_dataset(tmp_path):
     root = tmp_path / "dataset"
     lengths = [3, 1, 4, 2, 5, 2]  # six episodes: five in a first session, finalized every 2, then one more
@@ -239,6 +243,7 @@ def test_finalizing_every_few_episodes_writes_the_same_dataset(tmp_path):
         DatasetRecorder(RecordingConfig(root=str(root), finalize_every=0), CAMERA_SPEC, 10.0, "stack")
 
 
+@pytest.mark.slow
 def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
     root = tmp_path / "dataset"
     recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
@@ -269,6 +274,7 @@ def frame(t=0):
     return np.zeros(3), {"front": np.full((24, 32, 3), t, np.uint8)}, np.zeros(2), None, False, 0.0
 
 
+@pytest.mark.slow
 def test_a_dataset_left_without_episodes_can_be_recorded_into_again_and_other_folders_are_refused(tmp_path):
     root = tmp_path / "dataset"
     empty = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
@@ -291,6 +297,7 @@ def test_a_dataset_left_without_episodes_can_be_recorded_into_again_and_other_fo
     assert (other / "cat.png").read_bytes() == b"not a dataset"
 
 
+@pytest.mark.slow
 def test_an_interrupted_save_leaves_a_dataset_that_loads_and_close_does_not_hang(tmp_path):
     root = tmp_path / "dataset"
     recorder = DatasetRecorder(RecordingConfig(root=str(root), partial="keep"), CAMERA_SPEC, 10.0, "stack")
@@ -313,6 +320,7 @@ def test_an_interrupted_save_leaves_a_dataset_that_loads_and_close_does_not_hang
     assert dataset.num_episodes == 2 and dataset.num_frames == 4  # the saved one, and the partial one kept
 
 
+@pytest.mark.slow
 def test_embodied_collect_records_what_an_operator_drives_without_a_policy(tmp_path):
     """`embodied collect`: no policy server; the operator (here the oracle, playing a trained
     run) drives the simulated robot from the first tick and every episode is recorded."""

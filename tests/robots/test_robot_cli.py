@@ -132,6 +132,7 @@ def server(trained):
     assert process.wait(60) == 130  # Ctrl-C ends the server, in about a second
 
 
+@pytest.mark.slow
 def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
     output = tmp_path / "robot"
     result = subprocess.run(

@@ -32,6 +32,7 @@ def run_in_libero(code: str) -> dict:
 
 
 @pytest.mark.parametrize("suite", sorted(BASE_STEP_LIMITS))
+@pytest.mark.slow
 def test_every_suite_builds_with_its_step_limit_and_instruction(suite):
     env = make_libero(
         LiberoConfig(suite=suite, task_ids=[0], num_envs=1, num_workers=1, cameras=[], settle_steps=0), seed=0
@@ -64,6 +65,7 @@ def test_every_libero_pro_suite_ships_its_task_files_and_init_states():
     assert found == {suite: 10 for suite in PRO_SUITES}
 
 
+@pytest.mark.slow
 def test_libero_pro_perturbations_run_with_their_own_instructions():
     """Each perturbation of libero_goal's task 0 builds, resets and steps; a paraphrase (lan)
     or a new goal (task) is what the policy is told, a perturbed scene keeps the instruction."""
@@ -85,6 +87,7 @@ def test_libero_pro_perturbations_run_with_their_own_instructions():
     assert instructions["lan"] not in (instructions["base"], "") and instructions["task"] != instructions["base"]
 
 
+@pytest.mark.slow
 def test_same_init_state_gives_the_same_first_observation_and_images_are_upright():
     env = make_libero(LiberoConfig(suite="libero_goal", task_ids=[0, 1], num_envs=2, num_workers=1), seed=0)
     try:
@@ -103,6 +106,7 @@ def test_same_init_state_gives_the_same_first_observation_and_images_are_upright
     assert image[-20:].mean() > image[:20].mean()
 
 
+@pytest.mark.slow
 def test_episodes_are_truncated_at_the_step_limit():
     env = make_libero(
         LiberoConfig(
@@ -125,6 +129,7 @@ def test_episodes_are_truncated_at_the_step_limit():
     assert result.episodes and result.episodes[0].length == 3 and not result.episodes[0].success
 
 
+@pytest.mark.slow
 def test_success_fires_on_a_state_that_satisfies_the_goal():
     found = run_in_libero("""
         import json
@@ -146,6 +151,7 @@ def test_success_fires_on_a_state_that_satisfies_the_goal():
     assert found == {"before": False, "after": True, "terminated": True, "reward": 1.0}
 
 
+@pytest.mark.slow
 def test_the_libero_worker_never_imports_torch():
     found = run_in_libero("""
         import json, sys

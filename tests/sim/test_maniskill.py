@@ -121,6 +121,7 @@ def test_by_default_success_does_not_end_the_episode_but_counts_at_its_end():
         group.close()
 
 
+@pytest.mark.slow
 def test_rgb_observations_have_camera_images_and_proprioception():
     env = make_maniskill(ManiSkillConfig(task="PickCube-v1", num_envs=1, obs_mode="rgb", image_size=64), seed=0)
     try:
@@ -176,6 +177,7 @@ def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
         env.close()
 
 
+@pytest.mark.slow
 def test_a_killed_env_worker_is_reported_not_waited_on():
     from embodied.sim.worker_envs import EnvWorkerError
 
@@ -221,6 +223,7 @@ def test_rewind_replays_the_same_episode_sequence(pushcube):
     assert np.array_equal(pushcube.rewind().state, first.state)
 
 
+@pytest.mark.slow
 def test_several_tasks_run_in_blocks_of_envs_with_padded_states_and_their_own_instructions():
     from embodied.sim.maniskill_common import INSTRUCTIONS
 

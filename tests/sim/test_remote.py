@@ -18,6 +18,7 @@ from embodied.sim.worker_envs import EnvWorkerError
 
 
 @pytest.mark.parametrize("transport", ["pipe", "zmq"])
+@pytest.mark.slow
 def test_worker_processes_give_the_same_results_as_in_process_envs(transport):
     chunk = np.random.default_rng(1).uniform(-1, 1, size=(4, 3, 8)).astype(np.float32)
     results = []
@@ -176,6 +177,7 @@ def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transpo
         env.close()
 
 
+@pytest.mark.slow
 def test_training_survives_kill_minus_nine_of_an_env_worker(tmp_path):
     import json
     import subprocess

@@ -8,6 +8,7 @@ from embodied.sim.robosuite_env import RobosuiteConfig, RobosuiteEnv, make_robos
 
 
 @pytest.mark.parametrize("obs_mode", ["state", "rgb"])
+@pytest.mark.slow
 def test_lift_observation_and_action_shapes(obs_mode):
     env = make_robosuite(RobosuiteConfig(task="Lift", num_envs=2, obs_mode=obs_mode, image_size=64), seed=0)
     try:
@@ -56,6 +57,7 @@ def test_lift_success_fires_when_the_cube_is_above_the_table():
     assert step.success and step.terminated and not step.truncated
 
 
+@pytest.mark.slow
 def test_robosuite_runs_in_zmq_env_workers():
     env = make_robosuite(RobosuiteConfig(task="Lift", num_envs=2, num_workers=2, transport="zmq"), seed=0)
     try:
