@@ -5,6 +5,13 @@ import pytest
 # Keep test runs hermetic: no hub look-ups, caches in a throwaway place.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+# One intra-op thread per process (set before torch is imported; every process a test starts
+# inherits it). There is one pytest worker per core already, and each test starts learners and
+# env workers of its own: with torch's default of one thread per core, the threads outnumber the
+# cores several times over, and tiny-tensor work slowed down about fivefold under that contention.
+# A test that needs more threads sets runtime.torch_threads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 # Each worker's tests start env workers, learners and CLI runs of their own: beyond 4 workers
 # they would only compete for memory.
@@ -16,6 +23,17 @@ def pytest_xdist_auto_num_workers(config):
     core count), at most MAX_WORKERS."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(MAX_WORKERS, usable))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with the most slow tests first: pytest-xdist hands out whole files in this order
+    (`--dist loadfile`), so the long ones start early and the run does not end with one worker
+    busy on a long file while the others wait. Within a file the order stays as written."""
+    slow = {}
+    for item in items:
+        slow[item.fspath] = slow.get(item.fspath, 0) + (item.get_closest_marker("slow") is not None)
+    rank = {path: index for index, path in enumerate(dict.fromkeys(item.fspath for item in items))}
+    items.sort(key=lambda item: (-slow[item.fspath], rank[item.fspath]))
 
 
 @pytest.fixture(autouse=True)
