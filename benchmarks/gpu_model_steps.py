@@ -50,7 +50,7 @@ def vla_sft(work: str, smoke: bool, device: str) -> dict[str, Any]:
             "policy=flow_vla",
             f"device={device}",
             f"steps={2 if smoke else 4000}",
-            f"eval_episodes={3 if smoke else 144}",
+            f"eval_episodes={1 if smoke else 144}",
             f"run_dir={sft}",
             "logger.progress_bar=false",
             cwd=work_dir,
@@ -93,7 +93,7 @@ def vla(scale: Scale, work: Path) -> StepResult:
     final = limit >= budget_s  # the last call evaluates; the others only train and checkpoint
     common = [
         f"time_limit_s={limit}",
-        f"eval_episodes={(3 if scale.smoke else 144) if final else 0}",
+        f"eval_episodes={(1 if scale.smoke else 144) if final else 0}",
         "logger.progress_bar=false",
     ]
     if resuming:
