@@ -34,11 +34,9 @@ def embodied(
         timeout=timeout,
         env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})},
     )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"embodied {' '.join(args)} exited with {result.returncode}:\n"
-            f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        )
+    assert not check or result.returncode == 0, (
+        f"embodied {' '.join(args)} exited with {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result
 
 

@@ -26,14 +26,19 @@ def pytest_xdist_auto_num_workers(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files with the most slow tests first: pytest-xdist hands out whole files in this order
-    (`--dist loadfile`), so the long ones start early and the run does not end with one worker
-    busy on a long file while the others wait. Within a file the order stays as written."""
-    slow = {}
+    """Files with learning regressions first, then those with the most slow tests: pytest-xdist
+    hands out whole files in this order (`--dist loadfile`), so the long ones start early and
+    the run does not end with one worker busy on a long file while the others wait. Within a
+    file the order stays as written."""
+    weight = {}
     for item in items:
-        slow[item.fspath] = slow.get(item.fspath, 0) + (item.get_closest_marker("slow") is not None)
+        learning, slow = weight.get(item.fspath, (0, 0))
+        weight[item.fspath] = (
+            learning + (item.get_closest_marker("learning") is not None),
+            slow + (item.get_closest_marker("slow") is not None),
+        )
     rank = {path: index for index, path in enumerate(dict.fromkeys(item.fspath for item in items))}
-    items.sort(key=lambda item: (-slow[item.fspath], rank[item.fspath]))
+    items.sort(key=lambda item: (-weight[item.fspath][0], -weight[item.fspath][1], rank[item.fspath]))
 
 
 @pytest.fixture(autouse=True)

@@ -67,18 +67,21 @@ def evaluated_returns(
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_ppo_learns_to_balance_the_pendulum_within_its_env_step_budget(tmp_path):
     returns = evaluated_returns(tmp_path)
     assert sum(returns) / len(returns) >= GOAL, returns
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_flow_sde_ppo_learns_to_balance_the_pendulum_within_its_env_step_budget(tmp_path):
     returns = evaluated_returns(tmp_path, FLOW, FLOW_BUDGET)
     assert sum(returns) / len(returns) >= GOAL, returns
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(tmp_path):
     demos = tmp_path / "demos"
     embodied(
