@@ -12,6 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 QUIET = ("logger.progress_bar=false", "logger.tensorboard=false")  # no progress bar, no TensorBoard files
 NO_EVAL = ("eval_episodes=0", "eval_every=0")  # neither a periodic nor a final evaluation
+# one PPO update, on env.num_envs=2 envs of 4 steps each
+ONE_PPO_ITERATION = ("algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=8")
 
 
 def embodied(

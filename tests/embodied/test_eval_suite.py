@@ -10,7 +10,7 @@ import pytest
 from embodied.config import EvalConfig
 from embodied.core.errors import ConfigError
 from embodied.eval_suite import evaluate_suite
-from tests.cli import start
+from tests.cli import NO_EVAL, QUIET, start
 
 LIBERO_STATE = ["env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.settle_steps=0"]
 
@@ -27,9 +27,8 @@ def libero_checkpoint(tmp_path_factory):
         "algo.rollout_steps=4",
         "algo.num_minibatches=2",
         "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
     )
     _, err = trainer.communicate(timeout=600)
@@ -124,9 +123,8 @@ def test_maniskill_suite_in_the_same_harness(tmp_path):
         "algo.rollout_steps=4",
         "algo.num_minibatches=2",
         "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
     )
     _, err = trainer.communicate(timeout=600)

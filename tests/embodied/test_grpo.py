@@ -4,7 +4,7 @@ import torch
 
 from embodied.algos.advantages import group_normalized
 from embodied.algos.grpo import DynamicSampling, Group, grpo_loss
-from tests.cli import embodied
+from tests.cli import NO_EVAL, QUIET, embodied
 
 
 def test_group_advantages_on_hand_made_groups():
@@ -79,9 +79,8 @@ def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
         "algo.outcome=return",
         "env.num_envs=4",
         "total_env_steps=200",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
         check=False,
     )

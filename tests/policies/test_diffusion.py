@@ -15,7 +15,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.denoising import gaussian_log_prob
 from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
 from embodied.runtime.wire import published_weights
-from tests.cli import embodied
+from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.embodied.test_ppo import _batch
 from tests.policies.sft import bc_losses
 
@@ -217,10 +217,7 @@ def test_dppo_update_with_one_ratio_per_step():
         [
             "algo.ratio=term",
             "algo.denoise_discount=0.9",
-            "algo.rollout_steps=4",
-            "algo.num_minibatches=2",
-            "algo.update_epochs=1",
-            "total_env_steps=8",
+            *ONE_PPO_ITERATION,
             "env.num_envs=2",
         ],
         [
@@ -247,9 +244,8 @@ def test_one_rl_iteration_end_to_end_on_maniskill_then_resume(tmp_path, algo):
         "policy.finetune_steps=2",
         "policy.denoise_steps=4",
         "policy.hidden=[64]",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
     ]
     result = subprocess.run([*common, *algo, f"run_dir={run_dir}"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -9,7 +9,7 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
-from tests.cli import embodied
+from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
@@ -121,13 +121,9 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
         "train",
         "policy=flow",
         "env.num_envs=2",
-        "algo.rollout_steps=4",
-        "algo.num_minibatches=2",
-        "algo.update_epochs=1",
-        "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *ONE_PPO_ITERATION,
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
         check=False,
     )
@@ -168,9 +164,8 @@ def test_one_grpo_iteration_end_to_end_on_maniskill(tmp_path):
         "algo.success_band=[0.0,1.0]",
         "env.num_envs=4",
         "total_env_steps=200",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
         check=False,
     )

@@ -13,6 +13,7 @@ from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, to_schema
 from embodied.core.compose import compose
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
+from tests.cli import ONE_PPO_ITERATION
 from tests.embodied.test_cli import embodied, latest
 
 MILITARY_UNIFORM = 652  # ImageNet class of the photograph of Grace Hopper that matplotlib ships
@@ -87,10 +88,7 @@ def test_one_ppo_iteration_on_maniskill_cameras_and_a_checkpoint_round_trip(tmp_
         "env.image_size=64",
         "env.num_envs=2",
         "env.num_workers=0",
-        "algo.rollout_steps=4",
-        "algo.num_minibatches=2",
-        "algo.update_epochs=1",
-        "total_env_steps=8",
+        *ONE_PPO_ITERATION,
         "eval_episodes=0",
         "logger.progress_bar=false",
         "runtime.device=cpu",

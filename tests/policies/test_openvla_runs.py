@@ -11,7 +11,7 @@ import torch
 
 from embodied.core.types import EnvSpec
 from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
-from tests.cli import embodied
+from tests.cli import NO_EVAL, QUIET, embodied
 
 FLOAT32 = dict(precision="float32", lora_rank=0)
 
@@ -28,9 +28,8 @@ def train(run_dir: Path, *overrides: str) -> dict:
         "policy=openvla",
         "policy.precision=float32",
         *overrides,
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

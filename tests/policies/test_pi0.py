@@ -26,7 +26,7 @@ from embodied.policies.pi0 import (
     resolve_architecture,
 )
 from embodied.policies.statistics import StatisticsNormalizer
-from tests.cli import embodied
+from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.pi0_parity import (
     CONFIGS,
     PROCESSOR_MODES,
@@ -365,13 +365,9 @@ def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model,
         "env.image_size=32",
         "env.num_envs=2",
         "env.num_workers=0",
-        "algo.rollout_steps=4",
-        "algo.num_minibatches=2",
-        "algo.update_epochs=1",
-        "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *ONE_PPO_ITERATION,
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
         check=False,
     )

@@ -17,7 +17,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
 from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
 from embodied.policies.smolvla_model import resize_with_pad
-from tests.cli import embodied
+from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.pi0_parity import NORM_MAPS
 from tests.policies.published import save_lerobot_processors
 from tests.policies.sft import bc_losses
@@ -174,13 +174,9 @@ def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
         "env.image_size=32",
         "env.num_envs=2",
         "env.num_workers=0",
-        "algo.rollout_steps=4",
-        "algo.num_minibatches=2",
-        "algo.update_epochs=1",
-        "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *ONE_PPO_ITERATION,
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={tmp_path / 'run'}",
         check=False,
     )

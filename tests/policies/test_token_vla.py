@@ -7,7 +7,7 @@ import torch
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
-from tests.cli import embodied
+from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0))
 
@@ -105,10 +105,7 @@ def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
         "policy=token_vla",
         "policy.decoder=causal",
         "env.num_envs=2",
-        "algo.rollout_steps=4",
-        "algo.num_minibatches=2",
-        "algo.update_epochs=1",
-        "total_env_steps=8",
+        *ONE_PPO_ITERATION,
         "eval_episodes=2",
         "eval_every=1",
         "periodic_eval_episodes=2",
@@ -390,9 +387,8 @@ def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone
         "algo.outcome=return",
         "algo.success_band=[0.0,1.0]",
         "total_env_steps=100",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
         check=False,
     )

@@ -9,7 +9,7 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
-from tests.cli import embodied
+from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(
@@ -130,13 +130,9 @@ def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
         "env.image_size=32",
         "env.num_envs=2",
         "env.num_workers=0",
-        "algo.rollout_steps=4",
-        "algo.num_minibatches=2",
-        "algo.update_epochs=1",
-        "total_env_steps=8",
-        "eval_episodes=0",
-        "eval_every=0",
-        "logger.progress_bar=false",
+        *ONE_PPO_ITERATION,
+        *NO_EVAL,
+        *QUIET,
         f"run_dir={run_dir}",
         check=False,
     )
