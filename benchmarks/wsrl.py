@@ -18,7 +18,8 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
   report    rebuild results/wsrl.{json,md,png} from the committed per-run records in
             results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
   collapse  why both arms fall to 0 once online learning starts: on the tuning seed, wsrl as
-            reported and with other SAC temperatures, through the warm-up and
+            reported, with other SAC temperatures, with the BC term kept for the actor
+            online (online_bc) and pretrained without BC, through the warm-up and
             DIP_WINDOW env steps of online learning, with the actor's entropy and the
             temperature beside success (results/wsrl_collapse.{json,md,png})
 
@@ -90,7 +91,9 @@ def pretraining(variant: str) -> list[str]:
 
 
 def settings(seed: int, extra: list[str]) -> list[str]:
-    return [*(o for o in COMMON if not o.startswith("seed=")), f"seed={seed}", *extra]
+    """hil.py's settings with the run's seed; a key in `extra` replaces hil.py's value."""
+    replaced = {"seed", *(o.split("=", 1)[0] for o in extra)}
+    return [*(o for o in COMMON if o.split("=", 1)[0] not in replaced), f"seed={seed}", *extra]
 
 
 def prepare(variants: list[str]) -> None:
@@ -258,6 +261,10 @@ COLLAPSE_VARIANTS = {
     "temperature fixed at 0.01": ["algo.init_temperature=0.01", "algo.temperature_lr=0"],
     # pretraining as reported; online learning starts from a low temperature, which then learns
     "online_temperature=0.01": ["algo.online_temperature=0.01"],
+    # the BC anchor stays for the actor after the hand-over; the critics' batches are online only
+    "online_bc": ["algo.online_bc=true"],
+    # pretraining as WSRL's paper does it: Cal-QL without a BC term, so nothing vanishes at the hand-over
+    "pretrained without BC": ["algo.bc_weight=0"],
 }
 
 
@@ -310,11 +317,12 @@ def collapse_report() -> None:
             "temperature_at_handover": online[0]["temperature"],
             "entropy_first_1000": float(np.mean([p["entropy"] for p in online if p["env_steps"] <= WARMUP + 1000])),
             "entropy_max": max(p["entropy"] for p in online),
+            "final": evals[-1]["eval/success_rate"],
         }
         summary["variants"][variant] = entry
         rows.append(
             f"| {variant} | {entry['pretrained_success']:.2f} | {entry['temperature_at_handover']:.3f} | "
-            f"{entry['entropy_first_1000']:.2f} | {entry['entropy_max']:.2f} | {dip:.2f} |"
+            f"{entry['entropy_first_1000']:.2f} | {entry['entropy_max']:.2f} | {dip:.2f} | {entry['final']:.2f} |"
         )
         axes[0].plot(
             [p["env_steps"] for p in evals], [p["eval/success_rate"] for p in evals], marker="o", label=variant
@@ -337,18 +345,20 @@ def collapse_report() -> None:
     summary.update({"commits": sorted({p["commit"] for p in provenances}), "machine": provenances[0]["machine"]})
     save_with_summary(fig, RESULTS, "wsrl_collapse", summary)
     lines = [
-        "# Why WSRL and naive fine-tuning collapse once online learning starts (PushCube-v1, seed 1)",
+        "# Why WSRL and naive fine-tuning collapse once online learning starts, and what holds them "
+        "(PushCube-v1, seed 1)",
         "",
         f"Commits {', '.join(summary['commits'])}; {summary['machine']}; `python benchmarks/wsrl.py collapse`.",
         "",
         f"WSRL from the chosen pretraining ({PRETRAIN}) on the tuning seed, through its {WARMUP:,}-step warm-up and "
         f"{DIP_WINDOW:,} env steps of online learning. Entropy: the actor's, -log pi of its samples (nats), whose "
         f"largest possible value on [-1, 1]^{ACTION_DIM} is the uniform policy's, {bound:.2f}. Dip: the lowest "
-        "periodic success after the warm-up. A diagnosis on the tuning seed, not a reported result.",
+        "periodic success after the warm-up; final: the last periodic success, at the end of that window. "
+        "A diagnosis on the tuning seed, not a reported result.",
         "",
         "| variant | pretrained success | temperature at the hand-over | entropy, first 1,000 online steps | "
-        "entropy, max | dip |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "entropy, max | dip | final |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
         *rows,
         "",
         "![success, entropy and temperature](wsrl_collapse.png)",

@@ -13,6 +13,9 @@
   data is dropped from then on. `online_temperature` restarts the entropy temperature there:
   pretraining with BC holds the policy's entropy far below the target, so the temperature
   climbs, and once BC stops that temperature drives the actor toward the uniform policy.
+  `online_bc: true` keeps the demonstrations for the actor's BC term alone after the
+  hand-over (the critics' batches are online only, as WSRL's): the BC anchor that held the
+  pretrained policy stays, so the temperature it raised cannot pull the actor apart.
 - `critic_loss: hl_gauss` trains the critics as classifiers over a value support.
 - `bc_weight` (ConRFT's Cal-ConRFT, Chen et al. 2025): the actor also regresses its mode
   onto the data's actions on the offline rows, demonstrations and the operator's corrections,
@@ -72,6 +75,7 @@ class SACConfig:
     demos: Optional[str] = None  # a LeRobotDataset of demonstrations/corrections (robots/recording.py)
     offline_fraction: float = 0.5  # of each batch from demos + interventions, while there are any
     retain_offline: bool = True  # WSRL: false drops the offline data once online learning starts
+    online_bc: bool = False  # with retain_offline=false and bc_weight > 0: the actor's BC term keeps the demos
     warmup_steps: int = 0  # WSRL: env steps collected by the frozen policy before online updates
     online_temperature: Optional[float] = None  # the temperature online learning starts from (None: as it is)
     offline_pretrain_steps: int = 0  # gradient steps on the offline data before any env step
@@ -109,6 +113,12 @@ def check_sac_config(cfg: SACConfig) -> None:
     if cfg.shift_pad < 0 or cfg.feature_batch < 1:
         raise ConfigError(
             f"algo.shift_pad must be >= 0 and algo.feature_batch >= 1, got {cfg.shift_pad}, {cfg.feature_batch}"
+        )
+    if cfg.online_bc and (cfg.retain_offline or not cfg.bc_weight):
+        raise ConfigError(
+            "algo.online_bc keeps the demos for the actor's BC term once retain_offline=false drops them from "
+            f"the critics' batches: it needs algo.retain_offline=false and algo.bc_weight > 0 (got "
+            f"retain_offline={cfg.retain_offline}, bc_weight={cfg.bc_weight})"
         )
     if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.demos:
         raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.demos=<LeRobotDataset folder>")
@@ -162,6 +172,7 @@ class SACRLPD:
         self.augment_generator = torch.Generator().manual_seed(cfg.seed + 3)
         self.online = self._buffer(cfg.replay_capacity, seed=cfg.seed)
         self.offline = self._buffer(cfg.replay_capacity, seed=cfg.seed + 1)
+        self.bc_demos: Optional[ReplayBuffer] = None  # online_bc: the demos the actor's BC term keeps online
         self.demo_transitions = 0
         if cfg.demos:
             demos = from_dataset(
@@ -281,17 +292,23 @@ class SACRLPD:
         the temperature restarts where `online_temperature` says."""
         self.online_started = True
         if not self.cfg.retain_offline:
-            self.offline = self._no_offline_data()
-            logger.info("online learning starts: offline data dropped (retain_offline=false)")
+            self.drop_offline_data()
+            logger.info(
+                "online learning starts: offline data dropped from the critics' batches%s",
+                ", kept for the actor's BC term (online_bc)" if self.bc_demos is not None else "",
+            )
         if self.cfg.online_temperature is not None:
             with torch.no_grad():
                 self.log_temperature.fill_(math.log(self.cfg.online_temperature))
             self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=self.cfg.temperature_lr)
             logger.info("online learning starts: temperature set to %g", self.cfg.online_temperature)
 
-    def _no_offline_data(self) -> ReplayBuffer:
-        """WSRL after its warm-up: an empty offline buffer, so every batch is online."""
-        return self._buffer(1)
+    def drop_offline_data(self) -> None:
+        """WSRL after its warm-up: an empty offline buffer, so every batch is online; with
+        `online_bc` the demos move to the actor's BC term."""
+        if self.cfg.online_bc:
+            self.bc_demos = self.offline
+        self.offline = self._buffer(1)
 
     # ---- the objective -----------------------------------------------------------------------
     def sample(self) -> tuple[Transitions, int]:
@@ -361,15 +378,25 @@ class SACRLPD:
         scores = torch.cat([q_uniform + action_dim * math.log(2), q_policy - policy_log_prob.view(1, rows, k)], dim=-1)
         return (torch.logsumexp(scores, dim=-1) - q_data[:, :offline_rows]).mean(1).sum()
 
+    def bc_batch(self) -> Optional[Transitions]:
+        """online_bc: as many demo rows as a batch would have held offline, for BC alone."""
+        if self.bc_demos is None:
+            return None
+        rows = max(1, int(round(self.cfg.batch_size * self.cfg.offline_fraction)))
+        return self.inputs(self.bc_demos.sample(rows, frames=not self.caches_features).to(self.policy.device))
+
     def actor_step(self, batch: Transitions, offline_rows: int = 0) -> dict[str, float]:
         action, log_prob = self.policy.sample(batch.state)
         q = self.q_values(self.critics, batch.state, action).mean(0)  # RLPD: the ensemble's mean for the actor
         actor_loss = (self.temperature.detach() * log_prob - q).mean()
         metrics: dict[str, float] = {}
-        if self.cfg.bc_weight > 0 and offline_rows:
+        bc_rows = None
+        if self.cfg.bc_weight > 0:
+            bc_rows = batch.select(slice(0, offline_rows)) if offline_rows else self.bc_batch()
+        if bc_rows is not None:
             # on the mode (tanh of the mean): the sample's noise is the entropy term's business
-            mode, _ = self.policy.sample(batch.state[:offline_rows], deterministic=True)
-            bc = (mode - batch.action[:offline_rows]).pow(2).sum(-1).mean()
+            mode, _ = self.policy.sample(bc_rows.state, deterministic=True)
+            bc = (mode - bc_rows.action).pow(2).sum(-1).mean()
             actor_loss = actor_loss + self.cfg.bc_weight * bc
             metrics["train/bc_loss"] = bc.item()
         self.actor_optimizer.zero_grad()
@@ -397,6 +424,7 @@ class SACRLPD:
             "temperature_optimizer": self.temperature_optimizer.state_dict(),
             "online": self.online.state_dict(),
             "offline": self.offline.state_dict(),
+            "bc_demos": self.bc_demos.state_dict() if self.bc_demos is not None else None,
             "generator": self.generator.get_state(),
             "augment_generator": self.augment_generator.get_state(),
             "env_steps": self.env_steps,
@@ -417,8 +445,10 @@ class SACRLPD:
         # checkpoints from before online_temperature say only whether the offline data was dropped
         self.online_started = bool(state.get("online_started", state.get("offline_dropped")))
         if self.online_started and not self.cfg.retain_offline:
-            self.offline = self._no_offline_data()
+            self.drop_offline_data()
         self.offline.load_state_dict(state["offline"])
+        if self.bc_demos is not None and state.get("bc_demos") is not None:
+            self.bc_demos.load_state_dict(state["bc_demos"])
         self.generator.set_state(state["generator"])
         if "augment_generator" in state:  # checkpoints from before pixel observations lack it
             self.augment_generator.set_state(state["augment_generator"])

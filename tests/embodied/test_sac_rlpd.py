@@ -1,6 +1,7 @@
 """SAC/RLPD, Cal-QL, WSRL and HL-Gauss: the math against float64 references, the sampling
 and warm-up rules, offline data from recorded LeRobotDatasets, and resume."""
 
+import copy
 import json
 import math
 
@@ -13,6 +14,7 @@ from embodied.algos.critics import HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
 from embodied.algos.sac_rlpd import SACRLPD, SACConfig
 from embodied.checkpoint import load_checkpoint, save_checkpoint
+from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
@@ -277,6 +279,41 @@ def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(
     assert len(algo.offline) == 12
     algo.update(batches[2], 0.0)
     assert len(algo.offline) == 0 and algo.critic_steps == 5 + 2  # online from now on, offline data gone
+
+
+def test_online_bc_keeps_the_demos_for_the_actor_alone_after_the_hand_over(tmp_path, monkeypatch):
+    """WSRL with BC pretraining collapsed because the BC term vanished with the offline data
+    at the hand-over; online_bc keeps it for the actor, the critics' batches online only."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = record_pendulum_demo(tmp_path / "demos", 12)
+    common = dict(**SMALL, demos=str(tmp_path / "demos"), warmup_steps=2, retain_offline=False, bc_weight=1.0)
+    batches = collect(small_policy(spec), 4)
+    runs = {}
+    for online_bc in (False, True):
+        algo = SACRLPD(SACConfig(**common, online_bc=online_bc), small_policy(spec))
+        for batch in batches[:2]:
+            algo.update(batch, 0.0)
+        runs[online_bc] = (algo, algo.update(batches[2], 0.0))
+    (plain, plain_metrics), (kept, kept_metrics) = runs[False], runs[True]
+    assert len(plain.offline) == len(kept.offline) == 0  # the critics' batches are online in both
+    assert "train/bc_loss" not in plain_metrics and plain.bc_demos is None
+    assert kept_metrics["train/bc_loss"] > 0 and len(kept.bc_demos) == 12
+    sample = kept.bc_batch()
+    assert len(sample) == 16 and torch.allclose(sample.action, torch.full((16, 1), 0.5 / 2.0))  # squashed
+    resumed = SACRLPD(SACConfig(**common, online_bc=True), resumed_policy := small_policy(spec))
+    resumed_policy.load_state_dict(kept.policy.state_dict())
+    resumed.load_state_dict(copy.deepcopy(kept.state_dict()))  # as a checkpoint would: shares no tensor
+    torch.manual_seed(5)
+    a = kept.update(batches[3], 0.0)
+    torch.manual_seed(5)
+    b = resumed.update(batches[3], 0.0)
+    assert a == b and len(resumed.bc_demos) == 12  # a resumed run keeps the BC demos and their sampling
+
+
+@pytest.mark.parametrize("overrides", [dict(online_bc=True), dict(online_bc=True, retain_offline=False)])
+def test_online_bc_without_its_preconditions_is_refused(overrides):
+    with pytest.raises(ConfigError, match="online_bc"):
+        SACRLPD(SACConfig(**SMALL, **overrides), small_policy())
 
 
 def test_online_temperature_restarts_the_temperature_once_at_the_hand_over():
