@@ -103,11 +103,11 @@ ensure_opencv() {
     fi
 }
 
-# ensure_virtualenv <dir> <what> <files that decide its contents> -- <pip install arguments>
-# Creates the virtualenv once, and (re)installs only when those files changed.
+# ensure_virtualenv <dir> <part> <what> <files that decide its contents> -- <pip install arguments>
+# Creates the virtualenv once, and (re)installs <part> of it only when those files changed.
 ensure_virtualenv() {
-    local dir="$1" what="$2"
-    shift 2
+    local dir="$1" part="$2" what="$3"
+    shift 3
     local files=()
     while [ "$1" != "--" ]; do files+=("$1"); shift; done
     shift
@@ -121,7 +121,7 @@ ensure_virtualenv() {
         "$dir/bin/pip" install -q -U pip setuptools wheel
         touch "$dir/.embodied-venv-ready"
     fi
-    local stamp="$dir/.embodied-install-stamp"
+    local stamp="$dir/.embodied-$part-stamp"
     local want
     want="$(cat "${files[@]}" | sha256sum | cut -d' ' -f1)"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
@@ -132,7 +132,7 @@ ensure_virtualenv() {
 }
 
 ensure_venv() {
-    ensure_virtualenv "$venv" "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
+    ensure_virtualenv "$venv" install "Python packages (pinned by constraints.txt)" pyproject.toml constraints.txt -- \
         -c constraints.txt -e ".[train,robot,ray,sim,video,vla,dev]"
 }
 
@@ -176,25 +176,19 @@ libero_venv="${EMBODIED_LIBERO_VENV:-$root/.venv-libero}"
 
 # LIBERO (robosuite 1.4, mujoco 2.3.7) gets a virtualenv of its own; its env workers run
 # `python -m embodied.sim.worker` under that interpreter (sim/libero.py), so the package is
-# installed there too, with its `libero` extra.
-ensure_libero_venv() {
-    ensure_virtualenv "$libero_venv" "LIBERO and its assets (about 650 MB)" tools/libero-requirements.txt pyproject.toml -- \
-        -r tools/libero-requirements.txt -e ".[libero]"
+# installed there too, with its `libero` extra (ensure_checkouts).
+ensure_libero_packages() {
+    ensure_virtualenv "$libero_venv" packages "LIBERO and its assets (about 650 MB)" tools/libero-requirements.txt -- \
+        -r tools/libero-requirements.txt
 }
 
 dataset_venv="${EMBODIED_DATASET_VENV:-$root/.venv-dataset}"
 
 # LeRobotDataset gets a virtualenv of its own (its pins clash with transformers 5); the robot
 # client's dataset writer runs under that interpreter (robots/recording.py).
-ensure_dataset_venv() {
-    ensure_virtualenv "$dataset_venv" "the LeRobotDataset writer's packages" tools/dataset-requirements.txt -- \
+ensure_dataset_packages() {
+    ensure_virtualenv "$dataset_venv" packages "the LeRobotDataset writer's packages" tools/dataset-requirements.txt -- \
         -r tools/dataset-requirements.txt
-    # The writer is `python -m embodied.robots.dataset_writer`: the package without its
-    # dependencies, since lerobot-dataset brings its own numpy (2.x) and the writer needs only
-    # numpy and msgpack.
-    if ! "$dataset_venv/bin/python" -c "import embodied.robots.recording" 2>/dev/null; then
-        "$dataset_venv/bin/pip" install -q --no-deps -e .
-    fi
 }
 
 pi0_reference_venv="${EMBODIED_PI0_REFERENCE_VENV:-$root/.venv-pi0ref}"
@@ -203,7 +197,7 @@ pi0_reference_lerobot=0.4.4
 # lerobot's pi0, which the pi0 parity test compares with (tests/policies/test_pi0.py). lerobot
 # itself installs without its dependencies (see tools/pi0-reference-requirements.txt).
 ensure_pi0_reference_venv() {
-    ensure_virtualenv "$pi0_reference_venv" "lerobot's pi0 (the parity test's reference)" \
+    ensure_virtualenv "$pi0_reference_venv" packages "lerobot's pi0 (the parity test's reference)" \
         tools/pi0-reference-requirements.txt -- -r tools/pi0-reference-requirements.txt
     if ! "$pi0_reference_venv/bin/pip" show lerobot 2>/dev/null | grep -qx "Version: $pi0_reference_lerobot"; then
         "$pi0_reference_venv/bin/pip" install -q --no-deps "lerobot==$pi0_reference_lerobot"
@@ -236,14 +230,41 @@ ensure_egl() {
     fi
 }
 
+# The side virtualenvs' own packages, which never touch this checkout.
+ensure_side_packages() {
+    ensure_libero_packages
+    ensure_dataset_packages
+    if [ "$job" = test ]; then ensure_pi0_reference_venv; fi
+}
+
+# This checkout into the side virtualenvs, one after the other: an editable install writes the
+# checkout's package metadata (embodied_rl.egg-info), so two at once would race.
+ensure_checkouts() {
+    ensure_virtualenv "$libero_venv" checkout "this package into LIBERO's virtualenv" pyproject.toml -- \
+        -e ".[libero]"
+    # The dataset writer is `python -m embodied.robots.dataset_writer`: the package without its
+    # dependencies, since lerobot-dataset brings its own numpy (2.x) and the writer needs only
+    # numpy and msgpack.
+    ensure_virtualenv "$dataset_venv" checkout "this package into the dataset writer's virtualenv" pyproject.toml -- \
+        --no-deps -e .
+}
+
 ensure_python
 ensure_build_tools
+# pip installs on one core: the side virtualenvs install beside the main one, so a fresh
+# machine waits for the longer of the two rather than for their sum.
+ensure_side_packages &
+side=$!
+trap 'wait' EXIT  # a failed main install still lets the side one finish, rather than orphan it
 ensure_venv
+if ! wait "$side"; then
+    log "installing the side virtualenvs failed (see above)"
+    exit 1
+fi
+ensure_checkouts
 ensure_opencv
 ensure_vulkan
-ensure_libero_venv
 ensure_egl
-ensure_dataset_venv
 export PATH="$venv/bin:$PATH"
 
 case "$job" in
@@ -251,7 +272,6 @@ case "$job" in
     train) exec embodied train "$@" ;;
     test)
         ensure_test_tools
-        ensure_pi0_reference_venv
         exec python -m pytest "$@"
         ;;
     *) log "unknown job '$job' (expected: train, test, install)"; exit 2 ;;
