@@ -9,7 +9,7 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
-from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
+from tests.cli import NO_EVAL, QUIET, embodied
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
@@ -110,28 +110,6 @@ def test_flow_matching_sft_loss_falls_on_a_tiny_dataset():
     actions = torch.tanh(observation.state[:, :2])[:, None].repeat(1, 2, 1) * torch.tensor([1.0, 2.0])
     losses = bc_losses(policy, observation, actions, steps=300, lr=1e-3)
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
-
-
-@pytest.mark.slow
-def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
-    import json
-
-    run_dir = tmp_path / "run"
-    result = embodied(
-        "train",
-        "policy=flow",
-        "env.num_envs=2",
-        *ONE_PPO_ITERATION,
-        *NO_EVAL,
-        *QUIET,
-        f"run_dir={run_dir}",
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    update = [
-        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/approx_kl" in line
-    ][0]
-    assert update["env_steps"] == 8 and np.isfinite(update["loss/policy_loss"])
 
 
 def test_mean_reduction_divides_the_chunk_log_prob_by_its_terms():

@@ -5,7 +5,6 @@ import os
 
 import cv2
 import matplotlib
-import numpy as np
 import pytest
 import torch
 
@@ -13,8 +12,6 @@ from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, to_schema
 from embodied.core.compose import compose
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
-from tests.cli import ONE_PPO_ITERATION
-from tests.embodied.test_cli import embodied, latest
 
 MILITARY_UNIFORM = 652  # ImageNet class of the photograph of Grace Hopper that matplotlib ships
 
@@ -76,47 +73,6 @@ def test_the_encoders_stay_frozen_and_in_eval_mode(vla_and_observation):
     assert not any(name.startswith("text_encoder") for name in policy.state_dict())  # comes from its package
     policy.zero_grad()
     policy.eval()
-
-
-@pytest.mark.slow
-def test_one_ppo_iteration_on_maniskill_cameras_and_a_checkpoint_round_trip(tmp_path):
-    run_dir = tmp_path / "vla"
-    embodied(
-        "train",
-        "policy=flow_vla",
-        "env.obs_mode=rgb",
-        "env.image_size=64",
-        "env.num_envs=2",
-        "env.num_workers=0",
-        *ONE_PPO_ITERATION,
-        "eval_episodes=0",
-        "logger.progress_bar=false",
-        "runtime.device=cpu",
-        f"run_dir={run_dir}",
-    )
-    checkpoint = latest(run_dir)
-    from embodied.checkpoint import load_checkpoint
-
-    weights, state = load_checkpoint(checkpoint)
-    assert state["learner"]["policy_version"] == 1
-    config = to_schema(
-        TrainConfig,
-        compose(
-            "train", ["policy=flow_vla", "env.obs_mode=rgb", "env.image_size=64", "env.num_envs=1", "env.num_workers=0"]
-        ),
-    )
-    env = build_env(config.env, seed=0)
-    try:
-        observation = env.reset().to_torch()
-        policy = build_policy(config.policy, env.spec, torch.device("cpu"))
-        policy.load_state_dict(weights)
-        policy.eval()
-        # deterministic = the ODE from the initial noise; the same noise gives the same chunk
-        first = policy.act(observation, deterministic=True, generator=torch.Generator().manual_seed(3)).actions
-        second = policy.act(observation, deterministic=True, generator=torch.Generator().manual_seed(3)).actions
-    finally:
-        env.close()
-    assert torch.equal(first, second) and np.isfinite(first.detach().numpy()).all()
 
 
 def test_sft_with_features_computed_once_equals_sft_that_encodes_every_step(vla_and_observation):

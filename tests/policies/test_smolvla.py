@@ -1,7 +1,7 @@
 """SmolVLA: parity with lerobot 0.4.4's SmolVLAPolicy on a checkpoint lerobot wrote (tiny
 SmolVLM, random weights), the policy acting in the units its checkpoint's statistics give, the
-flow-policy contract (log-likelihoods, SFT) and refusals, and one PPO iteration on real
-ManiSkill cameras."""
+flow-policy contract (log-likelihoods, SFT) and refusals. Its PPO iteration on real ManiSkill
+cameras is in test_families_end_to_end.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
 from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
 from embodied.policies.smolvla_model import resize_with_pad
-from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.pi0_parity import NORM_MAPS
 from tests.policies.published import save_lerobot_processors
 from tests.policies.sft import bc_losses
@@ -157,29 +156,3 @@ def test_checkpoint_mismatches_are_refused_by_name(lerobot_smolvla, tmp_path):
     (wider / "config.json").write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=r"does not match policy=smolvla.*of another shape"):
         loaded(lerobot_smolvla, vlm=str(wider))
-
-
-@pytest.mark.slow
-def test_one_ppo_iteration_on_maniskill_cameras(tmp_path):
-    result = embodied(
-        "train",
-        "policy=smolvla",
-        "policy.vlm=tiny",
-        "policy.max_state_dim=64",
-        "policy.max_action_dim=8",
-        "policy.horizon=2",
-        "policy.denoise_steps=2",
-        "policy.sampler=flow_noise",
-        "env.obs_mode=rgb",
-        "env.image_size=32",
-        "env.num_envs=2",
-        "env.num_workers=0",
-        *ONE_PPO_ITERATION,
-        *NO_EVAL,
-        *QUIET,
-        f"run_dir={tmp_path / 'run'}",
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert any(np.isfinite(m.get("loss/policy_loss", np.nan)) for m in metrics)

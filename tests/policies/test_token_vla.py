@@ -7,7 +7,7 @@ import torch
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
-from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
+from tests.cli import NO_EVAL, QUIET, embodied
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0))
 
@@ -93,32 +93,6 @@ def test_lora_publishes_only_adapters_heads_and_buffers():
     assert any("lora_" in name for name in lora)
     assert not any(("q_proj.base_layer" in name or "mlp.gate_proj" in name) for name in lora)
     assert size(lora) < 0.25 * size(full)
-
-
-@pytest.mark.slow
-def test_one_ppo_iteration_end_to_end_on_maniskill(tmp_path):
-    import json
-
-    run_dir = tmp_path / "run"
-    result = embodied(
-        "train",
-        "policy=token_vla",
-        "policy.decoder=causal",
-        "env.num_envs=2",
-        *ONE_PPO_ITERATION,
-        "eval_episodes=2",
-        "eval_every=1",
-        "periodic_eval_episodes=2",
-        "logger.progress_bar=false",
-        f"run_dir={run_dir}",
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    update = [
-        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "loss/approx_kl" in line
-    ][0]
-    assert update["env_steps"] == 8 and abs(update["loss/approx_kl"]) < 1.0
-    assert (run_dir / "eval" / "PushCube-v1" / "report.md").is_file()
 
 
 def save_tiny_causal_lm(path, seed=0):
