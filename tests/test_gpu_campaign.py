@@ -22,13 +22,35 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))
 import kit  # noqa: E402  (tools/gpu/kit.py, a script)
 
+CAMPAIGN_STEPS = ("correctness", "throughput", "ppo", "vla", "pipeline", "placement", "rendering", "openvla")
 
+
+def test_the_smoke_covers_every_campaign_step():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_campaign
+
+    assert tuple(gpu_campaign.STEPS) == CAMPAIGN_STEPS
+
+
+@pytest.mark.parametrize("step", CAMPAIGN_STEPS)
 @pytest.mark.slow
-def test_every_campaign_step_runs_at_toy_size_and_writes_its_result(tmp_path):
+def test_each_campaign_step_runs_at_toy_size_and_writes_its_result(step, tmp_path):
+    """`--smoke --only <step>`, as the campaign runs each step: one step per test, so the
+    steps spread over the test workers."""
     results, work, out = tmp_path / "results", tmp_path / "work", tmp_path / "out"
     out.mkdir()
     result = subprocess.run(
-        [sys.executable, "benchmarks/gpu_campaign.py", "--smoke", "--results", str(results), "--work", str(work)],
+        [
+            sys.executable,
+            "benchmarks/gpu_campaign.py",
+            "--smoke",
+            "--only",
+            step,
+            "--results",
+            str(results),
+            "--work",
+            str(work),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -36,16 +58,16 @@ def test_every_campaign_step_runs_at_toy_size_and_writes_its_result(tmp_path):
         env={**os.environ, "OUT": str(out), "HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for step in ("correctness", "throughput", "ppo", "vla", "pipeline", "placement", "rendering", "openvla"):
-        record = json.loads((results / f"{step}.json").read_text())
-        assert "error" not in record and record["smoke"] and record["rows"], step
-        assert record["commit"] and record["machine"]["cpu_cores"] and "gpu_campaign.py" in record["command"]
-        assert (out / f"{step}.json").is_file() and (results / f"{step}.md").read_text().startswith("# GPU campaign")
-    # The same backend on both sides: the comparison finds no difference, or it would be broken.
-    for row in json.loads((results / "correctness.json").read_text())["rows"]:
-        assert row["reset_max_abs_diff"] == 0 and row["first_episode_state_drift"] == 0
-        assert row["episodes_reference"] == row["episodes_candidate"] and row["truncated_at_limit"]
-    assert json.loads((results / "correctness.json").read_text())["met"] is True
+    record = json.loads((results / f"{step}.json").read_text())
+    assert "error" not in record and record["smoke"] and record["rows"], step
+    assert record["commit"] and record["machine"]["cpu_cores"] and "gpu_campaign.py" in record["command"]
+    assert (out / f"{step}.json").is_file() and (results / f"{step}.md").read_text().startswith("# GPU campaign")
+    if step == "correctness":
+        # The same backend on both sides: the comparison finds no difference, or it would be broken.
+        for row in record["rows"]:
+            assert row["reset_max_abs_diff"] == 0 and row["first_episode_state_drift"] == 0
+            assert row["episodes_reference"] == row["episodes_candidate"] and row["truncated_at_limit"]
+        assert record["met"] is True
 
 
 def test_a_failing_step_is_recorded_and_the_campaign_goes_on(tmp_path, monkeypatch):
