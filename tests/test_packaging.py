@@ -51,7 +51,10 @@ def run(command: list[str], cwd: Path, timeout: float = 900, **kwargs) -> subpro
 def virtualenv(path: Path, requirement: str) -> Path:
     """A fresh virtualenv at `path` with `requirement` installed; returns its bin folder."""
     run([sys.executable, "-m", "venv", str(path)], cwd=path.parent)
-    run([str(path / "bin" / "pip"), "install", "-q", "-c", str(ROOT / "constraints.txt"), requirement], cwd=path.parent)
+    # --no-compile: compiling every installed module (torch's thousands) took most of the
+    # install; the few modules these runs import compile as they load
+    pip = [str(path / "bin" / "pip"), "install", "-q", "--no-compile", "-c", str(ROOT / "constraints.txt")]
+    run([*pip, requirement], cwd=path.parent)
     return path / "bin"
 
 
