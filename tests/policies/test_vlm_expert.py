@@ -1,6 +1,5 @@
 """The pi0-style flow VLA on a tiny random PaliGemma: prefix, action expert, value heads."""
 
-
 import numpy as np
 import pytest
 import torch
