@@ -14,8 +14,9 @@
   pretraining with BC holds the policy's entropy far below the target, so the temperature
   climbs, and once BC stops that temperature drives the actor toward the uniform policy.
   `online_bc: true` keeps the demonstrations for the actor's BC term alone after the
-  hand-over (the critics' batches are online only, as WSRL's): the BC anchor that held the
-  pretrained policy stays, so the temperature it raised cannot pull the actor apart.
+  hand-over (the critics' batches are online only, as WSRL's), so the anchor that held the
+  pretrained policy stays. On PushCube it did not stop the collapse: the mode kept fitting
+  the demos while greedy success fell to 0 (benchmarks/results/wsrl_collapse.md).
 - `critic_loss: hl_gauss` trains the critics as classifiers over a value support.
 - `bc_weight` (ConRFT's Cal-ConRFT, Chen et al. 2025): the actor also regresses its mode
   onto the data's actions on the offline rows, demonstrations and the operator's corrections,
