@@ -26,7 +26,7 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
     python benchmarks/wsrl.py tune
     python benchmarks/wsrl.py heldout --parallel 2
     python benchmarks/wsrl.py report
-    python benchmarks/wsrl.py collapse
+    python benchmarks/wsrl.py collapse --parallel 2
 
 The expert and its recorded demos are hil.py's (a PPO run of the main job, served by
 `embodied serve`, driving `embodied robot robot=sim` while it records)."""
@@ -263,34 +263,47 @@ COLLAPSE_VARIANTS = {
     "online_temperature=0.01": ["algo.online_temperature=0.01"],
     # the BC anchor stays for the actor after the hand-over; the critics' batches are online only
     "online_bc": ["algo.online_bc=true"],
+    # both: whether the mode still leaves the demos once the entropy bonus is small
+    "online_bc + online_temperature=0.01": ["algo.online_bc=true", "algo.online_temperature=0.01"],
     # pretraining as WSRL's paper does it: Cal-QL without a BC term, so nothing vanishes at the hand-over
     "pretrained without BC": ["algo.bc_weight=0"],
 }
 
 
 def collapse_name(variant: str) -> str:
-    return f"{TUNING}/collapse-{variant.replace(' ', '-').replace('=', '-')}"
+    return f"{TUNING}/collapse-{variant.replace(' + ', '-and-').replace(' ', '-').replace('=', '-')}"
 
 
-def collapse() -> None:
-    """WSRL on seed 1 through the dip window, as reported and with other temperatures;
-    the records keep the actor's entropy and the temperature of the whole run."""
+def collapse(parallel: int) -> None:
+    """WSRL on seed 1 through the dip window, as reported and with the other variants, `parallel`
+    runs at a time; the records keep the actor's entropy and the temperature of the whole run."""
     prepare([PRETRAIN])
-    for variant, extra in COLLAPSE_VARIANTS.items():
-        name = collapse_name(variant)
-        if record_path(name).is_file() and "collapse_variant" in json.loads(record_path(name).read_text()):
-            continue
-        overrides = settings(1, [*pretraining(PRETRAIN), *ARMS["wsrl"], *extra])
-        train_run(name, overrides, WARMUP + DIP_WINDOW)
-        lines = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
-        learner = [
-            {"env_steps": r["env_steps"], "entropy": r["train/entropy"], "temperature": r["train/temperature"]}
-            for r in lines
-            if "train/entropy" in r and r["env_steps"] % 100 == 0
-        ]
-        record = json.loads(record_path(name).read_text())
-        record.update(collapse_variant=variant, overrides=overrides, learner=learner)
-        record_path(name).write_text(json.dumps(record))
+    missing = [
+        variant
+        for variant in COLLAPSE_VARIANTS
+        if not (
+            record_path(collapse_name(variant)).is_file()
+            and "collapse_variant" in json.loads(record_path(collapse_name(variant)).read_text())
+        )
+    ]
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(collapse_run, missing))
+
+
+def collapse_run(variant: str) -> None:
+    """One variant's run through the dip window, and its record with the learner's metrics."""
+    name, extra = collapse_name(variant), COLLAPSE_VARIANTS[variant]
+    overrides = settings(1, [*pretraining(PRETRAIN), *ARMS["wsrl"], *extra])
+    train_run(name, overrides, WARMUP + DIP_WINDOW)
+    lines = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+    learner = [
+        {"env_steps": r["env_steps"], "entropy": r["train/entropy"], "temperature": r["train/temperature"]}
+        for r in lines
+        if "train/entropy" in r and r["env_steps"] % 100 == 0
+    ]
+    record = json.loads(record_path(name).read_text())
+    record.update(collapse_variant=variant, overrides=overrides, learner=learner)
+    record_path(name).write_text(json.dumps(record))
 
 
 def collapse_report() -> None:
@@ -348,7 +361,7 @@ def collapse_report() -> None:
         "# Why WSRL and naive fine-tuning collapse once online learning starts, and what holds them "
         "(PushCube-v1, seed 1)",
         "",
-        f"Commits {', '.join(summary['commits'])}; {summary['machine']}; `python benchmarks/wsrl.py collapse`.",
+        f"Commits {', '.join(summary['commits'])}; {summary['machine']}; `python benchmarks/wsrl.py collapse --parallel 2`.",
         "",
         f"WSRL from the chosen pretraining ({PRETRAIN}) on the tuning seed, through its {WARMUP:,}-step warm-up and "
         f"{DIP_WINDOW:,} env steps of online learning. Entropy: the actor's, -log pi of its samples (nats), whose "
@@ -370,7 +383,7 @@ def collapse_report() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("tune", "heldout", "report", "collapse"))
-    parser.add_argument("--parallel", type=int, default=2, help="heldout runs at a time")
+    parser.add_argument("--parallel", type=int, default=2, help="heldout or collapse runs at a time")
     parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS, help="heldout: these of the seeds only")
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
@@ -379,7 +392,7 @@ def main() -> None:
     elif args.command == "heldout":
         heldout(args.parallel, tuple(args.seeds))
     elif args.command == "collapse":
-        collapse()
+        collapse(args.parallel)
         collapse_report()
         return
     report()
