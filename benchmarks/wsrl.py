@@ -361,7 +361,8 @@ def collapse_report() -> None:
         "# Why WSRL and naive fine-tuning collapse once online learning starts, and what holds them "
         "(PushCube-v1, seed 1)",
         "",
-        f"Commits {', '.join(summary['commits'])}; {summary['machine']}; `python benchmarks/wsrl.py collapse --parallel 2`.",
+        f"Commits {', '.join(summary['commits'])}; {summary['machine']}; "
+        "`python benchmarks/wsrl.py collapse --parallel 2`.",
         "",
         f"WSRL from the chosen pretraining ({PRETRAIN}) on the tuning seed, through its {WARMUP:,}-step warm-up and "
         f"{DIP_WINDOW:,} env steps of online learning. Entropy: the actor's, -log pi of its samples (nats), whose "
