@@ -263,8 +263,8 @@ COLLAPSE_VARIANTS = {
     "online_temperature=0.01": ["algo.online_temperature=0.01"],
     # the BC anchor stays for the actor after the hand-over; the critics' batches are online only
     "online_bc": ["algo.online_bc=true"],
-    # both: whether the mode still leaves the demos once the entropy bonus is small
-    "online_bc + online_temperature=0.01": ["algo.online_bc=true", "algo.online_temperature=0.01"],
+    # WSRL's, SERL's and HIL-SERL's code all leave the entropy out of the TD target
+    "no entropy backup": ["algo.backup_entropy=false"],
     # pretraining as WSRL's paper does it: Cal-QL without a BC term, so nothing vanishes at the hand-over
     "pretrained without BC": ["algo.bc_weight=0"],
 }
