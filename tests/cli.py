@@ -14,6 +14,8 @@ QUIET = ("logger.progress_bar=false", "logger.tensorboard=false")  # no progress
 NO_EVAL = ("eval_episodes=0", "eval_every=0")  # neither a periodic nor a final evaluation
 # one PPO update, on env.num_envs=2 envs of 4 steps each
 ONE_PPO_ITERATION = ("algo.rollout_steps=4", "algo.num_minibatches=2", "algo.update_epochs=1", "total_env_steps=8")
+# GRPO in groups of two, every outcome counted (the success band keeps every group)
+GRPO_ANY_OUTCOME = ("algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]")
 
 
 def embodied(

@@ -11,7 +11,7 @@ from embodied.algos.distributed import DataParallel
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.types import EnvSpec
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
-from tests.cli import embodied
+from tests.cli import GRPO_ANY_OUTCOME, embodied
 from tests.embodied.test_ppo import _batch
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -172,10 +172,7 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo, sharding):
         if algo == "ppo"
         # two updates each
         else [
-            "algo=grpo",
-            "algo.group_size=2",
-            "algo.outcome=return",
-            "algo.success_band=[0.0,1.0]",
+            *GRPO_ANY_OUTCOME,
             "total_env_steps=400",
         ]
     )

@@ -4,7 +4,7 @@ import torch
 
 from embodied.algos.advantages import group_normalized
 from embodied.algos.grpo import DynamicSampling, Group, grpo_loss
-from tests.cli import NO_EVAL, QUIET, embodied
+from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 
 
 def test_group_advantages_on_hand_made_groups():
@@ -72,11 +72,8 @@ def test_one_grpo_iteration_end_to_end_on_maniskill_with_a_token_vla(tmp_path):
     result = embodied(
         "train",
         "policy=token_vla",
-        "algo=grpo",
-        "algo.group_size=2",
+        *GRPO_ANY_OUTCOME,
         "algo.num_minibatches=2",
-        "algo.success_band=[0.0,1.0]",
-        "algo.outcome=return",
         "env.num_envs=4",
         "total_env_steps=200",
         *NO_EVAL,

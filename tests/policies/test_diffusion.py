@@ -15,7 +15,7 @@ from embodied.core.types import EnvSpec, Observation
 from embodied.policies.denoising import gaussian_log_prob
 from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
 from embodied.runtime.wire import published_weights
-from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
+from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.embodied.test_ppo import _batch
 from tests.policies.sft import bc_losses
 
@@ -221,11 +221,8 @@ def test_dppo_update_with_one_ratio_per_step():
             "env.num_envs=2",
         ],
         [
-            "algo=grpo",
-            "algo.group_size=2",
+            *GRPO_ANY_OUTCOME,
             "algo.num_minibatches=2",
-            "algo.outcome=return",
-            "algo.success_band=[0.0,1.0]",
             "env.num_envs=4",
             "total_env_steps=200",
         ],

@@ -9,7 +9,7 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
-from tests.cli import NO_EVAL, QUIET, embodied
+from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
@@ -135,11 +135,8 @@ def test_one_grpo_iteration_end_to_end_on_maniskill(tmp_path):
         "train",
         "policy=flow",
         "policy.sampler=flow_noise",
-        "algo=grpo",
-        "algo.group_size=2",
+        *GRPO_ANY_OUTCOME,
         "algo.num_minibatches=2",
-        "algo.outcome=return",
-        "algo.success_band=[0.0,1.0]",
         "env.num_envs=4",
         "total_env_steps=200",
         *NO_EVAL,

@@ -11,14 +11,13 @@ import torch
 
 from embodied.core.types import EnvSpec
 from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
-from tests.cli import NO_EVAL, QUIET, embodied
+from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 
 FLOAT32 = dict(precision="float32", lora_rank=0)
 
 
 MANISKILL_RGB = ("env.obs_mode=rgb", "env.image_size=32", "env.num_workers=0")
 LIBERO = ("env=libero_spatial", "env.num_workers=1", "env.settle_steps=0", "env.max_episode_steps=6")
-GRPO_ANY_OUTCOME = ("algo=grpo", "algo.group_size=2", "algo.outcome=return", "algo.success_band=[0.0,1.0]")
 
 
 def train(run_dir: Path, *overrides: str) -> dict:

@@ -7,7 +7,7 @@ import torch
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
-from tests.cli import NO_EVAL, QUIET, embodied
+from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0, -2.0, 0.0), action_high=(1.0, 2.0, 1.0))
 
@@ -186,10 +186,7 @@ def test_a_lora_run_on_a_local_backbone_trains_resumes_and_evaluates_from_adapte
         "policy=token_vla",
         f"policy.backbone={base}",
         "policy.lora_rank=4",
-        "algo=grpo",
-        "algo.group_size=2",
-        "algo.outcome=return",
-        "algo.success_band=[0.0,1.0]",
+        *GRPO_ANY_OUTCOME,
         "algo.rollout_steps=4",
         "algo.num_minibatches=1",
         "total_env_steps=8",
@@ -355,11 +352,8 @@ def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone
         "env.image_size=32",
         "env.num_envs=2",
         "env.num_workers=0",
-        "algo=grpo",
-        "algo.group_size=2",
+        *GRPO_ANY_OUTCOME,
         "algo.num_minibatches=2",
-        "algo.outcome=return",
-        "algo.success_band=[0.0,1.0]",
         "total_env_steps=100",
         *NO_EVAL,
         *QUIET,
