@@ -19,7 +19,8 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
             results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
   collapse  why both arms fall to 0 once online learning starts: on the tuning seed, wsrl as
             reported, with other SAC temperatures, with the BC term kept for the actor
-            online (online_bc) and pretrained without BC, through the warm-up and
+            online (online_bc), pretrained without BC and without the entropy in the TD
+            target, through the warm-up and
             DIP_WINDOW env steps of online learning, with the actor's entropy and the
             temperature beside success (results/wsrl_collapse.{json,md,png})
 
