@@ -272,23 +272,20 @@ COLLAPSE_VARIANTS = {
 
 
 def collapse_name(variant: str) -> str:
-    return f"{TUNING}/collapse-{variant.replace(' + ', '-and-').replace(' ', '-').replace('=', '-')}"
+    return f"{TUNING}/collapse-{variant.replace(' ', '-').replace('=', '-')}"
 
 
 def collapse(parallel: int) -> None:
     """WSRL on seed 1 through the dip window, as reported and with the other variants, `parallel`
     runs at a time; the records keep the actor's entropy and the temperature of the whole run."""
     prepare([PRETRAIN])
-    missing = [
-        variant
-        for variant in COLLAPSE_VARIANTS
-        if not (
-            record_path(collapse_name(variant)).is_file()
-            and "collapse_variant" in json.loads(record_path(collapse_name(variant)).read_text())
-        )
-    ]
     with ThreadPoolExecutor(parallel) as pool:
-        list(pool.map(collapse_run, missing))
+        list(pool.map(collapse_run, [v for v in COLLAPSE_VARIANTS if not collapse_recorded(v)]))
+
+
+def collapse_recorded(variant: str) -> bool:
+    path = record_path(collapse_name(variant))
+    return path.is_file() and "collapse_variant" in json.loads(path.read_text())
 
 
 def collapse_run(variant: str) -> None:

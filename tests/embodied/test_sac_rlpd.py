@@ -282,8 +282,8 @@ def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(
 
 
 def test_online_bc_keeps_the_demos_for_the_actor_alone_after_the_hand_over(tmp_path, monkeypatch):
-    """WSRL with BC pretraining collapsed because the BC term vanished with the offline data
-    at the hand-over; online_bc keeps it for the actor, the critics' batches online only."""
+    """Without online_bc the BC term goes with the offline data at WSRL's hand-over; with it
+    the actor keeps regressing onto the demos while the critics' batches are online only."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     spec = record_pendulum_demo(tmp_path / "demos", 12)
     common = dict(**SMALL, demos=str(tmp_path / "demos"), warmup_steps=2, retain_offline=False, bc_weight=1.0)
