@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from embodied.algos.buffers import Trajectory
-from embodied.build import build_algo, build_env, build_policy, resolve_device
+from embodied.build import build_algo, build_env, build_policy, in_this_process, resolve_device
 from embodied.config import RewardConfig, TrainConfig
 from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
 from embodied.core.errors import ConfigError
@@ -246,7 +246,8 @@ class RobotsRuntime:
         check_config(cfg, config)
         start_process(config.seed, cfg.torch_threads)
         device = resolve_device(cfg.device)
-        env = build_env(config.env, seed=config.seed, stream=1)
+        # The env only gives the spec robots must match: one env in this process is enough.
+        env = build_env(in_this_process(config.env, num_envs=1), seed=config.seed, stream=1)
         spec = env.spec
         env.close()
         reward = OutcomeReward(config.reward, spec) if config.reward.classifier else None
