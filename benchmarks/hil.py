@@ -29,6 +29,7 @@ drives the simulated robot through `embodied robot ... record.root=...`.
                                               # and with the scripted expert correcting (3 fresh seeds)
     python benchmarks/hil.py pixels report    # rebuild that summary from the committed runs
     python benchmarks/hil.py pickcube-state   # the pixel study's arms from privileged state (a check)
+    python benchmarks/hil.py tune pickcube-state  # settings tried on tuning seed 1 (TUNING_ARMS)
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -66,6 +67,7 @@ from ppo import (  # noqa: E402
     load,
     load_records,
     mode_name,
+    record_path,
     seed_cells,
 )
 from ppo import train as train_run  # noqa: E402
@@ -365,6 +367,17 @@ STUDIES = {
     ),
 }
 
+# Tuning on seed 1 (its periodic evaluations only; the held-out seed stays unseen): each arm is
+# the study's plain arm with these overrides added.
+TUNING_SEED = 1
+TUNING_ARMS = {
+    "pickcube-state": {
+        "rlpd": [],
+        # SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
+        "rlpd-serl-temperature": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
+    },
+}
+
 
 def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
     """The scripted expert's episodes, with camera frames where `env` renders them (`embodied demos`)."""
@@ -402,6 +415,106 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS)
         jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in study.arms]
         for job in jobs:
             job.result()
+
+
+def tuning_folder(study: Study) -> str:
+    return f"{study.name}_tuning"
+
+
+def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
+    """The study's tuning arms on seed 1, each record with its learner's entropy and temperature."""
+    study = STUDIES[key]
+    plain = study.arms[next(iter(study.arms))]
+
+    def one(arm: str) -> None:
+        name = f"{tuning_folder(study)}/{arm}-s{TUNING_SEED}"
+        if record_path(name).is_file():
+            return
+        extra = TUNING_ARMS[key][arm]
+        overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
+        train_run(name, overrides, study.steps, study.resume_with)
+        metrics = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+        learner = [
+            {"env_steps": m["env_steps"], "entropy": m["train/entropy"], "temperature": m["train/temperature"]}
+            for m in metrics
+            if "train/entropy" in m and m["env_steps"] % 500 == 0
+        ]
+        record = json.loads(record_path(name).read_text())
+        record.update(arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner)
+        record_path(name).write_text(json.dumps(record))
+
+    if study.scripted_demos:
+        record_scripted_demos(*study.scripted_demos)
+    with ThreadPoolExecutor(parallel) as pool:
+        for job in [pool.submit(one, arm) for arm in only or TUNING_ARMS[key]]:
+            job.result()
+
+
+def tune_report(key: str) -> None:
+    """results/<study>_tuning.{json,md,png}, rebuilt from results/runs/<study>_tuning/."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    study = STUDIES[key]
+    records = {r["arm"]: r for r in load_records(tuning_folder(study))}
+    if not records:
+        print(f"no {tuning_folder(study)} runs collected")
+        return
+    summary: dict = {"task": study.task, "seed": TUNING_SEED, "goal": GOAL, "arms": {}}
+    rows = []
+    fig, (success, entropy) = plt.subplots(1, 2, figsize=(11, 3.6))
+    for arm, record in records.items():
+        curve = [p for p in record["curve"] if "eval/success_rate" in p]
+        values = [p["eval/success_rate"] for p in curve]
+        entry = {
+            "extra": record["extra"],
+            "env_steps_to_goal": first_reaching(curve, "eval/success_rate", GOAL),
+            "best_periodic_success": max(values),
+            "final_periodic_success": values[-1],
+            "mean_last_5": float(np.mean(values[-5:])),
+            "final_temperature": record["learner"][-1]["temperature"],
+            "wall_time_s": record["wall_time_s"],
+        }
+        summary["arms"][arm] = entry
+        reached = entry["env_steps_to_goal"]
+        rows.append(
+            f"| {arm} | {' '.join(record['extra']) or '-'} | "
+            f"{f'{reached:,}' if reached else 'not within ' + format(curve[-1]['env_steps'], ',')} | "
+            f"{entry['best_periodic_success']:.2f} | {entry['final_periodic_success']:.2f} | "
+            f"{entry['mean_last_5']:.2f} | {entry['final_temperature']:.3g} | {entry['wall_time_s'] / 60:.0f} min |"
+        )
+        success.plot([p["env_steps"] for p in curve], values, label=arm)
+        entropy.plot([p["env_steps"] for p in record["learner"]], [p["entropy"] for p in record["learner"]], label=arm)
+    success.axhline(GOAL, color="grey", linestyle="--", linewidth=1)
+    success.set(xlabel="env steps", ylabel="periodic eval success (16 episodes)", title=f"{study.task}, seed 1")
+    entropy.set(xlabel="env steps", ylabel="policy entropy (nats)", title="the actor's entropy")
+    for ax in (success, entropy):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    commits = sorted({r["provenance"]["commit"] for r in records.values()})
+    summary.update({"commits": commits, "machine": next(iter(records.values()))["provenance"]["machine"]})
+    name = tuning_folder(study)
+    every = next(int(o.split("=", 1)[1]) for o in study.common if o.startswith("eval_every="))
+    save_with_summary(fig, RESULTS, name, summary)
+    lines = [
+        f"# Tuning {study.task} (seed {TUNING_SEED})",
+        "",
+        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/hil.py tune {key}`.",
+        "",
+        f"{study.recipe}. Each arm adds its overrides to the study's plain arm and trains on seed "
+        f"{TUNING_SEED}, the tuning seed: these figures chose settings, so they are not held-out results. "
+        f"Periodic evaluations: 16 episodes of the run's own seed every {every:,} env steps.",
+        "",
+        "| arm | overrides | env steps to 90% | best | final | mean of last 5 | final temperature | wall time |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        *rows,
+        "",
+        f"![tuning runs]({name}.png)",
+    ]
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{name}.md").read_text())
 
 
 def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached: dict[int, int | None]) -> list:
@@ -548,8 +661,8 @@ def heldout_report(study: Study) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", *STUDIES))
-    parser.add_argument("then", nargs="?", choices=("report",), help="after a study: only rebuild its summary")
+    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", "tune", *STUDIES))
+    parser.add_argument("then", nargs="*", help="after a study: report (only rebuild its summary); tune: the study")
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per arm (run)")
     parser.add_argument("--demos", type=int, default=20, help="expert episodes to record")
     parser.add_argument("--only", nargs="*", default=list(ARMS), choices=list(ARMS))
@@ -557,9 +670,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="*", default=HELDOUT_SEEDS, help="a study: these seeds only")
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+    if args.command == "tune":
+        key, *then = args.then or [""]
+        if key not in TUNING_ARMS:
+            parser.error(f"tune takes a study with tuning arms: {', '.join(TUNING_ARMS)}")
+        if then != ["report"]:
+            tune(key, args.parallel)
+        tune_report(key)
+        return
     if args.command in STUDIES:
         study = STUDIES[args.command]
-        if args.then != "report":
+        if args.then and args.then != ["report"]:
+            parser.error(f"after a study only 'report' may follow, got {' '.join(args.then)}")
+        if args.then != ["report"]:
             heldout(study, args.parallel, tuple(args.seeds))
         heldout_report(study)
         return
