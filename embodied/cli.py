@@ -1,7 +1,8 @@
 """`embodied <verb> [key=value ...]`: Hydra overrides after the verb.
 
     embodied train                                  the default run (configs/train.yaml)
-    embodied train env=maniskill_pickcube algo.lr=1e-4 experiment=pushcube
+    embodied train env=maniskill_pickcube algo.lr=1e-4
+    embodied train experiment=mujoco_hopper         a packaged experiment (configs/experiment/)
     embodied train resume=runs/train-20260101-120000
     embodied train init=runs/sft-20260101-120000 algo=ppo ...   RL from an SFT run's weights
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube

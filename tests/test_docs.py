@@ -2,6 +2,7 @@
 builds with `mkdocs build --strict` (a broken link or a page missing from the site fails)."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,27 @@ import docs  # noqa: E402  (tools/docs.py)
 def test_the_generated_pages_are_current():
     stale = [str(path.relative_to(ROOT)) for path, text in docs.pages().items() if path.read_text() != text]
     assert not stale, f"regenerate them with `python tools/docs.py`: {stale}"
+
+
+def test_every_group_option_the_docs_name_exists():
+    """`env=...`, `policy=...` and the other groups' options in the pages, the README and the
+    CLI's usage are configs a reader's command finds (old names only beside their new ones)."""
+    from embodied.core.compose import CONFIG_DIR, RENAMED
+
+    groups = "|".join(path.name for path in CONFIG_DIR.iterdir() if path.is_dir() and not path.name.startswith("_"))
+    pages = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md", ROOT / "embodied" / "cli.py"]
+    named = {
+        (page.relative_to(ROOT), match.group(0))
+        for page in pages
+        for match in re.finditer(rf"\b({groups})=(\w+)", page.read_text())
+    }
+    assert len(named) > 50  # the pattern finds what the pages name
+    missing = [
+        (str(page), option)
+        for page, option in sorted(named)
+        if option not in RENAMED and not (CONFIG_DIR / option.replace("=", "/")).with_suffix(".yaml").is_file()
+    ]
+    assert not missing, missing
 
 
 def test_the_reference_documents_every_key_of_every_component():

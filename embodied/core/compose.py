@@ -3,6 +3,8 @@ client (which must not import torch): the configs are package data, `embodied.co
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,14 +30,31 @@ def renamed(name: str) -> str | None:
     return f"'{name}' was renamed '{new}'" if new else None
 
 
+def closest(name: str, known: list[str]) -> str:
+    """' (did you mean 'x'?)' for the known name nearest a misspelled one, or ''."""
+    match = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: its YAML files' names."""
+    return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
+
+
 def check_overrides(overrides: list[str]) -> None:
-    """Refuse a command line that uses an old name, saying the new one."""
+    """Refuse a command line that uses an old name, saying the new one, or a group option
+    that does not exist, saying the closest one and the others."""
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if f"{key}={value}" in RENAMED:
             raise ConfigError(f"'{key}={value}' was renamed: pass {RENAMED[f'{key}={value}']}")
         if key in RENAMED:
             raise ConfigError(f"'{key}' was renamed: pass {RENAMED[key]}={value}")
+        options = group_options(key) if "@" not in key and (CONFIG_DIR / key).is_dir() else None
+        if options is not None and value not in ("", "null", *options):
+            raise ConfigError(
+                f"'{key}={value}': no such {key}{closest(value, options)}; the options are {', '.join(options)}"
+            )
 
 
 def setting(override: str) -> str:
@@ -73,8 +92,18 @@ def validate(schema: type, section: Any, where: str = "") -> Any:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "?"
-        message = renamed(f"{where}{key}") or str(error).splitlines()[0]
+        message = renamed(f"{where}{key}") or str(error).splitlines()[0] + unknown_key_hint(error)
         raise ConfigError(f"config error at '{where}{key}': {message}") from None
+
+
+def unknown_key_hint(error: OmegaConfBaseException) -> str:
+    """For a key its section's dataclass lacks: the closest field, or the fields there are."""
+    schema = getattr(error, "object_type", None)
+    name = getattr(error, "key", None)
+    if not ("not in" in str(error) and isinstance(name, str) and dataclasses.is_dataclass(schema)):
+        return ""
+    fields = [field.name for field in dataclasses.fields(schema)]
+    return closest(name, fields) or f" (its keys: {', '.join(fields)})"
 
 
 def load_yaml(path: Path) -> DictConfig:

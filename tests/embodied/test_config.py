@@ -201,6 +201,27 @@ def test_old_names_are_refused_with_the_new_ones():
         to_schema(TrainConfig, saved)
 
 
+def test_a_misspelled_key_or_option_names_the_closest_known_one():
+    with pytest.raises(ConfigError, match=r"'algo\.gama': Key 'gama' not in 'PPOConfig' \(did you mean 'gamma'\?\)"):
+        load("algo.gama=0.9")
+    with pytest.raises(ConfigError, match=r"'policy\.actor_hiden'.*\(did you mean 'actor_hidden'\?\)"):
+        load("policy.actor_hiden=[64]")
+    with pytest.raises(ConfigError, match=r"'logger\.progres_bar'.*\(did you mean 'progress_bar'\?\)"):
+        load("logger.progres_bar=false")
+    with pytest.raises(ConfigError, match=r"'algo\.zzzz'.*\(its keys: name, rollout_steps, lr,"):
+        load("algo.zzzz=1")  # nothing close: the section's keys
+    with pytest.raises(ConfigError) as refused:
+        load("algo=sac_rlp")
+    assert str(refused.value) == (
+        "'algo=sac_rlp': no such algo (did you mean 'sac_rlpd'?); the options are dsrl, grpo, ppo, ppo_maniskill, "
+        "sac_rlpd"
+    )
+    with pytest.raises(ConfigError, match=r"'env=maniskil_pickcube': no such env \(did you mean 'maniskill_pickcube'"):
+        load("env=maniskil_pickcube")
+    with pytest.raises(ConfigError, match=r"'runtime=zzz': no such runtime; the options are local, "):
+        load("runtime=zzz")
+
+
 def test_a_pi0_run_saved_before_checkpoint_statistics_reloads_with_its_running_ones(tmp_path):
     """Runs from a pretrained pi0 written before `policy.normalization` existed kept running
     statistics; their saved config says so on reload, while a new run's says what it chose."""
