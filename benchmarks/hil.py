@@ -496,7 +496,6 @@ def tune_report(key: str) -> None:
     commits = sorted({r["provenance"]["commit"] for r in records.values()})
     summary.update({"commits": commits, "machine": next(iter(records.values()))["provenance"]["machine"]})
     name = tuning_folder(study)
-    every = next(int(o.split("=", 1)[1]) for o in study.common if o.startswith("eval_every="))
     save_with_summary(fig, RESULTS, name, summary)
     lines = [
         f"# Tuning {study.task} (seed {TUNING_SEED})",
@@ -505,7 +504,7 @@ def tune_report(key: str) -> None:
         "",
         f"{study.recipe}. Each arm adds its overrides to the study's plain arm and trains on seed "
         f"{TUNING_SEED}, the tuning seed: these figures chose settings, so they are not held-out results. "
-        f"Periodic evaluations: 16 episodes of the run's own seed every {every:,} env steps.",
+        f"Periodic evaluations: 16 episodes of the run's own seed every {study.eval_every:,} env steps.",
         "",
         "| arm | overrides | env steps to 90% | best | final | mean of last 5 | final temperature | wall time |",
         "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
