@@ -155,6 +155,30 @@ def test_resume_from_an_older_checkpoint_is_refused_and_leaves_the_run_untouched
     assert not (older / "checkpoints").exists()
 
 
+def test_the_starting_command_again_with_resume_added_is_taken_and_a_real_change_named(uninterrupted):
+    """A user's habit: the command that started the run, with resume= added. Restated values
+    that equal the run's are taken; one that differs is refused with both values."""
+    from embodied.core.errors import ConfigError
+    from embodied.train import resume_config
+
+    again = ["env=maniskill_pushcube", "algo=ppo_maniskill", "runtime=local", "policy=mlp_gaussian", *TINY]
+    config = resume_config(str(uninterrupted), [*again, "total_env_steps=64"])
+    assert (config.total_env_steps, config.algo.update_epochs, config.env.num_envs) == (64, 2, 2)
+    assert config.resume == str(uninterrupted)
+    for change, refused in (
+        ("algo.update_epochs=3", r"cannot change 'algo\.update_epochs' .* \(the run has 2, this command 3\)"),
+        ("runtime=procs", r"cannot change 'runtime\.name' .* \(the run has 'local', this command 'procs'\)"),
+        (
+            "env=maniskill_pickcube",
+            r"cannot change 'env\.task' .* \(the run has 'PushCube-v1', this command 'PickCube-v1'",
+        ),
+        # PPO's own defaults beside the keys restated: ppo_maniskill's discount is not PPO's
+        ("algo=ppo", r"cannot change 'algo\.gamma' .* \(the run has 0\.8, this command 0\.99\)"),
+    ):
+        with pytest.raises(ConfigError, match=refused):
+            resume_config(str(uninterrupted), [*again, change])
+
+
 @pytest.mark.slow
 def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new_episodes(tmp_path):
     from embodied.checkpoint import load_checkpoint, save_checkpoint
