@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from embodied.core.errors import CheckpointError
@@ -94,6 +95,29 @@ def unshared(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(
     directory: Path, name: str, weights: dict[str, torch.Tensor], state: dict[str, Any], config_yaml: str, keep: int = 3
+) -> Path:
+    """Write checkpoint `name` and point `latest` at it. Where writing fails (a full disk, a
+    read-only folder) the partial copy is removed and a CheckpointError names the last
+    complete checkpoint, which stays as it was."""
+    try:
+        return _save(directory, name, weights, state, config_yaml, keep)
+    except (OSError, SafetensorError) as error:
+        shutil.rmtree(directory / f".tmp-{name}", ignore_errors=True)
+        replaced, final = directory / f".old-{name}", directory / name
+        if replaced.exists() and not final.exists():  # failed while replacing a checkpoint of the same name
+            os.replace(replaced, final)
+        pointer = directory / "latest"
+        last = pointer.read_text().strip() if pointer.is_file() else None
+        complete = f"the last complete checkpoint is {directory / last}" if last else "no checkpoint is complete yet"
+        reason = getattr(error, "strerror", None) or str(error).splitlines()[0]
+        raise CheckpointError(
+            f"could not write checkpoint {name} in {directory} ({reason}); {complete}. "
+            f"Free space (or make the folder writable) and continue with resume=<run directory>."
+        ) from None
+
+
+def _save(
+    directory: Path, name: str, weights: dict[str, torch.Tensor], state: dict[str, Any], config_yaml: str, keep: int
 ) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / name

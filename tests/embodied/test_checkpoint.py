@@ -1,3 +1,6 @@
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -70,3 +73,71 @@ def test_tied_weights_are_saved_and_the_tie_comes_back(tmp_path):
     other["head"].weight = other["embed"].weight
     other.load_state_dict(weights)
     assert torch.equal(other["head"].weight, embedding.weight) and other["head"].weight is other["embed"].weight
+
+
+def limited_file_size(limit: int):
+    """For a child process: files it writes stop growing at `limit` bytes, as on a full disk
+    (writes past it fail with EFBIG instead of raising SIGXFSZ)."""
+    import resource
+    import signal
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return apply
+
+
+def test_a_checkpoint_that_cannot_be_written_names_the_last_complete_one_and_leaves_no_partial_copy(tmp_path):
+    script = f"""
+import torch
+from embodied.checkpoint import save_checkpoint
+from embodied.core.errors import CheckpointError
+directory = {str(tmp_path / "checkpoints")!r}
+from pathlib import Path
+save_checkpoint(Path(directory), "iter_000001", {{"w": torch.zeros(4)}}, {{"i": 1}}, "a: 1\\n")
+try:
+    save_checkpoint(Path(directory), "iter_000002", {{"w": torch.zeros(1_000_000)}}, {{"i": 2}}, "a: 1\\n")
+except CheckpointError as error:
+    print(error)
+"""
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=limited_file_size(64 * 1024)
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    message = result.stdout.strip()
+    assert message.startswith(f"could not write checkpoint iter_000002 in {tmp_path / 'checkpoints'} (")
+    assert f"the last complete checkpoint is {tmp_path / 'checkpoints' / 'iter_000001'}" in message
+    assert "resume=<run directory>" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["iter_000001", "latest"]
+    _, state = load_checkpoint(resolve_checkpoint(tmp_path))
+    assert state == {"i": 1}
+
+
+def test_training_that_cannot_write_its_checkpoint_stops_with_that_message_not_a_traceback(tmp_path):
+    run_dir = tmp_path / "run"
+    command = [
+        "train",
+        "env=mujoco_invertedpendulum",
+        "env.num_envs=1",
+        "algo.rollout_steps=16",
+        "algo.num_minibatches=1",
+        "algo.update_epochs=1",
+        "total_env_steps=16",
+        "eval_episodes=0",
+        "logger.progress_bar=false",
+        "logger.tensorboard=false",
+        f"run_dir={run_dir}",
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "embodied.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=limited_file_size(16 * 1024),
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "could not write checkpoint iter_000001" in result.stderr
+    assert "no checkpoint is complete yet" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list((run_dir / "checkpoints").glob(".tmp-*"))
