@@ -21,8 +21,11 @@ class EnsembleLinear(nn.Module):
         self.weight = nn.Parameter(torch.empty(members, inputs, outputs).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(members, 1, outputs).uniform_(-bound, bound))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, B, in) -> (N, B, out)
-        return torch.baddbmm(self.bias, x, self.weight)
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """(M, B, in) -> (M, B, out): every member, or the `members` chosen (M of them)."""
+        if members is None:
+            return torch.baddbmm(self.bias, x, self.weight)
+        return torch.baddbmm(self.bias[members], x, self.weight[members])
 
 
 class EnsembleLayerNorm(nn.Module):
@@ -31,8 +34,9 @@ class EnsembleLayerNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(members, 1, features))
         self.bias = nn.Parameter(torch.zeros(members, 1, features))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, x.shape[-1:]) * self.weight + self.bias
+    def forward(self, x: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        weight, bias = (self.weight, self.bias) if members is None else (self.weight[members], self.bias[members])
+        return F.layer_norm(x, x.shape[-1:]) * weight + bias
 
 
 class CriticEnsemble(nn.Module):
@@ -61,10 +65,14 @@ class CriticEnsemble(nn.Module):
                 layers.append(nn.ReLU())
         self.net = nn.Sequential(*layers)
 
-    def forward(self, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        """(N, B, bins) outputs of every critic for the same (B) state-action pairs."""
+    def forward(self, state: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+        """(N, B, bins) outputs of every critic for the same (B) state-action pairs, or (M, B,
+        bins) of the `members` chosen (indices), computing only theirs."""
         x = torch.cat([self.projection(state), action], dim=-1)
-        return self.net(x.unsqueeze(0).expand(self.members, *x.shape))
+        x = x.unsqueeze(0).expand(self.members if members is None else len(members), *x.shape)
+        for layer in self.net:
+            x = layer(x, members) if isinstance(layer, (EnsembleLinear, EnsembleLayerNorm)) else layer(x)
+        return x
 
 
 class HLGauss(nn.Module):

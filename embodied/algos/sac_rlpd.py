@@ -322,16 +322,19 @@ class SACRLPD:
         parts.append(self.online.sample(size - offline_rows, frames))
         return self.inputs(concat(parts).to(self.policy.device)), offline_rows
 
-    def q_values(self, critics: CriticEnsemble, state: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-        out = critics(state, action)  # (N, B, bins)
+    def q_values(
+        self, critics: CriticEnsemble, state: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out = critics(state, action, members)  # (N, B, bins), or (M, B, bins) of the members chosen
         return self.hl_gauss.value(out) if self.hl_gauss is not None else out.squeeze(-1)
 
     def td_target(self, batch: Transitions) -> torch.Tensor:
         with torch.no_grad():
             next_action, next_log_prob = self.policy.sample(batch.next_state)
-            next_q = self.q_values(self.target_critics, batch.next_state, next_action)  # (N, B)
             subset = torch.randperm(self.cfg.num_critics, generator=self.generator)[: self.cfg.critic_subset]
-            next_v = next_q[subset.to(next_q.device)].min(dim=0).values
+            # only the subset's target critics are evaluated: the min needs no others
+            next_q = self.q_values(self.target_critics, batch.next_state, next_action, subset.to(batch.state.device))
+            next_v = next_q.min(dim=0).values
             if self.cfg.backup_entropy:
                 next_v = next_v - self.temperature * next_log_prob
             return batch.reward + self.cfg.gamma * batch.discount * next_v

@@ -106,6 +106,21 @@ def test_the_td_target_takes_the_min_over_a_random_subset_of_target_critics():
     assert len({float(algo.td_target(batch)[1]) for _ in range(20)}) > 1  # a new subset each time
 
 
+@pytest.mark.parametrize("layer_norm, bins", [(True, 1), (False, 1), (True, 11)])
+def test_chosen_members_of_the_ensemble_compute_what_the_whole_ensemble_does_for_them(layer_norm, bins):
+    from embodied.algos.critics import CriticEnsemble
+
+    torch.manual_seed(0)
+    critics = CriticEnsemble(10, 5, 2, [16, 16], layer_norm=layer_norm, bins=bins)
+    for parameter in critics.parameters():  # LayerNorm's ones and zeros would hide a wrong member
+        parameter.data.normal_()
+    state, action = torch.randn(7, 5), torch.randn(7, 2)
+    members = torch.tensor([7, 2, 9])
+    chosen = critics(state, action, members)
+    assert chosen.shape == (3, 7, bins)
+    torch.testing.assert_close(chosen, critics(state, action)[members], atol=1e-6, rtol=0)
+
+
 def test_the_td_target_subtracts_the_entropy_bonus_of_the_next_action():
     policy = small_policy()
     algo = SACRLPD(SACConfig(**{**SMALL, "critic_subset": 4}, init_temperature=0.5, gamma=0.9), policy)
