@@ -30,38 +30,65 @@ CAMERA_SPEC = EnvSpec(
 )
 
 
-READ = """
-import sys
+# One reader per test module, under the writer's interpreter: the real library reads each
+# dataset back (importing it costs about 10 s, so it is imported once, not per dataset).
+READER = """
+import json, sys, traceback
 import numpy as np
 from embodied.robots.dataset_writer import import_lerobot_dataset
-dataset = import_lerobot_dataset()("local/robot", root=sys.argv[1])
-frames = [dataset[i] for i in range(dataset.num_frames)]
-out = {"num_episodes": np.array(dataset.num_episodes), "num_frames": np.array(dataset.num_frames)}
-for key in (frames[0] if frames else {}):
-    out[key] = np.array([f[key] for f in frames]) if key == "task" else np.stack([np.asarray(f[key]) for f in frames])
-np.savez(sys.argv[2], **out)
+LeRobotDataset = import_lerobot_dataset()
+for line in sys.stdin:
+    root, out = json.loads(line)
+    try:
+        dataset = LeRobotDataset("local/robot", root=root)
+        frames = [dataset[i] for i in range(dataset.num_frames)]
+        arrays = {"num_episodes": np.array(dataset.num_episodes), "num_frames": np.array(dataset.num_frames)}
+        for key in (frames[0] if frames else {}):
+            values = [f[key] for f in frames]
+            arrays[key] = np.array(values) if key == "task" else np.stack([np.asarray(v) for v in values])
+        np.savez(out, **arrays)
+        print(json.dumps({"ok": True}), flush=True)
+    except Exception:
+        print(json.dumps({"error": traceback.format_exc()}), flush=True)
 """
 
 
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("hf")  # the library caches reads under HF_HOME
+    process = subprocess.Popen(
+        [writer_python(RecordingConfig(root=str(cache))), "-c", READER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HOME": str(cache), "HF_HUB_OFFLINE": "1"},
+    )
+    yield process
+    process.stdin.close()  # the reader's loop ends
+    try:
+        process.wait(timeout=300)
+    finally:
+        process.kill()
+
+
 @pytest.fixture(autouse=True)
-def dataset_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # the library caches reads under HF_HOME
+def dataset_cache(tmp_path, monkeypatch, reader):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # what the writers cache stays in the test's folder
+    monkeypatch.setattr(Reloaded, "reader", reader)
 
 
 class Reloaded:
     """A dataset as the real library reads it back, under the writer's interpreter."""
 
+    reader: subprocess.Popen | None = None  # the module's reader (the fixture sets it)
+
     def __init__(self, root):
         out = Path(tempfile.mkdtemp()) / "frames.npz"
-        python = writer_python(RecordingConfig(root=str(root)))
-        result = subprocess.run(
-            [python, "-c", READ, str(root), str(out)],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
-        assert result.returncode == 0, result.stderr
+        self.reader.stdin.write(json.dumps([str(root), str(out)]) + "\n")
+        self.reader.stdin.flush()
+        reply = self.reader.stdout.readline()
+        assert reply, f"the dataset reader exited with {self.reader.wait(timeout=60)}"
+        assert "error" not in json.loads(reply), json.loads(reply)["error"]
         self.arrays = dict(np.load(out))
         self.num_episodes = int(self.arrays["num_episodes"])
         self.num_frames = int(self.arrays["num_frames"])
