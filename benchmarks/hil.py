@@ -421,6 +421,29 @@ def tuning_folder(study: Study) -> str:
     return f"{study.name}_tuning"
 
 
+def learner_curve(name: str, every: int) -> list[dict]:
+    """The actor's entropy and temperature every `every` env steps of a run, from its metrics."""
+    metrics = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {"env_steps": m["env_steps"], "entropy": m["train/entropy"], "temperature": m["train/temperature"]}
+        for m in metrics
+        if "train/entropy" in m and m["env_steps"] % every == 0
+    ]
+
+
+def annotate(name: str, **fields: object) -> None:
+    """Add `fields` to a run's committed record."""
+    record = json.loads(record_path(name).read_text())
+    record.update(fields)
+    record_path(name).write_text(json.dumps(record))
+
+
+def write_report(name: str, lines: list[str]) -> None:
+    """results/<name>.md, printed as well."""
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{name}.md").read_text())
+
+
 def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
     """The study's tuning arms on seed 1, each record with its learner's entropy and temperature."""
     study = STUDIES[key]
@@ -433,15 +456,7 @@ def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
         extra = TUNING_ARMS[key][arm]
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
         train_run(name, overrides, study.steps, study.resume_with)
-        metrics = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
-        learner = [
-            {"env_steps": m["env_steps"], "entropy": m["train/entropy"], "temperature": m["train/temperature"]}
-            for m in metrics
-            if "train/entropy" in m and m["env_steps"] % 500 == 0
-        ]
-        record = json.loads(record_path(name).read_text())
-        record.update(arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner)
-        record_path(name).write_text(json.dumps(record))
+        annotate(name, arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner_curve(name, 500))
 
     if study.scripted_demos:
         record_scripted_demos(*study.scripted_demos)
@@ -512,8 +527,7 @@ def tune_report(key: str) -> None:
         "",
         f"![tuning runs]({name}.png)",
     ]
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / f"{name}.md").read_text())
+    write_report(name, lines)
 
 
 def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached: dict[int, int | None]) -> list:
@@ -654,8 +668,7 @@ def heldout_report(study: Study) -> None:
         "",
         f"![periodic evaluations]({study.name}.png)",
     ]
-    (RESULTS / f"{study.name}.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / f"{study.name}.md").read_text())
+    write_report(study.name, lines)
 
 
 def main() -> None:

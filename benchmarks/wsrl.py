@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hil import COMMON, GOAL, ensure_expert, held_from, record_demos  # noqa: E402
+from hil import COMMON, GOAL, annotate, ensure_expert, held_from, learner_curve, record_demos  # noqa: E402
 from plots import save_with_summary  # noqa: E402
 from ppo import (  # noqa: E402
     HELDOUT_EPISODES,
@@ -293,15 +293,7 @@ def collapse_run(variant: str) -> None:
     name, extra = collapse_name(variant), COLLAPSE_VARIANTS[variant]
     overrides = settings(1, [*pretraining(PRETRAIN), *ARMS["wsrl"], *extra])
     train_run(name, overrides, WARMUP + DIP_WINDOW)
-    lines = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
-    learner = [
-        {"env_steps": r["env_steps"], "entropy": r["train/entropy"], "temperature": r["train/temperature"]}
-        for r in lines
-        if "train/entropy" in r and r["env_steps"] % 100 == 0
-    ]
-    record = json.loads(record_path(name).read_text())
-    record.update(collapse_variant=variant, overrides=overrides, learner=learner)
-    record_path(name).write_text(json.dumps(record))
+    annotate(name, collapse_variant=variant, overrides=overrides, learner=learner_curve(name, 100))
 
 
 def collapse_report() -> None:
