@@ -187,3 +187,21 @@ def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_a
     collected = json.loads(record.read_text())
     assert "heldout" not in collected and "seed" not in collected
     assert collected["provenance"]["commit"] != "0000000" and collected["wall_time_s"] == 7.0
+
+
+def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeypatch):
+    """`hil.py tune pickcube-state report` writes the committed summary again, byte for byte,
+    from results/runs/ alone (no run directory)."""
+    import shutil
+
+    committed = ppo.RESULTS
+    shutil.copytree(committed / "runs" / "hil_pickcube_state_tuning", tmp_path / "runs" / "hil_pickcube_state_tuning")
+    monkeypatch.setattr(ppo, "RESULTS", tmp_path)
+    monkeypatch.setattr(hil, "RESULTS", tmp_path)
+    hil.tune_report("pickcube-state")
+    name = "hil_pickcube_state_tuning.md"
+    assert (tmp_path / name).read_text() == (committed / name).read_text()
+    assert (
+        "| rlpd-serl-temperature | algo.init_temperature=0.01 algo.backup_entropy=false |"
+        in (tmp_path / name).read_text()
+    )
