@@ -156,8 +156,9 @@ def train(name: str, overrides: list[str], steps: int, resume_with: tuple[str, .
             "logger.progress_bar=false",
         ]
     print(f"[{name}] {' '.join(command[3:])}", flush=True)
+    where = provenance(Path(sys.argv[0]).name)  # the code that trains, not what is checked out when it ends
     subprocess.run(command, check=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    collect(name, fresh=fresh)
+    collect(name, fresh=fresh, where=where)
 
 
 HELDOUT_SEED, HELDOUT_EPISODES = 900_001, 100  # an evaluation stream no run or tuning has drawn from
@@ -300,11 +301,12 @@ def compact(lines: list[dict]) -> dict:
     }
 
 
-def collect(name: str, fresh: bool = False) -> None:
+def collect(name: str, fresh: bool = False, where: dict | None = None) -> None:
     """Curve and wall time of a finished run: the trainer's own clock, which a resume carries
     on (else from its config file to its last checkpoint, which a resume rewrites). `fresh`: the
     run was trained from its first step just now, so an earlier record of the same name (another
-    training of it) says nothing about where it ran or how it did held out."""
+    training of it) says nothing about where it ran or how it did held out. `where`: the
+    provenance taken when the training started (default: now)."""
     run_dir = RUNS / name
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     elapsed = [line["train/elapsed_s"] for line in lines if "train/elapsed_s" in line]
@@ -319,7 +321,7 @@ def collect(name: str, fresh: bool = False) -> None:
     record = {"name": name, "wall_time_s": wall, **compact(lines)}
     # re-collected: keep where the run ran, its held-out evaluation and what scripts added
     # (arm, seed, overrides, ...); the script that ran, as hil.py and others train through this one
-    where = earlier.get("provenance") or provenance(Path(sys.argv[0]).name)
+    where = earlier.get("provenance") or where or provenance(Path(sys.argv[0]).name)
     out.write_text(json.dumps({**earlier, **record, "provenance": where}))
 
 

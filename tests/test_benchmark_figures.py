@@ -205,3 +205,21 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
         "| rlpd-serl-temperature | algo.init_temperature=0.01 algo.backup_entropy=false |"
         in (tmp_path / name).read_text()
     )
+
+
+def test_a_run_records_the_code_it_was_trained_with_not_what_is_checked_out_when_it_ends(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    commits = iter(["abc1234", "def5678+changes"])  # a commit lands while the run trains
+    monkeypatch.setattr(ppo, "provenance", lambda script: {"commit": next(commits), "machine": "m", "command": script})
+
+    def training(command, **kwargs):
+        run = tmp_path / "runs" / "long"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 8, "train/elapsed_s": 3.0}) + "\n")
+
+    monkeypatch.setattr(ppo.subprocess, "run", training)
+    ppo.train("long", [], 8)
+    assert json.loads((tmp_path / "results" / "runs" / "long.json").read_text())["provenance"]["commit"] == "abc1234"
