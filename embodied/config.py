@@ -6,14 +6,14 @@ type fails here with the full key in the message, before anything is built."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from embodied.core.compose import RENAMED, load_yaml, renamed, validate
+from embodied.core.compose import RENAMED, compose, load_yaml, renamed, validate
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
 
@@ -198,3 +198,55 @@ def checkpoint_config(checkpoint: Path) -> Any:
         # written before pi0 read its checkpoint's statistics: the run kept running ones
         saved.policy.normalization = "running"
     return to_schema(SFTConfig if "dataset" in saved else TrainConfig, saved)
+
+
+# ---- resuming with the starting command restated ----------------------------------------------
+def override_key(override: str) -> str:
+    """`key` of a command-line `key=value` (Hydra's `+` prefix dropped)."""
+    return override.lstrip("+").split("=", 1)[0]
+
+
+def refuse_changes(
+    schema: type, config_name: str, saved: Any, overrides: list[str], is_fixed: Callable[[str], bool], resume: str
+) -> None:
+    """Each setting a resumed run keeps (`is_fixed`) that a command restates must hold the run's
+    value: a `group=option` stands for the whole section it composes (with the command's keys
+    of that group), any other `key=value` for that key. The first that differs is refused with
+    both values, so the command that started a run may be given again with resume= added."""
+    fixed = [override_key(o) for o in overrides if is_fixed(o)]
+    chosen = {key for key in fixed if key in GROUPS}  # groups restated as group=option
+    restated: dict[str, Any] = {}
+    if chosen:
+        kept = [o for o in overrides if not is_fixed(o) or override_key(o).split(".")[0] in chosen]
+        fresh = to_schema(schema, compose(config_name, [f"seed={saved.seed}", *kept]))  # algo.seed: ${seed}
+        for group in chosen:
+            restated.update(flatten(asdict(getattr(fresh, group)), group))
+    plain = [o.lstrip("+") for o in overrides if is_fixed(o) and override_key(o).split(".")[0] not in chosen]
+    values = OmegaConf.to_container(OmegaConf.from_dotlist(plain))
+    restated.update({override_key(o): value_at(values, override_key(o)) for o in plain})
+    for path, now in restated.items():
+        was = value_at(saved, path)
+        if was is not MISSING and was != now:
+            raise ConfigError(
+                f"cannot change '{path}' when resuming {resume} (the run has {was!r}, this command "
+                f"{now!r}): start a new run instead, or leave it out"
+            )
+
+
+def flatten(node: Any, prefix: str) -> dict[str, Any]:
+    """A nested dict as dotted paths to its leaves (lists are leaves)."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    return {path: value for key, item in node.items() for path, value in flatten(item, f"{prefix}.{key}").items()}
+
+
+MISSING = object()
+
+
+def value_at(config: Any, path: str) -> Any:
+    """The value at a dotted path of a dataclass or dict, or MISSING."""
+    for part in path.split("."):
+        config = config.get(part, MISSING) if isinstance(config, dict) else getattr(config, part, MISSING)
+        if config is MISSING:
+            return MISSING
+    return config

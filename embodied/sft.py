@@ -39,7 +39,7 @@ from embodied.checkpoint import (
     save_checkpoint,
     without_pretrained_frozen,
 )
-from embodied.config import SFTConfig, to_schema, to_yaml
+from embodied.config import GROUPS, SFTConfig, override_key, refuse_changes, to_schema, to_yaml
 from embodied.core.compose import load_yaml
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
@@ -146,6 +146,11 @@ def policy_horizon(policy: Policy) -> int:
     return int(getattr(getattr(policy, "cfg", None), "horizon", None) or policy.chunk_size)
 
 
+def sft_keeps(override: str) -> bool:
+    """What a resumed SFT run keeps: its env, policy, data and starting weights."""
+    return override_key(override).split(".")[0] in ("env", "policy", "dataset", "frames", "init")
+
+
 def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
     from embodied.core.compose import compose
 
@@ -153,14 +158,10 @@ def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
         return to_schema(SFTConfig, compose("sft", overrides))
     run_dir = run_dir_of(resolve_checkpoint(resume))
     saved = load_yaml(run_dir / "config.yaml")
-    changed = [o for o in overrides if not o.startswith("resume=")]
-    fixed = [
-        o
-        for o in changed
-        if o.split("=", 1)[0].lstrip("+").split(".")[0] in ("env", "policy", "dataset", "frames", "init")
-    ]
-    if fixed:
-        raise ConfigError(f"cannot change {fixed} when resuming {run_dir}: start a new run instead")
+    overrides = [o for o in overrides if override_key(o) != "resume"]
+    # the starting command with resume= added restates the run's settings: those must hold
+    refuse_changes(SFTConfig, "sft", to_schema(SFTConfig, saved), overrides, sft_keeps, str(run_dir))
+    changed = [o for o in overrides if override_key(o) not in GROUPS]  # a group=option is checked, not merged
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
     merged.resume, merged.run_dir = str(run_dir), str(run_dir)
     return to_schema(SFTConfig, merged)

@@ -4,7 +4,6 @@ checkpoint save/restore, metric logging, the progress bar and the closing evalua
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -23,8 +22,8 @@ from embodied.checkpoint import (
     save_checkpoint,
     without_pretrained_frozen,
 )
-from embodied.config import GROUPS, TrainConfig, to_schema, to_yaml
-from embodied.core.compose import compose, load_yaml
+from embodied.config import GROUPS, TrainConfig, override_key, refuse_changes, to_schema, to_yaml
+from embodied.core.compose import load_yaml
 from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
@@ -61,8 +60,8 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
     saved = load_yaml(checkpoint / "config.yaml")
     overrides = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != "resume"]
     # the same command again with resume= added restates the run's settings: those must hold
-    refuse_changes(to_schema(TrainConfig, saved), overrides, resume)
-    changed = [o for o in overrides if "." in o.split("=", 1)[0] or not is_fixed(o)]  # group=option: checked
+    refuse_changes(TrainConfig, "train", to_schema(TrainConfig, saved), overrides, is_fixed, resume)
+    changed = [o for o in overrides if override_key(o) not in GROUPS]  # a group=option is checked, not merged
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
     merged.resume = str(run_dir)
     merged.run_dir = str(run_dir)
@@ -71,51 +70,8 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
 
 def is_fixed(override: str) -> bool:
     """A key of the env, policy, algo or runtime, which a resumed run keeps (but its ranks)."""
-    key = override.split("=", 1)[0].lstrip("+")
+    key = override_key(override)
     return key.split(".")[0] in GROUPS and key not in RESCALABLE_ON_RESUME
-
-
-def refuse_changes(saved: TrainConfig, overrides: list[str], resume: str) -> None:
-    """Each env, policy, algo or runtime setting a command restates must hold the run's value:
-    a `group=option` stands for the whole section it composes (with the command's keys of that
-    group), a `group.key=value` for that key. The first that differs is refused with both values."""
-    fixed = [o.lstrip("+").split("=", 1) for o in overrides if is_fixed(o)]
-    chosen = {key for key, _ in fixed if "." not in key}  # groups restated as group=option
-    restated: dict[str, Any] = {}
-    if chosen:
-        kept = [o for o in overrides if not is_fixed(o) or o.lstrip("+").split(".")[0].split("=")[0] in chosen]
-        fresh = to_schema(TrainConfig, compose("train", [f"seed={saved.seed}", *kept]))  # algo.seed: ${seed}
-        for group in chosen:
-            restated.update(flatten(dataclasses.asdict(getattr(fresh, group)), group))
-    dotted = [f"{key}={value}" for key, value in fixed if "." in key and key.split(".")[0] not in chosen]
-    values = OmegaConf.to_container(OmegaConf.from_dotlist(dotted))
-    restated.update({o.split("=", 1)[0]: value_at(values, o.split("=", 1)[0]) for o in dotted})
-    for path, now in restated.items():
-        was = value_at(saved, path)
-        if was is not MISSING and was != now:
-            raise ConfigError(
-                f"cannot change '{path}' when resuming {resume} (the run has {was!r}, this command "
-                f"{now!r}): start a new run instead, or leave it out"
-            )
-
-
-def flatten(node: Any, prefix: str) -> dict[str, Any]:
-    """A nested dict as dotted paths to its leaves (lists are leaves)."""
-    if not isinstance(node, dict):
-        return {prefix: node}
-    return {path: value for key, item in node.items() for path, value in flatten(item, f"{prefix}.{key}").items()}
-
-
-MISSING = object()
-
-
-def value_at(config: Any, path: str) -> Any:
-    """The value at a dotted path of a dataclass or dict, or MISSING."""
-    for part in path.split("."):
-        config = config.get(part, MISSING) if isinstance(config, dict) else getattr(config, part, MISSING)
-        if config is MISSING:
-            return MISSING
-    return config
 
 
 class PeriodicEvaluation:

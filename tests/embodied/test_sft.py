@@ -194,8 +194,13 @@ def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(pickcub
     assert all(torch.equal(expected[k], weights[k]) for k in expected)
     steps = [json.loads(line)["sft_step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert steps == [10, 20, 30]
-    with pytest.raises(ConfigError, match="cannot change"):
+    with pytest.raises(ConfigError, match=r"cannot change 'dataset' .* this command 'elsewhere'\)"):
         sft_config(["dataset=elsewhere"], resume=str(resumed))
+    # the starting command again, with resume= added: its restated settings are the run's
+    again = [f"dataset={pickcube_demos}", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", *SMALL_FLOW]
+    assert sft_config([*again, "steps=40"], resume=str(resumed)).steps == 40
+    with pytest.raises(ConfigError, match=r"cannot change 'env\.num_envs' .* \(the run has 2, this command 16\)"):
+        sft_config([f"dataset={pickcube_demos}", "env=maniskill_pickcube"], resume=str(resumed))
     logged = (whole / "metrics.jsonl").read_text()
     with pytest.raises(ConfigError, match="already holds a run"):  # a new run into it would mix the two
         sft_run(tmp_path, pickcube_demos, "steps=5", name="whole")
