@@ -206,6 +206,22 @@ def override_key(override: str) -> str:
     return override.lstrip("+").split("=", 1)[0]
 
 
+def resumed(
+    schema: type,
+    config_name: str,
+    saved: DictConfig,
+    overrides: list[str],
+    is_fixed: Callable[[str], bool],
+    resume: str,
+) -> DictConfig:
+    """A run's saved config with the overrides its resume command gives: the settings the run
+    keeps (`is_fixed`) may only be restated (checked), the others are merged in."""
+    overrides = [o for o in overrides if override_key(o) != "resume"]
+    refuse_changes(schema, config_name, to_schema(schema, saved), overrides, is_fixed, resume)
+    changed = [o for o in overrides if override_key(o) not in GROUPS]  # a group=option is checked, not merged
+    return OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
+
+
 def refuse_changes(
     schema: type, config_name: str, saved: Any, overrides: list[str], is_fixed: Callable[[str], bool], resume: str
 ) -> None:

@@ -39,7 +39,7 @@ from embodied.checkpoint import (
     save_checkpoint,
     without_pretrained_frozen,
 )
-from embodied.config import GROUPS, SFTConfig, override_key, refuse_changes, to_schema, to_yaml
+from embodied.config import SFTConfig, override_key, resumed, to_schema, to_yaml
 from embodied.core.compose import load_yaml
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
@@ -157,12 +157,8 @@ def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
     if not resume:
         return to_schema(SFTConfig, compose("sft", overrides))
     run_dir = run_dir_of(resolve_checkpoint(resume))
-    saved = load_yaml(run_dir / "config.yaml")
-    overrides = [o for o in overrides if override_key(o) != "resume"]
     # the starting command with resume= added restates the run's settings: those must hold
-    refuse_changes(SFTConfig, "sft", to_schema(SFTConfig, saved), overrides, sft_keeps, str(run_dir))
-    changed = [o for o in overrides if override_key(o) not in GROUPS]  # a group=option is checked, not merged
-    merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
+    merged = resumed(SFTConfig, "sft", load_yaml(run_dir / "config.yaml"), overrides, sft_keeps, str(run_dir))
     merged.resume, merged.run_dir = str(run_dir), str(run_dir)
     return to_schema(SFTConfig, merged)
 

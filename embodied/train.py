@@ -22,7 +22,7 @@ from embodied.checkpoint import (
     save_checkpoint,
     without_pretrained_frozen,
 )
-from embodied.config import GROUPS, TrainConfig, override_key, refuse_changes, to_schema, to_yaml
+from embodied.config import GROUPS, TrainConfig, override_key, resumed, to_schema, to_yaml
 from embodied.core.compose import load_yaml
 from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
@@ -57,12 +57,8 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
             f"resume continues a run from its latest checkpoint: pass the run directory ({run_dir}). "
             f"To start from another checkpoint, start a new run and load its weights."
         )
-    saved = load_yaml(checkpoint / "config.yaml")
-    overrides = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != "resume"]
     # the same command again with resume= added restates the run's settings: those must hold
-    refuse_changes(TrainConfig, "train", to_schema(TrainConfig, saved), overrides, is_fixed, resume)
-    changed = [o for o in overrides if override_key(o) not in GROUPS]  # a group=option is checked, not merged
-    merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(changed))
+    merged = resumed(TrainConfig, "train", load_yaml(checkpoint / "config.yaml"), overrides, is_fixed, resume)
     merged.resume = str(run_dir)
     merged.run_dir = str(run_dir)
     return to_schema(TrainConfig, merged)
