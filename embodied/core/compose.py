@@ -36,6 +36,11 @@ def closest(name: str, known: list[str]) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
+def is_group(key: str) -> bool:
+    """Whether `key` (of `key=value`) chooses a config group's option (`env=...`)."""
+    return "@" not in key and (CONFIG_DIR / key).is_dir()
+
+
 def group_options(group: str) -> list[str]:
     """The options of a config group: its YAML files' names."""
     return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
@@ -50,7 +55,7 @@ def check_overrides(overrides: list[str]) -> None:
             raise ConfigError(f"'{key}={value}' was renamed: pass {RENAMED[f'{key}={value}']}")
         if key in RENAMED:
             raise ConfigError(f"'{key}' was renamed: pass {RENAMED[key]}={value}")
-        options = group_options(key) if "@" not in key and (CONFIG_DIR / key).is_dir() else None
+        options = group_options(key) if is_group(key) else None
         if options is not None and value not in ("", "null", *options):
             raise ConfigError(
                 f"'{key}={value}': no such {key}{closest(value, options)}; the options are {', '.join(options)}"
@@ -63,7 +68,7 @@ def setting(override: str) -> str:
     them), so a key may be absent until validation fills it in; validation still refuses a
     key the schema lacks. Choosing a group's option (`env=...`) stays as it is."""
     key, equals, _ = override.partition("=")
-    if not equals or override.startswith(("+", "~")) or "@" in key or (CONFIG_DIR / key).is_dir():
+    if not equals or override.startswith(("+", "~")) or "@" in key or is_group(key):
         return override
     return "++" + override
 
