@@ -60,15 +60,18 @@ from ppo import (  # noqa: E402
     HELDOUT_SEED,
     RESULTS,
     RUNS,
+    annotate,
     evaluate_heldout,
     first_reaching,
     has_heldout,
     interval95,
+    learner_curve,
     load,
     load_records,
     mode_name,
     record_path,
     seed_cells,
+    write_report,
 )
 from ppo import train as train_run  # noqa: E402
 
@@ -421,30 +424,7 @@ def tuning_folder(study: Study) -> str:
     return f"{study.name}_tuning"
 
 
-def learner_curve(name: str, every: int) -> list[dict]:
-    """The actor's entropy and temperature every `every` env steps of a run, from its metrics."""
-    metrics = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
-    return [
-        {"env_steps": m["env_steps"], "entropy": m["train/entropy"], "temperature": m["train/temperature"]}
-        for m in metrics
-        if "train/entropy" in m and m["env_steps"] % every == 0
-    ]
-
-
-def annotate(name: str, **fields: object) -> None:
-    """Add `fields` to a run's committed record."""
-    record = json.loads(record_path(name).read_text())
-    record.update(fields)
-    record_path(name).write_text(json.dumps(record))
-
-
-def write_report(name: str, lines: list[str]) -> None:
-    """results/<name>.md, printed as well."""
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / f"{name}.md").read_text())
-
-
-def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
+def tune(key: str, parallel: int) -> None:
     """The study's tuning arms on seed 1, each record with its learner's entropy and temperature."""
     study = STUDIES[key]
     plain = study.arms[next(iter(study.arms))]
@@ -461,7 +441,7 @@ def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
     if study.scripted_demos:
         record_scripted_demos(*study.scripted_demos)
     with ThreadPoolExecutor(parallel) as pool:
-        for job in [pool.submit(one, arm) for arm in only or TUNING_ARMS[key]]:
+        for job in [pool.submit(one, arm) for arm in TUNING_ARMS[key]]:
             job.result()
 
 

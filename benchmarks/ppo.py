@@ -208,10 +208,30 @@ def load_records(folder: str) -> list[dict]:
 def evaluate_heldout(name: str, **fields: object) -> None:
     """The run's held-out results, and any other `fields`, into its per-run JSON."""
     results, command = heldout_results(RUNS / name)
-    path = record_path(name)
-    run = json.loads(path.read_text())
-    run.update(fields, heldout={"seed": HELDOUT_SEED, "command": command, **results})
-    path.write_text(json.dumps(run))
+    annotate(name, **fields, heldout={"seed": HELDOUT_SEED, "command": command, **results})
+
+
+def learner_curve(name: str, every: int) -> list[dict]:
+    """The actor's entropy and temperature every `every` env steps of a run, from its metrics."""
+    metrics = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {"env_steps": m["env_steps"], "entropy": m["train/entropy"], "temperature": m["train/temperature"]}
+        for m in metrics
+        if "train/entropy" in m and m["env_steps"] % every == 0
+    ]
+
+
+def annotate(name: str, **fields: object) -> None:
+    """Add `fields` to a run's committed record."""
+    record = json.loads(record_path(name).read_text())
+    record.update(fields)
+    record_path(name).write_text(json.dumps(record))
+
+
+def write_report(name: str, lines: list[str]) -> None:
+    """results/<name>.md, printed as well."""
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print((RESULTS / f"{name}.md").read_text())
 
 
 def has_heldout(name: str) -> bool:

@@ -44,17 +44,19 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hil import COMMON, GOAL, annotate, ensure_expert, held_from, learner_curve, record_demos  # noqa: E402
+from hil import COMMON, GOAL, ensure_expert, held_from, record_demos  # noqa: E402
 from plots import save_with_summary  # noqa: E402
 from ppo import (  # noqa: E402
     HELDOUT_EPISODES,
     HELDOUT_SEED,
     RESULTS,
     RUNS,
+    annotate,
     evaluate_heldout,
     first_reaching,
     has_heldout,
     interval95,
+    learner_curve,
     load_records,
     mode_name,
     record_path,
