@@ -378,6 +378,16 @@ TUNING_ARMS = {
         "rlpd": [],
         # SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
         "rlpd-serl-temperature": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
+        # HIL-SERL's discount on top of its temperature
+        "rlpd-serl-gamma": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.gamma=0.97"],
+        # HIL-SERL's two critics, and twice the critic updates per transition for the same cost
+        "rlpd-serl-utd4": [
+            "algo.init_temperature=0.01",
+            "algo.backup_entropy=false",
+            "algo.gamma=0.97",
+            "algo.num_critics=2",
+            "algo.utd_ratio=4",
+        ],
     },
 }
 
