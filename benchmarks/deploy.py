@@ -125,7 +125,7 @@ def make_model(model: str):
 
 # ---- servers (each in its own process) -----------------------------------------------------
 def serve_ours(model: str, address: Any, stop: Any) -> None:
-    from embodied.serve import PolicyServer, ServeConfig
+    from embodied.runtime.policy_server import PolicyServer, ServeConfig
 
     forward = make_model(model)
 

@@ -76,7 +76,7 @@ def vla(scale: Scale, work: Path) -> StepResult:
                 f"carry .gpu/vla-sft.tar (docs/gpu.md)"
             )
         vla_sft(str(work), True, scale.device)
-    from embodied.checkpoint import load_checkpoint_state
+    from embodied.runs.checkpoint import load_checkpoint_state
 
     budget_s, per_call_s = (30, 30) if scale.smoke else (1200, 480)
     resuming = (rl / "checkpoints" / "latest").is_file()

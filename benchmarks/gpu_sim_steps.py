@@ -228,7 +228,7 @@ def ppo(scale: Scale, work: Path) -> StepResult:
 def checkpoint_successes(run_dir: Path, env: str, scale: Scale, work: Path) -> list[tuple[int, float, float]]:
     """(env steps, training seconds, deterministic success) of every checkpoint of a run,
     each evaluated on CPU envs (`env`, the run's env option)."""
-    from embodied.checkpoint import load_checkpoint_state
+    from embodied.runs.checkpoint import load_checkpoint_state
 
     curve = []
     for checkpoint in sorted((run_dir / "checkpoints").glob("iter_*")):

@@ -50,9 +50,9 @@ SUMMARY = RESULTS / "gradient_snr.json"
 
 def load_policy(checkpoint: Path, temperature: float):
     from embodied.build import build_policy
-    from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.config import checkpoint_config
     from embodied.core.types import EnvSpec
+    from embodied.runs.checkpoint import load_checkpoint, load_policy_weights
 
     config = checkpoint_config(checkpoint)
     weights, saved = load_checkpoint(checkpoint)
@@ -239,7 +239,7 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, nargs="+", default=[1.0, 2.0])
     args = parser.parse_args()
     if args.command == "run":
-        from embodied.checkpoint import resolve_checkpoint
+        from embodied.runs.checkpoint import resolve_checkpoint
 
         torch.set_num_threads(1)  # the env workers take the other core
         checkpoint = resolve_checkpoint(args.checkpoint)

@@ -8,9 +8,9 @@ from typing import Any
 
 from embodied.build import build_env
 from embodied.core.errors import ConfigError
-from embodied.eval_episodes import run_episodes, write_report, write_videos
-from embodied.eval_suite import evaluate_suite
-from embodied.policy_loading import policy_source
+from embodied.eval.episodes import run_episodes, write_report, write_videos
+from embodied.eval.suites import evaluate_suite
+from embodied.runs.loading import policy_source
 
 
 def evaluate_checkpoint(config: Any) -> Path:

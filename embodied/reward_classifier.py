@@ -15,10 +15,7 @@ EfficientNet-Lite0 features of each camera (`embodied.policies.encoders`), conca
 trainable MLP giving one logit. The encoder's features are computed once per frame, so
 training the head takes seconds on a CPU. Positives are weighted by the class ratio.
 
-As the env reward (`ClassifiedReward`), each step's reward is 1 where the probability for
-the observation the step led to exceeds `threshold`, else 0, per executed action. The env's
-own success and episode statistics are left as they are: in simulation they show whether
-the classifier's reward leads to true success."""
+As the env reward, the model and its env wrapper live in `embodied.runtime.classified_reward`."""
 
 from __future__ import annotations
 
@@ -26,18 +23,16 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
-from embodied.checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
-from embodied.config import RewardConfig
-from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
-from embodied.core.types import Observation, StepResult
+from embodied.runs.checkpoint import save_checkpoint
+from embodied.runtime.classified_reward import RewardClassifier
 
 logger = logging.getLogger(__name__)
 
@@ -58,32 +53,6 @@ class RewardClassifierConfig:
     run_dir: Optional[str] = None
 
 
-class RewardClassifier(nn.Module):
-    def __init__(self, camera_names: list[str], hidden: list[int]):
-        super().__init__()
-        from embodied.policies.encoders import EfficientNetLite0
-        from embodied.policies.mlp import mlp
-
-        self.cameras = list(camera_names)
-        object.__setattr__(self, "encoder", EfficientNetLite0.pretrained())  # frozen, from its package
-        self.head = mlp([len(self.cameras) * EfficientNetLite0.feature_dim, *hidden, 1], nn.ReLU, out_gain=1.0)
-
-    @torch.no_grad()
-    def features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
-        missing = [c for c in self.cameras if c not in images]
-        if missing:
-            raise ConfigError(f"the reward classifier reads cameras {self.cameras}; the observation lacks {missing}")
-        return torch.cat([self.encoder.features(images[c].cpu()) for c in self.cameras], -1)
-
-    def logits(self, features: torch.Tensor) -> torch.Tensor:
-        return self.head(features).squeeze(-1)
-
-    @torch.no_grad()
-    def probability(self, images: dict[str, torch.Tensor]) -> torch.Tensor:
-        """(B,) success probability of uint8 (B, H, W, 3) images per camera."""
-        return torch.sigmoid(self.logits(self.features(images)))
-
-
 def frame_labels(episode: np.ndarray, success: np.ndarray, tail: int) -> np.ndarray:
     """Positive: the last `tail` frames of each episode whose last frame says success."""
     labels = np.zeros(len(episode), bool)
@@ -96,7 +65,7 @@ def frame_labels(episode: np.ndarray, success: np.ndarray, tail: int) -> np.ndar
 
 def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[str, float]]:
     """Train the head, save it as a checkpoint and return the run dir and held-out metrics."""
-    from embodied.runs import new_run_dir
+    from embodied.runs.folders import new_run_dir
 
     if not config.dataset:
         raise ConfigError("the reward classifier needs dataset=<LeRobotDataset with camera images>")
@@ -164,76 +133,3 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
     )
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return run_dir, metrics
-
-
-def load_reward_classifier(path: str | Path) -> RewardClassifier:
-    checkpoint = resolve_checkpoint(path)
-    weights, state = load_checkpoint(checkpoint)
-    if "cameras" not in state:
-        raise ConfigError(f"{checkpoint} is not a reward classifier (train one with `embodied reward`)")
-    model = RewardClassifier(state["cameras"], state["hidden"])
-    model.head.load_state_dict(weights)
-    return model.eval()
-
-
-class ClassifiedReward(BatchedEnv):
-    """A batched env whose reward is the classifier's verdict on each step's outcome."""
-
-    def __init__(self, env: BatchedEnv, cfg: RewardConfig):
-        if not 0.0 <= cfg.threshold <= 1.0:
-            raise ConfigError(f"reward.threshold must be in [0, 1], got {cfg.threshold}")
-        self.env, self.threshold = env, cfg.threshold
-        self.model = load_reward_classifier(cfg.classifier)
-        missing = [c for c in self.model.cameras if c not in env.spec.image_shapes]
-        if missing:
-            raise ConfigError(
-                f"reward.classifier reads cameras {self.model.cameras}; the env has "
-                f"{sorted(env.spec.image_shapes)} (use env.obs_mode=rgb)"
-            )
-        self.spec, self.num_envs = env.spec, env.num_envs
-
-    def __getattr__(self, name: str) -> Any:  # tasks, instructions, worker counters...
-        env = self.__dict__.get("env")
-        if env is None:
-            raise AttributeError(name)
-        return getattr(env, name)
-
-    def step(self, actions: np.ndarray) -> StepResult:
-        result = self.env.step(actions)
-        done = result.terminated | result.truncated
-        outcome = {
-            c: np.where(done[:, None, None, None], result.final_observation.images[c], result.observation.images[c])
-            for c in self.model.cameras
-        }
-        success = self.model.probability({c: torch.from_numpy(v) for c, v in outcome.items()}).numpy() > self.threshold
-        result.reward = (success * result.executed_steps).astype(np.float32)
-        return result
-
-    def reset(self, seeds: Any = None, env_idx: Any = None) -> Observation:
-        return self.env.reset(seeds, env_idx)
-
-    def rewind(self) -> Observation:
-        return self.env.rewind()
-
-    def recover(self) -> Observation:
-        return self.env.recover()
-
-    def resume_state(self) -> dict[str, Any] | None:
-        return self.env.resume_state()
-
-    def restore(self, state: dict[str, Any] | None) -> Observation:
-        return self.env.restore(state)
-
-    def render(self, env_idx: int = 0) -> np.ndarray:
-        return self.env.render(env_idx)
-
-    def close(self) -> None:
-        self.env.close()
-
-
-def with_reward(env: BatchedEnv, cfg: RewardConfig) -> BatchedEnv:
-    """The env, with the classifier's reward where `reward.classifier` names one."""
-    if not cfg.classifier:
-        return env
-    logger.info("reward from the classifier at %s (threshold %.2f)", cfg.classifier, cfg.threshold)
-    return ClassifiedReward(env, cfg)

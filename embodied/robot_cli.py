@@ -102,7 +102,7 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     """A trained policy as the oracle's expert, acting on the robot's observation: for
     simulation, where a state-based expert may coach an image-based policy. Loads torch."""
     from embodied.core.types import Observation
-    from embodied.policy_loading import load_run_policy, numpy_infer
+    from embodied.runs.loading import load_run_policy, numpy_infer
 
     infer = numpy_infer(load_run_policy(checkpoint))
 

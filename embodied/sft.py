@@ -31,7 +31,12 @@ from tqdm import tqdm
 
 from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.build import build_env, build_policy, in_this_process, resolve_device
-from embodied.checkpoint import (
+from embodied.config import SFTConfig, override_key, resumed, to_schema, to_yaml
+from embodied.core.compose import load_yaml
+from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
+from embodied.core.types import EnvSpec, Observation
+from embodied.runs.checkpoint import (
     load_checkpoint,
     load_policy_weights,
     resolve_checkpoint,
@@ -39,14 +44,9 @@ from embodied.checkpoint import (
     save_checkpoint,
     without_pretrained_frozen,
 )
-from embodied.config import SFTConfig, override_key, resumed, to_schema, to_yaml
-from embodied.core.compose import load_yaml
-from embodied.core.errors import ConfigError
-from embodied.core.policy import Policy
-from embodied.core.types import EnvSpec, Observation
-from embodied.policy_loading import load_run_policy
-from embodied.process import get_rng_state, set_rng_state, start_process
-from embodied.runs import MetricLogger, drop_metrics_after, new_run_dir, refuse_a_used_run_dir
+from embodied.runs.folders import MetricLogger, drop_metrics_after, new_run_dir, refuse_a_used_run_dir
+from embodied.runs.loading import load_run_policy
+from embodied.runtime.process import get_rng_state, set_rng_state, start_process
 
 logger = logging.getLogger(__name__)
 

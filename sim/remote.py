@@ -21,9 +21,10 @@ from typing import Any, Callable, Optional
 
 import zmq
 
+from embodied.core.errors import EnvWorkerError
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, hello_mismatch, plain
 from embodied.core.sockets import bind, receive, send
-from embodied.sim.worker_envs import EnvWorkerError, unwrap_reply
+from embodied.sim.worker_envs import unwrap_reply
 
 
 @dataclass

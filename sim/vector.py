@@ -12,9 +12,9 @@ import numpy as np
 
 from embodied.core import codec
 from embodied.core.env import BatchedEnv, SingleEnv
-from embodied.core.errors import CheckpointError, ConfigError
+from embodied.core.errors import CheckpointError, ConfigError, EnvWorkerError
 from embodied.core.types import EnvSpec, EpisodeStats, Observation, StepResult
-from embodied.sim.worker_envs import EnvWorkerError, WorkerEnvs, run_command, unwrap_reply
+from embodied.sim.worker_envs import WorkerEnvs, run_command, unwrap_reply
 
 
 class _LocalWorker:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from embodied.core.env import SingleEnv, SingleObservation, episode_seed
+from embodied.core.errors import EnvWorkerError
 
 
 class WorkerEnvs:
@@ -150,10 +151,6 @@ class WorkerEnvs:
             "state": np.stack([o.state for o in observations]).astype(np.float32),
             "images": {name: np.stack([o.images[name] for o in observations]) for name in observations[0].images},
         }
-
-
-class EnvWorkerError(RuntimeError):
-    """An env worker process failed, died or stopped answering."""
 
 
 COMMANDS = frozenset(

@@ -117,6 +117,38 @@ def test_no_module_imports_a_layer_above_its_own(graph):
     assert not upward, "\n".join(upward)
 
 
+# The application's top level holds only the entry points: the CLI and its verbs, and the
+# configs the verbs compose. Everything else lives in a subpackage by responsibility.
+ENTRY_POINTS = {"embodied.cli", "embodied.robot_cli"}
+VERBS = {
+    "embodied.train",
+    "embodied.evaluate",
+    "embodied.serve",
+    "embodied.sft",
+    "embodied.demos",
+    "embodied.reward_classifier",
+    "embodied.plots",
+    "embodied.info",
+}
+CONFIGS = {"embodied.config", "embodied.components", "embodied.build"}
+
+
+def test_the_top_level_holds_only_entry_points_verbs_and_configs():
+    top = {f"embodied.{path.stem}" for path in (ROOT / "embodied").glob("*.py") if path.stem != "__init__"}
+    assert top == ENTRY_POINTS | VERBS | CONFIGS, f"unexpected: {sorted(top - ENTRY_POINTS - VERBS - CONFIGS)}"
+    assert len(top) + 1 <= 14  # with __init__.py
+
+
+def test_no_module_imports_a_verb(graph):
+    importers = sorted(
+        f"{name} imports the verb {target}"
+        for name, targets in graph.items()
+        for target in targets & VERBS
+        if name not in ENTRY_POINTS
+    )
+    assert not importers, "\n".join(importers)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     """One import cycle as a path (first module repeated at its end), or []."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done

@@ -102,7 +102,7 @@ def config_reference() -> str:
     from embodied.demos import DemosConfig
     from embodied.reward_classifier import RewardClassifierConfig
     from embodied.robots.client import RobotClientConfig, TeleopConfig
-    from embodied.serve import ServeConfig
+    from embodied.runtime.policy_server import ServeConfig
 
     lines = [
         "# Configuration reference",

@@ -15,3 +15,8 @@ class CheckpointError(EmbodiedError):
 
 class UnknownNameError(ConfigError):
     """A registry lookup for a name nobody registered."""
+
+
+class EnvWorkerError(RuntimeError):
+    """An env worker process failed, died or stopped answering. A RuntimeError, not an
+    EmbodiedError: the runtimes catch it to restart the worker, and it is no user's mistake."""

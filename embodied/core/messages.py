@@ -128,7 +128,7 @@ BODIES: tuple[Body, ...] = (
         "policy",
         "hello",
         "robot client",
-        "embodied.serve:PolicyServer._hello",
+        "embodied.runtime.policy_server:PolicyServer._hello",
         "a robot introduces itself; the server checks its spec against the policy's",
         (
             _f("protocol", "int", "the protocol version"),
@@ -166,7 +166,7 @@ BODIES: tuple[Body, ...] = (
         "policy",
         "infer",
         "robot client",
-        "embodied.serve:PolicyServer._queue",
+        "embodied.runtime.policy_server:PolicyServer._queue",
         "one observation; answered by an action (or an error) with the same seq",
         (
             _f("tick", "int", "the client's control tick"),
@@ -233,7 +233,7 @@ BODIES: tuple[Body, ...] = (
         "policy",
         "heartbeat",
         "robot client",
-        "embodied.serve:PolicyServer._dispatch",
+        "embodied.runtime.policy_server:PolicyServer._dispatch",
         "keeps an idle client's slot; answered by the server's heartbeat",
         (_f("time", "float", "the client's clock"),),
     ),
@@ -251,7 +251,11 @@ BODIES: tuple[Body, ...] = (
         ),
     ),
     Body(
-        "policy", "close", "robot client", "embodied.serve:PolicyServer._forget", "the client leaves; its slot is free"
+        "policy",
+        "close",
+        "robot client",
+        "embodied.runtime.policy_server:PolicyServer._forget",
+        "the client leaves; its slot is free",
     ),
     Body(
         "policy",

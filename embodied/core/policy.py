@@ -68,7 +68,7 @@ class Policy(ABC):
     def pretrained_frozen(self) -> tuple[str, list[str]] | None:
         """(source, names): the state-dict entries this policy loads from a pretrained `source`
         (a local path or hub id) when it is built and never trains, such as a LoRA run's
-        backbone. Checkpoints leave them out (`embodied.checkpoint`); a load rebuilds them from
+        backbone. Checkpoints leave them out (`embodied.runs.checkpoint`); a load rebuilds them from
         the source and checks they are the same. None by default: everything is saved."""
         return None
 

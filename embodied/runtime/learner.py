@@ -14,9 +14,9 @@ from embodied.algos.distributed import (
     optimizer_parameter_names,
     shard_with_optimizer,
 )
-from embodied.checkpoint import load_policy_weights
 from embodied.core.policy import Policy
-from embodied.offload import Offloader
+from embodied.runs.checkpoint import load_policy_weights
+from embodied.runtime.offload import Offloader
 from embodied.runtime.wire import published_weights
 
 
@@ -86,7 +86,7 @@ class Learner:
 
     def load_weights(self, weights: dict[str, torch.Tensor], checkpoint_state: dict[str, Any] | None = None) -> None:
         """The policy's whole state, or a checkpoint's weights with its state (which says what
-        it left out: `embodied.checkpoint.load_policy_weights`)."""
+        it left out: `embodied.runs.checkpoint.load_policy_weights`)."""
         self._check_unsharded()
         load_policy_weights(self.policy, weights, checkpoint_state or {})
 

@@ -32,9 +32,9 @@ from typing import Any
 import torch
 
 from embodied.algos.distributed import SHARDINGS, DataParallel
-from embodied.checkpoint import flatten, unflatten
 from embodied.core import codec
 from embodied.core.errors import ConfigError
+from embodied.runs.checkpoint import flatten, unflatten
 from embodied.runtime.learner import Learner
 from embodied.runtime.wire import tensors_from_wire, tensors_to_wire, trajectory_from_wire, trajectory_to_wire
 
@@ -262,7 +262,7 @@ def follow(config: Any, rank: int, world: int, address: str, spec: dict[str, Any
     """Ranks 1..N-1: mirror rank 0's updates until it says stop."""
     from embodied.build import build_algo, build_policy
     from embodied.core.types import EnvSpec
-    from embodied.process import start_process
+    from embodied.runtime.process import start_process
 
     sharded = getattr(config.runtime, "learner_sharding", "replicate") == "fsdp"
     start_process(config.seed, config.runtime.torch_threads)

@@ -9,13 +9,14 @@ import logging
 
 from embodied.build import build_algo, build_env, build_policy, resolve_device
 from embodied.config import TrainConfig
-from embodied.intervention import build_operator
-from embodied.process import start_process
-from embodied.reward_classifier import with_reward
+from embodied.eval.periodic import PeriodicEvaluation
+from embodied.runtime.classified_reward import with_reward
 from embodied.runtime.configs import LocalRuntimeConfig
 from embodied.runtime.learner import Learner
+from embodied.runtime.operator import build_operator
+from embodied.runtime.process import start_process
 from embodied.runtime.rollout import Rollout
-from embodied.train import PeriodicEvaluation, TrainSession
+from embodied.runtime.session import TrainSession
 
 logger = logging.getLogger(__name__)
 

@@ -34,15 +34,16 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.protocol import PROTOCOL_VERSION
 from embodied.core.types import EnvSpec, EpisodeStats
-from embodied.process import start_process
+from embodied.eval.periodic import PeriodicEvaluation
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import Delivery, LearnerLink, LinkError
 from embodied.runtime.learner_ranks import LearnerRanks, RankProcesses, check_learner_ranks
+from embodied.runtime.process import start_process
 from embodied.runtime.rollout import env_share
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL, rollout_name
+from embodied.runtime.session import TrainSession
 from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
-from embodied.train import PeriodicEvaluation, TrainSession
 
 logger = logging.getLogger(__name__)
 

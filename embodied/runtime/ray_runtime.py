@@ -28,7 +28,7 @@ from embodied.core.errors import ConfigError
 from embodied.runtime.configs import RayRuntimeConfig
 from embodied.runtime.procs import ProcsRuntime, RolloutSupervisor, check_config
 from embodied.runtime.ray_actors import LOOPBACK_HOSTS, EnvWorkerRole, Role, RoleResources, start_actor
-from embodied.train import TrainSession
+from embodied.runtime.session import TrainSession
 
 logger = logging.getLogger(__name__)
 

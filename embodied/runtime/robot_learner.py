@@ -49,13 +49,14 @@ from embodied.config import RewardConfig, TrainConfig
 from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, EpisodeStats, Observation
-from embodied.process import start_process
-from embodied.reward_classifier import load_reward_classifier
+from embodied.eval.periodic import PeriodicEvaluation
+from embodied.runtime.classified_reward import load_reward_classifier
 from embodied.runtime.configs import RobotsRuntimeConfig
 from embodied.runtime.learner import Learner
+from embodied.runtime.policy_server import ClientState, PolicyServer, ServeConfig
+from embodied.runtime.process import start_process
+from embodied.runtime.session import TrainSession
 from embodied.runtime.wire import load_published_weights, published_weights
-from embodied.serve import ClientState, PolicyServer, ServeConfig
-from embodied.train import PeriodicEvaluation, TrainSession
 
 logger = logging.getLogger(__name__)
 

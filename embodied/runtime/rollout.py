@@ -10,12 +10,11 @@ import torch
 
 from embodied.algos.buffers import Trajectory, TrajectoryBuilder, concat_envs
 from embodied.core.env import BatchedEnv, episode_seed
-from embodied.core.errors import ConfigError
+from embodied.core.errors import ConfigError, EnvWorkerError
 from embodied.core.policy import Policy
 from embodied.core.types import ActionChunk, EpisodeStats, Observation, StepResult, concat_observations
-from embodied.intervention import SimOperator
-from embodied.offload import Offloader
-from embodied.sim.worker_envs import EnvWorkerError
+from embodied.runtime.offload import Offloader
+from embodied.runtime.operator import SimOperator
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +60,7 @@ class Rollout:
         offload: bool = False,
     ):
         self.env = env
-        self.operator = operator  # a scripted operator that may take over envs (embodied/intervention.py)
+        self.operator = operator  # a scripted operator that may take over envs (embodied/runtime/operator.py)
         # Pipelining needs an env whose env workers step independently (VectorizedEnv with
         # workers), grouped into stages: each stage costs one inference per step, and a GPU's
         # small-batch inference costs about as much for a few rows as for all of them.

@@ -23,9 +23,9 @@ from embodied.build import build_env, build_policy, resolve_device
 from embodied.config import TrainConfig, to_schema
 from embodied.core.compose import load_yaml
 from embodied.core.errors import EmbodiedError
-from embodied.intervention import build_operator
-from embodied.process import start_process
-from embodied.reward_classifier import with_reward
+from embodied.runtime.classified_reward import with_reward
+from embodied.runtime.operator import build_operator
+from embodied.runtime.process import start_process
 from embodied.runtime.rollout import Rollout, env_share
 from embodied.runtime.rollout_link import RolloutLink
 from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.checkpoint import flatten, load_checkpoint, resolve_checkpoint, save_checkpoint, unflatten
 from embodied.core.errors import CheckpointError
+from embodied.runs.checkpoint import flatten, load_checkpoint, resolve_checkpoint, save_checkpoint, unflatten
 
 
 def test_nested_state_round_trips_through_tensors_and_json():
@@ -91,7 +91,7 @@ def limited_file_size(limit: int):
 def test_a_checkpoint_that_cannot_be_written_names_the_last_complete_one_and_leaves_no_partial_copy(tmp_path):
     script = f"""
 import torch
-from embodied.checkpoint import save_checkpoint
+from embodied.runs.checkpoint import save_checkpoint
 from embodied.core.errors import CheckpointError
 directory = {str(tmp_path / "checkpoints")!r}
 from pathlib import Path

@@ -181,7 +181,7 @@ def test_the_starting_command_again_with_resume_added_is_taken_and_a_real_change
 
 @pytest.mark.slow
 def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new_episodes(tmp_path):
-    from embodied.checkpoint import load_checkpoint, save_checkpoint
+    from embodied.runs.checkpoint import load_checkpoint, save_checkpoint
 
     run_dir = tmp_path / "run"
     embodied(

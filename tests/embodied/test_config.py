@@ -155,7 +155,7 @@ def test_no_yaml_file_restates_a_default_of_its_schema():
     from embodied.demos import DemosConfig
     from embodied.reward_classifier import RewardClassifierConfig
     from embodied.robots.client import RobotClientConfig, TeleopConfig
-    from embodied.serve import ServeConfig
+    from embodied.runtime.policy_server import ServeConfig
 
     registries = {**GROUPS, "robot": ROBOTS}
     found = []

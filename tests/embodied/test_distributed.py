@@ -152,7 +152,7 @@ def test_procs_with_two_learner_ranks_trains_like_one(tmp_path, algo, sharding):
 
     from safetensors.torch import load_file
 
-    from embodied.checkpoint import resolve_checkpoint
+    from embodied.runs.checkpoint import resolve_checkpoint
     from tests.embodied.test_procs import updates_of
 
     tiny = [
@@ -323,7 +323,7 @@ def test_procs_with_fsdp_ranks_trains_like_one_and_resumes_either_way(tmp_path):
 
     from safetensors.torch import load_file
 
-    from embodied.checkpoint import resolve_checkpoint
+    from embodied.runs.checkpoint import resolve_checkpoint
     from tests.embodied.test_procs import updates_of
     from tests.policies.tiny import TINY_PI0
 

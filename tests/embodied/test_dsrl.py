@@ -328,7 +328,7 @@ def test_dsrl_from_a_trained_flow_keeps_its_weights_bit_for_bit_with_an_operator
     steps reach the offline data."""
     from safetensors.torch import load_file
 
-    from embodied.checkpoint import resolve_checkpoint
+    from embodied.runs.checkpoint import resolve_checkpoint
 
     pendulum = ["env=mujoco_invertedpendulum", "env.task=Pendulum-v1", "policy=flow", "policy.hidden=[16]"]
     common = ["eval_episodes=0", "logger.progress_bar=false", "runtime.device=cpu"]

@@ -9,7 +9,7 @@ import pytest
 
 from embodied.config import EvalConfig
 from embodied.core.errors import ConfigError
-from embodied.eval_suite import evaluate_suite
+from embodied.eval.suites import evaluate_suite
 from tests.cli import NO_EVAL, QUIET, start
 
 LIBERO_STATE = ["env=libero_goal", "env.cameras=[]", "env.num_workers=1", "env.settle_steps=0"]

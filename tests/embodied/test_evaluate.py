@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from embodied.core.types import EpisodeStats
-from embodied.eval_episodes import summarize, wilson_interval, write_report
+from embodied.eval.episodes import summarize, wilson_interval, write_report
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_two_evaluations_of_one_flow_policy_on_one_seed_agree():
     """A flow policy's greedy mode still draws its initial noise: the evaluation's own
     stream makes it repeatable, whatever torch's global stream has done in between."""
     from embodied.build import build_env
-    from embodied.eval_episodes import run_episodes
+    from embodied.eval.episodes import run_episodes
     from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
     from embodied.sim.maniskill import ManiSkillConfig
 

@@ -160,9 +160,9 @@ def test_resampling_collects_batches_until_enough_informative_groups_and_survive
     import json
 
     from embodied.algos.grpo import GRPO, GRPOConfig
-    from embodied.checkpoint import flatten, unflatten
     from embodied.core.types import EnvSpec
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runs.checkpoint import flatten, unflatten
 
     def make():
         torch.manual_seed(0)

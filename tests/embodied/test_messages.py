@@ -139,7 +139,7 @@ def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):
         import numpy as np
         from embodied.core.types import EnvSpec
         from embodied.robots.policy_client import PolicyClient
-        from embodied.serve import PolicyServer, ServeConfig
+        from embodied.runtime.policy_server import PolicyServer, ServeConfig
 
         spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
         infer = lambda observation: np.zeros((observation.batch_size, 4, 2), np.float32)
@@ -226,7 +226,7 @@ def test_a_robot_and_a_learning_server_send_only_defined_bodies_on_the_policy_ch
 @pytest.mark.slow
 def test_infer_is_one_blocking_call_and_says_when_no_server_answers():
     from embodied.robots.policy_client import PolicyClient, ServerError
-    from embodied.serve import PolicyServer, ServeConfig
+    from embodied.runtime.policy_server import PolicyServer, ServeConfig
     from tests.robots.test_deploy import free_endpoint
 
     spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)

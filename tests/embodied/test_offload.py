@@ -9,10 +9,10 @@ import torch
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.offload import Offloader
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.learner import Learner
+from embodied.runtime.offload import Offloader
 from embodied.runtime.procs import check_config
 
 SPEC = EnvSpec(state_dim=5, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+from embodied.runs.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.procs import RolloutSupervisor
 from tests.cli import embodied

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from embodied.checkpoint import resolve_checkpoint
+from embodied.runs.checkpoint import resolve_checkpoint
 from tests.cli import start
 from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
 

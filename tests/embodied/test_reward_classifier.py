@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.checkpoint import save_checkpoint
 from embodied.cli import main
 from embodied.config import RewardConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec
-from embodied.reward_classifier import RewardClassifier, frame_labels, load_reward_classifier, with_reward
+from embodied.reward_classifier import frame_labels
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
+from embodied.runs.checkpoint import save_checkpoint
+from embodied.runtime.classified_reward import RewardClassifier, load_reward_classifier, with_reward
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 

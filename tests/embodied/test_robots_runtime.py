@@ -15,11 +15,11 @@ from embodied.core.compose import compose
 from embodied.core.episodes import Episode, EpisodeNotTaken, parse_episode
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec
-from embodied.reward_classifier import load_reward_classifier
 from embodied.robots.policy_client import PolicyClient, ServerError
+from embodied.runtime.classified_reward import load_reward_classifier
 from embodied.runtime.configs import RobotsRuntimeConfig
+from embodied.runtime.policy_server import PolicyServer, ServeConfig
 from embodied.runtime.robot_learner import LatestWeights, OutcomeReward, RobotsRuntime, episode_trajectory
-from embodied.serve import PolicyServer, ServeConfig
 from tests.cli import embodied, start
 from tests.embodied.test_reward_classifier import classifier_checkpoint
 
@@ -322,7 +322,7 @@ def test_a_robot_teaches_a_pixel_policy_with_an_operator_and_a_classifier_on_its
     """The real-robot loop in simulation: the policy reads the robot's camera, episodes carry
     its frames, a scripted operator takes over, the classifier rewards what each tick led to on
     the same camera, and the learned weights come back to the robot."""
-    from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+    from embodied.runs.checkpoint import load_checkpoint, resolve_checkpoint
 
     rgb = ["env.obs_mode=rgb", "env.image_size=32"]
     expert = tmp_path / "expert"

@@ -14,11 +14,11 @@ from embodied.algos.augment import random_shift
 from embodied.algos.replay import Transitions
 from embodied.algos.sac_rlpd import SACRLPD, SACConfig
 from embodied.build import build_env
-from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.image_backbones import EFFICIENTNET_SPATIAL_BLOCKS, frozen_backbone
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
+from embodied.runs.checkpoint import load_checkpoint, save_checkpoint
 from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import ManiSkillConfig
 from tests.embodied.test_cli import embodied

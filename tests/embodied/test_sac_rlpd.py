@@ -13,11 +13,11 @@ from scipy.stats import norm
 from embodied.algos.critics import HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
 from embodied.algos.sac_rlpd import SACRLPD, SACConfig
-from embodied.checkpoint import load_checkpoint, save_checkpoint
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
+from embodied.runs.checkpoint import load_checkpoint, save_checkpoint
 from embodied.runtime.rollout import Rollout
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from tests.cli import embodied
@@ -452,7 +452,7 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
     """The expert (a trained run) drives envs where the policy drifts; the rollout executes its
     action and flags the step; RLPD then holds those steps as demonstrations too."""
     from embodied.config import InterventionConfig
-    from embodied.intervention import SimOperator
+    from embodied.runtime.operator import SimOperator
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     train_run(tmp_path / "expert", "total_env_steps=2")

@@ -11,7 +11,7 @@ import pytest
 
 from embodied.config import InterventionConfig
 from embodied.core.errors import ConfigError
-from embodied.intervention import SCRIPTED, SimOperator
+from embodied.runtime.operator import SCRIPTED, SimOperator
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig

@@ -9,7 +9,6 @@ import torch
 
 from embodied.algos.datasets import read_frames
 from embodied.build import build_policy
-from embodied.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.cli import main
 from embodied.config import SFTConfig, TrainConfig, to_schema
 from embodied.core.compose import compose
@@ -17,12 +16,13 @@ from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec
 from embodied.demos import DemosConfig, generate_demos
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
+from embodied.runs.checkpoint import load_checkpoint, resolve_checkpoint
 from embodied.runtime.learner import Learner
+from embodied.runtime.session import TrainSession
 from embodied.sft import Demonstrations, run_sft, sft_config
 from embodied.sim.experts import make_expert
 from embodied.sim.maniskill import ManiSkillEnv, with_state_padding
 from embodied.sim.maniskill_common import ManiSkillConfig
-from embodied.train import TrainSession
 
 EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
 
@@ -328,7 +328,7 @@ def test_pi0_sft_on_a_new_dataset_keeps_the_datasets_statistics_in_its_checkpoin
     statistics in pi0's mode (mean/std), trains in those units, and its checkpoint carries
     them, so the run's policy acts as trained when loaded again (eval, serve, init=)."""
     from embodied.core.types import Observation
-    from embodied.policy_loading import load_run_policy
+    from embodied.runs.loading import load_run_policy
     from tests.policies.tiny import TINY_PI0
 
     run_dir = sft_run(

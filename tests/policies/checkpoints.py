@@ -7,8 +7,8 @@ from typing import Callable
 
 import torch
 
-from embodied.checkpoint import load_checkpoint, load_policy_weights, save_checkpoint, without_pretrained_frozen
 from embodied.core.policy import Policy
+from embodied.runs.checkpoint import load_checkpoint, load_policy_weights, save_checkpoint, without_pretrained_frozen
 
 
 def save_word_tokenizer(path: Path, words: list[str]) -> None:

@@ -22,9 +22,9 @@ CAMERAS = ("env.obs_mode=rgb", "env.image_size=32")
 def check_flow_vla_round_trip(run_dir: Path) -> None:
     """The checkpoint loads into a freshly built policy that acts deterministically."""
     from embodied.build import build_env, build_policy
-    from embodied.checkpoint import load_checkpoint
     from embodied.config import TrainConfig, to_schema
     from embodied.core.compose import compose
+    from embodied.runs.checkpoint import load_checkpoint
 
     weights, state = load_checkpoint(run_dir / "checkpoints" / (run_dir / "checkpoints" / "latest").read_text().strip())
     assert state["learner"]["policy_version"] == 1

@@ -124,7 +124,7 @@ def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what
 ):
     from safetensors import safe_open
 
-    from embodied.checkpoint import load_checkpoint
+    from embodied.runs.checkpoint import load_checkpoint
 
     run_dir = tmp_path / "run"
     update = train(

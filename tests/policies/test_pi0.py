@@ -273,8 +273,8 @@ def test_what_a_checkpoint_run_freezes_stays_out_of_its_checkpoints_and_is_check
 ):
     import shutil
 
-    from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.core.errors import CheckpointError
+    from embodied.runs.checkpoint import load_checkpoint, load_policy_weights
     from tests.policies.checkpoints import save_and_restore, saves_whole, size
 
     base = tmp_path / "pi0"

@@ -129,8 +129,8 @@ def test_a_causal_lm_and_its_tokenizer_load_from_a_local_path(tmp_path):
 
 
 def test_a_lora_checkpoint_keeps_what_training_changes_and_checks_the_frozen_rest(tmp_path):
-    from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.core.errors import CheckpointError
+    from embodied.runs.checkpoint import load_checkpoint, load_policy_weights
     from tests.policies.checkpoints import save_and_restore, size
 
     base = tmp_path / "base"
@@ -341,7 +341,7 @@ def test_cameras_need_a_backbone_that_reads_images():
 def test_one_grpo_iteration_on_maniskill_cameras_with_a_vision_language_backbone(tmp_path):
     import json
 
-    from embodied.checkpoint import load_checkpoint, resolve_checkpoint
+    from embodied.runs.checkpoint import load_checkpoint, resolve_checkpoint
 
     run_dir = tmp_path / "run"
     result = embodied(

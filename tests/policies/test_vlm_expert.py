@@ -87,8 +87,8 @@ def save_tiny_vlm(path, seed=0):
 
 
 def test_a_frozen_pretrained_backbone_stays_out_of_checkpoints_and_is_checked_on_load(tmp_path):
-    from embodied.checkpoint import load_checkpoint, load_policy_weights
     from embodied.core.errors import CheckpointError
+    from embodied.runs.checkpoint import load_checkpoint, load_policy_weights
     from tests.policies.checkpoints import save_and_restore, saves_whole
 
     base = tmp_path / "vlm"

@@ -18,7 +18,7 @@ from embodied.robots.client import BrokerConfig, RobotClient, RobotClientConfig
 from embodied.robots.policy_client import PolicyClient, ServerError
 from embodied.robots.safety import SafetyConfig, WorkspaceConfig
 from embodied.robots.sim_robot import SimRobot, SimRobotConfig
-from embodied.serve import PolicyServer, ServeConfig
+from embodied.runtime.policy_server import PolicyServer, ServeConfig
 from tests.waiting import wait_until
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-3.0, -3.0), action_high=(3.0, 3.0), control_hz=25.0)
@@ -253,7 +253,7 @@ def test_a_simulated_robot_completes_episodes_driven_by_the_server(tmp_path):
 
 SERVER_SCRIPT = """
 import sys, numpy as np
-from embodied.serve import PolicyServer, ServeConfig
+from embodied.runtime.policy_server import PolicyServer, ServeConfig
 from embodied.core.types import EnvSpec
 spec = EnvSpec.from_dict({spec})
 def infer(observation):

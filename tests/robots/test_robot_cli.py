@@ -166,10 +166,10 @@ def test_a_served_checkpoint_sends_the_actions_its_training_env_executed(trained
     import numpy as np
     from safetensors.numpy import load_file, save_file
 
-    from embodied.checkpoint import resolve_checkpoint
     from embodied.core.types import Observation
     from embodied.robots.client import RobotClient
     from embodied.robots.policy_client import PolicyClient
+    from embodied.runs.checkpoint import resolve_checkpoint
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     run = tmp_path / "pushing"

@@ -179,7 +179,7 @@ def test_batched_scene_env_runs_chunks_partial_resets_and_time_limits():
 
 @pytest.mark.slow
 def test_a_killed_env_worker_is_reported_not_waited_on():
-    from embodied.sim.worker_envs import EnvWorkerError
+    from embodied.core.errors import EnvWorkerError
 
     env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=2, num_workers=2), seed=0)
     try:

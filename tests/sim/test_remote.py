@@ -9,12 +9,12 @@ from functools import partial
 import numpy as np
 import pytest
 
+from embodied.core.errors import EnvWorkerError
 from embodied.core.sockets import EndpointError, check_endpoint
 from embodied.sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 from embodied.sim.vector import vectorize
-from embodied.sim.worker_envs import EnvWorkerError
 
 
 @pytest.mark.parametrize("transport", ["pipe", "zmq"])

@@ -28,8 +28,8 @@ from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.types import EpisodeStats
-from embodied.eval_episodes import eval_generator, write_report, write_videos
-from embodied.policy_loading import policy_source
+from embodied.eval.episodes import eval_generator, write_report, write_videos
+from embodied.runs.loading import policy_source
 from embodied.sim.libero import SUITE_TASK_COUNTS
 
 MANISKILL_SUITE = ["PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1"]

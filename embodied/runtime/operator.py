@@ -17,8 +17,8 @@ from embodied.config import InterventionConfig
 from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
-from embodied.policy_loading import load_run_policy, numpy_infer
 from embodied.robots.teleop import OracleRule
+from embodied.runs.loading import load_run_policy, numpy_infer
 
 OFF_POLICY_ALGOS = ("sac_rlpd", "dsrl")
 

@@ -16,17 +16,17 @@ import numpy as np
 import torch
 
 from embodied.build import build_env, build_policy
-from embodied.checkpoint import (
+from embodied.config import TrainConfig, checkpoint_config
+from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
+from embodied.core.types import EnvSpec, Observation
+from embodied.runs.checkpoint import (
     load_checkpoint,
     load_checkpoint_state,
     load_policy_weights,
     resolve_checkpoint,
     run_dir_of,
 )
-from embodied.config import TrainConfig, checkpoint_config
-from embodied.core.errors import ConfigError
-from embodied.core.policy import Policy
-from embodied.core.types import EnvSpec, Observation
 
 logger = logging.getLogger(__name__)
 
