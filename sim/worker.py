@@ -11,6 +11,7 @@ while idle and exits when its parent process is gone."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import time
@@ -21,31 +22,33 @@ import zmq
 
 from embodied.core.env import SingleEnv
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
+from embodied.core.registry import unknown_name_message
 from embodied.core.sockets import connect, receive, send
 from embodied.sim.worker_envs import WorkerEnvs, run_command
+
+# The single envs a worker can run: env name -> (its env class, its config schema), named
+# rather than imported, so a worker imports only its own simulator. The training side's
+# registry (`embodied.core.registry.ENVS`) builds batched envs and imports torch.
+WORKER_ENVS = {
+    "maniskill": ("embodied.sim.maniskill:ManiSkillEnv", "embodied.sim.maniskill_common:ManiSkillConfig"),
+    "gymnasium": ("embodied.sim.gymnasium_env:GymnasiumEnv", "embodied.sim.gymnasium_env:GymnasiumConfig"),
+    "libero": ("embodied.sim.libero:LiberoEnv", "embodied.sim.libero:LiberoConfig"),
+    "robosuite": ("embodied.sim.robosuite_env:RobosuiteEnv", "embodied.sim.robosuite_env:RobosuiteConfig"),
+}
+
+
+def _load(target: str) -> Any:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
     """Builds single envs from a plain config dict, without the training-side registries."""
     name = env_config.get("name")
-    if name == "maniskill":
-        from embodied.sim.maniskill import ManiSkillEnv
-        from embodied.sim.maniskill_common import ManiSkillConfig
-
-        return partial(ManiSkillEnv, ManiSkillConfig(**env_config))
-    if name == "gymnasium":
-        from embodied.sim.gymnasium_env import GymnasiumConfig, GymnasiumEnv
-
-        return partial(GymnasiumEnv, GymnasiumConfig(**env_config))
-    if name == "libero":
-        from embodied.sim.libero import LiberoConfig, LiberoEnv
-
-        return partial(LiberoEnv, LiberoConfig(**env_config))
-    if name == "robosuite":
-        from embodied.sim.robosuite_env import RobosuiteConfig, RobosuiteEnv
-
-        return partial(RobosuiteEnv, RobosuiteConfig(**env_config))
-    raise ValueError(f"no env worker for env '{name}'; known: gymnasium, libero, maniskill, robosuite")
+    if name not in WORKER_ENVS:
+        raise ValueError(unknown_name_message("env worker", name, sorted(WORKER_ENVS)))
+    env_class, schema = (_load(target) for target in WORKER_ENVS[name])
+    return partial(env_class, schema(**env_config))
 
 
 def serve(

@@ -324,3 +324,15 @@ def test_the_socket_folders_of_killed_hubs_are_removed_and_live_ones_kept(tmp_pa
         (folder / "hub").write_text("")
     assert remove_stale_hubs(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
+
+
+def test_a_worker_runs_every_registered_env_and_names_the_closest_for_a_misspelling():
+    import embodied.components  # noqa: F401  (fills the registries)
+    from embodied.core.registry import ENVS
+    from embodied.sim.worker import WORKER_ENVS, single_env_factory
+
+    assert sorted(WORKER_ENVS) == ENVS.names()
+    with pytest.raises(ValueError, match=r"unknown env worker 'maniskil'.*Did you mean 'maniskill'"):
+        single_env_factory({"name": "maniskil"})
+    make = single_env_factory({"name": "gymnasium", "task": "Pendulum-v1"})
+    assert make.func is GymnasiumEnv and make.args[0] == GymnasiumConfig(task="Pendulum-v1")
