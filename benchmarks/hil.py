@@ -310,6 +310,7 @@ PIXEL_ARMS = {
 # The same two arms from privileged state (20 state demos): whether the recipe learns PickCube
 # at all, apart from the pixel path.
 STATE_DEMOS = RUNS / "pickcube-state-demos-20"
+MANY_STATE_DEMOS = RUNS / "pickcube-state-demos-200"
 STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
 
 
@@ -388,8 +389,16 @@ TUNING_ARMS = {
             "algo.num_critics=2",
             "algo.utd_ratio=4",
         ],
+        # ManiSkill's RLPD regime has many demos (1000): whether 20 are what holds the recipe back
+        "rlpd-serl-200-demos": [
+            "algo.init_temperature=0.01",
+            "algo.backup_entropy=false",
+            f"algo.demos={MANY_STATE_DEMOS}",
+        ],
     },
 }
+# demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
+TUNING_DEMOS = {MANY_STATE_DEMOS: (PICKCUBE, 200)}
 
 
 def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
@@ -434,15 +443,17 @@ def tuning_folder(study: Study) -> str:
     return f"{study.name}_tuning"
 
 
+def tuning_run(study: Study, arm: str) -> str:
+    return f"{tuning_folder(study)}/{arm}-s{TUNING_SEED}"
+
+
 def tune(key: str, parallel: int) -> None:
     """The study's tuning arms on seed 1, each record with its learner's entropy and temperature."""
     study = STUDIES[key]
     plain = study.arms[next(iter(study.arms))]
 
     def one(arm: str) -> None:
-        name = f"{tuning_folder(study)}/{arm}-s{TUNING_SEED}"
-        if record_path(name).is_file():
-            return
+        name = tuning_run(study, arm)
         extra = TUNING_ARMS[key][arm]
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
         train_run(name, overrides, study.steps, study.resume_with)
@@ -450,8 +461,12 @@ def tune(key: str, parallel: int) -> None:
 
     if study.scripted_demos:
         record_scripted_demos(*study.scripted_demos)
+    arms = [arm for arm in TUNING_ARMS[key] if not record_path(tuning_run(study, arm)).is_file()]
+    for root, (env, episodes) in TUNING_DEMOS.items():
+        if any(f"algo.demos={root}" in TUNING_ARMS[key][arm] for arm in arms):
+            record_scripted_demos(root, env, episodes)
     with ThreadPoolExecutor(parallel) as pool:
-        for job in [pool.submit(one, arm) for arm in TUNING_ARMS[key]]:
+        for job in [pool.submit(one, arm) for arm in arms]:
             job.result()
 
 
