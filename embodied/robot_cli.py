@@ -23,20 +23,11 @@ import numpy as np
 import embodied.robots.components  # noqa: F401  (fills the robot registry)
 from embodied.core.compose import compose, validate
 from embodied.core.errors import ConfigError
-from embodied.core.registry import ROBOTS
+from embodied.core.registry import ROBOTS, TELEOPS
 from embodied.robots.base import Robot
 from embodied.robots.client import RobotClient, RobotClientConfig
-from embodied.robots.leader_arm import LeaderArmTeleop, open_leader_arm
 from embodied.robots.policy_client import NoPolicy, PolicyClient
-from embodied.robots.teleop import (
-    GamepadTeleop,
-    KeyboardTeleop,
-    OracleTeleop,
-    SpaceMouseTeleop,
-    Teleop,
-    open_gamepad,
-    open_spacemouse,
-)
+from embodied.robots.teleop import KeyboardTeleop, OracleTeleop, Teleop, TeleopConfig
 
 
 def load_client_config(overrides: list[str]) -> RobotClientConfig:
@@ -116,50 +107,23 @@ def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
     return expert
 
 
+def oracle_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_names: list[str] | None) -> Teleop:
+    if not config.expert:
+        raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
+    rule = (config.threshold, config.patience, config.release, config.max_takeover)
+    return OracleTeleop(checkpoint_expert(config.expert), *rule)
+
+
+TELEOPS.add("oracle", TeleopConfig, oracle_teleop)
+
+
 def build_teleop(
-    config: object, action_dim: int, driving: bool = False, action_names: list[str] | None = None
+    config: TeleopConfig, action_dim: int, driving: bool = False, action_names: list[str] | None = None
 ) -> Teleop:
     """`driving`: no policy runs, the operator is in charge from the start. `action_names`:
     the robot's names for its action dimensions, where it has them (a leader arm matches
     its joints to them)."""
-    name = config.name
-    if name == "keyboard":
-        return KeyboardTeleop(action_dim, config.step, driving)  # type: ignore[attr-defined]
-    if name == "gamepad":
-        return GamepadTeleop(
-            open_gamepad(),
-            action_dim,
-            config.intervention,
-            config.step,  # type: ignore[attr-defined]
-            driving=driving,
-        )
-    if name == "spacemouse":
-        return SpaceMouseTeleop(
-            open_spacemouse(),
-            action_dim,
-            config.intervention,
-            config.step,  # type: ignore[attr-defined]
-            driving=driving,
-        )
-    if name == "oracle":
-        if not config.expert:  # type: ignore[attr-defined]
-            raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
-        return OracleTeleop(
-            checkpoint_expert(config.expert),
-            config.threshold,  # type: ignore[attr-defined]
-            config.patience,
-            config.release,
-            config.max_takeover,
-        )  # type: ignore[attr-defined]
-    if name == "leader":
-        return LeaderArmTeleop(
-            open_leader_arm(config.leader),
-            action_dim,
-            action_names,  # type: ignore[attr-defined]
-            config.engage_tolerance,
-            driving,
-        )  # type: ignore[attr-defined]
-    raise ConfigError(f"teleop must be keyboard, gamepad, spacemouse, leader or oracle (configs/teleop/), got '{name}'")
+    return TELEOPS.get(config.name).factory(config, action_dim, driving, action_names)
 
 
 MODES = ("robot", "teleop", "collect")  # a policy drives | an operator drives | ... and every episode is recorded

@@ -30,7 +30,7 @@ from embodied.robots.broker import ChunkBroker, check_mode
 from embodied.robots.policy_client import ActionReply, PolicyClient, ServerError
 from embodied.robots.recording import DatasetRecorder, RecordingConfig, RecordingError
 from embodied.robots.safety import SafetyConfig, SafetyLayer
-from embodied.robots.teleop import Teleop
+from embodied.robots.teleop import Teleop, TeleopConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,22 +42,6 @@ class BrokerConfig:
     mode: str = "chunk"  # chunk | ensemble (temporal ensembling)
     execute_steps: Optional[int] = None  # ask for the next chunk after this many; default: half a chunk (ensemble: 1)
     ensemble_decay: float = 0.01
-
-
-@dataclass
-class TeleopConfig:
-    name: str = "keyboard"  # keyboard | gamepad | spacemouse | leader | oracle
-    step: float = 0.5  # keyboard: action units per key press; gamepad, spacemouse: per full deflection
-    intervention: str = "hold"  # gamepad: hold | toggle; spacemouse: motion | hold | toggle
-    expert: Optional[str] = None  # oracle: a run or checkpoint whose policy plays the expert (simulation)
-    threshold: float = 0.5  # oracle: take over when the policy is farther than this from the expert
-    patience: int = 3  # oracle: ... for this many ticks in a row
-    release: int = 10  # oracle: hand back after this many ticks of agreement
-    max_takeover: int = 0  # oracle: ... or after driving this many ticks (0: no limit)
-    leader: dict = field(default_factory=dict)  # leader: lerobot's teleoperator config ({type: so101_leader, port, id})
-    engage_tolerance: Optional[float] = (
-        5.0  # leader: take over only within this of the follower's pose (null: no check)
-    )
 
 
 @dataclass

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 from embodied.core.errors import ConfigError
+from embodied.core.registry import TELEOPS
 from embodied.robots.base import Robot
-from embodied.robots.teleop import EpisodeLabels, HeldOrToggled, Teleop, TeleopCommand
+from embodied.robots.teleop import EpisodeLabels, HeldOrToggled, Teleop, TeleopCommand, TeleopConfig
 
 logger = logging.getLogger(__name__)
 
@@ -128,3 +129,8 @@ def open_leader_arm(config: dict) -> Any:
     device = make_teleoperator_from_config(draccus.decode(TeleoperatorConfig, dict(config)))
     device.connect()
     return device
+
+
+@TELEOPS.register("leader", TeleopConfig)
+def leader_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_names: list[str] | None) -> Teleop:
+    return LeaderArmTeleop(open_leader_arm(config.leader), action_dim, action_names, config.engage_tolerance, driving)

@@ -24,14 +24,31 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
 from embodied.core.errors import ConfigError
+from embodied.core.registry import TELEOPS
 from embodied.robots.base import Robot
 
 EVENTS = ("success", "failure", "rerecord")
+
+
+@dataclass
+class TeleopConfig:
+    name: str = "keyboard"  # keyboard | gamepad | spacemouse | leader | oracle
+    step: float = 0.5  # keyboard: action units per key press; gamepad, spacemouse: per full deflection
+    intervention: str = "hold"  # gamepad: hold | toggle; spacemouse: motion | hold | toggle
+    expert: Optional[str] = None  # oracle: a run or checkpoint whose policy plays the expert (simulation)
+    threshold: float = 0.5  # oracle: take over when the policy is farther than this from the expert
+    patience: int = 3  # oracle: ... for this many ticks in a row
+    release: int = 10  # oracle: hand back after this many ticks of agreement
+    max_takeover: int = 0  # oracle: ... or after driving this many ticks (0: no limit)
+    leader: dict = field(default_factory=dict)  # leader: lerobot's teleoperator config ({type: so101_leader, port, id})
+    engage_tolerance: Optional[float] = (
+        5.0  # leader: take over only within this of the follower's pose (null: no check)
+    )
 
 
 @dataclass
@@ -355,3 +372,21 @@ def open_gamepad(index: int = 0) -> object:
             return joystick.get_button(button)
 
     return Pumped()
+
+
+# The operator devices, by `teleop.name`. Each builds its teleop from the config, the robot's
+# action size, whether the operator drives from the start (no policy) and the robot's names
+# for its action dimensions. The oracle, which loads a run's policy, registers in the robot CLI.
+@TELEOPS.register("keyboard", TeleopConfig)
+def keyboard_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_names: list[str] | None) -> Teleop:
+    return KeyboardTeleop(action_dim, config.step, driving)
+
+
+@TELEOPS.register("gamepad", TeleopConfig)
+def gamepad_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_names: list[str] | None) -> Teleop:
+    return GamepadTeleop(open_gamepad(), action_dim, config.intervention, config.step, driving=driving)
+
+
+@TELEOPS.register("spacemouse", TeleopConfig)
+def spacemouse_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_names: list[str] | None) -> Teleop:
+    return SpaceMouseTeleop(open_spacemouse(), action_dim, config.intervention, config.step, driving=driving)

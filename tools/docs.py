@@ -101,7 +101,8 @@ def config_reference() -> str:
     from embodied.core.registry import ROBOTS
     from embodied.demos import DemosConfig
     from embodied.reward_classifier import RewardClassifierConfig
-    from embodied.robots.client import RobotClientConfig, TeleopConfig
+    from embodied.robots.client import RobotClientConfig
+    from embodied.robots.teleop import TeleopConfig
     from embodied.runtime.policy_server import ServeConfig
 
     lines = [

@@ -71,3 +71,4 @@ POLICIES: Registry = Registry("policy")
 ALGOS: Registry = Registry("algo")
 RUNTIMES: Registry = Registry("runtime")
 ROBOTS: Registry = Registry("robot")  # filled by robots/, which never imports torch
+TELEOPS: Registry = Registry("teleop")  # operator devices, filled by robots/ (and the oracle by the robot CLI)

@@ -154,7 +154,8 @@ def test_no_yaml_file_restates_a_default_of_its_schema():
     from embodied.core.registry import ROBOTS
     from embodied.demos import DemosConfig
     from embodied.reward_classifier import RewardClassifierConfig
-    from embodied.robots.client import RobotClientConfig, TeleopConfig
+    from embodied.robots.client import RobotClientConfig
+    from embodied.robots.teleop import TeleopConfig
     from embodied.runtime.policy_server import ServeConfig
 
     registries = {**GROUPS, "robot": ROBOTS}

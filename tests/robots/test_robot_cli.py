@@ -255,9 +255,8 @@ def test_a_trained_run_serves_as_the_oracles_expert(trained):
     import numpy as np
 
     from embodied.robot_cli import build_teleop
-    from embodied.robots.client import TeleopConfig
     from embodied.robots.sim_robot import SimRobot, SimRobotConfig
-    from embodied.robots.teleop import OracleTeleop
+    from embodied.robots.teleop import OracleTeleop, TeleopConfig
 
     oracle = build_teleop(TeleopConfig(name="oracle", expert=str(trained), threshold=0.05, patience=1), 1)
     assert isinstance(oracle, OracleTeleop)

@@ -1,6 +1,7 @@
 """Teleoperation: the oracle and keyboard devices, and interventions in the robot client."""
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +14,8 @@ from embodied.robots.safety import SafetyConfig
 from embodied.robots.sim_robot import SimRobot, SimRobotConfig
 from embodied.robots.teleop import KeyboardTeleop, OracleTeleop
 from tests.robots.test_deploy import start_server
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_oracle_takes_over_after_patience_and_hands_back_after_agreement():
@@ -176,10 +179,22 @@ def test_spacemouse_with_a_button_toggles_and_a_4d_action_moves_only_position():
 
 def test_a_spacemouse_that_cannot_be_opened_is_a_clear_error():
     from embodied.robot_cli import build_teleop
-    from embodied.robots.client import TeleopConfig
+    from embodied.robots.teleop import TeleopConfig
 
     with pytest.raises(ConfigError, match="(?i)spacemouse"):
         build_teleop(TeleopConfig(name="spacemouse", intervention="motion"), action_dim=7)
+
+
+def test_every_operator_device_is_registered_and_a_misspelled_one_names_the_closest():
+    from embodied.core.registry import TELEOPS
+    from embodied.robot_cli import build_teleop
+    from embodied.robots.teleop import TeleopConfig
+
+    assert TELEOPS.names() == ["gamepad", "keyboard", "leader", "oracle", "spacemouse"]
+    assert sorted(p.stem for p in (ROOT / "configs" / "teleop").glob("*.yaml")) == TELEOPS.names()
+    assert isinstance(build_teleop(TeleopConfig(name="keyboard"), action_dim=4), KeyboardTeleop)
+    with pytest.raises(ConfigError, match=r"unknown teleop 'keybaord'.*Did you mean 'keyboard'"):
+        build_teleop(TeleopConfig(name="keybaord"), action_dim=4)
 
 
 class StandInLeader:
@@ -256,7 +271,7 @@ def test_a_leader_arm_drives_a_simulated_robot_in_collect_mode(tmp_path):
 
 def test_a_leader_arm_without_lerobot_is_a_clear_error():
     from embodied.robot_cli import build_teleop
-    from embodied.robots.client import TeleopConfig
+    from embodied.robots.teleop import TeleopConfig
 
     with pytest.raises(ConfigError, match="teleop=leader needs lerobot"):
         build_teleop(TeleopConfig(name="leader", leader={"type": "so101_leader", "port": "/dev/null"}), action_dim=6)
