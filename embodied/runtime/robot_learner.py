@@ -3,7 +3,7 @@
     embodied train runtime=robots env=<the robots' env> policy=squashed_gaussian algo=sac_rlpd
     embodied robot robot=... server=tcp://<this machine>:5555     # on each robot, any number
 
-This process is a policy server (`embodied.serve.PolicyServer`) whose welcome says it learns.
+This process is a policy server (`embodied.runtime.policy_server.PolicyServer`) whose welcome says it learns.
 Robots act through it as they would through `embodied serve`, with sampled actions (the
 policy explores). Each finished episode comes back as an `episode` message (the executed
 actions, the operator's corrections flagged) and goes into a queue; a learner thread takes
