@@ -62,6 +62,9 @@ class SACConfig:
     tau: float = 0.005  # Polyak rate of the target critics
     batch_size: int = 256
     utd_ratio: int = 4  # critic updates per collected transition
+    # critic updates per actor update (SERL's critic_actor_ratio), counted over the run's critic
+    # updates; None: one actor update per collected transition
+    actor_every: Optional[int] = None
     num_critics: int = 10
     critic_subset: int = 2  # the target takes the min over this many randomly chosen critics
     critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
@@ -104,6 +107,8 @@ def check_sac_config(cfg: SACConfig) -> None:
     for key in ("utd_ratio", "batch_size", "rollout_steps", "calql_actions"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
+    if cfg.actor_every is not None and cfg.actor_every < 1:
+        raise ConfigError(f"algo.actor_every must be >= 1 (or null: utd_ratio), got {cfg.actor_every}")
     for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
@@ -267,7 +272,8 @@ class SACRLPD:
         return self.with_features(from_trajectory(batch, self.policy.to_squashed, self.image_shapes))
 
     def learn(self, new: Transitions) -> dict[str, float]:
-        """Store `new`, then `utd_ratio` critic steps and one actor step per new transition."""
+        """Store `new`, then `utd_ratio` critic steps per new transition and an actor step
+        after every `actor_every` of them (default: one per transition)."""
         self.online.add(new)
         if self.cfg.retain_offline and bool(new.intervened.any()):  # HIL-SERL: corrections are demos too
             self.offline.add(new.select(new.intervened))
@@ -281,10 +287,11 @@ class SACRLPD:
             return {**metrics, "train/warming_up": 1.0}
         if not self.online_started:
             self.start_online()
+        every = self.cfg.actor_every
         for i in range(self.cfg.utd_ratio * len(new)):
             sample, offline_rows = self.sample()
             metrics.update(self.critic_step(sample, offline_rows))
-            if (i + 1) % self.cfg.utd_ratio == 0:
+            if ((i + 1) % self.cfg.utd_ratio if every is None else self.critic_steps % every) == 0:
                 metrics.update(self.actor_step(sample, offline_rows))
         return metrics
 

@@ -227,6 +227,17 @@ def test_an_update_adds_the_batch_and_takes_utd_critic_steps_per_transition():
     torch.testing.assert_close(algo.online.data.next_state[0], first.observation.state[0, 0].float())
 
 
+@pytest.mark.parametrize("actor_every, actor_steps", [(None, 3), (1, 12), (2, 6), (8, 1)])
+def test_the_actor_steps_once_per_actor_every_critic_steps(actor_every, actor_steps):
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    policy = small_policy(spec)
+    algo = SACRLPD(SACConfig(**{**SMALL, "utd_ratio": 4}, actor_every=actor_every), policy)
+    for batch in collect(policy, 3):
+        algo.update(batch, 0.0)
+    first_parameter = algo.actor_optimizer.state_dict()["state"][0]
+    assert algo.critic_steps == 12 and int(first_parameter["step"]) == actor_steps
+
+
 def record_demos(root, episodes):
     recorder = DatasetRecorder(RecordingConfig(root=str(root)), SPEC, 10.0, "reach")
     recorder.open()
