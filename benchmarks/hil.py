@@ -395,6 +395,8 @@ TUNING_ARMS = {
             "algo.backup_entropy=false",
             f"algo.demos={MANY_STATE_DEMOS}",
         ],
+        # SERL's critic-actor ratio (8 in its PickCube runs): the actor steps once per 4 transitions
+        "rlpd-serl-actor-every-8": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.actor_every=8"],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
