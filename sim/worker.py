@@ -11,7 +11,6 @@ while idle and exits when its parent process is gone."""
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import time
@@ -22,7 +21,7 @@ import zmq
 
 from embodied.core.env import SingleEnv
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
-from embodied.core.registry import unknown_name_message
+from embodied.core.registry import load, unknown_name_message
 from embodied.core.sockets import connect, receive, send
 from embodied.sim.worker_envs import WorkerEnvs, run_command
 
@@ -37,17 +36,12 @@ WORKER_ENVS = {
 }
 
 
-def _load(target: str) -> Any:
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
-
-
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
     """Builds single envs from a plain config dict, without the training-side registries."""
     name = env_config.get("name")
     if name not in WORKER_ENVS:
         raise ValueError(unknown_name_message("env worker", name, sorted(WORKER_ENVS)))
-    env_class, schema = (_load(target) for target in WORKER_ENVS[name])
+    env_class, schema = (load(target) for target in WORKER_ENVS[name])
     return partial(env_class, schema(**env_config))
 
 

@@ -108,7 +108,7 @@ def check_sac_config(cfg: SACConfig) -> None:
         if getattr(cfg, key) < 1:
             raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
     if cfg.actor_every is not None and cfg.actor_every < 1:
-        raise ConfigError(f"algo.actor_every must be >= 1 (or null: utd_ratio), got {cfg.actor_every}")
+        raise ConfigError(f"algo.actor_every must be >= 1 (or null: one per transition), got {cfg.actor_every}")
     for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")

@@ -21,10 +21,13 @@ class Entry(Generic[T]):
 
     @property
     def factory(self) -> Callable[..., T]:
-        if callable(self.target):
-            return self.target
-        module, _, attribute = self.target.partition(":")
-        return getattr(importlib.import_module(module), attribute)
+        return self.target if callable(self.target) else load(self.target)
+
+
+def load(target: str) -> Any:
+    """The object a "module:attribute" string names, its module imported on first use."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 class Registry(Generic[T]):
