@@ -30,6 +30,7 @@ drives the simulated robot through `embodied robot ... record.root=...`.
     python benchmarks/hil.py pixels report    # rebuild that summary from the committed runs
     python benchmarks/hil.py pickcube-state   # the pixel study's arms from privileged state (a check)
     python benchmarks/hil.py tune pickcube-state  # settings tried on tuning seed 1 (TUNING_ARMS)
+    python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -458,8 +459,8 @@ def tuning_run(study: Study, arm: str) -> str:
     return f"{tuning_folder(study)}/{arm}-s{TUNING_SEED}"
 
 
-def tune(key: str, parallel: int) -> None:
-    """The study's tuning arms on seed 1, each record with its learner's entropy and temperature."""
+def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
+    """The study's tuning arms on seed 1 (`only`: these), each record with its learner's entropy and temperature."""
     study = STUDIES[key]
     plain = study.arms[next(iter(study.arms))]
 
@@ -472,7 +473,8 @@ def tune(key: str, parallel: int) -> None:
 
     if study.scripted_demos:
         record_scripted_demos(*study.scripted_demos)
-    arms = [arm for arm in TUNING_ARMS[key] if not record_path(tuning_run(study, arm)).is_file()]
+    wanted = only or list(TUNING_ARMS[key])
+    arms = [arm for arm in wanted if not record_path(tuning_run(study, arm)).is_file()]
     for root, (env, episodes) in TUNING_DEMOS.items():
         if any(f"algo.demos={root}" in TUNING_ARMS[key][arm] for arm in arms):
             record_scripted_demos(root, env, episodes)
@@ -690,7 +692,9 @@ def heldout_report(study: Study) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report", "tune", *STUDIES))
-    parser.add_argument("then", nargs="*", help="after a study: report (only rebuild its summary); tune: the study")
+    parser.add_argument(
+        "then", nargs="*", help="after a study: report (only rebuild its summary); tune: the study, then report or arms"
+    )
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per arm (run)")
     parser.add_argument("--demos", type=int, default=20, help="expert episodes to record")
     parser.add_argument("--only", nargs="*", default=list(ARMS), choices=list(ARMS))
@@ -702,8 +706,11 @@ def main() -> None:
         key, *then = args.then or [""]
         if key not in TUNING_ARMS:
             parser.error(f"tune takes a study with tuning arms: {', '.join(TUNING_ARMS)}")
+        unknown = sorted(set(then) - {"report", *TUNING_ARMS[key]})
+        if unknown:
+            parser.error(f"{key} has no tuning arm {', '.join(unknown)}; its arms: {', '.join(TUNING_ARMS[key])}")
         if then != ["report"]:
-            tune(key, args.parallel)
+            tune(key, args.parallel, [arm for arm in then if arm != "report"])
         tune_report(key)
         return
     if args.command in STUDIES:
