@@ -96,11 +96,11 @@ def generate_demos(config: DemosConfig) -> DemosResult:
         while have < config.episodes and attempts < max_attempts:
             env, expert = envs[seed % len(envs)], experts[seed % len(envs)]
             recorder.instruction = env.instruction
-            success = run_episode(env, expert, recorder, seed)
+            success, terminated = run_episode(env, expert, recorder, seed)
             attempts, seed = attempts + 1, seed + 1
             successes += success
             keep = success or config.keep_failures
-            recorder.end_episode(success, keep=keep)
+            recorder.end_episode(success, keep=keep, terminated=terminated)
             if keep:
                 have += 1
                 bar.update(1)
@@ -131,9 +131,10 @@ def generate_demos(config: DemosConfig) -> DemosResult:
     return DemosResult(episodes=have, added=have - start, attempts=attempts, successes=successes)
 
 
-def run_episode(env: Any, expert: Any, recorder: Any, seed: int) -> bool:
-    """One episode to the env's time limit, every frame recorded; True if it succeeded at any
-    step (the env's success convention)."""
+def run_episode(env: Any, expert: Any, recorder: Any, seed: int) -> tuple[bool, bool]:
+    """One episode to the env's time limit, every frame recorded. Returns whether it succeeded at
+    any step (the env's success convention) and whether the env terminated it (rather than its
+    time limit: with `ignore_terminations` a success does not end the episode)."""
     observation = env.reset(seed)
     expert.reset()
     success = False
@@ -144,8 +145,8 @@ def run_episode(env: Any, expert: Any, recorder: Any, seed: int) -> bool:
         success |= step.success
         observation = step.observation
         if step.terminated or step.truncated:
-            break
-    return success
+            return success, step.terminated
+    return success, False
 
 
 def _write_atomically(path: Path, text: str) -> None:

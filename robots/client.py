@@ -299,7 +299,9 @@ class RobotClient:
         final = self.robot.get_observation() if self.learning and learned["actions"] else None
         if self.recorder is not None and finished:  # a quit mid-episode: record.partial
             self.robot.send_action(self.safety.safe_action(self._hold(), None))  # held still while it saves
-            saved = self.recorder.end_episode(success, keep=label != "rerecord")
+            saved = self.recorder.end_episode(
+                success, keep=label != "rerecord", terminated=terminated or label in ("success", "failure")
+            )
             if saved is not None:
                 result["dataset_episode"] = saved
         if final is not None and finished and label != "rerecord":

@@ -12,6 +12,8 @@ over a pipe: length-prefixed msgpack, arrays as raw bytes. Each frame holds
     next.reward                float32 (1,)  the robot's reward for the step
     next.success               bool (1,)     the episode succeeded (the operator's label wins)
     next.done                  bool (1,)     the episode's last frame
+    next.terminated            bool (1,)     the last frame ended the task (the env's termination or the
+                                             operator's label), not a time limit or a stop
     task                       the instruction
 
 An episode is saved (and finalized, so it survives any later crash) when it ends, discarded
@@ -121,6 +123,7 @@ def dataset_features(spec: dict[str, Any], use_videos: bool) -> dict[str, dict[s
         "next.reward": {"dtype": "float32", "shape": (1,), "names": None},
         "next.success": {"dtype": "bool", "shape": (1,), "names": None},
         "next.done": {"dtype": "bool", "shape": (1,), "names": None},
+        "next.terminated": {"dtype": "bool", "shape": (1,), "names": None},
     }
     for camera, shape in dict(spec.get("image_shapes") or {}).items():
         features[f"observation.images.{camera}"] = {
@@ -247,19 +250,21 @@ class DatasetRecorder:
                     f"says uint8{tuple(self.spec.image_shapes[camera])}"
                 )
             frame[f"observation.images.{camera}"] = array_to_wire(image)
-        self._flush(done=False, success=False)
+        self._flush(done=False, success=False, terminated=False)
         self.pending = frame
 
-    def end_episode(self, success: bool, keep: bool = True) -> int | None:
-        """Save the episode (its last frame marked done, with `success`) or, with `keep`
-        False, discard it. Returns the saved episode's index."""
+    def end_episode(self, success: bool, keep: bool = True, terminated: bool = False) -> int | None:
+        """Save the episode (its last frame marked done, with `success` and `terminated`) or, with
+        `keep` False, discard it. Returns the saved episode's index. `terminated`: the episode
+        ended the task; an episode cut off by a time limit or a stop is not (its last frame has no
+        next state to learn from)."""
         if self.pending is None and self.frames == 0:
             return None
         if not keep:
             self.pending, self.frames = None, 0
             self._ask({"kind": WriterRequest.DISCARD.value})
             return None
-        self._flush(done=True, success=success)
+        self._flush(done=True, success=success, terminated=terminated)
         self.frames = 0
         index = int(self._ask({"kind": WriterRequest.SAVE.value})["episode_index"])
         self.saved.append(index)
@@ -278,17 +283,18 @@ class DatasetRecorder:
                     logger.info("discarding the unfinished episode (record.partial=discard)")
                 self._ask({"kind": WriterRequest.CLOSE.value})
             elif unfinished and self.config.partial == "keep":
-                self._flush(done=True, success=False)  # the writer keeps it when the pipe closes
+                self._flush(done=True, success=False, terminated=False)  # the writer keeps it when the pipe closes
         finally:
             self._stop_writer()
 
-    def _flush(self, done: bool, success: bool) -> None:
+    def _flush(self, done: bool, success: bool, terminated: bool) -> None:
         if self.pending is None:
             return
         frame = {
             **self.pending,
             "next.done": array_to_wire(np.array([done])),
             "next.success": array_to_wire(np.array([success and done])),
+            "next.terminated": array_to_wire(np.array([terminated and done])),
         }
         self.pending = None
         self._send({"kind": WriterRequest.FRAME.value, "frame": frame})

@@ -228,14 +228,15 @@ def from_dataset(
 ) -> Transitions:
     """Transitions from a LeRobotDataset recorded by the robot client (`robots/recording.py`):
     demonstrations and corrections, with the frames of the cameras in `image_shapes`. An
-    episode's last frame is terminal when it succeeded; otherwise it has no next state and is
-    left out."""
+    episode's last frame is terminal when the episode terminated (`next.terminated`); otherwise
+    (a time limit, a stop) it has no next state and is left out. Datasets recorded before that
+    column existed end where the task succeeded, so there a successful last frame is terminal."""
     image_shapes = image_shapes or {}
     image_columns = [f"{IMAGE_PREFIX}{camera}" for camera in sorted(image_shapes)]
     frames = read_frames(
         root,
         ["observation.state", "action", "next.reward", "next.success", "episode_index", *image_columns],
-        optional=("intervention", "safety_override"),
+        optional=("intervention", "safety_override", "next.terminated"),
         hint="record it with the robot client's record.root, with the cameras the policy reads",
     )
     length = len(frames["action"])
@@ -255,6 +256,7 @@ def from_dataset(
     reward = frames["next.reward"].astype(np.float32).reshape(-1)
     success = frames["next.success"].reshape(-1).astype(bool)
     episode = frames["episode_index"].reshape(-1)
+    terminated = frames["next.terminated"].reshape(-1).astype(bool) if "next.terminated" in frames else success
     intervened = frames["intervention"].reshape(-1).astype(bool) if "intervention" in frames else np.zeros(length, bool)
     # The safety layer's holds are no one's demonstration: they stay out of the transitions.
     overridden = (
@@ -266,7 +268,7 @@ def from_dataset(
         returns = discounted_returns(reward[rows], gamma)
         for position, row in enumerate(rows):
             last = position == len(rows) - 1
-            if (last and not success[row]) or overridden[row]:
+            if (last and not terminated[row]) or overridden[row]:
                 continue  # cut off, not ended (nothing to bootstrap from), or a safety hold
             keep.append(row)
             following.append(row if last else rows[position + 1])  # terminal: never bootstrapped

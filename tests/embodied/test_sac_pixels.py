@@ -306,7 +306,7 @@ def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_p
     ]
     for t, images in enumerate(frames):
         recorder.add(np.full(3, t, np.float32), images, np.array([0.5, -0.5]), None, False, float(t == 3))
-    recorder.end_episode(True)
+    recorder.end_episode(True, terminated=True)
     recorder.close()
     algo = SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos")), pixel_policy())
     data = algo.offline.data

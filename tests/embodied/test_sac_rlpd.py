@@ -10,6 +10,7 @@ import pytest
 import torch
 from scipy.stats import norm
 
+from embodied.algos import replay
 from embodied.algos.critics import HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
 from embodied.algos.sac_rlpd import SACRLPD, SACConfig
@@ -241,27 +242,40 @@ def test_the_actor_steps_once_per_actor_every_critic_steps(actor_every, actor_st
 def record_demos(root, episodes):
     recorder = DatasetRecorder(RecordingConfig(root=str(root)), SPEC, 10.0, "reach")
     recorder.open()
-    for rewards, success in episodes:
+    for rewards, success, terminated in episodes:
         for t, reward in enumerate(rewards):
             recorder.add(np.full(3, t, np.float32), {}, np.array([2.0, -1.0]) * (t % 2), None, t == 0, reward)
-        recorder.end_episode(success)
+        recorder.end_episode(success, terminated=terminated)
     recorder.close()
 
 
 @pytest.mark.slow
 def test_recorded_episodes_become_transitions_with_monte_carlo_returns(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    record_demos(tmp_path / "demos", [([0.0, 0.0, 1.0], True), ([0.5, 0.5], False)])
+    # terminated on success; a failure cut off; a success that ran on to its time limit (ignore_terminations)
+    episodes = [([0.0, 0.0, 1.0], True, True), ([0.5, 0.5], False, False), ([0.0, 1.0], True, False)]
+    record_demos(tmp_path / "demos", episodes)
     policy = small_policy()
     data = from_dataset(tmp_path / "demos", policy.to_squashed, 0.9, 3, 2)
-    # the successful episode: 3 transitions, the last terminal; the cut-off one loses its last frame
-    assert len(data) == 4
-    assert data.discount.tolist() == [1.0, 1.0, 0.0, 1.0]
-    torch.testing.assert_close(data.mc_return, torch.tensor([0.81, 0.9, 1.0, 0.5 + 0.9 * 0.5]))
-    torch.testing.assert_close(data.next_state[:, 0], torch.tensor([1.0, 2.0, 2.0, 1.0]))
+    # the terminated episode: 3 transitions, the last terminal; the cut-off ones lose their last frame
+    assert len(data) == 5
+    assert data.discount.tolist() == [1.0, 1.0, 0.0, 1.0, 1.0]
+    torch.testing.assert_close(data.mc_return, torch.tensor([0.81, 0.9, 1.0, 0.5 + 0.9 * 0.5, 0.9]))
+    torch.testing.assert_close(data.next_state[:, 0], torch.tensor([1.0, 2.0, 2.0, 1.0, 1.0]))
     torch.testing.assert_close(data.action[1], torch.tensor([1.0, -1.0]))  # squashed from the env's bounds
-    assert data.intervened.tolist() == [True, False, False, True]
+    assert data.intervened.tolist() == [True, False, False, True, True]
     np.testing.assert_allclose(discounted_returns(np.array([1.0, 1.0]), 0.5), [1.5, 1.0])
+    # a dataset from before next.terminated: its episodes ended where the task succeeded
+    original = replay.read_frames
+
+    def without_terminated(*args, **kwargs):
+        frames = original(*args, **kwargs)
+        frames.pop("next.terminated")
+        return frames
+
+    monkeypatch.setattr(replay, "read_frames", without_terminated)
+    older = from_dataset(tmp_path / "demos", policy.to_squashed, 0.9, 3, 2)
+    assert older.discount.tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
 
 
 def record_pendulum_demo(root, frames):
@@ -271,7 +285,7 @@ def record_pendulum_demo(root, frames):
     recorder.open()
     for t in range(frames):
         recorder.add(np.array([1.0, 0.0, t / 10], np.float32), {}, np.array([0.5]), None, False, -1.0)
-    recorder.end_episode(True)
+    recorder.end_episode(True, terminated=True)
     recorder.close()
     return spec
 

@@ -92,12 +92,17 @@ def test_experts_refuse_tasks_and_controls_they_do_not_know():
 def test_demos_are_a_dataset_of_operator_frames_and_a_second_run_continues_with_new_seeds(pickcube_demos, tmp_path):
     frames = read_frames(
         pickcube_demos,
-        ["observation.state", "action", "policy_action", "intervention", "episode_index", "next.success", "task"],
+        [
+            *("observation.state", "action", "policy_action", "intervention", "episode_index"),
+            *("next.success", "next.terminated", "task"),
+        ],
     )
     assert sorted(set(frames["episode_index"].tolist())) == [0, 1, 2]
     assert frames["intervention"].all() and np.isnan(frames["policy_action"].astype(np.float32)).all()
     assert set(frames["task"]) == {"pick up the cube and move it to the goal position"}
     assert frames["next.success"].reshape(-1).any()
+    # ManiSkill ignores terminations here: a successful demo runs on to its time limit, so no frame ends it
+    assert not frames["next.terminated"].any()
     assert json.loads((pickcube_demos / "meta" / "demos.json").read_text())["next_seed"] == 3
 
     copy = tmp_path / "grown"

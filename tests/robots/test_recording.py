@@ -176,7 +176,7 @@ def test_images_are_kept_exactly_a_rerecorded_episode_is_dropped_and_a_dataset_g
                         intervention=t % 2 == 1,
                         reward=float(t),
                     )
-                recorder.end_episode(success, keep=keep)
+                recorder.end_episode(success, keep=keep, terminated=success)
         finally:
             recorder.close()
         return already
@@ -193,6 +193,7 @@ def test_images_are_kept_exactly_a_rerecorded_episode_is_dropped_and_a_dataset_g
     policy = column(dataset, "policy_action")
     assert np.isnan(policy[1]).all() and (policy[0] == 0).all()  # NaN: no policy action that tick
     assert column(dataset, "next.success").reshape(-1).tolist() == [False, False, True, False, False]
+    assert column(dataset, "next.terminated").reshape(-1).tolist() == [False, False, True, False, False]
 
 
 KILLED_CLIENT = """
