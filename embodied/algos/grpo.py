@@ -22,12 +22,19 @@ import collections
 from dataclasses import dataclass, field
 
 import torch
-from torch import nn
 
 from embodied.algos.advantages import group_normalized
 from embodied.algos.buffers import Trajectory
 from embodied.algos.distributed import DataParallel
-from embodied.algos.ppo import LossAverages, check_ratio, ratio_log_probs, term_advantages
+from embodied.algos.policy_gradient import (
+    LossAverages,
+    check_ratio,
+    minibatch_order,
+    optimizer_step,
+    ratio_log_probs,
+    recompute_rows,
+    term_advantages,
+)
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.registry import ALGOS
@@ -257,9 +264,7 @@ class GRPO:
         parameters = [p for p in self.policy.parameters() if p.requires_grad]
         averages = LossAverages()
         for _ in range(cfg.update_epochs):
-            order = torch.randperm(rows.numel())
-            if parallel:
-                parallel.broadcast(order)  # every rank walks the same minibatches
+            order = minibatch_order(rows.numel(), parallel)
             for start in range(0, order.numel(), minibatch):
                 picked = order[start : start + minibatch]
                 mine = picked[parallel.part(len(picked))] if parallel else picked
@@ -268,10 +273,7 @@ class GRPO:
                 if loss is not None:
                     share = parallel.world_size * len(mine) / len(picked) if parallel else 1.0
                     (loss.total * share).backward()
-                if parallel:
-                    parallel.average_gradients(parameters)
-                grad_norm = nn.utils.clip_grad_norm_(parameters, cfg.max_grad_norm)
-                self.optimizer.step()
+                (grad_norm,) = optimizer_step(self.optimizer, parameters, [parameters], cfg.max_grad_norm, parallel)
                 if loss is not None:
                     averages.add(loss, grad_norm)
         return averages.metrics() if averages.count else {}
@@ -284,9 +286,8 @@ class GRPO:
             mine = rows[sources == i]
             if mine.numel() == 0:
                 continue
-            chunk = k.batch.chunk(mine)
-            recomputed = self.policy.recompute(k.batch.flat_observation(mine), chunk)
-            new.append(ratio_log_probs(recomputed.log_prob, recomputed.term_log_prob, cfg.ratio))
+            _, chunk, new_log_prob = recompute_rows(self.policy, k.batch, mine, cfg.ratio)
+            new.append(new_log_prob)
             old.append(ratio_log_probs(chunk.log_prob, chunk.record.get("term_log_prob"), cfg.ratio).to(new[-1].device))
             env_of_row = mine % k.batch.num_envs  # flat rows are (step, env) in time-major order
             advantages.append(

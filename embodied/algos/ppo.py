@@ -1,17 +1,14 @@
 """PPO with GAE, clipped ratio, optional value clipping, entropy bonus, advantage
 normalisation; approx_kl, clipfrac and explained_variance logged beside the losses.
 
-What the ratio is taken over is `ratio`: the whole chunk's log-prob (one ratio per env step),
-or each term of it where the policy's log-prob is a sum of terms (`term`: one ratio per action
-token of a token VLA, or per trained denoising step of a diffusion or flow_noise policy, as in
-DPPO / ReinFlow). With terms, the env step's advantage is given to each term, weighted by
-`denoise_discount`^(P - 1 - j) for term j of P: earlier denoising steps count less, the last
-one (which makes the action) fully. The per-term losses are averaged over all terms."""
+What the ratio is taken over (`ratio`: the chunk, or each term of it) and the advantage each
+term gets are `policy_gradient`'s, shared with GRPO. The per-term losses are averaged over all
+terms."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import Any, Optional
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 from torch import nn
@@ -19,6 +16,15 @@ from torch import nn
 from embodied.algos.advantages import explained_variance, gae
 from embodied.algos.buffers import Trajectory
 from embodied.algos.distributed import DataParallel
+from embodied.algos.policy_gradient import (
+    LossAverages,
+    check_ratio,
+    minibatch_order,
+    optimizer_step,
+    ratio_log_probs,
+    recompute_rows,
+    term_advantages,
+)
 from embodied.algos.reward_scaling import ReturnScaler
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
@@ -67,23 +73,6 @@ class PPOConfig:
     gradient_accumulation_steps: int = 1
     ratio: str = "chunk"  # chunk | term (see the module docstring)
     denoise_discount: float = 1.0  # DPPO's gamma_denoise, with ratio=term
-
-
-RATIOS = ("chunk", "term")
-
-
-def ratio_log_probs(log_prob: torch.Tensor, term_log_prob: Optional[torch.Tensor], ratio: str) -> torch.Tensor:
-    """(B, P) log-probs a ratio is taken of: the chunk's as one term, or the policy's terms
-    (action tokens, denoising steps) with ratio=term where it has them."""
-    if ratio == "term" and term_log_prob is not None:
-        return term_log_prob
-    return log_prob[:, None]
-
-
-def term_advantages(advantages: torch.Tensor, terms: int, denoise_discount: float) -> torch.Tensor:
-    """(B,) advantages -> (B, P): term j of P weighted by denoise_discount^(P - 1 - j)."""
-    powers = torch.arange(terms - 1, -1, -1, device=advantages.device, dtype=advantages.dtype)
-    return advantages[:, None] * denoise_discount ** powers[None]
 
 
 @dataclass
@@ -143,24 +132,6 @@ def ppo_loss(
     return PPOLoss(total, policy_loss, value_loss, entropy, approx_kl, clipfrac)
 
 
-class LossAverages:
-    """Means of a loss's named terms and the gradient norm over an update's minibatches."""
-
-    def __init__(self) -> None:
-        self.sums: dict[str, float] = {}
-        self.count = 0
-
-    def add(self, loss: Any, grad_norm: torch.Tensor, **other_norms: torch.Tensor) -> None:
-        terms = {f.name: float(getattr(loss, f.name).detach()) for f in fields(loss)}
-        norms = {"grad_norm": float(grad_norm), **{name: float(norm) for name, norm in other_norms.items()}}
-        for name, value in {**terms, **norms}.items():
-            self.sums[name] = self.sums.get(name, 0.0) + value
-        self.count += 1
-
-    def metrics(self) -> dict[str, float]:
-        return {f"loss/{name}": total / self.count for name, total in self.sums.items()}
-
-
 def check_config(cfg: PPOConfig) -> None:
     for key in ("rollout_steps", "num_minibatches", "update_epochs", "gradient_accumulation_steps"):
         if getattr(cfg, key) < 1:
@@ -178,13 +149,6 @@ def check_config(cfg: PPOConfig) -> None:
     if cfg.value_loss not in ("mse", "huber"):
         raise ConfigError(f"algo.value_loss must be 'mse' or 'huber', got '{cfg.value_loss}'")
     check_ratio(cfg.ratio, cfg.denoise_discount)
-
-
-def check_ratio(ratio: str, denoise_discount: float) -> None:
-    if ratio not in RATIOS:
-        raise ConfigError(f"algo.ratio must be one of {RATIOS}, got '{ratio}'")
-    if not 0 < denoise_discount <= 1:
-        raise ConfigError(f"algo.denoise_discount must be in (0, 1], got {denoise_discount}")
 
 
 def parameter_groups(policy: Policy, cfg: PPOConfig) -> list[dict]:
@@ -259,9 +223,7 @@ class PPO:
         # does not scale the policy's gradient down
         clipped = [group["params"] for group in self.optimizer.param_groups]
         for _ in range(cfg.update_epochs):
-            order = torch.randperm(size)
-            if parallel:
-                parallel.broadcast(order)  # every rank walks the same minibatches
+            order = minibatch_order(size, parallel)
             for start in range(0, size - minibatch + 1, minibatch):
                 rows = order[start : start + minibatch]
                 advantages = flat_adv[rows]
@@ -272,9 +234,7 @@ class PPO:
                 losses = []
                 for part in self._accumulation_parts(len(rows)):
                     part_rows = rows[part]
-                    chunk = batch.chunk(part_rows)
-                    recomputed = self.policy.recompute(batch.flat_observation(part_rows), chunk)
-                    new_log_prob = ratio_log_probs(recomputed.log_prob, recomputed.term_log_prob, cfg.ratio)
+                    recomputed, chunk, new_log_prob = recompute_rows(self.policy, batch, part_rows, cfg.ratio)
                     part_advantages = term_advantages(advantages[part], new_log_prob.shape[1], cfg.denoise_discount)
                     loss = ppo_loss(
                         new_log_prob,
@@ -294,10 +254,9 @@ class PPO:
                     for parameter in parameters:
                         if id(parameter) not in value_parameters:
                             parameter.grad = None
-                if parallel:
-                    parallel.average_gradients(parameters)
-                grad_norm, *value_norm = [nn.utils.clip_grad_norm_(group, cfg.max_grad_norm) for group in clipped]
-                self.optimizer.step()
+                grad_norm, *value_norm = optimizer_step(
+                    self.optimizer, parameters, clipped, cfg.max_grad_norm, parallel
+                )
                 for loss in losses:
                     averages.add(loss, grad_norm, **({"value_grad_norm": value_norm[0]} if value_norm else {}))
             kl = sum(float(part.approx_kl) for part in losses) / len(losses)  # the whole minibatch's

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from embodied.algos.buffers import TrajectoryBuilder
-from embodied.algos.ppo import PPO, PPOConfig, ppo_loss, ratio_log_probs, term_advantages
+from embodied.algos.policy_gradient import ratio_log_probs, term_advantages
+from embodied.algos.ppo import PPO, PPOConfig, ppo_loss
 from embodied.core.types import EnvSpec, Observation, StepResult
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
