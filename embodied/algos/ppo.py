@@ -163,6 +163,18 @@ def parameter_groups(policy: Policy, cfg: PPOConfig) -> list[dict]:
     ]
 
 
+@dataclass
+class UpdateTargets:
+    """What an iteration's minibatches are fitted to: the returns, the log-probs the ratio is
+    clipped around (the behaviour policy's, or in decoupled PPO the proximal one's, with
+    `behaviour_weight` correcting for the older collector), and whether only the value learns."""
+
+    returns: torch.Tensor  # (N,)
+    old_log_prob: torch.Tensor  # (N, P)
+    behaviour_weight: Optional[torch.Tensor]  # (N, P) or None
+    warming_up: bool
+
+
 class PPO:
     def __init__(self, cfg: PPOConfig, policy: Policy):
         check_config(cfg)
@@ -179,101 +191,125 @@ class PPO:
     def update(self, batch: Trajectory, progress: float, off_policy: bool = False) -> dict[str, float]:
         """One PPO iteration on a collected batch; `progress` in [0, 1) anneals the lr.
         `off_policy`: the batch came from an older policy than this one (decoupled PPO)."""
-        cfg = self.cfg
-        scale = 1.0 - progress if cfg.anneal_lr else 1.0
-        lr = cfg.lr * scale
-        for group in self.optimizer.param_groups:
-            group["lr"] = (cfg.value_lr if group.get("value") else cfg.lr) * scale
-
-        done = batch.terminated | batch.truncated
-        reward = self.return_scaler(batch.reward, done) if self.return_scaler else batch.reward
-        bootstrap = batch.bootstrap_value
-        advantages, returns = gae(
-            reward,
-            batch.value,
-            batch.terminated,
-            batch.truncated,
-            bootstrap,
-            batch.last_value,
-            cfg.gamma,
-            cfg.gae_lambda,
-        )
-
-        flat_adv, flat_ret = advantages.reshape(-1), returns.reshape(-1)
-        size = flat_adv.numel()
+        cfg, parallel = self.cfg, self.data_parallel
+        scale = self._anneal(progress)
+        advantages, returns = self._advantages(batch)
+        size = advantages.numel()
         minibatch = size // cfg.num_minibatches
         if minibatch < 2:
             raise ConfigError(
                 f"a batch of {size} samples (envs x algo.rollout_steps) cannot be split into "
                 f"algo.num_minibatches={cfg.num_minibatches} minibatches of at least 2"
             )
+        targets = self._targets(batch, returns, minibatch, off_policy)
+        averages = LossAverages()
+        shard = parallel.shard(minibatch) if parallel else slice(None)
+        for _ in range(cfg.update_epochs):
+            order = minibatch_order(size, parallel)
+            for start in range(0, size - minibatch + 1, minibatch):
+                rows = order[start : start + minibatch]
+                picked = advantages[rows]
+                if cfg.normalize_advantages:
+                    picked = (picked - picked.mean()) / (picked.std() + 1e-8)
+                losses = self._step(batch, rows[shard], picked[shard], targets, averages)
+            kl = sum(float(part.approx_kl) for part in losses) / len(losses)  # the whole minibatch's
+            if cfg.target_kl is not None and (parallel.mean(kl) if parallel else kl) > cfg.target_kl:
+                break
+
+        metrics = averages.metrics()
+        metrics["loss/explained_variance"] = explained_variance(batch.value.reshape(-1), returns)
+        metrics["train/lr"] = cfg.lr * scale
+        if cfg.value_lr is not None:
+            metrics["train/value_lr"] = cfg.value_lr * scale
+        metrics["train/advantage_mean"] = float(advantages.mean())
+        if targets.behaviour_weight is not None:
+            metrics["loss/behaviour_weight"] = float(targets.behaviour_weight.mean())
+        metrics["train/critic_warmup"] = float(targets.warming_up)
+        self.iterations += 1
+        return metrics
+
+    def _anneal(self, progress: float) -> float:
+        """Sets each parameter group's learning rate for this iteration; returns the scale."""
+        cfg = self.cfg
+        scale = 1.0 - progress if cfg.anneal_lr else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = (cfg.value_lr if group.get("value") else cfg.lr) * scale
+        return scale
+
+    def _advantages(self, batch: Trajectory) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE advantages and returns, flat over (step, env), of the (scaled) rewards."""
+        cfg = self.cfg
+        done = batch.terminated | batch.truncated
+        reward = self.return_scaler(batch.reward, done) if self.return_scaler else batch.reward
+        advantages, returns = gae(
+            reward,
+            batch.value,
+            batch.terminated,
+            batch.truncated,
+            batch.bootstrap_value,
+            batch.last_value,
+            cfg.gamma,
+            cfg.gae_lambda,
+        )
+        return advantages.reshape(-1), returns.reshape(-1)
+
+    def _targets(self, batch: Trajectory, returns: torch.Tensor, minibatch: int, off_policy: bool) -> UpdateTargets:
+        """What every minibatch of this iteration is fitted to (see `UpdateTargets`)."""
+        cfg = self.cfg
         collected = batch.chunk(slice(None))
         behaviour_log_prob = ratio_log_probs(collected.log_prob, collected.record.get("term_log_prob"), cfg.ratio)
         old_log_prob, behaviour_weight = behaviour_log_prob, None
         if off_policy:
             old_log_prob = self._log_prob(batch, minibatch)  # the proximal policy: this one, now
             behaviour_weight = (old_log_prob - behaviour_log_prob).exp().clamp(max=cfg.behaviour_weight_cap)
-        averages = LossAverages()
-        warming_up = self.iterations < cfg.critic_warmup_iterations
-        value_parameters = {id(p) for p in self.policy.value_parameters()} if warming_up else set()
-        parallel = self.data_parallel
-        shard = parallel.shard(minibatch) if parallel else slice(None)
+        return UpdateTargets(returns, old_log_prob, behaviour_weight, self.iterations < cfg.critic_warmup_iterations)
+
+    def _step(
+        self,
+        batch: Trajectory,
+        rows: torch.Tensor,
+        advantages: torch.Tensor,
+        targets: UpdateTargets,
+        averages: LossAverages,
+    ) -> list[PPOLoss]:
+        """One optimizer step on this rank's `rows` of a minibatch, in gradient-accumulation
+        parts; returns each part's loss."""
+        cfg = self.cfg
+        self.optimizer.zero_grad()
+        losses = []
+        for part in self._accumulation_parts(len(rows)):
+            part_rows = rows[part]
+            recomputed, chunk, new_log_prob = recompute_rows(self.policy, batch, part_rows, cfg.ratio)
+            part_advantages = term_advantages(advantages[part], new_log_prob.shape[1], cfg.denoise_discount)
+            loss = ppo_loss(
+                new_log_prob,
+                targets.old_log_prob[part_rows],
+                part_advantages,
+                recomputed.value,
+                chunk.value,
+                targets.returns[part_rows],
+                recomputed.entropy,
+                self._loss_cfg,
+                None if targets.behaviour_weight is None else targets.behaviour_weight[part_rows],
+            )
+            objective = cfg.vf_coef * loss.value_loss if targets.warming_up else loss.total
+            (objective / cfg.gradient_accumulation_steps).backward()
+            losses.append(loss)
         parameters = list(self.policy.parameters())
+        if targets.warming_up:  # a shared backbone under the value head stays as it is too
+            value_parameters = {id(p) for p in self.policy.value_parameters()}
+            for parameter in parameters:
+                if id(parameter) not in value_parameters:
+                    parameter.grad = None
         # with value_lr the value function is clipped on its own too, so a large value loss
         # does not scale the policy's gradient down
         clipped = [group["params"] for group in self.optimizer.param_groups]
-        for _ in range(cfg.update_epochs):
-            order = minibatch_order(size, parallel)
-            for start in range(0, size - minibatch + 1, minibatch):
-                rows = order[start : start + minibatch]
-                advantages = flat_adv[rows]
-                if cfg.normalize_advantages:
-                    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-                rows, advantages = rows[shard], advantages[shard]
-                self.optimizer.zero_grad()
-                losses = []
-                for part in self._accumulation_parts(len(rows)):
-                    part_rows = rows[part]
-                    recomputed, chunk, new_log_prob = recompute_rows(self.policy, batch, part_rows, cfg.ratio)
-                    part_advantages = term_advantages(advantages[part], new_log_prob.shape[1], cfg.denoise_discount)
-                    loss = ppo_loss(
-                        new_log_prob,
-                        old_log_prob[part_rows],
-                        part_advantages,
-                        recomputed.value,
-                        chunk.value,
-                        flat_ret[part_rows],
-                        recomputed.entropy,
-                        self._loss_cfg,
-                        None if behaviour_weight is None else behaviour_weight[part_rows],
-                    )
-                    objective = cfg.vf_coef * loss.value_loss if warming_up else loss.total
-                    (objective / cfg.gradient_accumulation_steps).backward()
-                    losses.append(loss)
-                if warming_up:  # a shared backbone under the value head stays as it is too
-                    for parameter in parameters:
-                        if id(parameter) not in value_parameters:
-                            parameter.grad = None
-                grad_norm, *value_norm = optimizer_step(
-                    self.optimizer, parameters, clipped, cfg.max_grad_norm, parallel
-                )
-                for loss in losses:
-                    averages.add(loss, grad_norm, **({"value_grad_norm": value_norm[0]} if value_norm else {}))
-            kl = sum(float(part.approx_kl) for part in losses) / len(losses)  # the whole minibatch's
-            if cfg.target_kl is not None and (parallel.mean(kl) if parallel else kl) > cfg.target_kl:
-                break
-
-        metrics = averages.metrics()
-        metrics["loss/explained_variance"] = explained_variance(batch.value.reshape(-1), flat_ret)
-        metrics["train/lr"] = lr
-        if cfg.value_lr is not None:
-            metrics["train/value_lr"] = cfg.value_lr * scale
-        metrics["train/advantage_mean"] = float(flat_adv.mean())
-        if behaviour_weight is not None:
-            metrics["loss/behaviour_weight"] = float(behaviour_weight.mean())
-        metrics["train/critic_warmup"] = float(warming_up)
-        self.iterations += 1
-        return metrics
+        grad_norm, *value_norm = optimizer_step(
+            self.optimizer, parameters, clipped, cfg.max_grad_norm, self.data_parallel
+        )
+        for loss in losses:
+            averages.add(loss, grad_norm, **({"value_grad_norm": value_norm[0]} if value_norm else {}))
+        return losses
 
     def _accumulation_parts(self, size: int) -> list[slice]:
         steps = self.cfg.gradient_accumulation_steps
