@@ -175,31 +175,8 @@ def run_sft(config: SFTConfig) -> Path:
     train_samples, val_samples = demos.split(config.val_fraction, config.seed)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = np.random.default_rng(config.seed)
-
-    run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root, config.run_name)
-    if not config.resume:
-        refuse_a_used_run_dir(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config.run_dir = str(run_dir)
-    config_yaml = to_yaml(config)
-    (run_dir / "config.yaml").write_text(config_yaml)
-    step = 0
-    if config.resume:
-        weights, saved = load_checkpoint(resolve_checkpoint(run_dir))
-        load_policy_weights(policy, weights, saved)
-        optimizer.load_state_dict(saved["sft"]["optimizer"])
-        generator.bit_generator.state = saved["sft"]["sampler"]
-        step = int(saved["sft"]["step"])
-        set_rng_state(saved["rng"])
-        drop_metrics_after(run_dir, "sft_step", step)
-    elif config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
-        load_run_policy(config.init, into=policy, label=f"policy '{config.policy.name}' on this env")
-    else:  # statistics from the demonstrations, once: the policy meets these states first
-        rows = demos.rows[train_samples]
-        policy.fit_statistics(
-            Observation(state=torch.from_numpy(demos.state[rows]).to(device)),
-            torch.from_numpy(demos.action[rows]).to(device),
-        )
+    run_dir, config_yaml = open_run_dir(config)
+    step = restore(config, run_dir, policy, optimizer, generator, demos.rows[train_samples], demos)
     logger.info(
         "SFT on %d frames of %d episodes (%d held out), %s",
         len(train_samples),
@@ -208,25 +185,6 @@ def run_sft(config: SFTConfig) -> Path:
         config.frames,
     )
     features = frozen_features(policy, demos, config.batch_size, device)
-
-    def save() -> None:
-        weights, left_out = without_pretrained_frozen(
-            policy, {k: v.detach().cpu() for k, v in policy.state_dict().items()}
-        )
-        state = {
-            "sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
-            "rng": get_rng_state(),
-            "iteration": step,
-            "env_steps": 0,
-            "learner": {"policy_version": 0},
-            "spec": spec.to_dict(),
-            "episodes": [],
-            "pretrained_frozen": left_out,
-        }
-        save_checkpoint(
-            run_dir / "checkpoints", f"iter_{step:06d}", weights, state, config_yaml, keep=config.keep_checkpoints
-        )
-
     metrics_log = MetricLogger(
         run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)), step_key="sft_step"
     )
@@ -261,11 +219,82 @@ def run_sft(config: SFTConfig) -> Path:
                     **({"val": f"{metrics['sft/val_loss']:.4f}"} if "sft/val_loss" in metrics else {}),
                 )
             if step == config.steps or (config.checkpoint_every > 0 and step % config.checkpoint_every == 0):
-                save()
+                save(config, run_dir, config_yaml, spec, policy, optimizer, generator, step)
     finally:
         bar.close()
         metrics_log.close()
     return run_dir
+
+
+def open_run_dir(config: SFTConfig) -> tuple[Path, str]:
+    """The run's folder (a new one, or the resumed one) with the config written into it; sets
+    `config.run_dir` and returns the config as written."""
+    run_dir = Path(config.run_dir) if config.run_dir else new_run_dir(config.runs_root, config.run_name)
+    if not config.resume:
+        refuse_a_used_run_dir(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config.run_dir = str(run_dir)
+    config_yaml = to_yaml(config)
+    (run_dir / "config.yaml").write_text(config_yaml)
+    return run_dir, config_yaml
+
+
+def restore(
+    config: SFTConfig,
+    run_dir: Path,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    generator: np.random.Generator,
+    train_rows: np.ndarray,
+    demos: Demonstrations,
+) -> int:
+    """The step to start from: a resumed run's checkpoint restored (weights, optimizer, sampler,
+    RNG, metrics cut back to it), or `init`'s weights, or statistics fitted to the training rows."""
+    if config.resume:
+        weights, saved = load_checkpoint(resolve_checkpoint(run_dir))
+        load_policy_weights(policy, weights, saved)
+        optimizer.load_state_dict(saved["sft"]["optimizer"])
+        generator.bit_generator.state = saved["sft"]["sampler"]
+        step = int(saved["sft"]["step"])
+        set_rng_state(saved["rng"])
+        drop_metrics_after(run_dir, "sft_step", step)
+        return step
+    if config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
+        load_run_policy(config.init, into=policy, label=f"policy '{config.policy.name}' on this env")
+    else:  # statistics from the demonstrations, once: the policy meets these states first
+        policy.fit_statistics(
+            Observation(state=torch.from_numpy(demos.state[train_rows]).to(policy.device)),
+            torch.from_numpy(demos.action[train_rows]).to(policy.device),
+        )
+    return 0
+
+
+def save(
+    config: SFTConfig,
+    run_dir: Path,
+    config_yaml: str,
+    spec: EnvSpec,
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    generator: np.random.Generator,
+    step: int,
+) -> None:
+    """Checkpoint `iter_<step>`: the trained weights (a frozen pretrained part left out) and
+    what resuming needs, in the layout `embodied train` writes, so serve and evaluate load it."""
+    weights, left_out = without_pretrained_frozen(policy, {k: v.detach().cpu() for k, v in policy.state_dict().items()})
+    state = {
+        "sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
+        "rng": get_rng_state(),
+        "iteration": step,
+        "env_steps": 0,
+        "learner": {"policy_version": 0},
+        "spec": spec.to_dict(),
+        "episodes": [],
+        "pretrained_frozen": left_out,
+    }
+    save_checkpoint(
+        run_dir / "checkpoints", f"iter_{step:06d}", weights, state, config_yaml, keep=config.keep_checkpoints
+    )
 
 
 @torch.no_grad()
