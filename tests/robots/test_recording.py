@@ -210,7 +210,7 @@ for t in range(4):
 recorder.end_episode(True)
 for t in range(3):
     recorder.add(*frame(t))
-recorder._flush(done=False, success=False)
+recorder._flush(done=False, success=False, terminated=False)
 recorder._queue.join()  # the writer has the partial episode's frames (a crash loses what is still queued)
 print(recorder.process.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)  # a crash: nothing of ours runs after this
