@@ -407,6 +407,9 @@ TUNING_ARMS = {
         ],
         # only the critic updates per transition change (ten critics, gamma 0.9): about 1.6x the time
         "rlpd-serl-utd4-ten-critics": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.utd_ratio=4"],
+        # rlpd-serl-temperature again on demos recorded since 8b5db77 (`next.terminated`): a demo
+        # that succeeded and ran on to its time limit no longer ends in a terminal frame
+        "rlpd-serl-time-limit-demos": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
