@@ -78,6 +78,23 @@ def percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+@dataclass
+class EpisodeProgress:
+    """An episode so far: its totals, the operator's label, and (when learning) each acted
+    tick's observation, action, reward and whether the operator drove it."""
+
+    episode_return: float = 0.0
+    success: bool = False
+    terminated: bool = False
+    steps: int = 0
+    label: Optional[str] = None  # the operator's success / failure / rerecord
+    states: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    rewards: list = field(default_factory=list)
+    intervened: list = field(default_factory=list)
+    images: list = field(default_factory=list)
+
+
 class RobotClient:
     def __init__(
         self, robot: Robot, policy: PolicyClient, config: RobotClientConfig, output: Path, teleop: Teleop | None = None
@@ -213,32 +230,20 @@ class RobotClient:
                 logger.error("could not send the safe action on exit: %s", error)
 
     def _episode(self, index: int, log: Any) -> dict[str, Any]:
-        assert self.broker is not None
-        self.robot.reset_episode(self.config.seed + index)
-        self.broker.clear()
-        self.policy.cancel()  # an answer to the last episode's observation must not act in this one
-        if self.teleop is not None:
-            self.teleop.reset()
-        label: str | None = None  # the operator's success / failure / rerecord
+        self._start_episode(index)
+        progress = EpisodeProgress()
         # The first action's change is limited relative to the robot at rest, where it can tell.
         previous = self._hold() if self.config.safety.max_delta is not None else None
-        episode_return, success, steps, tick, ended, terminated = 0.0, False, 0, 0, False, False
-        learned: dict[str, list] = {"states": [], "actions": [], "rewards": [], "intervened": [], "images": []}
+        tick, ended = 0, False
         start = time.monotonic()
         self.safety.action_arrived(start)  # the watchdog's period starts with the episode
         while tick < self.max_steps and not self.should_quit():
             target = start + tick * self.period
             entry: dict[str, Any] = {"episode": index, "tick": tick}
             self._wait_until(target, tick, entry)
-            late = time.monotonic() - target
-            if late > self.period:  # a stall: skip the ticks that passed rather than catch up in a burst
-                missed = min(int(late // self.period), self.max_steps - tick)
-                self.overrun_ticks += missed
-                tick += missed
-                target += missed * self.period
-                entry.update(tick=tick, overrun_ticks=missed)
-                if tick >= self.max_steps:
-                    break
+            tick, target = self._skip_a_stall(tick, target, entry)
+            if tick >= self.max_steps:
+                break
             entry["jitter_ms"] = (time.monotonic() - target) * 1000
             self.jitter_ms.append(entry["jitter_ms"])
             # Recording and learning need this tick's observation; otherwise it is read only for a query.
@@ -250,78 +255,124 @@ class RobotClient:
             command, source = self._decide(tick, time.monotonic(), previous, position)
             policy_action = command if source == "policy" else None
             if self.teleop is not None and source not in ("estop", "non_finite"):
-                command, source, label = self._teleoperate(command, source, previous, position, entry, label)
+                command, source, progress.label = self._teleoperate(
+                    command, source, previous, position, entry, progress.label
+                )
             self.sources[source] += 1
             entry["source"] = source
-            ended = label is not None
+            ended = progress.label is not None
             if command is not None:
                 previous = self.robot.send_action(command)
-                entry["executed_action"] = np.round(previous, 5).tolist()
-                self.feedback["executed_action"] = previous
-                self.feedback["intervened_ticks"] = self.feedback.get("intervened_ticks", 0) + (source == "teleop")
-                entry["act_ms"] = (time.monotonic() - target) * 1000  # when this tick's command went out
-                self.act_ms.append(entry["act_ms"])
-                outcome = self.robot.outcome()
-                if self.recorder is not None and observation is not None:
-                    self.recorder.add(
-                        observation.state,
-                        observation.images,
-                        previous,
-                        policy_action,
-                        source == "teleop",
-                        outcome.reward,
-                        source in SAFETY_SOURCES,
-                    )
-                if self.learning and observation is not None:
-                    for key, value in (
-                        ("states", observation.state),
-                        ("actions", previous),
-                        ("rewards", outcome.reward),
-                        ("intervened", source == "teleop"),
-                        ("images", {c: observation.images[c] for c in [*self.outcome_cameras, *self.policy_cameras]}),
-                    ):
-                        learned[key].append(value)
-                episode_return += outcome.reward
-                terminated = terminated or outcome.terminated
-                self.feedback["reward"] = self.feedback.get("reward", 0.0) + outcome.reward
-                success |= outcome.success
-                steps += 1
-                ended = ended or outcome.terminated or outcome.truncated
+                ended = self._acted(previous, source, policy_action, observation, target, entry, progress) or ended
             log.write(json.dumps(entry) + "\n")
             tick += 1
             if ended:
                 break
+        return self._finish_episode(index, progress, tick, finished=ended or tick >= self.max_steps)
+
+    def _start_episode(self, index: int) -> None:
+        assert self.broker is not None
+        self.robot.reset_episode(self.config.seed + index)
+        self.broker.clear()
+        self.policy.cancel()  # an answer to the last episode's observation must not act in this one
+        if self.teleop is not None:
+            self.teleop.reset()
+
+    def _skip_a_stall(self, tick: int, target: float, entry: dict[str, Any]) -> tuple[int, float]:
+        """After a stall, the tick and its target time to go on from: the ticks that passed are
+        skipped rather than caught up in a burst (at most to the episode's end)."""
+        late = time.monotonic() - target
+        if late <= self.period:
+            return tick, target
+        missed = min(int(late // self.period), self.max_steps - tick)
+        self.overrun_ticks += missed
+        entry.update(tick=tick + missed, overrun_ticks=missed)
+        return tick + missed, target + missed * self.period
+
+    def _acted(
+        self,
+        executed: np.ndarray,
+        source: str,
+        policy_action: Optional[np.ndarray],
+        observation: Optional[RobotObservation],
+        target: float,
+        entry: dict[str, Any],
+        progress: EpisodeProgress,
+    ) -> bool:
+        """Account for the action the robot just executed: log, feedback, the recording and the
+        learner's episode. Returns whether the robot says the episode is over."""
+        entry["executed_action"] = np.round(executed, 5).tolist()
+        self.feedback["executed_action"] = executed
+        self.feedback["intervened_ticks"] = self.feedback.get("intervened_ticks", 0) + (source == "teleop")
+        entry["act_ms"] = (time.monotonic() - target) * 1000  # when this tick's command went out
+        self.act_ms.append(entry["act_ms"])
+        outcome = self.robot.outcome()
+        if self.recorder is not None and observation is not None:
+            self.recorder.add(
+                observation.state,
+                observation.images,
+                executed,
+                policy_action,
+                source == "teleop",
+                outcome.reward,
+                source in SAFETY_SOURCES,
+            )
+        if self.learning and observation is not None:
+            cameras = [*self.outcome_cameras, *self.policy_cameras]
+            progress.states.append(observation.state)
+            progress.actions.append(executed)
+            progress.rewards.append(outcome.reward)
+            progress.intervened.append(source == "teleop")
+            progress.images.append({c: observation.images[c] for c in cameras})
+        progress.episode_return += outcome.reward
+        progress.terminated = progress.terminated or outcome.terminated
+        self.feedback["reward"] = self.feedback.get("reward", 0.0) + outcome.reward
+        progress.success |= outcome.success
+        progress.steps += 1
+        return outcome.terminated or outcome.truncated
+
+    def _finish_episode(self, index: int, progress: EpisodeProgress, ticks: int, finished: bool) -> dict[str, Any]:
+        """Save the recording and hand the episode to the learner, where it `finished` (not a
+        quit mid-episode); the operator's label decides success and whether it is kept."""
+        label = progress.label
         if label in ("success", "failure"):
-            success = label == "success"  # the operator's word over the robot's own check
-        result = {"episode": index, "return": episode_return, "success": success, "steps": steps, "ticks": tick}
-        finished = ended or tick >= self.max_steps  # not a quit mid-episode
+            progress.success = label == "success"  # the operator's word over the robot's own check
+        terminated = progress.terminated or label in ("success", "failure")
+        result = {
+            "episode": index,
+            "return": progress.episode_return,
+            "success": progress.success,
+            "steps": progress.steps,
+            "ticks": ticks,
+        }
         # The state the last action led to, read before anything else moves the robot (the hold while saving).
-        final = self.robot.get_observation() if self.learning and learned["actions"] else None
+        final = self.robot.get_observation() if self.learning and progress.actions else None
         if self.recorder is not None and finished:  # a quit mid-episode: record.partial
             self.robot.send_action(self.safety.safe_action(self._hold(), None))  # held still while it saves
-            saved = self.recorder.end_episode(
-                success, keep=label != "rerecord", terminated=terminated or label in ("success", "failure")
-            )
+            saved = self.recorder.end_episode(progress.success, keep=label != "rerecord", terminated=terminated)
             if saved is not None:
                 result["dataset_episode"] = saved
         if final is not None and finished and label != "rerecord":
-            # What each acted tick led to: the next acted tick's observation, then the final one.
-            frames = [*learned["images"], {c: final.images[c] for c in [*self.outcome_cameras, *self.policy_cameras]}]
-            outcomes = frames[1:]
-            episode = Episode(
-                states=np.asarray([*learned["states"], final.state], np.float32),
-                actions=np.asarray(learned["actions"], np.float32),
-                rewards=np.asarray(learned["rewards"], np.float32),
-                intervened=np.asarray(learned["intervened"], bool),
-                terminated=terminated or label in ("success", "failure"),
-                success=success,
-                instruction=self.instruction,
-                policy_version=self.server_metadata.get("policy_version"),
-                images={c: np.stack([frame[c] for frame in frames]) for c in self.policy_cameras},
-                outcome_images={c: np.stack([frame[c] for frame in outcomes]) for c in self.outcome_cameras},
-            )
-            result["learner"] = self._send_episode(episode)
+            result["learner"] = self._send_episode(self._learned_episode(progress, final, terminated))
         return {**result, "rerecorded": True} if label == "rerecord" else result
+
+    def _learned_episode(self, progress: EpisodeProgress, final: RobotObservation, terminated: bool) -> Episode:
+        """The episode as the learner takes it: what each acted tick led to is the next acted
+        tick's observation, then the final one."""
+        frames = [*progress.images, {c: final.images[c] for c in [*self.outcome_cameras, *self.policy_cameras]}]
+        outcomes = frames[1:]
+        return Episode(
+            states=np.asarray([*progress.states, final.state], np.float32),
+            actions=np.asarray(progress.actions, np.float32),
+            rewards=np.asarray(progress.rewards, np.float32),
+            intervened=np.asarray(progress.intervened, bool),
+            terminated=terminated,
+            success=progress.success,
+            instruction=self.instruction,
+            policy_version=self.server_metadata.get("policy_version"),
+            images={c: np.stack([frame[c] for frame in frames]) for c in self.policy_cameras},
+            outcome_images={c: np.stack([frame[c] for frame in outcomes]) for c in self.outcome_cameras},
+        )
 
     def _send_episode(self, episode: Episode) -> dict[str, Any]:
         """Hand the episode to the learning server, the robot held still meanwhile; one the
