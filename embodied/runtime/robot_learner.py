@@ -48,6 +48,7 @@ from embodied.build import build_algo, build_env, build_policy, in_this_process,
 from embodied.config import RewardConfig, TrainConfig
 from embodied.core.episodes import Episode, EpisodeNotTaken, episode_bytes, parse_episode
 from embodied.core.errors import ConfigError
+from embodied.core.policy import Policy
 from embodied.core.types import EnvSpec, EpisodeStats, Observation
 from embodied.eval.periodic import PeriodicEvaluation
 from embodied.runtime.classified_reward import load_reward_classifier
@@ -238,6 +239,79 @@ class OutcomeReward:
         return (probability > self.threshold).astype(np.float32)
 
 
+class RobotGateway:
+    """The server side the robots talk to: the acting copy of the policy (with the newest
+    published weights, per `apply_weights`), and the intake that queues their episodes for the
+    learner thread until the run has all its env steps."""
+
+    def __init__(
+        self,
+        cfg: RobotsRuntimeConfig,
+        config: TrainConfig,
+        spec: EnvSpec,
+        policy: Policy,
+        env_steps: int,
+        cameras: tuple[list[str], list[str]],
+    ):
+        self.cfg, self.spec, self.total_env_steps = cfg, spec, config.total_env_steps
+        self.device = policy.device
+        self.acting = copy.deepcopy(policy).eval()  # the robots' copy; the learner's moves under it
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.inbox: queue.Queue[Episode] = queue.Queue()
+        self.latest = LatestWeights()
+        self.received = env_steps  # transitions taken, learned from or queued
+        self.outcome_cameras, self.policy_cameras = cameras
+        self.server: Optional[PolicyServer] = None
+
+    def serve(self, metadata: dict[str, Any]) -> PolicyServer:
+        cfg = self.cfg
+        serve_config = ServeConfig(
+            endpoint=cfg.endpoint,
+            keys_dir=cfg.keys_dir,
+            max_clients=cfg.max_clients,
+            batch_window_ms=cfg.batch_window_ms,
+            client_timeout_s=cfg.client_timeout_s,
+            deterministic=cfg.deterministic,
+            stats_every_s=0,
+        )
+        size = episode_bytes(self.spec, cfg.max_episode_ticks, self.outcome_cameras, self.policy_cameras)
+        self.server = PolicyServer(
+            self.infer, self.spec, metadata, serve_config, on_episode=self.on_episode, max_message_bytes=size
+        )
+        return self.server
+
+    @torch.no_grad()
+    def infer(self, observation: Observation) -> np.ndarray:
+        observation = observation.to_torch(self.device)
+        chunk = self.acting.act(observation, deterministic=self.cfg.deterministic, generator=self.generator)
+        return chunk.actions.float().cpu().numpy()
+
+    def apply_latest(self) -> None:
+        taken = self.latest.take()
+        if taken is not None:
+            version, weights = taken
+            load_published_weights(self.acting, weights)
+            self.server.metadata["policy_version"] = version
+
+    def on_episode(self, client: ClientState, body: Any) -> dict[str, Any]:
+        if self.received >= self.total_env_steps:
+            raise EpisodeNotTaken(f"the run has all its {self.total_env_steps} env steps")
+        if self.inbox.qsize() >= self.cfg.max_queued_episodes:
+            raise EpisodeNotTaken(f"the learner is {self.inbox.qsize()} episodes behind")
+        episode = parse_episode(body, self.spec, self.cfg.max_episode_ticks, self.outcome_cameras, self.policy_cameras)
+        self.inbox.put(episode)
+        self.received += episode.length
+        if self.cfg.apply_weights == "episode":
+            self.apply_latest()
+        # `finished` tells the robot that the run needs no more episodes.
+        return {
+            "transitions": episode.length,
+            "policy_version": self.server.metadata["policy_version"],
+            "queued": self.inbox.qsize(),
+            "finished": self.received >= self.total_env_steps,
+        }
+
+
 class RobotsRuntime:
     def __init__(self, cfg: RobotsRuntimeConfig):
         self.cfg = cfg
@@ -262,75 +336,21 @@ class RobotsRuntime:
         if policy.chunk_size != 1:
             raise ConfigError("runtime=robots stores one executed action per tick: policy.chunk_size must be 1")
         session.restore(learner)
-        pretrained = learner.before_training()
-        if pretrained:
-            logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in pretrained.items()))
+        learner.before_training()
 
-        acting = copy.deepcopy(policy).eval()  # the robots' copy; the learner's moves under it
-        generator = torch.Generator(device=device).manual_seed(config.seed)
-
-        @torch.no_grad()
-        def infer(observation: Observation) -> np.ndarray:
-            chunk = acting.act(observation.to_torch(device), deterministic=cfg.deterministic, generator=generator)
-            return chunk.actions.float().cpu().numpy()
-
-        inbox: queue.Queue[Episode] = queue.Queue()
-        latest = LatestWeights()
-        metadata = {
-            "policy": config.policy.name,
-            "policy_version": learner.policy_version,
-            "chunk_size": 1,
-            "normalization_id": None,
-            "deterministic": cfg.deterministic,
-            "learning": True,
-            "run": str(session.run_dir),
-            "outcome_cameras": outcome_cameras,
-            "policy_cameras": policy_cameras,
-        }
-
-        def apply_latest() -> None:
-            taken = latest.take()
-            if taken is not None:
-                version, weights = taken
-                load_published_weights(acting, weights)
-                server.metadata["policy_version"] = version
-
-        received = [session.env_steps]  # transitions taken, learned from or queued
-
-        def on_episode(client: ClientState, body: Any) -> dict[str, Any]:
-            if received[0] >= config.total_env_steps:
-                raise EpisodeNotTaken(f"the run has all its {config.total_env_steps} env steps")
-            if inbox.qsize() >= cfg.max_queued_episodes:
-                raise EpisodeNotTaken(f"the learner is {inbox.qsize()} episodes behind")
-            episode = parse_episode(body, spec, cfg.max_episode_ticks, outcome_cameras, policy_cameras)
-            inbox.put(episode)
-            received[0] += episode.length
-            if cfg.apply_weights == "episode":
-                apply_latest()
-            # `finished` tells the robot that the run needs no more episodes.
-            return {
-                "transitions": episode.length,
-                "policy_version": server.metadata["policy_version"],
-                "queued": inbox.qsize(),
-                "finished": received[0] >= config.total_env_steps,
+        gateway = RobotGateway(cfg, config, spec, policy, session.env_steps, (outcome_cameras, policy_cameras))
+        server = gateway.serve(
+            {
+                "policy": config.policy.name,
+                "policy_version": learner.policy_version,
+                "chunk_size": 1,
+                "normalization_id": None,
+                "deterministic": cfg.deterministic,
+                "learning": True,
+                "run": str(session.run_dir),
+                "outcome_cameras": outcome_cameras,
+                "policy_cameras": policy_cameras,
             }
-
-        serve_config = ServeConfig(
-            endpoint=cfg.endpoint,
-            keys_dir=cfg.keys_dir,
-            max_clients=cfg.max_clients,
-            batch_window_ms=cfg.batch_window_ms,
-            client_timeout_s=cfg.client_timeout_s,
-            deterministic=cfg.deterministic,
-            stats_every_s=0,
-        )
-        server = PolicyServer(
-            infer,
-            spec,
-            metadata,
-            serve_config,
-            on_episode=on_episode,
-            max_message_bytes=episode_bytes(spec, cfg.max_episode_ticks, outcome_cameras, policy_cameras),
         )
         print(
             f"learning from robots on {server.endpoint} (run {session.run_dir}); connect with "
@@ -338,14 +358,14 @@ class RobotsRuntime:
             flush=True,
         )
         session.start_logging()
-        thread = LearnerThread(session, learner, spec, inbox, latest, reward)
+        thread = LearnerThread(session, learner, spec, gateway.inbox, gateway.latest, reward)
         thread.start()
         try:
             while thread.is_alive():
                 server.run_once(timeout_s=0.05)
                 if cfg.apply_weights == "immediate":
-                    apply_latest()
-                if session.finished and inbox.empty() and not thread.busy:
+                    gateway.apply_latest()
+                if session.finished and gateway.inbox.empty() and not thread.busy:
                     thread.stop.set()
         finally:
             thread.stop.set()
