@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -18,6 +19,8 @@ from embodied.core.policy import Policy
 from embodied.runs.checkpoint import load_policy_weights
 from embodied.runtime.offload import Offloader
 from embodied.runtime.wire import published_weights
+
+logger = logging.getLogger(__name__)
 
 
 class Learner:
@@ -58,9 +61,13 @@ class Learner:
         return metrics
 
     def before_training(self) -> dict[str, float]:
-        """What the algorithm does once before the first env step (e.g. offline pretraining)."""
+        """What the algorithm does once before the first env step (e.g. offline pretraining),
+        logged; returns its metrics."""
         prepare = getattr(self.algo, "before_training", None)
-        return prepare() if prepare is not None else {}
+        metrics = prepare() if prepare is not None else {}
+        if metrics:
+            logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in metrics.items()))
+        return metrics
 
     def shard(self, parallel: DataParallel) -> None:
         """fsdp: shard the policy and the optimizer state over the ranks (after every rank

@@ -45,9 +45,7 @@ class LocalRuntime:
                 operator=build_operator(config, env),
             )
             session.restore(learner, rollout)
-            pretrained = learner.before_training()
-            if pretrained:
-                logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in pretrained.items()))
+            learner.before_training()
 
             session.start_logging()
             group_size = getattr(config.algo, "group_size", 0)  # GRPO-style algorithms: grouped starts

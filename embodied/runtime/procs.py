@@ -356,9 +356,7 @@ class ProcsRuntime:
         policy = build_policy(config.policy, spec, device)
         learner = Learner(policy, build_algo(config.algo, policy), device)
         session.restore(learner)
-        pretrained = learner.before_training()
-        if pretrained:
-            logger.info("before training: %s", ", ".join(f"{k}={v:.4g}" for k, v in pretrained.items()))
+        learner.before_training()
         dropped = int(procs_state.get("stale_batches_dropped", 0))
         rounds = RolloutRounds(link, supervisors, cfg.heartbeat_s)
         collocated = cfg.placement == "collocated"
@@ -402,22 +400,7 @@ class ProcsRuntime:
                 weights = tensors_to_wire(learner.published())
                 if not collocated:  # the rollout collects while this learner evaluates and saves
                     link.publish(learner.policy_version, weights)
-                metrics.update(
-                    {
-                        "train/policy_version": learner.policy_version,
-                        "train/policy_lag": lag,
-                        "train/stale_batches_dropped": dropped,
-                        "train/env_worker_restarts": sum(int(body["env_restarts"]) for body in bodies),
-                        "train/rollout_restarts": sum(supervisor.restarts for supervisor in supervisors),
-                        "train/trajectories_resent": sum(int(body["resent"]) for body in bodies),
-                    }
-                )
-                if collocated:
-                    metrics["train/offload_s"] = learner.offloader.seconds
-                    metrics["train/offload_gb"] = learner.offloader.bytes_moved / 1e9
-                    metrics["train/rollout_offload_s"] = sum(float(body.get("offload_s", 0.0)) for body in bodies)
-                if device.type == "cuda":
-                    metrics["train/learner_peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+                metrics.update(self._delivery_metrics(learner, bodies, supervisors, lag, dropped, device))
                 episodes = [EpisodeStats(**e) for body in bodies for e in body["episodes"]]
                 session.record(sum(int(body["env_steps"]) for body in bodies), episodes, metrics)
                 if evaluation.due(session.iteration):
@@ -426,11 +409,8 @@ class ProcsRuntime:
                     if ranks is not None:
                         ranks.before_checkpoint()
                     state = link.delivery_state()
-                    session.save(
-                        learner,
-                        None,
-                        {"spec": hello["spec"], "procs": {"delivery": state, "stale_batches_dropped": dropped}},
-                    )
+                    procs = {"delivery": state, "stale_batches_dropped": dropped}
+                    session.save(learner, None, {"spec": hello["spec"], "procs": procs})
                     link.checkpointed(state)
                 if collocated:  # the rollout gets the device, and then the weights, once this learner has left it
                     learner.offloader.offload()
@@ -440,6 +420,33 @@ class ProcsRuntime:
             evaluation.close()
             if ranks is not None:
                 ranks.stop(clean=finished)
+
+    def _delivery_metrics(
+        self,
+        learner: Learner,
+        bodies: list[dict[str, Any]],
+        supervisors: list[RolloutSupervisor],
+        lag: int,
+        dropped: int,
+        device: torch.device,
+    ) -> dict[str, float]:
+        """What an update logs beside the algorithm's: policy lag, drops, restarts and resends,
+        and where the device is shared, the time and bytes of offloading."""
+        metrics = {
+            "train/policy_version": learner.policy_version,
+            "train/policy_lag": lag,
+            "train/stale_batches_dropped": dropped,
+            "train/env_worker_restarts": sum(int(body["env_restarts"]) for body in bodies),
+            "train/rollout_restarts": sum(supervisor.restarts for supervisor in supervisors),
+            "train/trajectories_resent": sum(int(body["resent"]) for body in bodies),
+        }
+        if self.cfg.placement == "collocated":
+            metrics["train/offload_s"] = learner.offloader.seconds
+            metrics["train/offload_gb"] = learner.offloader.bytes_moved / 1e9
+            metrics["train/rollout_offload_s"] = sum(float(body.get("offload_s", 0.0)) for body in bodies)
+        if device.type == "cuda":
+            metrics["train/learner_peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9
+        return metrics
 
     @staticmethod
     def _rank_starter(run_dir: Path) -> Any:
