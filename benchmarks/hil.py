@@ -410,6 +410,13 @@ TUNING_ARMS = {
         # rlpd-serl-temperature again on demos recorded since 8b5db77 (`next.terminated`): a demo
         # that succeeded and ran on to its time limit no longer ends in a terminal frame
         "rlpd-serl-time-limit-demos": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
+        # SERL's temperature with the study's corrections (the scripted expert drives at most 5
+        # steps at a time): HIL-SERL's answer to 20 demos, where ManiSkill's RLPD baseline has 1,000
+        "rlpd-serl-corrections": [
+            "algo.init_temperature=0.01",
+            "algo.backup_entropy=false",
+            *PIXEL_ARMS["pixels-rlpd-corrections"],
+        ],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
