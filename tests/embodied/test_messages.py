@@ -213,7 +213,7 @@ def test_a_robot_and_a_learning_server_send_only_defined_bodies_on_the_policy_ch
     environment, log_dir = recording
     run_dir = tmp_path / "run"
     learn_from_a_robot(
-        [*LEARNER, "total_env_steps=20", f"run_dir={run_dir}"], run_dir, tmp_path / "robot", episodes=2, env=environment
+        [*LEARNER, "total_env_steps=20", f"run_dir={run_dir}"], run_dir, tmp_path / "robot", env=environment
     )
     messages = recorded(log_dir)
     wrong = [(m, fits_some_channel(m)) for m in messages if fits_some_channel(m)]

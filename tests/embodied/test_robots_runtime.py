@@ -228,9 +228,12 @@ LEARNER = [
 ]
 
 
-def learn_from_a_robot(arguments, run_dir, output, episodes=5, env=None, robot_arguments=()):
+def learn_from_a_robot(arguments, run_dir, output, episodes=20, env=None, robot_arguments=()):
     """A learning server and a simulated robot client, each in its own process (`env`: their
-    environment variables, default this process's)."""
+    environment variables, default this process's). The robot has more episodes than a run
+    here needs: on a busy machine its loop skips stalled ticks, so episodes can be short, and a
+    robot that ran out before the run had its env steps would leave the server waiting. The ack
+    of the episode that completes the run stops the robot."""
     server = start("train", *arguments, env=env, inherit_env=env is None)
     try:
         line = ""
