@@ -324,8 +324,7 @@ class PPO:
     @torch.no_grad()
     def _log_prob(self, batch: Trajectory, minibatch: int) -> torch.Tensor:
         rows = torch.arange(batch.num_steps * batch.num_envs)
-        parts = [self.policy.recompute(batch.flat_observation(r), batch.chunk(r)) for r in rows.split(minibatch)]
-        return torch.cat([ratio_log_probs(e.log_prob, e.term_log_prob, self.cfg.ratio) for e in parts])
+        return torch.cat([recompute_rows(self.policy, batch, r, self.cfg.ratio)[2] for r in rows.split(minibatch)])
 
     def state_dict(self) -> dict:
         return {
