@@ -72,7 +72,9 @@ def test_interventions_replace_the_policy_action_and_are_logged_with_both_action
     # (a reply that misses its tick leaves none, so a loaded machine may skip a few).
     with_policy = [line["policy_action"] for line in operated if "policy_action" in line]
     assert with_policy and all(action == [0.0] for action in with_policy)
-    assert lines[0]["source"] == "policy" and not lines[0]["intervened"]
+    # Before the operator took over, the robot acted on the policy's action, or held its last
+    # command on a tick whose reply came late (source "none"); nothing was an intervention.
+    assert all(line["source"] in ("policy", "none") and not line["intervened"] for line in lines[:2])
 
 
 class StandInGamepad:
