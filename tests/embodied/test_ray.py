@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from embodied.runs.checkpoint import resolve_checkpoint
 from tests.cli import start
-from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
+from tests.embodied.test_procs import updates_of, wait_for
 
 # A Ray run starts its cluster and an actor per role, each importing torch and the simulator:
 # about a minute alone, but past 7 minutes before a first update on a 2-core machine running
@@ -88,18 +88,10 @@ def still_running(processes: list[psutil.Process], timeout_s: float = 30.0) -> l
     return alive
 
 
-def train_killing_one(role: str, expected: int, run_dir) -> list[dict]:
-    """Train, kill one `role` actor after two updates, and return the run's updates."""
-    trainer = train(*RAY, "total_env_steps=400", "checkpoint_every=2", f"run_dir={run_dir}")
-
-    def kill_one() -> None:
-        running = actors(role)
-        assert len(running) == expected, f"expected {expected} {role} actors"
-        running[0].kill()
-
-    updates = train_interrupted(trainer, run_dir, kill_one, wait_s=RAY_WAIT_S)
-    assert [u["train/iteration"] for u in updates] == list(range(1, 11))
-    return updates
+def kill_one(role: str, expected: int) -> None:
+    running = actors(role)
+    assert len(running) == expected, f"expected {expected} {role} actors, found {len(running)}"
+    running[0].kill()
 
 
 @pytest.mark.slow
@@ -147,16 +139,29 @@ def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path)
 
 
 @pytest.mark.slow
-def test_a_killed_env_worker_actor_is_replaced_and_training_continues(tmp_path):
-    updates = train_killing_one("EnvWorkerRole", 2, tmp_path / "run")
-    assert updates[-1]["train/env_worker_restarts"] == 1
-    assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
+def test_killed_env_worker_and_rollout_actors_are_replaced_and_training_continues(tmp_path):
+    """One run, two failures: an env worker actor killed after two updates is replaced (its
+    rollout counts the restart), then the rollout actor itself is killed and restarted; every
+    update still lands, and no actor outlives the run."""
+    run_dir = tmp_path / "run"
+    trainer = train(*RAY, "total_env_steps=800", "checkpoint_every=2", f"run_dir={run_dir}")
 
+    def env_worker_replaced() -> bool:
+        return any(u["train/env_worker_restarts"] == 1 for u in updates_of(run_dir))
 
-@pytest.mark.slow
-def test_a_killed_rollout_actor_is_restarted_and_training_continues(tmp_path):
-    updates = train_killing_one("RolloutRole", 1, tmp_path / "run")
+    try:
+        wait_for(lambda: len(updates_of(run_dir)) >= 2, "2 updates", trainer, RAY_WAIT_S)
+        kill_one("EnvWorkerRole", 2)
+        wait_for(env_worker_replaced, "an update after the env worker's replacement", trainer, RAY_WAIT_S)
+        kill_one("RolloutRole", 1)
+        _, err = trainer.communicate(timeout=RAY_WAIT_S)  # a restart is as slow as a start
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, err
+    updates = updates_of(run_dir)
+    assert [u["train/iteration"] for u in updates] == list(range(1, 21))
     assert updates[-1]["train/rollout_restarts"] == 1
+    assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
 
 
 @pytest.mark.slow
