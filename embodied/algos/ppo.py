@@ -167,12 +167,15 @@ def parameter_groups(policy: Policy, cfg: PPOConfig) -> list[dict]:
 class UpdateTargets:
     """What an iteration's minibatches are fitted to: the returns, the log-probs the ratio is
     clipped around (the behaviour policy's, or in decoupled PPO the proximal one's, with
-    `behaviour_weight` correcting for the older collector), and whether only the value learns."""
+    `behaviour_weight` correcting for the older collector), and which parameters learn (during
+    the critic warm-up only the value's: `frozen` are the others, whose gradients are dropped)."""
 
     returns: torch.Tensor  # (N,)
     old_log_prob: torch.Tensor  # (N, P)
     behaviour_weight: Optional[torch.Tensor]  # (N, P) or None
     warming_up: bool
+    parameters: list[torch.Tensor]
+    frozen: list[torch.Tensor]
 
 
 class PPO:
@@ -262,7 +265,13 @@ class PPO:
         if off_policy:
             old_log_prob = self._log_prob(batch, minibatch)  # the proximal policy: this one, now
             behaviour_weight = (old_log_prob - behaviour_log_prob).exp().clamp(max=cfg.behaviour_weight_cap)
-        return UpdateTargets(returns, old_log_prob, behaviour_weight, self.iterations < cfg.critic_warmup_iterations)
+        warming_up = self.iterations < cfg.critic_warmup_iterations
+        parameters = list(self.policy.parameters())
+        frozen = []
+        if warming_up:  # a shared backbone under the value head stays as it is too
+            value_parameters = {id(p) for p in self.policy.value_parameters()}
+            frozen = [p for p in parameters if id(p) not in value_parameters]
+        return UpdateTargets(returns, old_log_prob, behaviour_weight, warming_up, parameters, frozen)
 
     def _step(
         self,
@@ -295,17 +304,13 @@ class PPO:
             objective = cfg.vf_coef * loss.value_loss if targets.warming_up else loss.total
             (objective / cfg.gradient_accumulation_steps).backward()
             losses.append(loss)
-        parameters = list(self.policy.parameters())
-        if targets.warming_up:  # a shared backbone under the value head stays as it is too
-            value_parameters = {id(p) for p in self.policy.value_parameters()}
-            for parameter in parameters:
-                if id(parameter) not in value_parameters:
-                    parameter.grad = None
+        for parameter in targets.frozen:
+            parameter.grad = None
         # with value_lr the value function is clipped on its own too, so a large value loss
         # does not scale the policy's gradient down
         clipped = [group["params"] for group in self.optimizer.param_groups]
         grad_norm, *value_norm = optimizer_step(
-            self.optimizer, parameters, clipped, cfg.max_grad_norm, self.data_parallel
+            self.optimizer, targets.parameters, clipped, cfg.max_grad_norm, self.data_parallel
         )
         for loss in losses:
             averages.add(loss, grad_norm, **({"value_grad_norm": value_norm[0]} if value_norm else {}))
