@@ -167,8 +167,28 @@ def evaluate_suite(config: Any) -> Path:
     suites = [s.strip() for name in names for s in str(name).split(",") if s.strip()]
     tasks = suite_tasks(suites, config.env, source.trained_env, config.task_ids)
     output = Path(config.output) if config.output else source.default_output / "+".join(suites)
+    log = TrialLog(output, _evaluation_meta(config, source.name, suites, tasks))
+    bar = tqdm(
+        total=len(tasks) * config.trials,
+        initial=sum(len(log.done(label)) for _, label, _ in tasks),
+        desc="eval",
+        unit="trial",
+        disable=not config.progress_bar,
+    )
+    policies = PolicyPerSpec(source)
+    for suite, label, env_cfg in tasks:
+        remaining = [k for k in range(config.trials) if k not in log.done(label)]
+        if remaining:
+            _evaluate_task(config, suite, label, env_cfg, remaining, policies, log, bar.update, output)
+    bar.close()
+    _write_suite_report(config, source, suites, tasks, log, output)
+    return output
+
+
+def _evaluation_meta(config: Any, checkpoint: str, suites: list[str], tasks: list[tuple[str, str, Any]]) -> dict:
+    """What an interrupted evaluation must have been started with to be continued."""
     meta = {
-        "checkpoint": source.name,
+        "checkpoint": checkpoint,
         "suites": suites,
         "trials": config.trials,
         "task_ids": config.task_ids,
@@ -177,59 +197,79 @@ def evaluate_suite(config: Any) -> Path:
     }
     if config.policy is not None:  # a published model: its settings (inputs, statistics) are the evaluation's
         meta["policy"] = dataclasses.asdict(config.policy)
-    log = TrialLog(output, meta)
-    bar = tqdm(
-        total=len(tasks) * config.trials,
-        initial=sum(len(log.done(label)) for _, label, _ in tasks),
-        desc="eval",
-        unit="trial",
-        disable=not config.progress_bar,
+    return meta
+
+
+class PolicyPerSpec:
+    """The evaluated policy, loaded again only when the env spec changes: the tasks of a
+    suite share one spec, so it loads once per suite kind."""
+
+    def __init__(self, source: Any):
+        self.source = source
+        self.spec: Any = None
+        self.policy: Policy | None = None
+
+    def for_env(self, env: BatchedEnv, label: str) -> Policy:
+        if self.policy is None or env.spec != self.spec:
+            self.policy, self.spec = self.source.load(env.spec, label).policy, env.spec
+        return self.policy
+
+
+def _evaluate_task(
+    config: Any,
+    suite: str,
+    label: str,
+    env_cfg: Any,
+    remaining: list[int],
+    policies: PolicyPerSpec,
+    log: TrialLog,
+    advance: Callable[[int], Any],
+    output: Path,
+) -> None:
+    """The `remaining` trials of one task, each logged as its wave ends; videos of the first
+    `video_episodes` trials."""
+    env = build_env(
+        dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))), seed=config.seed, stream=1
     )
-    policy, loaded_for = None, None
-    for suite, label, env_cfg in tasks:
-        remaining = [k for k in range(config.trials) if k not in log.done(label)]
-        if not remaining:
-            continue
-        env = build_env(
-            dataclasses.replace(env_cfg, num_envs=min(env_cfg.num_envs, len(remaining))), seed=config.seed, stream=1
+    try:
+        policy = policies.for_env(env, label)
+        instruction = env.instructions[0]
+
+        def record(results: dict[int, EpisodeStats]) -> None:
+            log.add(
+                [
+                    {
+                        "suite": suite,
+                        "task": label,
+                        "instruction": instruction,
+                        "trial": trial,
+                        "seed": trial,
+                        "success": bool(e.success),
+                        "episode_return": float(e.episode_return),
+                        "length": int(e.length),
+                    }
+                    for trial, e in sorted(results.items())
+                ]
+            )
+            advance(len(results))
+
+        videos = run_trials(
+            env, policy, remaining, config.seed, config.deterministic, set(range(config.video_episodes)), record
         )
-        try:
-            if env.spec != loaded_for:  # the tasks of a suite share one spec: the policy loads once
-                policy, loaded_for = source.load(env.spec, label).policy, env.spec
-            instruction = env.instructions[0]
+    finally:
+        env.close()
+    if videos:
+        write_videos(
+            output / "videos" / label.replace("/", "_"),
+            list(videos.values()),
+            names=[f"trial_{trial:03d}" for trial in videos],
+        )
 
-            def record(
-                results: dict[int, EpisodeStats], suite: str = suite, label: str = label, instruction: str = instruction
-            ) -> None:
-                log.add(
-                    [
-                        {
-                            "suite": suite,
-                            "task": label,
-                            "instruction": instruction,
-                            "trial": trial,
-                            "seed": trial,
-                            "success": bool(e.success),
-                            "episode_return": float(e.episode_return),
-                            "length": int(e.length),
-                        }
-                        for trial, e in sorted(results.items())
-                    ]
-                )
-                bar.update(len(results))
 
-            videos = run_trials(
-                env, policy, remaining, config.seed, config.deterministic, set(range(config.video_episodes)), record
-            )
-        finally:
-            env.close()
-        if videos:
-            write_videos(
-                output / "videos" / label.replace("/", "_"),
-                list(videos.values()),
-                names=[f"trial_{trial:03d}" for trial in videos],
-            )
-    bar.close()
+def _write_suite_report(
+    config: Any, source: Any, suites: list[str], tasks: list[tuple[str, str, Any]], log: TrialLog, output: Path
+) -> None:
+    """report.json/.md over every trial logged, this run's and an interrupted one's."""
     episodes = [
         EpisodeStats(
             env_id=r["trial"],
@@ -256,4 +296,3 @@ def evaluate_suite(config: Any) -> Path:
             "instructions": {r["task"]: r["instruction"] for r in log.records},
         },
     )
-    return output
