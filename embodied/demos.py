@@ -47,27 +47,54 @@ class DemosResult:
 
 
 def generate_demos(config: DemosConfig) -> DemosResult:
-    from embodied.robots.recording import DatasetRecorder, RecordingConfig
-    from embodied.sim.experts import make_expert
-    from embodied.sim.worker import single_env_factory
+    _check(config)
+    tasks, envs, experts = _envs_and_experts(config)
+    try:
+        recorder = _recorder(config, envs[0])
+        try:
+            result = _record_until_full(config, tasks, envs, experts, recorder, have=recorder.open())
+        finally:
+            recorder.close()
+    finally:
+        for env in envs:
+            env.close()
+    if result.episodes < config.episodes:
+        raise ConfigError(
+            f"the expert succeeded in {result.successes} of {result.attempts} attempts; the dataset holds "
+            f"{result.episodes} of {config.episodes} episodes (raise max_attempts, lower action_noise or "
+            "keep_failures=true)"
+        )
+    return result
 
+
+def _check(config: DemosConfig) -> None:
     if not config.root:
         raise ConfigError("demos need root=<dataset folder>")
     if config.episodes < 1:
         raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
     if config.env.name != "maniskill":
         raise ConfigError(f"the scripted experts drive ManiSkill envs, not env '{config.env.name}'")
+
+
+def _envs_and_experts(config: DemosConfig) -> tuple[list[str], list[Any], list[Any]]:
+    """One single env and one expert per task (`env.tasks`, else `env.task`)."""
+    from embodied.sim.experts import make_expert
     from embodied.sim.maniskill import task_of, with_state_padding
     from embodied.sim.maniskill_common import ManiSkillConfig
+    from embodied.sim.worker import single_env_factory
 
     env_config = with_state_padding(ManiSkillConfig(**asdict(config.env)))
     tasks = env_config.tasks or [env_config.task]
     make_env = single_env_factory(asdict(env_config))
     envs = [make_env(next(i for i in range(env_config.num_envs) if task_of(env_config, i) == task)) for task in tasks]
     experts = [make_expert(task, env_config.control_mode, config.action_noise, config.seed) for task in tasks]
-    sidecar = Path(config.root).expanduser() / SIDECAR
-    spec = envs[0].spec
-    recorder = DatasetRecorder(
+    return tasks, envs, experts
+
+
+def _recorder(config: DemosConfig, env: Any) -> Any:
+    from embodied.robots.recording import DatasetRecorder, RecordingConfig
+
+    return DatasetRecorder(
         RecordingConfig(
             root=config.root,
             repo_id=config.repo_id,
@@ -76,58 +103,49 @@ def generate_demos(config: DemosConfig) -> DemosResult:
             python=config.python,
             finalize_every=config.finalize_every,
         ),
-        spec,
-        fps=spec.control_hz,
-        instruction=envs[0].instruction,
+        env.spec,
+        fps=env.spec.control_hz,
+        instruction=env.instruction,
     )
-    try:
-        have = recorder.open()
-        seed = json.loads(sidecar.read_text())["next_seed"] if sidecar.is_file() else config.seed + have
-        max_attempts = config.max_attempts or 2 * config.episodes
-        start, attempts, successes = have, 0, 0
-        bar = tqdm(
-            total=config.episodes,
-            initial=have,
-            unit="episode",
-            desc="demos",
-            disable=not config.progress_bar,
-            dynamic_ncols=True,
-        )
-        while have < config.episodes and attempts < max_attempts:
-            env, expert = envs[seed % len(envs)], experts[seed % len(envs)]
-            recorder.instruction = env.instruction
-            success, terminated = run_episode(env, expert, recorder, seed)
-            attempts, seed = attempts + 1, seed + 1
-            successes += success
-            keep = success or config.keep_failures
-            recorder.end_episode(success, keep=keep, terminated=terminated)
-            if keep:
-                have += 1
-                bar.update(1)
-                _write_atomically(
-                    sidecar,
-                    json.dumps(
-                        {
-                            "next_seed": seed,
-                            "tasks": tasks,
-                            "control_mode": config.env.control_mode,
-                            "action_noise": config.action_noise,
-                        }
-                    ),
-                )
-            bar.set_postfix(success=f"{successes}/{attempts}")
-        bar.close()
-    finally:
-        try:
-            recorder.close()
-        finally:
-            for env in envs:
-                env.close()
-    if have < config.episodes:
-        raise ConfigError(
-            f"the expert succeeded in {successes} of {attempts} attempts; the dataset holds {have} "
-            f"of {config.episodes} episodes (raise max_attempts, lower action_noise or keep_failures=true)"
-        )
+
+
+def _record_until_full(
+    config: DemosConfig, tasks: list[str], envs: list[Any], experts: list[Any], recorder: Any, have: int
+) -> DemosResult:
+    """Episodes until the dataset holds `config.episodes` (or the attempts run out), the next
+    seed saved with every kept episode."""
+    sidecar = Path(config.root).expanduser() / SIDECAR
+    seed = json.loads(sidecar.read_text())["next_seed"] if sidecar.is_file() else config.seed + have
+    max_attempts = config.max_attempts or 2 * config.episodes
+    start, attempts, successes = have, 0, 0
+    bar = tqdm(
+        total=config.episodes,
+        initial=have,
+        unit="episode",
+        desc="demos",
+        disable=not config.progress_bar,
+        dynamic_ncols=True,
+    )
+    while have < config.episodes and attempts < max_attempts:
+        env, expert = envs[seed % len(envs)], experts[seed % len(envs)]
+        recorder.instruction = env.instruction
+        success, terminated = run_episode(env, expert, recorder, seed)
+        attempts, seed = attempts + 1, seed + 1
+        successes += success
+        keep = success or config.keep_failures
+        recorder.end_episode(success, keep=keep, terminated=terminated)
+        if keep:
+            have += 1
+            bar.update(1)
+            sidecar_record = {
+                "next_seed": seed,
+                "tasks": tasks,
+                "control_mode": config.env.control_mode,
+                "action_noise": config.action_noise,
+            }
+            _write_atomically(sidecar, json.dumps(sidecar_record))
+        bar.set_postfix(success=f"{successes}/{attempts}")
+    bar.close()
     return DemosResult(episodes=have, added=have - start, attempts=attempts, successes=successes)
 
 
