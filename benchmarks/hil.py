@@ -102,16 +102,16 @@ PRETRAIN = [f"algo.demos={DEMOS}", "algo.offline_pretrain_steps=2000", "algo.cal
 ARMS = {
     "hil-rlpd": [],
     "hil-rlpd-oracle": [
-        f"intervention.expert={EXPERT}",
-        "intervention.threshold=1.0",
-        "intervention.patience=3",
-        "intervention.release=10",
+        f"operator.policy={EXPERT}",
+        "operator.threshold=1.0",
+        "operator.patience=3",
+        "operator.release=10",
     ],
     "hil-rlpd-corrections": [
-        f"intervention.expert={EXPERT}",
-        "intervention.threshold=1.0",
-        "intervention.patience=5",
-        "intervention.max_takeover=5",
+        f"operator.policy={EXPERT}",
+        "operator.threshold=1.0",
+        "operator.patience=5",
+        "operator.max_takeover=5",
     ],
     "hil-wsrl": [*PRETRAIN, "algo.warmup_steps=2000", "algo.retain_offline=false"],
     "hil-naive": [*PRETRAIN, "algo.retain_offline=false"],
@@ -302,10 +302,10 @@ PIXEL_COMMON = [*PIXEL_ENV, *PICKCUBE_RECIPE, f"algo.demos={PIXEL_DEMOS}"]
 PIXEL_ARMS = {
     "pixels-rlpd": [],
     "pixels-rlpd-corrections": [
-        "intervention.expert=scripted",
-        "intervention.threshold=1.0",
-        "intervention.patience=5",
-        "intervention.max_takeover=5",
+        "operator.policy=scripted",
+        "operator.threshold=1.0",
+        "operator.patience=5",
+        "operator.max_takeover=5",
     ],
 }
 # The same two arms from privileged state (20 state demos): whether the recipe learns PickCube

@@ -15,6 +15,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from embodied.core.compose import RENAMED, compose, load_yaml, renamed, validate
 from embodied.core.errors import ConfigError
+from embodied.core.operator import OperatorConfig
 from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
 
 GROUPS: dict[str, Registry] = {"env": ENVS, "policy": POLICIES, "algo": ALGOS, "runtime": RUNTIMES}
@@ -26,17 +27,6 @@ class LoggerConfig:
     wandb: bool = False
     wandb_project: str = "embodied"
     progress_bar: bool = True
-
-
-@dataclass
-class InterventionConfig:
-    # a run or checkpoint whose policy plays the operator; `scripted`: the env's scripted expert
-    # (ManiSkill Pick/Push/StackCube, pd_ee_delta_pos), which reads privileged state; None: no operator
-    expert: Optional[str] = None
-    threshold: float = 0.5  # take over when the policy is farther than this from the expert (action units)...
-    patience: int = 3  # ... for this many steps in a row
-    release: int = 10  # hand back after this many steps of agreement...
-    max_takeover: int = 0  # ... or after driving this many steps (0: no limit)
 
 
 @dataclass
@@ -69,7 +59,7 @@ class TrainConfig:
     eval_every: int = 0  # iterations between evaluations during training; 0: none
     periodic_eval_episodes: int = 16
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    intervention: InterventionConfig = field(default_factory=InterventionConfig)  # a scripted operator
+    operator: OperatorConfig = field(default_factory=OperatorConfig)  # who corrects the learner in simulation
     # The env's reward, or a success classifier's on camera images.
     reward: RewardConfig = field(default_factory=RewardConfig)
 
@@ -189,10 +179,20 @@ def to_yaml(config: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(config))
 
 
+def saved_config(path: Path) -> DictConfig:
+    """A run's saved config.yaml in today's names: a run written before the `operator:` block
+    has it as `intervention:`, with `expert` where `policy` is now."""
+    saved = load_yaml(path)
+    if "intervention" in saved and "operator" not in saved:
+        old = OmegaConf.to_container(saved.pop("intervention"))
+        saved.operator = {("policy" if key == "expert" else key): value for key, value in old.items()}
+    return saved
+
+
 def checkpoint_config(checkpoint: Path) -> Any:
     """The config a checkpoint was written with: a training run's or an SFT run's. Both name
     the env and the policy, which is what loading the policy needs."""
-    saved = load_yaml(checkpoint / "config.yaml")
+    saved = saved_config(checkpoint / "config.yaml")
     policy = saved.get("policy") or {}
     if policy.get("name") in ("pi0", "pi05") and policy.get("pretrained") and "normalization" not in policy:
         # written before pi0 read its checkpoint's statistics: the run kept running ones

@@ -23,6 +23,7 @@ import numpy as np
 import embodied.robots.components  # noqa: F401  (fills the robot registry)
 from embodied.core.compose import compose, validate
 from embodied.core.errors import ConfigError
+from embodied.core.operator import SCRIPTED
 from embodied.core.registry import ROBOTS, TELEOPS
 from embodied.robots.base import Robot
 from embodied.robots.client import RobotClient, RobotClientConfig
@@ -89,29 +90,33 @@ class KeyboardMonitor:
             termios.tcsetattr(self.fd, termios.TCSADRAIN, self._saved)
 
 
-def checkpoint_expert(checkpoint: str) -> Callable[[Robot], np.ndarray]:
-    """A trained policy as the oracle's expert, acting on the robot's observation: for
-    simulation, where a state-based expert may coach an image-based policy. Loads torch."""
+def checkpoint_operator(checkpoint: str) -> Callable[[Robot], np.ndarray]:
+    """A trained policy as the oracle's operator, acting on the robot's observation: for
+    simulation, where a state-based policy may coach an image-based one. Loads torch."""
     from embodied.core.types import Observation
     from embodied.runs.loading import load_run_policy, numpy_infer
 
     infer = numpy_infer(load_run_policy(checkpoint))
 
-    def expert(robot: Robot) -> np.ndarray:
+    def operate(robot: Robot) -> np.ndarray:
         seen = robot.get_observation()
         observation = Observation(
             state=seen.state[None], images={k: v[None] for k, v in seen.images.items()}, instruction=[robot.instruction]
         )
         return infer(observation)[0, 0]
 
-    return expert
+    return operate
 
 
 def oracle_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_names: list[str] | None) -> Teleop:
-    if not config.expert:
-        raise ConfigError("teleop=oracle needs teleop.expert=<run or checkpoint directory>")
-    rule = (config.threshold, config.patience, config.release, config.max_takeover)
-    return OracleTeleop(checkpoint_expert(config.expert), *rule)
+    operator = config.operator
+    if not operator.policy or operator.policy == SCRIPTED:
+        raise ConfigError(
+            "teleop=oracle needs teleop.operator.policy=<run or checkpoint directory> "
+            "(a simulated robot has no scripted expert)"
+        )
+    rule = (operator.threshold, operator.patience, operator.release, operator.max_takeover)
+    return OracleTeleop(checkpoint_operator(operator.policy), *rule)
 
 
 TELEOPS.add("oracle", TeleopConfig, oracle_teleop)

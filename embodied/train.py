@@ -3,8 +3,7 @@ session every runtime shares is `embodied.runtime.session`; the loops are the ru
 
 from __future__ import annotations
 
-from embodied.config import GROUPS, TrainConfig, override_key, resumed, to_schema
-from embodied.core.compose import load_yaml
+from embodied.config import GROUPS, TrainConfig, override_key, resumed, saved_config, to_schema
 from embodied.core.errors import ConfigError
 from embodied.runs.checkpoint import (
     resolve_checkpoint,
@@ -29,7 +28,7 @@ def resume_config(resume: str, overrides: list[str]) -> TrainConfig:
             f"To start from another checkpoint, start a new run and load its weights."
         )
     # the same command again with resume= added restates the run's settings: those must hold
-    merged = resumed(TrainConfig, "train", load_yaml(checkpoint / "config.yaml"), overrides, is_fixed, resume)
+    merged = resumed(TrainConfig, "train", saved_config(checkpoint / "config.yaml"), overrides, is_fixed, resume)
     merged.resume = str(run_dir)
     merged.run_dir = str(run_dir)
     return to_schema(TrainConfig, merged)

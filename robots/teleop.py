@@ -13,8 +13,8 @@ safety layer) in place of the policy's, and both are logged with the interventio
 - `LeaderArmTeleop` (`robots/leader_arm.py`): a lerobot leader arm whose joints are the
   follower's action; `i` toggles the intervention, which waits for the leader to match the
   follower's pose.
-- `OracleTeleop`: a scripted operator for simulation that takes over when the policy's
-  action drifts from a privileged expert's, and hands back once they agree again.
+- `OracleTeleop`: a policy playing the operator in simulation (`teleop.operator`), which takes
+  over when the policy's action drifts from its own, and hands back once they agree again.
 
 Events: `success` and `failure` end the episode with that label; `rerecord` ends it,
 discards it and runs it again."""
@@ -29,6 +29,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from embodied.core.errors import ConfigError
+from embodied.core.operator import OperatorConfig
 from embodied.core.registry import TELEOPS
 from embodied.robots.base import Robot
 
@@ -40,11 +41,8 @@ class TeleopConfig:
     name: str = "keyboard"  # keyboard | gamepad | spacemouse | leader | oracle
     step: float = 0.5  # keyboard: action units per key press; gamepad, spacemouse: per full deflection
     intervention: str = "hold"  # gamepad: hold | toggle; spacemouse: motion | hold | toggle
-    expert: Optional[str] = None  # oracle: a run or checkpoint whose policy plays the expert (simulation)
-    threshold: float = 0.5  # oracle: take over when the policy is farther than this from the expert
-    patience: int = 3  # oracle: ... for this many ticks in a row
-    release: int = 10  # oracle: hand back after this many ticks of agreement
-    max_takeover: int = 0  # oracle: ... or after driving this many ticks (0: no limit)
+    # oracle: the policy that plays the operator (a run in simulation) and when it takes over, in ticks
+    operator: OperatorConfig = field(default_factory=OperatorConfig)
     leader: dict = field(default_factory=dict)  # leader: lerobot's teleoperator config ({type: so101_leader, port, id})
     engage_tolerance: Optional[float] = (
         5.0  # leader: take over only within this of the follower's pose (null: no check)
@@ -74,16 +72,16 @@ class Teleop(ABC):
 
 
 class OracleRule:
-    """When a scripted operator takes over, for `envs` envs at once: after `patience` ticks in
+    """When a simulated operator takes over, for `envs` envs at once: after `patience` ticks in
     a row where the policy's action is farther than `threshold` (Euclidean, in action units)
-    from the expert's, and it hands back after `release` ticks of agreement (measured on what
+    from the operator's, and it hands back after `release` ticks of agreement (measured on what
     the policy would have done) or, with `max_takeover` > 0, after that many ticks of driving,
     as a person who corrects and lets go. Shared by the robot client's oracle and simulated
     training."""
 
     def __init__(self, threshold: float, patience: int = 1, release: int = 5, envs: int = 1, max_takeover: int = 0):
         if threshold <= 0 or patience < 1 or release < 1 or max_takeover < 0:
-            raise ConfigError("the oracle needs threshold > 0, patience >= 1, release >= 1 and max_takeover >= 0")
+            raise ConfigError("the operator needs threshold > 0, patience >= 1, release >= 1 and max_takeover >= 0")
         self.threshold = threshold
         self.patience = patience
         self.release = release
@@ -97,12 +95,12 @@ class OracleRule:
         self.streak[rows] = 0
         self.driven[rows] = 0
 
-    def step(self, policy_actions: np.ndarray | None, expert_actions: np.ndarray) -> np.ndarray:
+    def step(self, policy_actions: np.ndarray | None, operator_actions: np.ndarray) -> np.ndarray:
         """Which envs the operator drives this tick; actions are (envs, A), None: no policy action."""
         if policy_actions is None:
             drifted = np.ones(len(self.intervening), dtype=bool)
         else:
-            drifted = np.linalg.norm(policy_actions - expert_actions, axis=-1) > self.threshold
+            drifted = np.linalg.norm(policy_actions - operator_actions, axis=-1) > self.threshold
         self.streak = np.where(drifted != self.intervening, self.streak + 1, 0)
         take_over = ~self.intervening & (self.streak >= self.patience)
         enough = (self.driven >= self.max_takeover) if self.max_takeover else np.zeros_like(self.intervening)
@@ -114,26 +112,26 @@ class OracleRule:
 
 
 class OracleTeleop(Teleop):
-    """The oracle rule for one robot, with `expert(robot)` as the operator's action."""
+    """The oracle rule for one robot, with `operate(robot)` as the operator's action."""
 
     def __init__(
         self,
-        expert: Callable[[Robot], np.ndarray],
+        operate: Callable[[Robot], np.ndarray],
         threshold: float,
         patience: int = 1,
         release: int = 5,
         max_takeover: int = 0,
     ):
-        self.expert = expert
+        self.operate = operate
         self.rule = OracleRule(threshold, patience, release, max_takeover=max_takeover)
 
     def reset(self) -> None:
         self.rule.reset()
 
     def poll(self, robot: Robot, policy_action: np.ndarray | None) -> TeleopCommand:
-        expert = np.asarray(self.expert(robot), dtype=np.float32)
-        intervening = bool(self.rule.step(None if policy_action is None else policy_action[None], expert[None])[0])
-        return TeleopCommand(intervening, expert if intervening else None)
+        operated = np.asarray(self.operate(robot), dtype=np.float32)
+        intervening = bool(self.rule.step(None if policy_action is None else policy_action[None], operated[None])[0])
+        return TeleopCommand(intervening, operated if intervening else None)
 
 
 class EpisodeLabels:

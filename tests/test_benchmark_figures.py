@@ -118,10 +118,10 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
     config = to_schema(TrainConfig, compose("train", benchmark_settings()[name]))
     if "pixels" in name:
         assert config.env.obs_mode == "rgb" and config.algo.demos.endswith("pixel-demos-20")
-        assert (config.intervention.expert == "scripted") == name.endswith("corrections")
+        assert (config.operator.policy == "scripted") == name.endswith("corrections")
     if "pickcube-state" in name:
         assert config.env.obs_mode == "state" and config.algo.demos.endswith("pickcube-state-demos-20")
-        assert (config.intervention.expert == "scripted") == name.endswith("corrections")
+        assert (config.operator.policy == "scripted") == name.endswith("corrections")
     if name.startswith("dsrl"):
         assert config.init.endswith("flow-sft") and config.keep_checkpoints >= 6
 

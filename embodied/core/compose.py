@@ -21,6 +21,11 @@ CONFIG_DIR = Path(str(resources.files("embodied.configs")))  # a checkout's conf
 RENAMED = {
     "policy=flow_vlm": "policy=vlm_expert",  # one letter from flow_vla, a different model
     "policy.checkpoint": "policy.pretrained",  # pi0 / pi0.5's pretrained model, not one of our checkpoints
+    # one `operator:` block for whoever takes over in simulation, in training and on a robot
+    "intervention.expert": "operator.policy",
+    **{f"intervention.{key}": f"operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
+    "teleop.expert": "teleop.operator.policy",
+    **{f"teleop.{key}": f"teleop.operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
 }
 
 

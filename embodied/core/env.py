@@ -57,7 +57,7 @@ class SingleEnv(ABC):
 
     def expert_action(self) -> np.ndarray:
         """(A,) what a scripted expert reading the simulator's privileged state would do now:
-        the operator of `intervention.expert=scripted`, which a policy from pixels cannot be."""
+        the operator of `operator.policy=scripted`, which a policy from pixels cannot be."""
         raise ConfigError(f"{type(self).__name__} ({self.task}) has no scripted expert")
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """A run's policy, loaded again: the one way every verb does it. `embodied eval`, `embodied
-serve`, a new run's `init=` (RL or SFT), the scripted operator (`intervention.expert`) and
-the oracle teleop (`teleop.expert`) all call `load_run_policy`. `eval` and `serve` also take
+serve`, a new run's `init=` (RL or SFT), the operator in training (`operator.policy`) and the
+oracle teleop (`teleop.operator.policy`) all call `load_run_policy`. `eval` and `serve` also take
 a published model as it is, without a run around it (`load_pretrained_policy`); both reach
 either through `policy_source`."""
 

@@ -1,8 +1,9 @@
-"""A scripted operator for training in simulation: a trained expert policy that takes over
-an env when the learning policy drifts from it (the robot client's oracle rule, batched),
-so interventions reach the learner as they would from a person at a real robot.
+"""An operator for training in simulation (`operator.*`): a trained policy, or the env's
+scripted expert, that takes over an env when the learning policy drifts from it (the robot
+client's oracle rule, batched), so interventions reach the learner as they would from a person
+at a real robot.
 
-The executed action is the expert's where it intervenes and the flag travels with the
+The executed action is the operator's where it intervenes and the flag travels with the
 transition; off-policy learners use both (RLPD treats intervened steps as demonstrations).
 On-policy ratios are meaningless for actions the policy did not take, so PPO and GRPO refuse
 an operator."""
@@ -13,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from embodied.config import InterventionConfig
 from embodied.core.env import BatchedEnv
 from embodied.core.errors import ConfigError
+from embodied.core.operator import SCRIPTED, OperatorConfig
 from embodied.core.types import Observation
 from embodied.robots.teleop import OracleRule
 from embodied.runs.loading import load_run_policy, numpy_infer
@@ -23,18 +24,15 @@ from embodied.runs.loading import load_run_policy, numpy_infer
 OFF_POLICY_ALGOS = ("sac_rlpd", "dsrl")
 
 
-SCRIPTED = "scripted"  # intervention.expert: the env's own scripted expert (privileged state)
-
-
 class SimOperator:
-    """`cfg.expert` a trained run (its policy reads what the learning policy reads), or
+    """`cfg.policy` a trained run (its policy reads what the learning policy reads), or
     SCRIPTED: the env's scripted expert, which reads the simulator's privileged state, as a
     person reads the scene; the operator for a policy that learns from pixels."""
 
-    def __init__(self, cfg: InterventionConfig, num_envs: int, chunk_size: int, env: BatchedEnv | None = None):
-        if cfg.expert == SCRIPTED:
+    def __init__(self, cfg: OperatorConfig, num_envs: int, chunk_size: int, env: BatchedEnv | None = None):
+        if cfg.policy == SCRIPTED:
             if env is None:
-                raise ValueError("intervention.expert=scripted needs the env whose expert it asks")
+                raise ValueError("operator.policy=scripted needs the env whose expert it asks")
             if chunk_size != 1:
                 raise ConfigError(
                     f"the scripted expert acts one step at a time; the policy acts in chunks of {chunk_size}"
@@ -42,18 +40,18 @@ class SimOperator:
             env.expert_actions()  # an env without one says so here, not at the first step
             self.infer = lambda observation: env.expert_actions()[:, None]
         else:
-            self.infer = numpy_infer(load_run_policy(cfg.expert))
+            self.infer = numpy_infer(load_run_policy(cfg.policy))
         self.rule = OracleRule(cfg.threshold, cfg.patience, cfg.release, envs=num_envs, max_takeover=cfg.max_takeover)
         self.chunk_size = chunk_size
 
     def apply(self, observation: Observation, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The actions to execute (B, C, A) and which envs the operator drove (B,)."""
-        expert = np.asarray(self.infer(observation), dtype=np.float32)
-        if expert.shape[1] < self.chunk_size or expert.shape[2] != actions.shape[2]:
-            raise ConfigError(f"the expert acts in chunks of {expert.shape[1:]}, the policy in {actions.shape[1:]}")
-        expert = expert[:, : self.chunk_size]
-        intervened = self.rule.step(actions[:, 0], expert[:, 0])
-        return np.where(intervened[:, None, None], expert, actions), intervened
+        operated = np.asarray(self.infer(observation), dtype=np.float32)
+        if operated.shape[1] < self.chunk_size or operated.shape[2] != actions.shape[2]:
+            raise ConfigError(f"the operator acts in chunks of {operated.shape[1:]}, the policy in {actions.shape[1:]}")
+        operated = operated[:, : self.chunk_size]
+        intervened = self.rule.step(actions[:, 0], operated[:, 0])
+        return np.where(intervened[:, None, None], operated, actions), intervened
 
     def episodes_ended(self, done: np.ndarray | None = None) -> None:
         """Forget who was driving the envs that start anew (None: all of them)."""
@@ -61,14 +59,14 @@ class SimOperator:
 
 
 def build_operator(config: Any, env: BatchedEnv) -> SimOperator | None:
-    cfg: InterventionConfig = config.intervention
-    if not cfg.expert:
+    cfg: OperatorConfig = config.operator
+    if not cfg.policy:
         return None
     if config.algo.name not in OFF_POLICY_ALGOS:
         raise ConfigError(
-            f"intervention.expert needs an off-policy algorithm ({', '.join(OFF_POLICY_ALGOS)}): "
+            f"operator.policy needs an off-policy algorithm ({', '.join(OFF_POLICY_ALGOS)}): "
             f"algo '{config.algo.name}' would learn from actions its policy did not take"
         )
     if getattr(config.runtime, "pipeline", False):
-        raise ConfigError("intervention.expert does not work with runtime.pipeline=true")
+        raise ConfigError("operator.policy does not work with runtime.pipeline=true")
     return SimOperator(cfg, env.num_envs, config.policy.chunk_size, env)

@@ -184,9 +184,9 @@ def test_no_yaml_file_restates_a_default_of_its_schema():
 
 
 def test_a_key_no_yaml_file_names_is_still_set_from_the_command_line():
-    config = load("algo.clip_coef=0.3", "policy.init_log_std=-1.0", "intervention.patience=7", "total_env_steps=99")
+    config = load("algo.clip_coef=0.3", "policy.init_log_std=-1.0", "operator.patience=7", "total_env_steps=99")
     assert (config.algo.clip_coef, config.policy.init_log_std) == (0.3, -1.0)
-    assert (config.intervention.patience, config.total_env_steps) == (7, 99)
+    assert (config.operator.patience, config.total_env_steps) == (7, 99)
     with pytest.raises(ConfigError, match=r"'algo\.clip_coeff'"):  # a typo is still refused, by the schema
         load("algo.clip_coeff=0.3")
 
@@ -238,3 +238,25 @@ def test_a_pi0_run_saved_before_checkpoint_statistics_reloads_with_its_running_o
     del saved.policy["normalization"]
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     assert checkpoint_config(tmp_path).policy.normalization == "running"
+
+
+def test_one_operator_block_replaces_intervention_and_the_oracles_own_keys(tmp_path):
+    """Training's `intervention.*` and `teleop=oracle`'s five keys are one `operator:` block now:
+    the old keys are refused with the new ones, and a run saved with `intervention:` reloads
+    with its settings under `operator:`."""
+    from omegaconf import OmegaConf
+
+    from embodied.config import checkpoint_config, to_yaml
+
+    with pytest.raises(ConfigError, match=r"'intervention\.expert' was renamed: pass operator\.policy=scripted"):
+        load("intervention.expert=scripted")
+    with pytest.raises(ConfigError, match=r"'teleop\.patience' was renamed: pass teleop\.operator\.patience=2"):
+        compose("robot", ["teleop=oracle", "teleop.patience=2"])
+    assert compose("robot", ["teleop=oracle", "teleop.operator.patience=2"]).teleop.operator.patience == 2
+
+    saved = OmegaConf.create(to_yaml(load("algo=sac_rlpd", "operator.policy=scripted", "operator.max_takeover=5")))
+    saved.intervention = {**saved.pop("operator"), "expert": "scripted"}
+    del saved.intervention["policy"]  # as a run written before the operator block has it
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    operator = checkpoint_config(tmp_path).operator
+    assert (operator.policy, operator.max_takeover, operator.patience) == ("scripted", 5, 3)

@@ -353,9 +353,9 @@ def test_dsrl_from_a_trained_flow_keeps_its_weights_bit_for_bit_with_an_operator
         "algo.num_critics=2",
         "algo.batch_size=8",
         f"init={tmp_path / 'flow'}",
-        f"intervention.expert={tmp_path / 'flow'}",
-        "intervention.threshold=1e-3",
-        "intervention.patience=1",
+        f"operator.policy={tmp_path / 'flow'}",
+        "operator.threshold=1e-3",
+        "operator.patience=1",
         "total_env_steps=6",
         f"run_dir={tmp_path / 'dsrl'}",
     )

@@ -349,7 +349,12 @@ def test_a_robot_teaches_a_pixel_policy_with_an_operator_and_a_classifier_on_its
     classifier = classifier_checkpoint(tmp_path / "clf", "base_camera", 10.0)  # every frame: success
     run_dir = tmp_path / "run"
     pixels = ["policy.image_backbone=random_cnn", "policy.image_projection=8"]
-    operator = ["teleop=oracle", f"teleop.expert={expert}", "teleop.threshold=0.001", "teleop.patience=1"]
+    operator = [
+        "teleop=oracle",
+        f"teleop.operator.policy={expert}",
+        "teleop.operator.threshold=0.001",
+        "teleop.operator.patience=1",
+    ]
     summary = learn_from_a_robot(
         [*LEARNER, *rgb, *pixels, f"reward.classifier={classifier}", "total_env_steps=60", f"run_dir={run_dir}"],
         run_dir,

@@ -476,13 +476,13 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
 def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offline_data(tmp_path):
     """The expert (a trained run) drives envs where the policy drifts; the rollout executes its
     action and flags the step; RLPD then holds those steps as demonstrations too."""
-    from embodied.config import InterventionConfig
+    from embodied.core.operator import OperatorConfig
     from embodied.runtime.operator import SimOperator
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     train_run(tmp_path / "expert", "total_env_steps=2")
     operator = SimOperator(
-        InterventionConfig(expert=str(tmp_path / "expert"), threshold=1e-3, patience=2, release=100),
+        OperatorConfig(policy=str(tmp_path / "expert"), threshold=1e-3, patience=2, release=100),
         num_envs=1,
         chunk_size=1,
     )
@@ -510,9 +510,9 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
     train_run(
         run,
         "total_env_steps=6",
-        f"intervention.expert={tmp_path / 'expert'}",
-        "intervention.threshold=1e-3",
-        "intervention.patience=1",
+        f"operator.policy={tmp_path / 'expert'}",
+        "operator.threshold=1e-3",
+        "operator.patience=1",
     )
     updates = [
         json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
@@ -526,7 +526,7 @@ def test_on_policy_algorithms_refuse_a_scripted_operator(tmp_path):
         "env=mujoco_invertedpendulum",
         "env.task=Pendulum-v1",
         "algo=ppo",
-        f"intervention.expert={tmp_path}",
+        f"operator.policy={tmp_path}",
         f"run_dir={tmp_path / 'run'}",
         check=False,
         timeout=300,

@@ -1,4 +1,4 @@
-"""The scripted operator (`intervention.expert=scripted`): the env's scripted expert reads the
+"""The scripted operator (`operator.policy=scripted`): the env's scripted expert reads the
 simulator's privileged state, so it can correct a policy that sees only camera frames, as a
 person at a real robot would. Real ManiSkill, through an env worker process."""
 
@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from embodied.config import InterventionConfig
 from embodied.core.errors import ConfigError
+from embodied.core.operator import OperatorConfig
 from embodied.runtime.operator import SCRIPTED, SimOperator
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
@@ -52,7 +52,7 @@ def test_an_env_without_a_scripted_expert_is_refused_when_the_operator_is_built(
     env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
     try:
         with pytest.raises(ConfigError, match="no scripted expert"):
-            SimOperator(InterventionConfig(expert=SCRIPTED), num_envs=1, chunk_size=1, env=env)
+            SimOperator(OperatorConfig(policy=SCRIPTED), num_envs=1, chunk_size=1, env=env)
     finally:
         env.close()
 
@@ -64,7 +64,7 @@ def test_a_pixel_policy_trains_with_the_scripted_operator_taking_over(tmp_path):
     run_dir = tmp_path / "run"
     pickcube = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos", "env.num_workers=1"]
     settings = [a for a in PIXEL_SAC if not a.startswith(("env=", "env.num_workers=", "checkpoint_every="))]
-    operator = ["intervention.expert=scripted", "intervention.threshold=1e-3", "intervention.patience=1"]
+    operator = ["operator.policy=scripted", "operator.threshold=1e-3", "operator.patience=1"]
     embodied("train", *settings, *pickcube, *operator, "total_env_steps=12", f"run_dir={run_dir}")
     updates = [
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
