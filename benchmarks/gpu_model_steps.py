@@ -259,6 +259,8 @@ def placement(scale: Scale, work: Path) -> StepResult:
         f"env.num_envs={2 if scale.smoke else 8}",
         f"runtime.device={sizes[2]}",
         f"runtime.rollout_device={sizes[2]}",
+        # --smoke: the fewest steps that still roll out, update and move the weights each time
+        *(["algo.rollout_steps=2", "algo.num_minibatches=1", "algo.update_epochs=1"] if scale.smoke else []),
     ]
     # each run is given 4 minutes on a GPU: a call lasts 10, and the log says how far one got
     rows = []
