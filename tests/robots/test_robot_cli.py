@@ -251,27 +251,29 @@ def test_sigusr1_latches_the_estop_and_sigterm_or_ctrl_c_ends_the_run_cleanly(tr
     assert "E-STOP (SIGUSR1)" in out
 
 
-def test_a_trained_run_serves_as_the_oracles_expert(trained):
+def test_a_trained_run_plays_the_oracles_operator(trained):
     import numpy as np
 
+    from embodied.core.operator import OperatorConfig
     from embodied.robot_cli import build_teleop
     from embodied.robots.sim_robot import SimRobot, SimRobotConfig
     from embodied.robots.teleop import OracleTeleop, TeleopConfig
 
-    oracle = build_teleop(TeleopConfig(name="oracle", expert=str(trained), threshold=0.05, patience=1), 1)
+    operator = OperatorConfig(policy=str(trained), threshold=0.05, patience=1)
+    oracle = build_teleop(TeleopConfig(name="oracle", operator=operator), 1)
     assert isinstance(oracle, OracleTeleop)
     with SimRobot(SimRobotConfig(env_from=str(trained))) as robot:
-        expert_action = oracle.expert(robot)
-        assert expert_action.shape == (1,) and np.isfinite(expert_action).all()
-        assert not oracle.poll(robot, expert_action).intervening  # the expert agrees with itself
-        assert oracle.poll(robot, expert_action + 1.0).intervening
+        operated = oracle.operate(robot)
+        assert operated.shape == (1,) and np.isfinite(operated).all()
+        assert not oracle.poll(robot, operated).intervening  # the operator agrees with itself
+        assert oracle.poll(robot, operated + 1.0).intervening
 
 
 def test_operator_and_recording_are_chosen_from_the_command_line():
     from embodied.robot_cli import load_client_config
 
-    config = load_client_config(["teleop=gamepad", "teleop.intervention=toggle", "record.root=/data/pick"])
+    config = load_client_config(["teleop=gamepad", "teleop.intervention=toggle", "record.dataset=/data/pick"])
     assert (config.teleop.name, config.teleop.intervention) == ("gamepad", "toggle")
-    assert config.record.root == "/data/pick" and config.record.partial == "discard"
+    assert config.record.dataset == "/data/pick" and config.record.partial == "discard"
     plain = load_client_config([])
-    assert plain.teleop is None and plain.record.root is None
+    assert plain.teleop is None and plain.record.dataset is None
