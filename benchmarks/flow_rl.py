@@ -117,7 +117,7 @@ def rl(run_dir: Path, policy: str, overrides: list[str], steps: int) -> None:
 
 
 def demos_and_sft(demos: int, sft_steps: int, policies: list[str]) -> None:
-    embodied("demos", *ENV, f"episodes={demos}", f"root={DEMOS}", "progress_bar=false")
+    embodied("demos", *ENV, f"episodes={demos}", f"dataset={DEMOS}", "progress_bar=false")
     for policy in policies:
         sft = sft_dir(policy)
         if resumable(sft):  # continue (or find finished) an interrupted run

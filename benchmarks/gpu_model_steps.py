@@ -38,7 +38,7 @@ def vla_sft(work: str, smoke: bool, device: str) -> dict[str, Any]:
                 *VLA_ENV,
                 *small,
                 f"episodes={3 if smoke else 300}",
-                f"root={demos}",
+                f"dataset={demos}",
                 cwd=work_dir,
                 timeout=7200,
             )

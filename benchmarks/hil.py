@@ -18,7 +18,7 @@ nothing.
 
 The expert is a PPO run of the main job (`benchmarks/runs/pushcube-s1`, trained here first
 if missing). Demos are recorded the way a user would: the expert served by `embodied serve`
-drives the simulated robot through `embodied robot ... record.root=...`.
+drives the simulated robot through `embodied robot ... record.dataset=...`.
 
     python benchmarks/hil.py                  # everything, two runs at a time
     python benchmarks/hil.py --steps 20000    # a shorter budget per run
@@ -149,7 +149,7 @@ def record_demos(episodes: int, root: Path = DEMOS) -> None:
                 f"server={endpoint}",
                 f"episodes={episodes}",
                 "control_hz=50",
-                f"record.root={root}",
+                f"record.dataset={root}",
                 f"output={client_output}",
             ],
             check=True,
@@ -433,7 +433,7 @@ def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> Non
             "demos",
             *env,
             f"episodes={episodes}",
-            f"root={root}",
+            f"dataset={root}",
             "progress_bar=false",
         ],
         check=True,

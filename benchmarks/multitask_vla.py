@@ -133,7 +133,7 @@ def committed_curve(arm: dict) -> Curve:
 
 
 def demos_and_sft(demos: int, sft_steps: int) -> None:
-    embodied("demos", *ENV, f"episodes={demos}", f"root={DEMOS}", "progress_bar=false")
+    embodied("demos", *ENV, f"episodes={demos}", f"dataset={DEMOS}", "progress_bar=false")
     if resumable(SFT):
         embodied("sft", f"resume={SFT}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
     else:

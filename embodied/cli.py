@@ -7,13 +7,13 @@
     embodied train init=runs/sft-20260101-120000 algo=ppo ...   RL from an SFT run's weights
     embodied eval checkpoint=runs/train-20260101-120000 episodes=50 env=maniskill_pushcube
     embodied eval policy=pi05 policy.pretrained=/models/pi05_libero suite=[libero_spatial,libero_spatial_swap]
-    embodied demos env=maniskill_pickcube episodes=50 root=data/pickcube   scripted-expert demos
+    embodied demos env=maniskill_pickcube episodes=50 dataset=data/pickcube   scripted-expert demos
     embodied sft dataset=data/pickcube env=maniskill_pickcube env.control_mode=pd_ee_delta_pos policy=flow
     embodied reward dataset=data/pickcube-rgb       a success classifier on images (reward.classifier=<run>)
     embodied serve checkpoint=runs/train-20260101-120000        a policy server for robots
     embodied robot robot=sim robot.env_from=runs/train-20260101-120000 episodes=5
     embodied teleop robot=sim teleop=keyboard       an operator drives the robot, no policy
-    embodied collect robot=sim teleop=keyboard record.root=data/demos episodes=20   ... and records
+    embodied collect robot=sim teleop=keyboard record.dataset=data/demos episodes=20   ... and records
     embodied keys keys/                             CURVE keypairs for non-loopback endpoints
     embodied plot runs/a runs/b output=curves.png   learning curves of runs, as a PNG
     embodied info                                   versions, devices and virtualenvs, for a bug report
@@ -90,7 +90,7 @@ def demos(overrides: list[str]) -> int:
     config = to_schema(DemosConfig, compose("demos", overrides))
     result = generate_demos(config)
     print(
-        f"dataset:  {config.root} ({result.episodes} episodes, {result.added} added; "
+        f"dataset:  {config.dataset} ({result.episodes} episodes, {result.added} added; "
         f"expert success {result.successes}/{result.attempts})"
     )
     return 0

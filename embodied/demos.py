@@ -25,7 +25,7 @@ SIDECAR = Path("meta") / "demos.json"
 @dataclass
 class DemosConfig:
     env: Any = None
-    root: Optional[str] = None
+    dataset: Optional[str] = None  # the dataset's folder; a dataset already there gets more episodes
     episodes: int = 50  # successful episodes the dataset should hold
     max_attempts: Optional[int] = None  # episodes tried at most (default: 2 x episodes)
     action_noise: float = 0.0  # Gaussian noise on the expert's motion (diversity for SFT; 0.1 is plenty)
@@ -68,8 +68,8 @@ def generate_demos(config: DemosConfig) -> DemosResult:
 
 
 def _check(config: DemosConfig) -> None:
-    if not config.root:
-        raise ConfigError("demos need root=<dataset folder>")
+    if not config.dataset:
+        raise ConfigError("demos need dataset=<dataset folder>")
     if config.episodes < 1:
         raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
     if config.env.name != "maniskill":
@@ -96,7 +96,7 @@ def _recorder(config: DemosConfig, env: Any) -> Any:
 
     return DatasetRecorder(
         RecordingConfig(
-            root=config.root,
+            dataset=config.dataset,
             repo_id=config.repo_id,
             use_videos=config.use_videos,
             partial="discard",
@@ -114,7 +114,7 @@ def _record_until_full(
 ) -> DemosResult:
     """Episodes until the dataset holds `config.episodes` (or the attempts run out), the next
     seed saved with every kept episode."""
-    sidecar = Path(config.root).expanduser() / SIDECAR
+    sidecar = Path(config.dataset).expanduser() / SIDECAR
     seed = json.loads(sidecar.read_text())["next_seed"] if sidecar.is_file() else config.seed + have
     max_attempts = config.max_attempts or 2 * config.episodes
     start, attempts, successes = have, 0, 0

@@ -4,7 +4,7 @@ reward where the env has none (a real robot) or to learn without a hand-written 
     embodied reward dataset=data/pickcube-rgb positive_tail=10
     embodied train ... reward.classifier=runs/reward-20260101-120000 reward.threshold=0.7
 
-Frames come from a LeRobotDataset (`embodied collect`, `embodied robot record.root=`,
+Frames come from a LeRobotDataset (`embodied collect`, `embodied robot record.dataset=`,
 `embodied demos env.obs_mode=rgb`). A frame is positive when it is one of the last
 `positive_tail` frames of an episode labelled a success (the robot client's `y` key, or the
 env's success), every other frame is negative: the operator marks when the task is done, and

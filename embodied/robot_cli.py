@@ -142,8 +142,8 @@ def run(overrides: list[str], mode: str = "robot") -> int:
         raise ConfigError(
             f"embodied {mode} needs an operator: teleop=keyboard | gamepad | spacemouse | leader | oracle"
         )
-    if mode == "collect" and not config.record.root:
-        raise ConfigError("embodied collect needs record.root=<dataset folder>")
+    if mode == "collect" and not config.record.dataset:
+        raise ConfigError("embodied collect needs record.dataset=<dataset folder>")
     output = Path(config.output) if config.output else Path("runs") / f"{mode}-{time.strftime('%Y%m%d-%H%M%S')}"
     robot = ROBOTS.get(config.robot.name).factory(config.robot)
     policy = (

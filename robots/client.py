@@ -63,7 +63,7 @@ class RobotClientConfig:
     broker: BrokerConfig = field(default_factory=BrokerConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     teleop: Optional[TeleopConfig] = None  # null: no operator
-    record: RecordingConfig = field(default_factory=RecordingConfig)  # root null: no dataset
+    record: RecordingConfig = field(default_factory=RecordingConfig)  # dataset null: no recording
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -118,7 +118,7 @@ class RobotClient:
             raise ConfigError("the robot has no episode limit; set max_episode_steps")
         self.safety = SafetyLayer(config.safety, self.spec)
         self.instruction = config.instruction if config.instruction is not None else robot.instruction
-        if config.record.root is not None:
+        if config.record.dataset is not None:
             self.recorder = DatasetRecorder(config.record, self.spec, self.control_hz, self.instruction)
         self.broker: ChunkBroker | None = None
         self.server_metadata: dict[str, Any] = {}

@@ -55,7 +55,7 @@ class RecordingError(EmbodiedError):
 
 @dataclass
 class RecordingConfig:
-    root: Optional[str] = None  # the dataset's folder (None: no recording); an existing dataset gets more episodes
+    dataset: Optional[str] = None  # the dataset's folder (None: no recording); an existing dataset gets more episodes
     repo_id: str = "local/robot"  # the dataset's name in its metadata
     use_videos: bool = False  # camera frames as video (smaller) or as images (exact)
     partial: str = "discard"  # the episode in progress when a run dies: keep | discard
@@ -164,9 +164,9 @@ class DatasetRecorder:
         self.config = config
         self.spec = spec
         self.instruction = instruction or ""
-        if not config.root:
-            raise RecordingError("recording needs record.root=<dataset folder>")
-        self.root = Path(config.root).expanduser().resolve()
+        if not config.dataset:
+            raise RecordingError("recording needs record.dataset=<dataset folder>")
+        self.root = Path(config.dataset).expanduser().resolve()
         self.fps = int(round(fps))
         self.pending: dict[str, Any] | None = None  # the last frame, sent once we know if it ends the episode
         self.frames = 0

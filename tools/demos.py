@@ -1,7 +1,7 @@
 """Scripted-expert demonstrations for ManiSkill tasks as a LeRobotDataset v3 (the same as
 `embodied demos`); see configs/demos.yaml.
 
-    python tools/demos.py env=maniskill_pickcube episodes=50 root=data/pickcube-demos"""
+    python tools/demos.py env=maniskill_pickcube episodes=50 dataset=data/pickcube-demos"""
 
 import sys
 from pathlib import Path

@@ -43,7 +43,7 @@ def read_frames(
     root: str | Path,
     columns: list[str],
     optional: tuple[str, ...] = (),
-    hint: str = "record it with the robot client's record.root",
+    hint: str = "record it with the robot client's record.dataset",
 ) -> dict[str, np.ndarray]:
     """`columns` (all required) and those of `optional` the dataset has, ordered by the
     global frame index. `task` gives each frame's instruction."""

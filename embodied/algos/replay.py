@@ -237,7 +237,7 @@ def from_dataset(
         root,
         ["observation.state", "action", "next.reward", "next.success", "episode_index", *image_columns],
         optional=("intervention", "safety_override", "next.terminated"),
-        hint="record it with the robot client's record.root, with the cameras the policy reads",
+        hint="record it with the robot client's record.dataset, with the cameras the policy reads",
     )
     length = len(frames["action"])
     state = frames["observation.state"].astype(np.float32).reshape(length, -1)

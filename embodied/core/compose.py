@@ -25,6 +25,9 @@ RENAMED = {
     "intervention.expert": "operator.policy",
     **{f"intervention.{key}": f"operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
     "teleop.expert": "teleop.operator.policy",
+    # one key for a dataset's folder: `dataset` (as `embodied sft dataset=` has it)
+    "root": "dataset",  # embodied demos
+    "record.root": "record.dataset",
     **{f"teleop.{key}": f"teleop.operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
 }
 

@@ -260,3 +260,16 @@ def test_one_operator_block_replaces_intervention_and_the_oracles_own_keys(tmp_p
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     operator = checkpoint_config(tmp_path).operator
     assert (operator.policy, operator.max_takeover, operator.patience) == ("scripted", 5, 3)
+
+
+def test_a_dataset_folder_is_dataset_everywhere():
+    """`embodied sft dataset=`, `embodied demos dataset=` and the robot's `record.dataset=`: the
+    old `root=` and `record.root=` are refused with the new names."""
+    from embodied.demos import DemosConfig
+
+    with pytest.raises(ConfigError, match=r"'root' was renamed: pass dataset=data/demos"):
+        compose("demos", ["root=data/demos"])
+    with pytest.raises(ConfigError, match=r"'record\.root' was renamed: pass record\.dataset=data/demos"):
+        compose("robot", ["record.root=data/demos"])
+    assert to_schema(DemosConfig, compose("demos", ["dataset=data/demos"])).dataset == "data/demos"
+    assert compose("robot", ["record.dataset=data/demos"]).record.dataset == "data/demos"

@@ -85,7 +85,7 @@ def test_flow_sde_ppo_learns_to_balance_the_pendulum_within_its_env_step_budget(
 def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(tmp_path):
     demos = tmp_path / "demos"
     embodied(
-        "demos", "env=maniskill_pushcube", f"root={demos}", "episodes=10", "action_noise=0.1", "progress_bar=false"
+        "demos", "env=maniskill_pushcube", f"dataset={demos}", "episodes=10", "action_noise=0.1", "progress_bar=false"
     )
     successes = []
     for seed in SEEDS:

@@ -43,7 +43,7 @@ def test_frames_are_positive_only_in_the_tail_of_successful_episodes():
 @pytest.mark.slow
 def test_the_classifier_learns_a_separable_toy_set(tmp_path):
     rng = np.random.default_rng(0)
-    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "toy")), SPEC, fps=10, instruction="lift")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(tmp_path / "toy")), SPEC, fps=10, instruction="lift")
     recorder.open()
     for episode in range(10):
         succeeded = episode % 2 == 0
@@ -79,7 +79,7 @@ def test_the_classifier_learns_a_separable_toy_set(tmp_path):
 
 @pytest.mark.slow
 def test_a_dataset_without_successes_or_cameras_is_refused(tmp_path):
-    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "failures")), SPEC, fps=10, instruction="lift")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(tmp_path / "failures")), SPEC, fps=10, instruction="lift")
     recorder.open()
     recorder.add(np.zeros(1), {"front": np.zeros((32, 32, 3), np.uint8)}, np.zeros(1), None, True, 0.0)
     recorder.end_episode(success=False)

@@ -414,7 +414,7 @@ def test_a_recording_robot_sends_the_state_its_last_action_led_to(tmp_path):
         control_hz=100.0,
         output=str(tmp_path / "robot"),
         safety=SafetyConfig(safe_action="zero"),
-        record=RecordingConfig(root=str(tmp_path / "data")),
+        record=RecordingConfig(dataset=str(tmp_path / "data")),
     )
     try:
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path / "robot").run()

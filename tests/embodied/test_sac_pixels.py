@@ -299,7 +299,7 @@ def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_p
     from embodied.robots.recording import DatasetRecorder, RecordingConfig
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    recorder = DatasetRecorder(RecordingConfig(root=str(tmp_path / "demos")), SPEC, 10.0, "push")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(tmp_path / "demos")), SPEC, 10.0, "push")
     recorder.open()
     frames = [
         {c: np.full((SIZE, SIZE, 3), 10 * t + i, np.uint8) for i, c in enumerate(SPEC.image_shapes)} for t in range(4)

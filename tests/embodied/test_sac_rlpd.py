@@ -240,7 +240,7 @@ def test_the_actor_steps_once_per_actor_every_critic_steps(actor_every, actor_st
 
 
 def record_demos(root, episodes):
-    recorder = DatasetRecorder(RecordingConfig(root=str(root)), SPEC, 10.0, "reach")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(root)), SPEC, 10.0, "reach")
     recorder.open()
     for rewards, success, terminated in episodes:
         for t, reward in enumerate(rewards):
@@ -281,7 +281,7 @@ def test_recorded_episodes_become_transitions_with_monte_carlo_returns(tmp_path,
 def record_pendulum_demo(root, frames):
     """One successful Pendulum episode of `frames` steps, recorded as the robot client does."""
     spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
-    recorder = DatasetRecorder(RecordingConfig(root=str(root)), spec, 20.0, "")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(root)), spec, 20.0, "")
     recorder.open()
     for t in range(frames):
         recorder.add(np.array([1.0, 0.0, t / 10], np.float32), {}, np.array([0.5]), None, False, -1.0)

@@ -28,7 +28,7 @@ EE_CONTROL = "env.control_mode=pd_ee_delta_pos"
 
 
 def demos_config(root, *overrides):
-    return to_schema(DemosConfig, compose("demos", [f"root={root}", "progress_bar=false", *overrides]))
+    return to_schema(DemosConfig, compose("demos", [f"dataset={root}", "progress_bar=false", *overrides]))
 
 
 SMALL_FLOW = ("policy.hidden=[64,64]", "policy.critic_hidden=[32]")
@@ -255,7 +255,7 @@ SPEC = EnvSpec(state_dim=2, action_dim=1, action_low=(-1.0,), action_high=(1.0,)
 
 def record(root, episodes):
     """Episodes of (intervention, safety_override) flags; frame i has state [i, 0] and action i/100."""
-    recorder = DatasetRecorder(RecordingConfig(root=str(root)), SPEC, fps=10, instruction="reach")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(root)), SPEC, fps=10, instruction="reach")
     recorder.open()
     index = 0
     for flags in episodes:

@@ -57,7 +57,7 @@ for line in sys.stdin:
 def reader(tmp_path_factory):
     cache = tmp_path_factory.mktemp("hf")  # the library caches reads under HF_HOME
     process = subprocess.Popen(
-        [writer_python(RecordingConfig(root=str(cache))), "-c", READER],
+        [writer_python(RecordingConfig(dataset=str(cache))), "-c", READER],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -127,7 +127,7 @@ def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
         control_hz=20.0,
         instruction="swing up",
         safety=SafetyConfig(safe_action="zero"),
-        record=RecordingConfig(root=str(root)),
+        record=RecordingConfig(dataset=str(root)),
     )
     try:
         summary = RobotClient(
@@ -163,7 +163,7 @@ def test_images_are_kept_exactly_a_rerecorded_episode_is_dropped_and_a_dataset_g
     images = rng.integers(0, 256, size=(7, 24, 32, 3), dtype=np.uint8)
 
     def record(episodes):
-        recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+        recorder = DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 10.0, "stack")
         already = recorder.open()
         try:
             for frames, keep, success in episodes:
@@ -201,7 +201,7 @@ import os, signal, sys
 import numpy as np
 from tests.robots.test_recording import CAMERA_SPEC
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
-recorder = DatasetRecorder(RecordingConfig(root=sys.argv[1], partial=sys.argv[2], finalize_every=int(sys.argv[3])),
+recorder = DatasetRecorder(RecordingConfig(dataset=sys.argv[1], partial=sys.argv[2], finalize_every=int(sys.argv[3])),
                            CAMERA_SPEC, 10.0, "stack")
 recorder.open()
 frame = lambda t: (np.zeros(3), {"front": np.full((24, 32, 3), t, np.uint8)}, np.zeros(2), None, False, 0.0)
@@ -242,7 +242,7 @@ def test_finalizing_every_few_episodes_writes_the_same_dataset(tmp_path):
     lengths = [3, 1, 4, 2, 5, 2]  # six episodes: five in a first session, finalized every 2, then one more
 
     def record(episodes, first):
-        recorder = DatasetRecorder(RecordingConfig(root=str(root), finalize_every=2), CAMERA_SPEC, 10.0, "stack")
+        recorder = DatasetRecorder(RecordingConfig(dataset=str(root), finalize_every=2), CAMERA_SPEC, 10.0, "stack")
         assert recorder.open() == first
         try:
             for index in episodes:
@@ -268,13 +268,13 @@ def test_finalizing_every_few_episodes_writes_the_same_dataset(tmp_path):
     assert [tuple(row) for row in state[:, :2].astype(int).tolist()] == expected
     assert column(dataset, "episode_index").reshape(-1).tolist() == [index for index, _ in expected]
     with pytest.raises(RecordingError, match="finalize_every"):
-        DatasetRecorder(RecordingConfig(root=str(root), finalize_every=0), CAMERA_SPEC, 10.0, "stack")
+        DatasetRecorder(RecordingConfig(dataset=str(root), finalize_every=0), CAMERA_SPEC, 10.0, "stack")
 
 
 @pytest.mark.slow
 def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
     root = tmp_path / "dataset"
-    recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 10.0, "stack")
     recorder.open()
     recorder.add(np.zeros(3), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0)
     recorder.end_episode(True)
@@ -288,13 +288,13 @@ def test_a_dataset_of_another_shape_is_refused_with_the_reason(tmp_path):
         control_hz=10.0,
     )
     with pytest.raises(RecordingError, match="observation.state"):
-        DatasetRecorder(RecordingConfig(root=str(root)), other, 10.0, "stack").open()
+        DatasetRecorder(RecordingConfig(dataset=str(root)), other, 10.0, "stack").open()
     with pytest.raises(RecordingError, match="state \\(4,\\)"):
-        DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "").add(
+        DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 10.0, "").add(
             np.zeros(4), {"front": np.zeros((24, 32, 3), np.uint8)}, np.zeros(2), None, False, 0.0
         )
     with pytest.raises(RecordingError, match="whole number of frames per second"):
-        DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 7.5, "")
+        DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 7.5, "")
     assert load(root).num_episodes == 1  # the refusals left the dataset as it was
 
 
@@ -305,30 +305,30 @@ def frame(t=0):
 @pytest.mark.slow
 def test_a_dataset_left_without_episodes_can_be_recorded_into_again_and_other_folders_are_refused(tmp_path):
     root = tmp_path / "dataset"
-    empty = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+    empty = DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 10.0, "stack")
     empty.open()
     empty.add(*frame())
     empty.close()  # Ctrl-C in the first episode: discarded, the dataset holds no episode yet
-    recorder = DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 10.0, "stack")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 10.0, "stack")
     assert recorder.open() == 0
     recorder.add(*frame())
     recorder.end_episode(True)
     recorder.close()
     assert load(root).num_episodes == 1
     with pytest.raises(RecordingError, match="10 fps, this robot at 20"):
-        DatasetRecorder(RecordingConfig(root=str(root)), CAMERA_SPEC, 20.0, "stack").open()
+        DatasetRecorder(RecordingConfig(dataset=str(root)), CAMERA_SPEC, 20.0, "stack").open()
     other = tmp_path / "photos"
     other.mkdir()
     (other / "cat.png").write_bytes(b"not a dataset")
     with pytest.raises(RecordingError, match="holds files but no LeRobotDataset"):
-        DatasetRecorder(RecordingConfig(root=str(other)), CAMERA_SPEC, 10.0, "stack").open()
+        DatasetRecorder(RecordingConfig(dataset=str(other)), CAMERA_SPEC, 10.0, "stack").open()
     assert (other / "cat.png").read_bytes() == b"not a dataset"
 
 
 @pytest.mark.slow
 def test_an_interrupted_save_leaves_a_dataset_that_loads_and_close_does_not_hang(tmp_path):
     root = tmp_path / "dataset"
-    recorder = DatasetRecorder(RecordingConfig(root=str(root), partial="keep"), CAMERA_SPEC, 10.0, "stack")
+    recorder = DatasetRecorder(RecordingConfig(dataset=str(root), partial="keep"), CAMERA_SPEC, 10.0, "stack")
     recorder.open()
     for t in range(3):
         recorder.add(*frame(t))
@@ -366,7 +366,7 @@ def test_embodied_collect_records_what_an_operator_drives_without_a_policy(tmp_p
         "teleop=oracle",
         f"teleop.operator.policy={tmp_path / 'expert'}",
         "teleop.operator.patience=1",
-        f"record.root={root}",
+        f"record.dataset={root}",
         "episodes=2",
         "max_episode_steps=8",
         "control_hz=100",
@@ -383,4 +383,4 @@ def test_embodied_collect_records_what_an_operator_drives_without_a_policy(tmp_p
     missing = subprocess.run(
         command[:4] + ["teleop=keyboard"], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
     )
-    assert missing.returncode == 2 and "needs record.root" in missing.stderr
+    assert missing.returncode == 2 and "needs record.dataset" in missing.stderr
