@@ -49,7 +49,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -313,6 +313,8 @@ PIXEL_ARMS = {
 STATE_DEMOS = RUNS / "pickcube-state-demos-20"
 MANY_STATE_DEMOS = RUNS / "pickcube-state-demos-200"
 STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
+# SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
+SERL_TEMPERATURE = ["algo.init_temperature=0.01", "algo.backup_entropy=false"]
 
 
 @dataclass(frozen=True)
@@ -334,6 +336,18 @@ class Study:
         return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
 
 
+PICKCUBE_STATE = Study(
+    "hil_pickcube_state",
+    "PickCube-v1 from state",
+    STATE_COMMON,
+    {arm.replace("pixels", "state"): overrides for arm, overrides in PIXEL_ARMS.items()},
+    50_000,
+    PIXEL_EVERY,
+    "The pixel study's recipe and operator from privileged state, with 20 scripted state demos: whether "
+    "the recipe learns PickCube at all, apart from the pixel path",
+    resume_with=("env_resume=fresh",),
+    scripted_demos=(STATE_DEMOS, PICKCUBE),
+)
 STUDIES = {
     "heldout": Study(
         "hil_heldout",
@@ -358,17 +372,17 @@ STUDIES = {
         resume_with=("env_resume=fresh",),
         scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
     ),
-    "pickcube-state": Study(
-        "hil_pickcube_state",
-        "PickCube-v1 from state",
-        STATE_COMMON,
-        {arm.replace("pixels", "state"): overrides for arm, overrides in PIXEL_ARMS.items()},
-        50_000,
-        PIXEL_EVERY,
-        "The pixel study's recipe and operator from privileged state, with 20 scripted state demos: whether "
-        "the recipe learns PickCube at all, apart from the pixel path",
-        resume_with=("env_resume=fresh",),
-        scripted_demos=(STATE_DEMOS, PICKCUBE),
+    "pickcube-state": PICKCUBE_STATE,
+    # The same two arms with what tuning on seed 1 chose (`hil.py tune pickcube-state`): SERL's
+    # temperature, on demos recorded with `next.terminated`
+    "pickcube-state-serl": replace(
+        PICKCUBE_STATE,
+        name="hil_pickcube_state_serl",
+        task="PickCube-v1 from state, SERL's temperature",
+        common=[*STATE_COMMON, *SERL_TEMPERATURE],
+        arms={arm.replace("pixels", "state-serl"): overrides for arm, overrides in PIXEL_ARMS.items()},
+        recipe="The pickcube-state study's recipe with SERL's temperature (1e-2 at the start, no entropy term in "
+        "the target), as tuning on seed 1 chose it, and demos whose time-limited last frames are not terminal",
     ),
 }
 
@@ -379,42 +393,38 @@ TUNING_ARMS = {
     "pickcube-state": {
         "rlpd": [],
         # SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
-        "rlpd-serl-temperature": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
+        "rlpd-serl-temperature": SERL_TEMPERATURE,
         # HIL-SERL's discount on top of its temperature
-        "rlpd-serl-gamma": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.gamma=0.97"],
+        "rlpd-serl-gamma": [*SERL_TEMPERATURE, "algo.gamma=0.97"],
         # HIL-SERL's two critics, and twice the critic updates per transition for the same cost
         "rlpd-serl-utd4": [
-            "algo.init_temperature=0.01",
-            "algo.backup_entropy=false",
+            *SERL_TEMPERATURE,
             "algo.gamma=0.97",
             "algo.num_critics=2",
             "algo.utd_ratio=4",
         ],
         # ManiSkill's RLPD regime has many demos (1000): whether 20 are what holds the recipe back
         "rlpd-serl-200-demos": [
-            "algo.init_temperature=0.01",
-            "algo.backup_entropy=false",
+            *SERL_TEMPERATURE,
             f"algo.demos={MANY_STATE_DEMOS}",
         ],
         # SERL's critic-actor ratio (8 in its PickCube runs): the actor steps once per 4 transitions
-        "rlpd-serl-actor-every-8": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.actor_every=8"],
+        "rlpd-serl-actor-every-8": [*SERL_TEMPERATURE, "algo.actor_every=8"],
         # less exploration noise: the sampled policy succeeds in at most a fifth of its training
         # episodes while the greedy one reaches 0.5-0.75 (the default target is -|A|/2 = -2)
         "rlpd-serl-target-entropy": [
-            "algo.init_temperature=0.01",
-            "algo.backup_entropy=false",
+            *SERL_TEMPERATURE,
             "algo.target_entropy=-4",
         ],
         # only the critic updates per transition change (ten critics, gamma 0.9): about 1.6x the time
-        "rlpd-serl-utd4-ten-critics": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.utd_ratio=4"],
+        "rlpd-serl-utd4-ten-critics": [*SERL_TEMPERATURE, "algo.utd_ratio=4"],
         # rlpd-serl-temperature again on demos recorded since 8b5db77 (`next.terminated`): a demo
         # that succeeded and ran on to its time limit no longer ends in a terminal frame
-        "rlpd-serl-time-limit-demos": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
+        "rlpd-serl-time-limit-demos": SERL_TEMPERATURE,
         # SERL's temperature with the study's corrections (the scripted expert drives at most 5
         # steps at a time): HIL-SERL's answer to 20 demos, where ManiSkill's RLPD baseline has 1,000
         "rlpd-serl-corrections": [
-            "algo.init_temperature=0.01",
-            "algo.backup_entropy=false",
+            *SERL_TEMPERATURE,
             *PIXEL_ARMS["pixels-rlpd-corrections"],
         ],
     },

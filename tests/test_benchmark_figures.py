@@ -136,6 +136,14 @@ def test_the_pickcube_state_check_differs_from_the_pixel_study_only_in_observati
     assert (pixels.steps, pixels.eval_every) == (state.steps, state.eval_every)
 
 
+def test_the_serl_study_is_the_state_study_with_the_temperature_tuning_chose():
+    state, serl = hil.STUDIES["pickcube-state"], hil.STUDIES["pickcube-state-serl"]
+    assert serl.common == [*state.common, *hil.SERL_TEMPERATURE]
+    assert list(serl.arms.values()) == list(state.arms.values())
+    assert (serl.steps, serl.eval_every, serl.scripted_demos) == (state.steps, state.eval_every, state.scripted_demos)
+    assert hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-time-limit-demos"] == hil.SERL_TEMPERATURE
+
+
 def test_a_report_without_its_runs_leaves_the_committed_summary_alone(tmp_path, monkeypatch):
     # a clone holds no run records for hil.py's first study: its report must not overwrite
     # the committed figures with empty ones
