@@ -25,11 +25,12 @@ RENAMED = {
     "intervention.expert": "operator.policy",
     **{f"intervention.{key}": f"operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
     "teleop.expert": "teleop.operator.policy",
-    # one key for a dataset's folder: `dataset` (as `embodied sft dataset=` has it)
-    "root": "dataset",  # embodied demos
-    "record.root": "record.dataset",
     **{f"teleop.{key}": f"teleop.operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
+    # one key for a dataset's folder: `dataset` (as `embodied sft dataset=` has it)
+    "record.root": "record.dataset",
 }
+# Keys renamed in one config only: config name -> {old key: new key}.
+RENAMED_IN = {"demos": {"root": "dataset"}}
 
 
 def renamed(name: str) -> str | None:
@@ -54,15 +55,16 @@ def group_options(group: str) -> list[str]:
     return sorted(path.stem for path in (CONFIG_DIR / group).glob("*.yaml"))
 
 
-def check_overrides(overrides: list[str]) -> None:
+def check_overrides(overrides: list[str], config_name: str = "") -> None:
     """Refuse a command line that uses an old name, saying the new one, or a group option
     that does not exist, saying the closest one and the others."""
+    renamed_keys = {**RENAMED, **RENAMED_IN.get(config_name, {})}
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
         if f"{key}={value}" in RENAMED:
             raise ConfigError(f"'{key}={value}' was renamed: pass {RENAMED[f'{key}={value}']}")
-        if key in RENAMED:
-            raise ConfigError(f"'{key}' was renamed: pass {RENAMED[key]}={value}")
+        if key in renamed_keys:
+            raise ConfigError(f"'{key}' was renamed: pass {renamed_keys[key]}={value}")
         options = group_options(key) if is_group(key) else None
         if options is not None and value not in ("", "null", *options):
             raise ConfigError(
@@ -87,7 +89,7 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
 
-    check_overrides(overrides)
+    check_overrides(overrides, config_name)
     try:
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             return hydra_compose(config_name=config_name, overrides=[setting(o) for o in overrides])

@@ -273,3 +273,5 @@ def test_a_dataset_folder_is_dataset_everywhere():
         compose("robot", ["record.root=data/demos"])
     assert to_schema(DemosConfig, compose("demos", ["dataset=data/demos"])).dataset == "data/demos"
     assert compose("robot", ["record.dataset=data/demos"]).record.dataset == "data/demos"
+    with pytest.raises(ConfigError, match=r"Key 'root' not in 'TrainConfig'"):  # demos' old key, not train's
+        load("root=data/demos")
