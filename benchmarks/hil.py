@@ -29,6 +29,7 @@ drives the simulated robot through `embodied robot ... record.dataset=...`.
                                               # and with the scripted expert correcting (3 fresh seeds)
     python benchmarks/hil.py pixels report    # rebuild that summary from the committed runs
     python benchmarks/hil.py pickcube-state   # the pixel study's arms from privileged state (a check)
+    python benchmarks/hil.py pickcube-state-serl  # the same with SERL's temperature, as tuning chose it
     python benchmarks/hil.py tune pickcube-state  # settings tried on tuning seed 1 (TUNING_ARMS)
     python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
 

@@ -18,6 +18,6 @@ class OperatorConfig:
     # reads privileged state); None: no operator
     policy: Optional[str] = None
     threshold: float = 0.5  # take over when the policy's action is farther than this from the operator's...
-    patience: int = 3  # ... for this many steps in a row
+    patience: int = 3  # ... for this many steps (a robot's ticks) in a row
     release: int = 10  # hand back after this many steps of agreement...
     max_takeover: int = 0  # ... or after driving this many steps (0: no limit)
