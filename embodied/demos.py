@@ -85,9 +85,17 @@ def _envs_and_experts(config: DemosConfig) -> tuple[list[str], list[Any], list[A
 
     env_config = with_state_padding(ManiSkillConfig(**asdict(config.env)))
     tasks = env_config.tasks or [env_config.task]
-    make_env = single_env_factory(asdict(env_config))
-    envs = [make_env(next(i for i in range(env_config.num_envs) if task_of(env_config, i) == task)) for task in tasks]
+    # the experts first: a task or control they do not know is refused before any env is built
     experts = [make_expert(task, env_config.control_mode, config.action_noise, config.seed) for task in tasks]
+    make_env = single_env_factory(asdict(env_config))
+    envs: list[Any] = []
+    try:
+        for task in tasks:
+            envs.append(make_env(next(i for i in range(env_config.num_envs) if task_of(env_config, i) == task)))
+    except BaseException:
+        for env in envs:  # the ones built before the failure
+            env.close()
+        raise
     return tasks, envs, experts
 
 
