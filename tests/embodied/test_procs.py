@@ -30,8 +30,10 @@ def train_command(*args: str) -> list[str]:
 
 
 def metrics_of(run_dir: Path) -> list[dict]:
+    """The run's metrics so far; a line still being written (no newline yet) is left for later."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    text = path.read_text() if path.is_file() else ""
+    return [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
 
 
 def updates_of(run_dir: Path) -> list[dict]:

@@ -139,6 +139,7 @@ def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # a start, a worker's replacement and a rollout's restart, each as slow as a start
 def test_killed_env_worker_and_rollout_actors_are_replaced_and_training_continues(tmp_path):
     """One run, two failures: an env worker actor killed after two updates is replaced (its
     rollout counts the restart), then the rollout actor itself is killed and restarted; every
@@ -153,6 +154,7 @@ def test_killed_env_worker_and_rollout_actors_are_replaced_and_training_continue
         wait_for(lambda: len(updates_of(run_dir)) >= 2, "2 updates", trainer, RAY_WAIT_S)
         kill_one("EnvWorkerRole", 2)
         wait_for(env_worker_replaced, "an update after the env worker's replacement", trainer, RAY_WAIT_S)
+        restarts_before = updates_of(run_dir)[-1]["train/rollout_restarts"]  # 0, unless the first kill cost one
         kill_one("RolloutRole", 1)
         _, err = trainer.communicate(timeout=RAY_WAIT_S)  # a restart is as slow as a start
     finally:
@@ -160,7 +162,7 @@ def test_killed_env_worker_and_rollout_actors_are_replaced_and_training_continue
     assert trainer.returncode == 0, err
     updates = updates_of(run_dir)
     assert [u["train/iteration"] for u in updates] == list(range(1, 21))
-    assert updates[-1]["train/rollout_restarts"] == 1
+    assert updates[-1]["train/rollout_restarts"] == restarts_before + 1
     assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
 
 
