@@ -7,9 +7,11 @@ does, and is asked of the mean over two seeds.
   10 s a run on one core), deterministic evaluation over 5 episodes. Measured at this budget,
   seeds 1-6: 502, 1000, 1000, 1000, 124 and 1000; one PPO iteration (2048 steps) gives 39 and
   34 for seeds 1 and 2. Goal 150 over seeds 1-2.
-- Flow-SDE PPO (`policy=flow`, 64-wide) on the same task, 40960 env steps (about 50 s): seeds
-  1-4 gave 262, 269, 131 and 249; at 20480 steps, seed 1 gave 30 (no learning yet). Goal 150
-  over seeds 1-2.
+- Flow-SDE PPO (`policy=flow`, 64-wide) on the same task, 8 envs of 256 steps per iteration
+  (the same 2048 samples as one env of 2048), 61440 env steps: seeds 1-3 gave 629, 1000 and 744,
+  at about 100 s of CPU each. Eight envs take half the CPU per env step of one (every step is a
+  denoising chain, and eight share it: 22 s against 42 s for 8192 steps); at 40960 steps they
+  gave 152 and 134, one env 262, 269, 131 and 249 (seeds 1-4). Goal 150 over seeds 1-2.
 - SFT of the flow policy on 10 scripted PushCube demos (`embodied demos`, action noise 0.1),
   1000 steps, then the SFT run's own 20-episode evaluation: seeds 1-3 gave 60%, 30% and 55%
   success; one SFT step gives 0%. Goal 25% over seeds 1-2."""
@@ -26,10 +28,12 @@ SEEDS = (1, 2)
 GOAL = 150.0  # mean deterministic return over the seeds; untrained about 35, the task's best 1000
 
 
-FLOW_BUDGET = 40960  # env steps: 20 PPO iterations of 2048
+FLOW_BUDGET = 61440  # env steps: 30 PPO iterations of 8 envs x 256
 FLOW = (
     "env=mujoco_invertedpendulum",
+    "env.num_envs=8",
     "algo=ppo",
+    "algo.rollout_steps=256",
     "policy=flow",
     "policy.hidden=[64,64]",
     "policy.critic_hidden=[64,64]",
