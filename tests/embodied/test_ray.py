@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from embodied.runs.checkpoint import resolve_checkpoint
 from tests.cli import start
-from tests.embodied.test_procs import updates_of, wait_for
+from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
 
 # A Ray run starts its cluster and an actor per role, each importing torch and the simulator:
 # about a minute alone, but past 7 minutes before a first update on a 2-core machine running
@@ -146,23 +146,18 @@ def test_killed_env_worker_and_rollout_actors_are_replaced_and_training_continue
     update still lands, and no actor outlives the run."""
     run_dir = tmp_path / "run"
     trainer = train(*RAY, "total_env_steps=800", "checkpoint_every=2", f"run_dir={run_dir}")
+    restarts_before = []
 
-    def env_worker_replaced() -> bool:
-        return any(u["train/env_worker_restarts"] == 1 for u in updates_of(run_dir))
-
-    try:
-        wait_for(lambda: len(updates_of(run_dir)) >= 2, "2 updates", trainer, RAY_WAIT_S)
+    def kill_a_worker_then_the_rollout() -> None:
         kill_one("EnvWorkerRole", 2)
-        wait_for(env_worker_replaced, "an update after the env worker's replacement", trainer, RAY_WAIT_S)
-        restarts_before = updates_of(run_dir)[-1]["train/rollout_restarts"]  # 0, unless the first kill cost one
+        replaced = lambda: any(u["train/env_worker_restarts"] == 1 for u in updates_of(run_dir))
+        wait_for(replaced, "an update after the env worker's replacement", trainer, RAY_WAIT_S)
+        restarts_before.append(updates_of(run_dir)[-1]["train/rollout_restarts"])  # 0, unless the first kill cost one
         kill_one("RolloutRole", 1)
-        _, err = trainer.communicate(timeout=RAY_WAIT_S)  # a restart is as slow as a start
-    finally:
-        trainer.kill()
-    assert trainer.returncode == 0, err
-    updates = updates_of(run_dir)
+
+    updates = train_interrupted(trainer, run_dir, kill_a_worker_then_the_rollout, wait_s=RAY_WAIT_S)
     assert [u["train/iteration"] for u in updates] == list(range(1, 21))
-    assert updates[-1]["train/rollout_restarts"] == restarts_before + 1
+    assert updates[-1]["train/rollout_restarts"] == restarts_before[0] + 1
     assert not still_running(actors("EnvWorkerRole"))  # the actors ended with the run
 
 
