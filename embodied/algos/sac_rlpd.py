@@ -38,6 +38,8 @@ from __future__ import annotations
 import copy
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
@@ -130,10 +132,24 @@ def check_sac_config(cfg: SACConfig) -> None:
         raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.demos=<LeRobotDataset folder>")
 
 
+@contextmanager
+def frozen(module: torch.nn.Module) -> Iterator[None]:
+    """`module`'s trainable parameters get no gradient inside the block: backward skips
+    the weight gradients no optimizer step would use."""
+    trainable = [p for p in module.parameters() if p.requires_grad]
+    for parameter in trainable:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in trainable:
+            parameter.requires_grad_(True)
+
+
 def polyak(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
     with torch.no_grad():
-        for t, s in zip(target.parameters(), source.parameters()):
-            t.lerp_(s, tau)
+        # one call for every parameter, not one each
+        torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
 class SACRLPD:
@@ -398,7 +414,8 @@ class SACRLPD:
 
     def actor_step(self, batch: Transitions, offline_rows: int = 0) -> dict[str, float]:
         action, log_prob = self.policy.sample(batch.state)
-        q = self.q_values(self.critics, batch.state, action).mean(0)  # RLPD: the ensemble's mean for the actor
+        with frozen(self.critics):  # the actor's gradient flows through the critics, not into their weights
+            q = self.q_values(self.critics, batch.state, action).mean(0)  # RLPD: the ensemble's mean for the actor
         actor_loss = (self.temperature.detach() * log_prob - q).mean()
         metrics: dict[str, float] = {}
         bc_rows = None

@@ -176,6 +176,25 @@ def test_the_bc_term_is_the_modes_squared_error_to_the_offline_rows_actions_only
     assert "train/bc_loss" not in algo.actor_step(batch, offline_rows=0)  # an all-online batch: no BC
 
 
+def test_the_actor_step_differentiates_through_the_critics_without_training_them():
+    policy = small_policy()
+    algo = SACRLPD(SACConfig(**SMALL, init_temperature=0.5), policy)
+    frozen_bias = algo.critics.net[0].bias.requires_grad_(False)  # a parameter frozen before stays frozen
+    batch = transitions(8)
+    start = {k: v.clone() for k, v in policy.state_dict().items()}
+    torch.manual_seed(3)
+    algo.actor_step(batch)
+    assert all(p.grad is None for p in algo.critics.parameters())
+    assert all(p.requires_grad == (p is not frozen_bias) for p in algo.critics.parameters())
+    policy.load_state_dict(start)  # the gradient the step took, recomputed from the weights it started from
+    torch.manual_seed(3)
+    action, log_prob = policy.sample(batch.state)
+    loss = (0.5 * log_prob - algo.q_values(algo.critics, batch.state, action).mean(0)).mean()
+    expected = torch.autograd.grad(loss, list(policy.parameters()))
+    for parameter, gradient in zip(policy.parameters(), expected):
+        torch.testing.assert_close(parameter.grad, gradient)
+
+
 @pytest.mark.slow
 def test_the_bc_term_pulls_the_policy_onto_corrections():
     policy = small_policy()
