@@ -12,7 +12,13 @@ From pixels (HIL-SERL's recipe) each camera goes through a frozen pretrained bac
 (`policies/image_backbones.py`) and a small trainable projection (Linear, LayerNorm, tanh).
 The learner works on the *input* vector [state, frozen features of each camera]: its frozen
 part can be computed once per stored frame, and the actor and each critic project it with
-their own trainable heads (`PixelProjection`; `new_projection` gives the critics theirs)."""
+their own trainable heads (`PixelProjection`; `new_projection` gives the critics theirs).
+
+With `gripper_commands` the last action dimension is a gripper that picks one of those env
+commands by its own Q-values, as HIL-SERL's grasp critic does: the Gaussian covers the arm's
+dimensions only, and `GripperCritic` (trained by algo=sac_rlpd with double DQN) is part of the
+policy, so rollouts and `embodied serve` act with it. The gripper then does not explore by
+noise: demos, corrections and its Q-values decide it."""
 
 from __future__ import annotations
 
@@ -50,6 +56,10 @@ class SquashedGaussianConfig:
     image_features: str = "pooled"
     image_projection: int = 64  # each camera's trainable projection width
     cameras: Optional[list[str]] = None  # the env cameras it reads: None every one, [] none (state only)
+    # the env commands a discrete gripper (the last action dimension) chooses among, e.g. [-1, 1]
+    # for ManiSkill's Panda (closed, open); empty: the gripper is continuous like the arm
+    gripper_commands: list[float] = field(default_factory=list)
+    gripper_hidden: list[int] = field(default_factory=lambda: [128, 128])  # the gripper critic's MLP
 
 
 def layer_norm_mlp(sizes: list[int], activation: type[nn.Module], layer_norm: bool) -> nn.Sequential:
@@ -91,6 +101,19 @@ class PixelProjection(nn.Module):
         return torch.cat([state, *(head(part) for head, part in zip(self.heads, parts))], dim=-1)
 
 
+class GripperCritic(nn.Module):
+    """Q-values of each gripper command (B, commands) from the input vector, through its own
+    projection of the frozen image features."""
+
+    def __init__(self, projection: PixelProjection, hidden: list[int], commands: int, activation: type[nn.Module]):
+        super().__init__()
+        self.projection = projection
+        self.net = layer_norm_mlp([projection.output_dim, *hidden, commands], activation, layer_norm=True)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.net(self.projection(inputs))
+
+
 class SquashedGaussianPolicy(nn.Module, Policy):
     def __init__(self, cfg: SquashedGaussianConfig, spec: EnvSpec):
         super().__init__()
@@ -120,10 +143,6 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         # each camera's feature width (spatial features grow with the image)
         self.feature_dims = [self.backbone.output_dim(spec.image_shapes[c]) for c in self.cameras]
         self.input_dim = spec.state_dim + sum(self.feature_dims)
-        self.projection = self.new_projection()
-        self.net = layer_norm_mlp(
-            [self.projection.output_dim, *cfg.hidden, 2 * spec.action_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
-        )
         low = torch.tensor(spec.action_low, dtype=torch.float32)
         high = torch.tensor(spec.action_high, dtype=torch.float32)
         if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
@@ -132,6 +151,19 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             )
         self.register_buffer("action_center", (high + low) / 2)
         self.register_buffer("action_scale", (high - low) / 2)
+        self.discrete_gripper = bool(cfg.gripper_commands)
+        self.arm_dim = spec.action_dim - 1 if self.discrete_gripper else spec.action_dim  # the Gaussian's
+        self.projection = self.new_projection()
+        self.net = layer_norm_mlp(
+            [self.projection.output_dim, *cfg.hidden, 2 * self.arm_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
+        )
+        self.gripper_critic: GripperCritic | None = None
+        if self.discrete_gripper:
+            check_gripper_commands(cfg.gripper_commands, float(low[-1]), float(high[-1]), spec.action_dim)
+            self.register_buffer("gripper_commands", torch.tensor(cfg.gripper_commands, dtype=torch.float32))
+            self.gripper_critic = GripperCritic(
+                self.new_projection(), cfg.gripper_hidden, len(cfg.gripper_commands), ACTIVATIONS[cfg.activation]
+            )
 
     # ---- inputs: the state and the frozen image features -------------------------------------
     def new_projection(self) -> PixelProjection:
@@ -181,8 +213,15 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         return torch.tanh(u), squash_log_prob(u, mean, log_std)
 
     def log_prob(self, inputs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
+        """Of the arm's part of a squashed action (all of it with a continuous gripper)."""
         mean, log_std = self.distribution(inputs)
-        return squash_log_prob(torch.atanh(squashed.clamp(-EDGE, EDGE)), mean, log_std)
+        return squash_log_prob(torch.atanh(squashed[..., : self.arm_dim].clamp(-EDGE, EDGE)), mean, log_std)
+
+    def gripper_index(self, squashed: torch.Tensor) -> torch.Tensor:
+        """The gripper command nearest each squashed action's last entry (B,): which of the
+        discrete gripper's Q-values a stored action (a demo's, an operator's) chose."""
+        command = self.action_center[-1] + self.action_scale[-1] * squashed[..., -1]
+        return (command.unsqueeze(-1) - self.gripper_commands).abs().argmin(-1)
 
     def to_env(self, squashed: torch.Tensor) -> torch.Tensor:
         return self.action_center + self.action_scale * squashed
@@ -194,12 +233,23 @@ class SquashedGaussianPolicy(nn.Module, Policy):
     def act(
         self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
     ) -> ActionChunk:
-        squashed, log_prob = self.sample(self.inputs(observation), deterministic, generator)
-        return ActionChunk(
-            actions=self.to_env(squashed).unsqueeze(1), log_prob=log_prob, value=torch.zeros_like(log_prob)
-        )
+        inputs = self.inputs(observation)
+        squashed, log_prob = self.sample(inputs, deterministic, generator)
+        actions = self.action_center[: self.arm_dim] + self.action_scale[: self.arm_dim] * squashed
+        if self.gripper_critic is not None:  # the command of highest Q, sampled or not (HIL-SERL)
+            choice = self.gripper_critic(inputs.to(self.action_scale.device, torch.float32)).argmax(-1)
+            actions = torch.cat([actions, self.gripper_commands[choice].unsqueeze(-1)], dim=-1)
+        return ActionChunk(actions=actions.unsqueeze(1), log_prob=log_prob, value=torch.zeros_like(log_prob))
+
+    def refuse_without_critic(self, what: str) -> None:
+        if self.discrete_gripper:
+            raise ConfigError(
+                f"{what} needs a policy whose every action dimension has a likelihood; with policy.gripper_commands "
+                "the gripper acts by its Q-values, which only algo=sac_rlpd trains"
+            )
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
+        self.refuse_without_critic("an on-policy algorithm")
         log_prob = self.log_prob(self.inputs(observation), self.to_squashed(chunk.actions[:, 0]))
         return Recomputed(log_prob=log_prob, entropy=-log_prob, value=torch.zeros_like(log_prob))
 
@@ -208,7 +258,19 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         return torch.zeros(observation.state.shape[0], device=self.action_scale.device)
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
+        self.refuse_without_critic("behaviour cloning")
         return -self.log_prob(self.inputs(observation), self.to_squashed(actions.reshape(actions.shape[0], -1))).mean()
+
+
+def check_gripper_commands(commands: list[float], low: float, high: float, action_dim: int) -> None:
+    if action_dim < 2 or len(commands) < 2 or len(set(commands)) != len(commands):
+        raise ConfigError(
+            "policy.gripper_commands lists at least two different env commands for the last action dimension of an "
+            f"env with an arm besides it; got {commands} for {action_dim} action dimensions"
+        )
+    outside = [c for c in commands if not low <= c <= high]
+    if outside:
+        raise ConfigError(f"policy.gripper_commands {outside} lie outside the gripper's bounds [{low}, {high}]")
 
 
 @POLICIES.register("squashed_gaussian", SquashedGaussianConfig)

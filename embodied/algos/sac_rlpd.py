@@ -173,10 +173,14 @@ class SACRLPD:
         bins = cfg.hl_gauss_bins if self.hl_gauss is not None else 1
         torch.manual_seed(cfg.seed)
         projection = policy.new_projection()
+        # HIL-SERL's grasp critic: a policy with a discrete gripper has Q-values of its own for it,
+        # and the ensemble sees the arm's action dimensions only
+        self.gripper = getattr(policy, "gripper_critic", None)
+        self.arm_dim = spec.action_dim - 1 if self.gripper is not None else spec.action_dim
         self.critics = CriticEnsemble(
             cfg.num_critics,
             projection.output_dim,
-            spec.action_dim,
+            self.arm_dim,
             cfg.critic_hidden,
             cfg.critic_layer_norm,
             bins,
@@ -184,8 +188,14 @@ class SACRLPD:
         ).to(device)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_temperature = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
-        self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -spec.action_dim / 2
-        self.actor_optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.actor_lr)
+        self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -self.arm_dim / 2
+        gripper_parameters = set(self.gripper.parameters()) if self.gripper is not None else set()
+        self.actor_optimizer = torch.optim.Adam(
+            [p for p in policy.parameters() if p not in gripper_parameters], lr=cfg.actor_lr
+        )
+        if self.gripper is not None:
+            self.target_gripper = copy.deepcopy(self.gripper).requires_grad_(False)
+            self.gripper_optimizer = torch.optim.Adam(self.gripper.parameters(), lr=cfg.critic_lr)
         self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.critic_lr)
         self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.temperature_lr)
         self.image_shapes = {camera: tuple(spec.image_shapes[camera]) for camera in policy.cameras}
@@ -363,8 +373,9 @@ class SACRLPD:
             return batch.reward + self.cfg.gamma * batch.discount * next_v
 
     def critic_step(self, batch: Transitions, offline_rows: int) -> dict[str, float]:
+        gripper_metrics = self.gripper_step(batch) if self.gripper is not None else {}
         target = self.td_target(batch)
-        out = self.critics(batch.state, batch.action)  # (N, B, bins)
+        out = self.critics(batch.state, batch.action[:, : self.arm_dim])  # (N, B, bins)
         if self.hl_gauss is not None:
             td_loss = self.hl_gauss.loss(out, target.expand(out.shape[:2])).mean(1).sum()
             q_data = self.hl_gauss.value(out)
@@ -384,16 +395,34 @@ class SACRLPD:
         self.critic_steps += 1
         return {
             **metrics,
+            **gripper_metrics,
             "train/critic_loss": td_loss.item() / self.cfg.num_critics,
             "train/q_mean": q_data.mean().item(),
             "train/target_mean": target.mean().item(),
         }
 
+    def gripper_step(self, batch: Transitions) -> dict[str, float]:
+        """Double DQN on the discrete gripper's Q-values: the online critic picks the next
+        command, the target critic values it (HIL-SERL's grasp critic, without its penalty
+        for gripper changes)."""
+        with torch.no_grad():
+            best = self.gripper(batch.next_state).argmax(-1, keepdim=True)
+            next_q = self.target_gripper(batch.next_state).gather(-1, best).squeeze(-1)
+            target = batch.reward + self.cfg.gamma * batch.discount * next_q
+        chosen = self.policy.gripper_index(batch.action).unsqueeze(-1)
+        q = self.gripper(batch.state).gather(-1, chosen).squeeze(-1)
+        loss = (q - target).pow(2).mean()
+        self.gripper_optimizer.zero_grad()
+        loss.backward()
+        self.gripper_optimizer.step()
+        polyak(self.target_gripper, self.gripper, self.cfg.tau)
+        return {"train/gripper_critic_loss": loss.item(), "train/gripper_q_mean": q.mean().item()}
+
     def calql_penalty(self, batch: Transitions, q_data: torch.Tensor, offline_rows: int) -> torch.Tensor:
         """CQL's logsumexp over sampled actions minus Q on the data's actions, on the offline
         rows; policy actions' Q-values floored at the Monte-Carlo return (Cal-QL)."""
         state, mc_return = batch.state[:offline_rows], batch.mc_return[:offline_rows]
-        k, rows, action_dim = self.cfg.calql_actions, offline_rows, batch.action.shape[-1]
+        k, rows, action_dim = self.cfg.calql_actions, offline_rows, self.arm_dim
         repeated = state.repeat_interleave(k, dim=0)  # (rows * k, S)
         with torch.no_grad():
             policy_action, policy_log_prob = self.policy.sample(repeated)
@@ -424,7 +453,7 @@ class SACRLPD:
         if bc_rows is not None:
             # on the mode (tanh of the mean): the sample's noise is the entropy term's business
             mode, _ = self.policy.sample(bc_rows.state, deterministic=True)
-            bc = (mode - bc_rows.action).pow(2).sum(-1).mean()
+            bc = (mode - bc_rows.action[:, : self.arm_dim]).pow(2).sum(-1).mean()
             actor_loss = actor_loss + self.cfg.bc_weight * bc
             metrics["train/bc_loss"] = bc.item()
         self.actor_optimizer.zero_grad()
@@ -453,6 +482,14 @@ class SACRLPD:
             "online": self.online.state_dict(),
             "offline": self.offline.state_dict(),
             "bc_demos": self.bc_demos.state_dict() if self.bc_demos is not None else None,
+            **(
+                {
+                    "target_gripper": self.target_gripper.state_dict(),
+                    "gripper_optimizer": self.gripper_optimizer.state_dict(),
+                }
+                if self.gripper is not None
+                else {}
+            ),
             "generator": self.generator.get_state(),
             "augment_generator": self.augment_generator.get_state(),
             "env_steps": self.env_steps,
@@ -469,6 +506,9 @@ class SACRLPD:
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.temperature_optimizer.load_state_dict(state["temperature_optimizer"])
+        if self.gripper is not None:
+            self.target_gripper.load_state_dict(state["target_gripper"])
+            self.gripper_optimizer.load_state_dict(state["gripper_optimizer"])
         self.online.load_state_dict(state["online"])
         # checkpoints from before online_temperature say only whether the offline data was dropped
         self.online_started = bool(state.get("online_started", state.get("offline_dropped")))

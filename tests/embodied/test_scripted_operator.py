@@ -11,6 +11,7 @@ import pytest
 
 from embodied.core.errors import ConfigError
 from embodied.core.operator import OperatorConfig
+from embodied.core.types import Observation
 from embodied.runtime.operator import SCRIPTED, SimOperator
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
@@ -72,3 +73,25 @@ def test_a_pixel_policy_trains_with_the_scripted_operator_taking_over(tmp_path):
     shares = [u["replay/intervened"] for u in updates]  # of each update's new steps
     assert len(shares) == 6 and all(share == 1.0 for share in shares[1:])  # taken over, never handed back
     assert updates[-1]["replay/offline"] >= 10 and updates[-1]["replay/online"] == 12
+
+
+@pytest.mark.slow
+def test_a_discrete_gripper_trains_on_the_scripted_operators_corrections_and_serves_its_commands(tmp_path):
+    """PickCube from state with a two-command gripper: the operator's gripper actions become
+    the gripper critic's data, and the saved policy acts with one of the commands."""
+    from embodied.serve import ServeConfig, load_checkpoint_policy
+
+    run_dir = tmp_path / "run"
+    pickcube = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos", "env.num_workers=1"]
+    settings = [a for a in PIXEL_SAC if not a.startswith(("env", "policy.image", "checkpoint_every="))]
+    operator = ["operator.policy=scripted", "operator.threshold=1e-3", "operator.patience=1"]
+    gripper = ["policy.gripper_commands=[-1.0,1.0]", "policy.gripper_hidden=[8]"]
+    embodied("train", *settings, *pickcube, *operator, *gripper, "total_env_steps=12", f"run_dir={run_dir}")
+    updates = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
+    ]
+    assert all(np.isfinite(u["train/gripper_critic_loss"]) for u in updates[1:])
+    infer, spec, _ = load_checkpoint_policy(ServeConfig(checkpoint=str(run_dir), device="cpu"))
+    states = np.random.default_rng(0).normal(size=(8, spec.state_dim)).astype(np.float32)
+    actions = infer(Observation(state=states))
+    assert actions.shape[-1] == 4 and set(np.unique(actions[..., -1])) <= {-1.0, 1.0}
