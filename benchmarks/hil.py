@@ -428,6 +428,9 @@ TUNING_ARMS = {
             *SERL_TEMPERATURE,
             *PIXEL_ARMS["pixels-rlpd-corrections"],
         ],
+        # HIL-SERL's grasp critic: the gripper closes or opens by its own Q-values, without
+        # exploration noise (the sampled policy drops the cube far more often than the greedy one)
+        "rlpd-serl-discrete-gripper": [*SERL_TEMPERATURE, "policy.gripper_commands=[-1.0,1.0]"],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
