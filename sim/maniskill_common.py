@@ -44,6 +44,10 @@ class ManiSkillConfig:
     control_mode: str = "pd_joint_delta_pos"
     reward_mode: str = "normalized_dense"
     image_size: int = 128  # camera width and height for obs_mode=rgb
+    # ManiSkill's robot (null: the task's own, panda for most). panda_wristcam is the Panda with a
+    # hand camera (`hand_camera`) beside the task's base camera; PickCube's dense reward names panda
+    # alone in its "held still" term, so with panda_wristcam that term also counts the fingers' velocity.
+    robot: Optional[str] = None
     max_episode_steps: Optional[int] = None  # None: the task's own limit
     # Run every episode to the time limit instead of ending it at success (success still
     # counts if reached at any step). With dense rewards, ending at success teaches the
@@ -99,6 +103,8 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
         human_render_camera_configs=dict(width=cfg.render_size, height=cfg.render_size),
         **extra,
     )
+    if cfg.robot is not None:
+        kwargs["robot_uids"] = cfg.robot
     if cfg.obs_mode == "rgb":
         kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
     if cfg.max_episode_steps is not None:

@@ -1,5 +1,6 @@
 """The ManiSkill adapter on real ManiSkill (physx_cpu)."""
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -133,6 +134,23 @@ def test_rgb_observations_have_camera_images_and_proprioception():
         assert observation.state.shape[1] == env.spec.state_dim > 9
     finally:
         env.close()
+
+
+@pytest.mark.slow
+def test_the_wrist_camera_panda_adds_a_hand_camera_and_keeps_the_state_layout():
+    config = ManiSkillConfig(task="PickCube-v1", num_envs=1, obs_mode="rgb", image_size=32)
+    plain = make_maniskill(config, seed=0)
+    wrist = make_maniskill(replace(config, robot="panda_wristcam"), seed=0)
+    try:
+        observation = wrist.reset()
+        assert wrist.spec.image_shapes == {"base_camera": (32, 32, 3), "hand_camera": (32, 32, 3)}
+        assert observation.state.shape == plain.reset().state.shape  # the same layout (its wrist starts turned)
+        assert not np.array_equal(observation.images["hand_camera"], observation.images["base_camera"])
+    finally:
+        plain.close()
+        wrist.close()
+    with pytest.raises(ConfigError, match="no_such_robot"):
+        make_maniskill(replace(config, robot="no_such_robot"), seed=0)
 
 
 def test_resume_state_replays_episodes_to_the_same_observation(pushcube):
