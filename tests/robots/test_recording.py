@@ -83,13 +83,15 @@ class Reloaded:
     reader: subprocess.Popen | None = None  # the module's reader (the fixture sets it)
 
     def __init__(self, root):
-        out = Path(tempfile.mkdtemp()) / "frames.npz"
-        self.reader.stdin.write(json.dumps([str(root), str(out)]) + "\n")
-        self.reader.stdin.flush()
-        reply = self.reader.stdout.readline()
-        assert reply, f"the dataset reader exited with {self.reader.wait(timeout=60)}"
-        assert "error" not in json.loads(reply), json.loads(reply)["error"]
-        self.arrays = dict(np.load(out))
+        with tempfile.TemporaryDirectory() as folder:  # the frames are read into memory, then removed
+            out = Path(folder) / "frames.npz"
+            self.reader.stdin.write(json.dumps([str(root), str(out)]) + "\n")
+            self.reader.stdin.flush()
+            reply = self.reader.stdout.readline()
+            assert reply, f"the dataset reader exited with {self.reader.wait(timeout=60)}"
+            assert "error" not in json.loads(reply), json.loads(reply)["error"]
+            with np.load(out) as frames:
+                self.arrays = dict(frames)
         self.num_episodes = int(self.arrays["num_episodes"])
         self.num_frames = int(self.arrays["num_frames"])
 
