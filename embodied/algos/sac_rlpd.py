@@ -26,7 +26,10 @@
   features of every stored frame are computed once, when it is stored, so many updates per
   transition cost no backbone passes; `image_augmentation: shift` (DrQ) shifts the frames of
   each sampled batch instead, one shift per sample shared by its critic and actor steps, and
-  pays the backbone on every batch.
+  pays the backbone on every batch; `image_augmentation: cached_shifts` stores the features
+  of `cached_shifts` randomly shifted views of each frame, computed once, and each sample
+  reads one of them (drawn per sample, for its frame and its next frame apart): DrQ's
+  augmentation at the price of `cached_shifts` backbone passes per frame instead of per update.
 
 It fits the learner contract: each rollout batch is added to replay and followed by
 `utd_ratio` critic steps per new transition and one actor step per new transition. The
@@ -93,7 +96,10 @@ class SACConfig:
     calql_alpha: float = 0.0  # > 0: the Cal-QL conservative term on offline batches
     calql_actions: int = 4  # sampled actions per state (each: policy and uniform) in that term
     bc_weight: float = 0.0  # > 0: the actor mode's squared error to the offline rows' actions, weighted
-    image_augmentation: str = "none"  # from pixels: none (features cached per frame) | shift (DrQ)
+    # from pixels: none (features cached per frame) | shift (DrQ, every batch through the backbone) |
+    # cached_shifts (the features of `cached_shifts` shifted views cached per frame, one drawn per sample)
+    image_augmentation: str = "none"
+    cached_shifts: int = 4
     shift_pad: int = 4  # pixels of DrQ's random shift
     feature_batch: int = 256  # frames per backbone pass when caching features
     seed: int = 0  # seeds critics, replay sampling and target subsets; configs/algo sets the run's seed
@@ -116,8 +122,12 @@ def check_sac_config(cfg: SACConfig) -> None:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
     if cfg.online_temperature is not None and cfg.online_temperature <= 0:
         raise ConfigError(f"algo.online_temperature must be > 0 (or null), got {cfg.online_temperature}")
-    if cfg.image_augmentation not in ("none", "shift"):
-        raise ConfigError(f"algo.image_augmentation must be none or shift, got '{cfg.image_augmentation}'")
+    if cfg.image_augmentation not in ("none", "shift", "cached_shifts"):
+        raise ConfigError(
+            f"algo.image_augmentation must be none, shift or cached_shifts, got '{cfg.image_augmentation}'"
+        )
+    if cfg.cached_shifts < 1:
+        raise ConfigError(f"algo.cached_shifts must be >= 1, got {cfg.cached_shifts}")
     if cfg.shift_pad < 0 or cfg.feature_batch < 1:
         raise ConfigError(
             f"algo.shift_pad must be >= 0 and algo.feature_batch >= 1, got {cfg.shift_pad}, {cfg.feature_batch}"
@@ -200,7 +210,8 @@ class SACRLPD:
         self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.temperature_lr)
         self.image_shapes = {camera: tuple(spec.image_shapes[camera]) for camera in policy.cameras}
         # frozen features are cached per stored frame unless each batch's frames are shifted
-        self.caches_features = bool(self.image_shapes) and cfg.image_augmentation == "none"
+        self.caches_features = bool(self.image_shapes) and cfg.image_augmentation != "shift"
+        self.views = cfg.cached_shifts if cfg.image_augmentation == "cached_shifts" else 1  # features per frame
         self.augment_generator = torch.Generator().manual_seed(cfg.seed + 3)
         self.online = self._buffer(cfg.replay_capacity, seed=cfg.seed)
         self.offline = self._buffer(cfg.replay_capacity, seed=cfg.seed + 1)
@@ -225,7 +236,7 @@ class SACRLPD:
 
     def _buffer(self, capacity: int, seed: int = 0) -> ReplayBuffer:
         spec = self.policy.spec
-        feature_dim = self.policy.input_dim - spec.state_dim if self.caches_features else 0
+        feature_dim = (self.policy.input_dim - spec.state_dim) * self.views if self.caches_features else 0
         return ReplayBuffer(capacity, spec.state_dim, spec.action_dim, seed, self.image_shapes, feature_dim)
 
     # ---- pixels: the input vectors of actor and critics ---------------------------------------
@@ -233,30 +244,43 @@ class SACRLPD:
         """`transitions` with the frozen features of their frames, where they are cached."""
         if not self.caches_features:
             return transitions
-        encode = (
-            lambda frames: torch.cat(  # noqa: E731
-                [
-                    self.policy.image_features({c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}).cpu()
-                    for i in range(0, len(transitions), self.cfg.feature_batch)
-                ]
-            )
-        )
+        shifts_cached = self.cfg.image_augmentation == "cached_shifts"
+
+        def encode(frames: dict[str, torch.Tensor]) -> torch.Tensor:
+            """(N, views x F): each view's features side by side."""
+            parts = []
+            for i in range(0, len(transitions), self.cfg.feature_batch):
+                chunk = {c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}
+                views = [self.policy.image_features(self.shifted(chunk) if shifts_cached else chunk)]
+                views += [self.policy.image_features(self.shifted(chunk)) for _ in range(self.views - 1)]
+                parts.append(torch.cat(views, dim=-1).cpu())
+            return torch.cat(parts)
+
         return replace(transitions, features=encode(transitions.images), next_features=encode(transitions.next_images))
+
+    def shifted(self, frames: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Each camera's frames, each shifted at random (DrQ)."""
+        return {c: random_shift(v, self.cfg.shift_pad, self.augment_generator) for c, v in frames.items()}
+
+    def one_view(self, features: torch.Tensor) -> torch.Tensor:
+        """(N, F): one of each row's cached views, drawn per row."""
+        if self.views == 1:
+            return features
+        rows = len(features)
+        pick = torch.randint(self.views, (rows,), generator=self.augment_generator).to(features.device)
+        return features.view(rows, self.views, -1)[torch.arange(rows, device=features.device), pick]
 
     def inputs(self, batch: Transitions) -> Transitions:
         """`batch` with its states replaced by the input vectors [state, frozen features]: the
-        cached features, or those of randomly shifted frames. One call per sampled batch, so
-        its critic and actor steps see the same shift."""
+        cached features (one cached view each), or those of randomly shifted frames. One call per
+        sampled batch, so its critic and actor steps see the same shift."""
         if not self.image_shapes:
             return batch
         if self.caches_features:
-            features, next_features = batch.features, batch.next_features
+            features, next_features = self.one_view(batch.features), self.one_view(batch.next_features)
         else:
-            shift = lambda frames: {  # noqa: E731
-                c: random_shift(v, self.cfg.shift_pad, self.augment_generator) for c, v in frames.items()
-            }
-            features = self.policy.image_features(shift(batch.images))
-            next_features = self.policy.image_features(shift(batch.next_images))
+            features = self.policy.image_features(self.shifted(batch.images))
+            next_features = self.policy.image_features(self.shifted(batch.next_images))
         return replace(
             batch,
             state=torch.cat([batch.state, features], dim=-1),

@@ -191,6 +191,34 @@ def test_one_shift_per_sample_reaches_both_its_critic_and_actor_steps(monkeypatc
     assert not torch.allclose(c1.state[:, 3:], plain)  # the frames were shifted before the backbone
 
 
+def test_cached_shifts_store_shifted_views_once_and_each_sample_reads_one_of_them():
+    policy = pixel_policy()
+    algo = SACRLPD(SACConfig(**SMALL, image_augmentation="cached_shifts", cached_shifts=3, shift_pad=4), policy)
+    items = pixel_transitions(5)
+    generator = copy.deepcopy(algo.augment_generator)
+    stored = algo.with_features(items)
+    width = policy.input_dim - SPEC.state_dim
+
+    def shifted_features(frames):  # what the backbone gives for one random shift per frame and camera
+        return policy.image_features({c: random_shift(v, 4, generator) for c, v in frames.items()})
+
+    expected = torch.cat([shifted_features(items.images) for _ in range(3)], -1)
+    next_expected = torch.cat([shifted_features(items.next_images) for _ in range(3)], -1)
+    assert stored.features.shape == (5, 3 * width)
+    torch.testing.assert_close(stored.features, expected)
+    torch.testing.assert_close(stored.next_features, next_expected)
+    assert not torch.allclose(expected[:, :width], expected[:, width : 2 * width])  # the views differ
+    # each sample reads one view of its frame and, drawn apart, one of its next frame
+    picks = torch.randint(3, (5,), generator=generator), torch.randint(3, (5,), generator=generator)
+    inputs = algo.inputs(stored)
+    rows = torch.arange(5)
+    torch.testing.assert_close(inputs.state[:, 3:], expected.view(5, 3, -1)[rows, picks[0]])
+    torch.testing.assert_close(inputs.next_state[:, 3:], next_expected.view(5, 3, -1)[rows, picks[1]])
+    assert len(algo.online.data.features[0]) == 3 * width  # the buffer holds every view
+    with pytest.raises(ConfigError, match="cached_shifts must be >= 1"):
+        SACRLPD(SACConfig(**SMALL, image_augmentation="cached_shifts", cached_shifts=0), pixel_policy())
+
+
 def test_pixel_critic_targets_and_loss_match_a_float64_recomputation():
     policy = pixel_policy()
     algo = SACRLPD(SACConfig(**SMALL, gamma=0.9, init_temperature=0.3), policy)
@@ -229,9 +257,9 @@ def test_pixel_critic_targets_and_loss_match_a_float64_recomputation():
     assert metrics["train/q_mean"] == pytest.approx(float(q.mean()), rel=1e-5, abs=1e-5)
 
 
-@pytest.mark.parametrize("augmentation", ["none", "shift"])
+@pytest.mark.parametrize("augmentation", ["none", "shift", "cached_shifts"])
 def test_image_buffers_and_the_shift_generator_survive_resume_bit_exactly(tmp_path, augmentation):
-    config = SACConfig(**SMALL, image_augmentation=augmentation)
+    config = SACConfig(**SMALL, image_augmentation=augmentation, cached_shifts=2)
     first = SACRLPD(config, policy := pixel_policy())
     first.online.add(first.with_features(pixel_transitions(20)))
     first.offline.add(first.with_features(pixel_transitions(5, seed=1)))
