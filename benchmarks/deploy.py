@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from plots import provenance  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGES = ("base", "wrist")

@@ -7,7 +7,7 @@ Both arms start from flow_rl.py's SFT flow (held-out S0 0.60 greedy, at the top 
   flow-sde  PPO fine-tunes the flow itself: flow_rl.py's recipe, unchanged
 
 Both arms are judged the same way: checkpoints every GRID env steps, each evaluated greedy
-on HELDOUT_EPISODES episodes of the held-out evaluation seed (ppo.HELDOUT_SEED), which no
+on HELDOUT_EPISODES episodes of the held-out evaluation seed (harness.heldout.HELDOUT_SEED), which no
 run or tuning draws from. The lift is the success over S0 at each checkpoint. Steps to the lift
 are the env steps of the first checkpoint at S0 plus Flow-SDE's final mean lift. The goal is
 that DSRL reaches that lift in fewer env steps than Flow-SDE. The final policies are also
@@ -30,31 +30,16 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flow_rl import ARMS as FLOW_ARMS  # noqa: E402
-from flow_rl import ENV, HELDOUT_RUNS, POLICIES, RL, demos_and_sft, sft_dir  # noqa: E402
-from plots import save_with_summary  # noqa: E402
-from ppo import (  # noqa: E402
-    HELDOUT_EPISODES,
-    HELDOUT_SEED,
-    RESULTS,
-    RUNS,
-    evaluate_heldout,
-    first_reaching,
-    has_heldout,
-    heldout_eval,
-    load_records,
-    mode_name,
-    record_path,
-    seed_cells,
-)
-from ppo import train as train_run  # noqa: E402
+from flow_rl import ARMS as FLOW_ARMS
+from flow_rl import ENV, HELDOUT_RUNS, POLICIES, RL, demos_and_sft, sft_dir
+from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout, heldout_eval
+from harness.reports import save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, has_heldout, load_records, record_path, train
+from harness.stats import first_reaching, mode_name, seed_cells
 
 FOLDER = "dsrl"  # under RUNS (run directories) and RESULTS / "runs" (records)
 SEEDS = (101, 102, 103)
@@ -125,7 +110,7 @@ def tune() -> None:
         if record_path(name).is_file() and "variant" in json.loads(record_path(name).read_text()):
             continue
         overrides = [*DSRL, *extra, "seed=1"]
-        train_run(name, overrides, TUNE_STEPS)
+        train(name, overrides, TUNE_STEPS)
         record = json.loads(record_path(name).read_text())
         record_path(name).write_text(json.dumps({**record, "variant": variant, "overrides": overrides}))
 
@@ -157,7 +142,7 @@ def heldout(parallel: int, seeds: tuple[int, ...]) -> None:
         if has_heldout(name):
             return
         overrides = arm_settings(arm, seed)
-        train_run(name, overrides, ENV_STEPS, RESUME_WITH)
+        train(name, overrides, ENV_STEPS, RESUME_WITH)
         grid = grid_successes(arm, RUNS / name)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides, grid=grid, variant=CHOSEN)
 
@@ -315,8 +300,7 @@ def report() -> None:
         "",
         "![held-out success of the checkpoints](dsrl.png)",
     ]
-    (RESULTS / "dsrl.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "dsrl.md").read_text())
+    write_report(RESULTS, "dsrl", lines)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ Every step is a normal command a user would type; the runs land in benchmarks/ru
 `heldout` checks the recipe above without changing it: the same demos and SFT, then RL on
 seeds 101-103 (never used to choose the recipe, which was settled on seed 1), and every
 policy, the SFT ones included, evaluated greedy and sampled on 100 episodes of an evaluation
-seed no run or tuning has drawn from (ppo.HELDOUT_SEED). Per-run results go to
+seed no run or tuning has drawn from (harness.heldout.HELDOUT_SEED). Per-run results go to
 results/runs/flow_rl_heldout/, from which `heldout report` rebuilds results/flow_rl_heldout.*."""
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sft_rl  # noqa: E402
-from plots import provenance, save_with_summary  # noqa: E402
-from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, heldout_results, interval95, resumable  # noqa: E402
-from sft_rl import dataset_episodes, embodied, eval_curve  # noqa: E402
+import sft_rl
+from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, heldout_results
+from harness.reports import provenance, save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, resumable
+from harness.stats import interval95
+from sft_rl import dataset_episodes, embodied, eval_curve
 
 DEMOS = RUNS / "flow-demos"
 ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
@@ -73,11 +73,6 @@ def final_success(run_dir: Path) -> float | None:
             f"output={report.parent}",
         )
     return json.loads(report.read_text())["overall"]["success_rate"] if report.is_file() else None
-
-
-def write_markdown(name: str, lines: list[str]) -> None:
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / f"{name}.md").read_text())
 
 
 def sft_dir(policy: str):
@@ -205,7 +200,7 @@ def report() -> None:
         "",
         "![curves](flow_rl.png)",
     ]
-    write_markdown("flow_rl", lines)
+    write_report(RESULTS, "flow_rl", lines)
 
 
 # ---- held out: the recipe above on fresh seeds, evaluated on episodes nothing was tuned on ----
@@ -326,7 +321,7 @@ def heldout_report() -> None:
         "",
         "![periodic evaluations](flow_rl_heldout.png)",
     ]
-    write_markdown("flow_rl_heldout", lines)
+    write_report(RESULTS, "flow_rl_heldout", lines)
 
 
 def main() -> None:

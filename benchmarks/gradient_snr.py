@@ -26,19 +26,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from harness.reports import save_with_summary
+from harness.runs import RESULTS
+from multitask_vla import SFT
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multitask_vla import SFT  # noqa: E402
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS  # noqa: E402
-
 GROUP_SIZE = 4
 NUM_ENVS = 24
 EPISODE_STEPS = 50

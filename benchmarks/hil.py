@@ -54,28 +54,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
-from ppo import (  # noqa: E402
-    HELDOUT_EPISODES,
-    HELDOUT_SEED,
+from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
+from harness.reports import save_with_summary, write_report
+from harness.runs import (
     RESULTS,
     RUNS,
     annotate,
-    evaluate_heldout,
-    first_reaching,
     has_heldout,
-    interval95,
     learner_curve,
     load,
     load_records,
-    mode_name,
     record_path,
-    seed_cells,
-    write_report,
+    train,
 )
-from ppo import train as train_run  # noqa: E402
+from harness.stats import first_reaching, held_from, interval95, mode_name, seed_cells
 
 EXPERT = RUNS / "pushcube-s1"
 DEMOS = RUNS / "hil-demos"
@@ -121,7 +113,7 @@ ARMS = {
 
 def ensure_expert() -> None:
     if not (EXPERT / "checkpoints" / "latest").is_file():
-        train_run(EXPERT.name, ["env=maniskill_pushcube", "seed=1"], 300_000)
+        train(EXPERT.name, ["env=maniskill_pushcube", "seed=1"], 300_000)
 
 
 def free_port() -> int:
@@ -167,7 +159,7 @@ def record_demos(episodes: int, root: Path = DEMOS) -> None:
 def run_arms(names: list[str], steps: int, parallel: int) -> None:
     def one(name: str) -> None:
         started = time.time()
-        train_run(name, [*COMMON, *ARMS[name]], steps)
+        train(name, [*COMMON, *ARMS[name]], steps)
         print(f"[{name}] finished in {(time.time() - started) / 60:.0f} min", flush=True)
 
     with ThreadPoolExecutor(parallel) as pool:
@@ -183,17 +175,6 @@ def intervention_rate(name: str) -> float | None:
     rates = [json.loads(line).get("replay/intervened") for line in path.read_text().splitlines()]
     rates = [r for r in rates if r is not None]
     return sum(rates) / len(rates) if rates else None
-
-
-def held_from(curve: list[dict], threshold: float) -> int | None:
-    """The first evaluation from which success never fell below `threshold` again."""
-    held = None
-    for point in curve:
-        if point["eval/success_rate"] < threshold:
-            held = None
-        elif held is None:
-            held = point["env_steps"]
-    return held
 
 
 def report() -> None:
@@ -278,8 +259,7 @@ def report() -> None:
         "",
         "![curves](hil.png)",
     ]
-    (RESULTS / "hil.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "hil.md").read_text())
+    write_report(RESULTS, "hil", lines)
 
 
 # ---- held out: the intervention arms on fresh seeds, final policies on unseen episodes ----
@@ -329,7 +309,7 @@ class Study:
     steps: int  # env steps per run
     eval_every: int  # env steps between periodic evaluations
     recipe: str  # how the settings came about, for the report
-    resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (ppo.train)
+    resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (runs.train)
     # (where, the env overrides) of the scripted expert's demos it records; none: the PPO expert's
     scripted_demos: tuple[Path, list[str]] | None = None
 
@@ -459,7 +439,7 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS)
         if has_heldout(name):
             return
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={seed}", *study.arms[arm]]
-        train_run(name, overrides, study.steps, study.resume_with)
+        train(name, overrides, study.steps, study.resume_with)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
     if study.scripted_demos:
@@ -489,7 +469,7 @@ def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
         name = tuning_run(study, arm)
         extra = TUNING_ARMS[key][arm]
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
-        train_run(name, overrides, study.steps, study.resume_with)
+        train(name, overrides, study.steps, study.resume_with)
         annotate(name, arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner_curve(name, 500))
 
     if study.scripted_demos:
@@ -566,7 +546,7 @@ def tune_report(key: str) -> None:
         "",
         f"![tuning runs]({name}.png)",
     ]
-    write_report(name, lines)
+    write_report(RESULTS, name, lines)
 
 
 def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached: dict[int, int | None]) -> list:
@@ -707,7 +687,7 @@ def heldout_report(study: Study) -> None:
         "",
         f"![periodic evaluations]({study.name}.png)",
     ]
-    write_report(study.name, lines)
+    write_report(RESULTS, study.name, lines)
 
 
 def main() -> None:

@@ -31,15 +31,13 @@ from typing import Any
 
 import numpy as np
 import torch
+from harness.reports import provenance, provenance_line
+from placement import DeviceMemory
+from token_vla_real_size import timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from placement import DeviceMemory  # noqa: E402
-from plots import provenance, provenance_line  # noqa: E402
-from token_vla_real_size import timed  # noqa: E402
-
-from embodied.algos.grpo import grpo_loss  # noqa: E402
-from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
-from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy  # noqa: E402
+from embodied.algos.grpo import grpo_loss
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
 
 NAME = "openvla_real_size"
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plots import (  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import (
     bar_chart,
     provenance,
     provenance_line,

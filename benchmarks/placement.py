@@ -34,9 +34,7 @@ from pathlib import Path
 from statistics import mean
 
 import torch
-
-# sibling module: the scripts run as `python benchmarks/<name>.py`
-from plots import bar_chart, provenance, provenance_line
+from harness.reports import bar_chart, provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # A token VLA of some size (a random 8-layer, 512-wide Qwen2 with a 32k vocabulary: 45M

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ppo import RUNS, first_reaching
+from harness.runs import RUNS
+from harness.stats import first_reaching
 
 
 def _command(arguments: list[str] | tuple[str, ...]) -> list[str]:

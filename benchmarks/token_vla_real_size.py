@@ -39,17 +39,15 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from harness.reports import save_with_summary
+from harness.runs import RESULTS
+from sft_rl import embodied
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS  # noqa: E402
-from sft_rl import embodied  # noqa: E402
-
-from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
-from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
-from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
-from embodied.runtime.wire import published_weights  # noqa: E402
-from embodied.sim.maniskill_common import INSTRUCTIONS  # noqa: E402
+from embodied.algos.grpo import GRPOConfig, grpo_loss
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
+from embodied.runtime.wire import published_weights
+from embodied.sim.maniskill_common import INSTRUCTIONS
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a script)
-import hil  # noqa: E402  (benchmarks/hil.py, a script)
-import placement  # noqa: E402  (benchmarks/placement.py, a script)
-import ppo  # noqa: E402  (benchmarks/ppo.py, a script)
+import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a study)
+import hil  # noqa: E402  (benchmarks/hil.py, a study)
+import placement  # noqa: E402  (benchmarks/placement.py, a study)
+from harness import runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
 
 
 def row(name: str, seconds: float, copies: float = 0.0) -> dict:
@@ -73,8 +73,8 @@ def test_intervention_speedups_are_exact_only_where_both_runs_reached_the_goal()
 
 def test_held_from_is_the_first_evaluation_after_the_last_dip():
     curve = [{"env_steps": s, "eval/success_rate": v} for s, v in [(1, 0.5), (2, 0.95), (3, 0.8), (4, 0.9), (5, 1.0)]]
-    assert hil.held_from(curve, 0.9) == 4
-    assert hil.held_from(curve[:3], 0.9) is None
+    assert stats.held_from(curve, 0.9) == 4
+    assert stats.held_from(curve[:3], 0.9) is None
 
 
 def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statistics():
@@ -84,9 +84,9 @@ def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statisti
     ]
     for i in range(499, 5000, 500):
         lines[i]["eval/success_rate"] = i / 5000
-    record = ppo.compact(lines)
+    record = runs.compact(lines)
     curve = record["curve"]
-    assert len(curve) <= ppo.TRAINING_POINTS + 1 + 10
+    assert len(curve) <= runs.TRAINING_POINTS + 1 + 10
     assert [p["eval/success_rate"] for p in curve if "eval/success_rate" in p] == [
         i / 5000 for i in range(499, 5000, 500)
     ]
@@ -97,7 +97,7 @@ def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statisti
 
 
 def benchmark_settings() -> dict[str, list[str]]:
-    import dsrl  # noqa: PLC0415  (benchmarks/dsrl.py, a script)
+    import dsrl  # noqa: PLC0415  (benchmarks/dsrl.py, a study)
 
     settings = {
         f"hil {name} {arm}": [*study.common, *overrides]
@@ -147,7 +147,7 @@ def test_the_serl_study_is_the_state_study_with_the_temperature_tuning_chose():
 def test_a_report_without_its_runs_leaves_the_committed_summary_alone(tmp_path, monkeypatch):
     # a clone holds no run records for hil.py's first study: its report must not overwrite
     # the committed figures with empty ones
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path)
+    monkeypatch.setattr(runs, "RESULTS", tmp_path)
     monkeypatch.setattr(hil, "RESULTS", tmp_path)
     (tmp_path / "hil.md").write_text("committed")
     with pytest.raises(SystemExit, match="nothing to report"):
@@ -161,8 +161,8 @@ def test_a_run_record_takes_its_wall_time_from_the_trainers_clock_not_from_a_res
     import json
     import os
 
-    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
     run = tmp_path / "runs" / "resumed"
     (run / "checkpoints").mkdir(parents=True)
     lines = [{"env_steps": 4 * i, "train/elapsed_s": 10.0 * i} for i in range(1, 6)]
@@ -171,7 +171,7 @@ def test_a_run_record_takes_its_wall_time_from_the_trainers_clock_not_from_a_res
     (run / "config.yaml").write_text("seed: 1\n")
     os.utime(run / "checkpoints" / "latest", (1000, 1000))  # the last checkpoint, before the resume
     os.utime(run / "config.yaml", (5000, 5000))
-    ppo.collect("resumed")
+    runs.collect("resumed")
     assert json.loads((tmp_path / "results" / "runs" / "resumed.json").read_text())["wall_time_s"] == 50.0
 
 
@@ -180,8 +180,8 @@ def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_a
     commit, and the old held-out figures belong to the other training."""
     import json
 
-    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
     run = tmp_path / "runs" / "again"
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 4, "train/elapsed_s": 7.0}) + "\n")
@@ -189,9 +189,9 @@ def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_a
     record.parent.mkdir(parents=True)
     earlier = {"provenance": {"commit": "0000000"}, "heldout": {"seed": 1}, "seed": 101}
     record.write_text(json.dumps(earlier))
-    ppo.collect("again")  # a resume of the same training keeps them
+    runs.collect("again")  # a resume of the same training keeps them
     assert json.loads(record.read_text())["provenance"] == {"commit": "0000000"}
-    ppo.collect("again", fresh=True)
+    runs.collect("again", fresh=True)
     collected = json.loads(record.read_text())
     assert "heldout" not in collected and "seed" not in collected
     assert collected["provenance"]["commit"] != "0000000" and collected["wall_time_s"] == 7.0
@@ -202,9 +202,9 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
     from results/runs/ alone (no run directory)."""
     import shutil
 
-    committed = ppo.RESULTS
+    committed = runs.RESULTS
     shutil.copytree(committed / "runs" / "hil_pickcube_state_tuning", tmp_path / "runs" / "hil_pickcube_state_tuning")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path)
+    monkeypatch.setattr(runs, "RESULTS", tmp_path)
     monkeypatch.setattr(hil, "RESULTS", tmp_path)
     hil.tune_report("pickcube-state")
     name = "hil_pickcube_state_tuning.md"
@@ -218,16 +218,16 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
 def test_a_run_records_the_code_it_was_trained_with_not_what_is_checked_out_when_it_ends(tmp_path, monkeypatch):
     import json
 
-    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
     commits = iter(["abc1234", "def5678+changes"])  # a commit lands while the run trains
-    monkeypatch.setattr(ppo, "provenance", lambda script: {"commit": next(commits), "machine": "m", "command": script})
+    monkeypatch.setattr(runs, "provenance", lambda script: {"commit": next(commits), "machine": "m", "command": script})
 
     def training(command, **kwargs):
         run = tmp_path / "runs" / "long"
         run.mkdir(parents=True)
         (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 8, "train/elapsed_s": 3.0}) + "\n")
 
-    monkeypatch.setattr(ppo.subprocess, "run", training)
-    ppo.train("long", [], 8)
+    monkeypatch.setattr(runs.subprocess, "run", training)
+    runs.train("long", [], 8)
     assert json.loads((tmp_path / "results" / "runs" / "long.json").read_text())["provenance"]["commit"] == "abc1234"
