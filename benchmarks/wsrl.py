@@ -29,8 +29,8 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
     python benchmarks/wsrl.py report
     python benchmarks/wsrl.py collapse --parallel 2
 
-The expert and its recorded demos are hil.py's (a PPO run of the main job, served by
-`embodied serve`, driving `embodied robot robot=sim` while it records)."""
+The expert and its recorded demos are hil.py's (harness/pushcube_sac.py: a PPO run of the
+main job, served by `embodied serve`, driving `embodied robot robot=sim` while it records)."""
 
 from __future__ import annotations
 
@@ -42,10 +42,10 @@ from pathlib import Path
 
 import numpy as np
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
+from harness.pushcube_sac import GOAL, RECIPE, ensure_expert, record_demos
 from harness.reports import save_with_summary, write_report
 from harness.runs import RESULTS, RUNS, annotate, has_heldout, learner_curve, load_records, record_path, train
 from harness.stats import first_reaching, held_from, interval95, mode_name, seed_cells
-from hil import COMMON, GOAL, ensure_expert, record_demos
 
 VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
     "d20-p2k": (20, 2_000),  # hil.py's
@@ -79,7 +79,7 @@ def pretraining(variant: str) -> list[str]:
 def settings(seed: int, extra: list[str]) -> list[str]:
     """hil.py's settings with the run's seed; a key in `extra` replaces hil.py's value."""
     replaced = {"seed", *(o.split("=", 1)[0] for o in extra)}
-    return [*(o for o in COMMON if o.split("=", 1)[0] not in replaced), f"seed={seed}", *extra]
+    return [*(o for o in RECIPE if o.split("=", 1)[0] not in replaced), f"seed={seed}", *extra]
 
 
 def prepare(variants: list[str]) -> None:

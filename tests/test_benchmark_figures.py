@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a study)
 import hil  # noqa: E402  (benchmarks/hil.py, a study)
 import placement  # noqa: E402  (benchmarks/placement.py, a study)
-from harness import runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
+from harness import intervention_study, runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
 
 
 def row(name: str, seconds: float, copies: float = 0.0) -> dict:
@@ -68,7 +68,11 @@ def test_intervention_speedups_are_exact_only_where_both_runs_reached_the_goal()
     rlpd_reached = {101: 16_000, 102: None, 103: 12_000}
     rlpd_budget = {101: 20_000, 102: 20_000, 103: 20_000}
     arm_reached = {101: 4_000, 102: 5_000, 103: None}
-    assert hil.speedups(rlpd_reached, rlpd_budget, arm_reached) == [(4.0, True), (4.0, False), (None, False)]
+    assert intervention_study.speedups(rlpd_reached, rlpd_budget, arm_reached) == [
+        (4.0, True),
+        (4.0, False),
+        (None, False),
+    ]
 
 
 def test_held_from_is_the_first_evaluation_after_the_last_dip():
