@@ -34,8 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from flow_rl import ARMS as FLOW_ARMS
-from flow_rl import ENV, HELDOUT_RUNS, POLICIES, RL, demos_and_sft, sft_dir
+from harness.flow_recipe import DEMO_EPISODES, ENV, FLOW_SDE_SAMPLER, POLICIES, RL, SFT_STEPS, demos_and_sft, sft_dir
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout, heldout_eval
 from harness.reports import save_with_summary, write_report
 from harness.runs import RESULTS, RUNS, has_heldout, load_records, record_path, train
@@ -72,7 +71,7 @@ FLOW_SDE = [
     *ENV,
     *POLICIES["flow"],
     *(o for o in RL if not o.startswith(("seed=", "checkpoint_every="))),
-    *FLOW_ARMS["flow-sde"][1],
+    *FLOW_SDE_SAMPLER,
     f"checkpoint_every={GRID // FLOW_SDE_STEPS_PER_ITERATION}",
     "keep_checkpoints=100",
     f"init={sft_dir('flow')}",
@@ -83,6 +82,8 @@ VARIANTS = {  # DSRL settings tried on seed 1
     "gamma0.9": ["algo.gamma=0.9"],
 }
 CHOSEN: str | None = "gamma0.9"  # from the tuning table: 0.98 against gamma 0.99's 0.92 on seed 1
+# S0 comes from flow_rl.py's held-out records, read by their folder (a study never imports another)
+FLOW_RL_RECORDS = RESULTS / "runs" / "flow_rl_heldout"
 
 
 def steps_per_iteration(arm: str) -> int:
@@ -104,7 +105,7 @@ def tuning_score(record: dict) -> float:
 
 
 def tune() -> None:
-    demos_and_sft(50, 3000, ["flow"])
+    demos_and_sft(DEMO_EPISODES, SFT_STEPS, ["flow"])
     for variant, extra in VARIANTS.items():
         name = f"{FOLDER}/tune-{variant}"
         if record_path(name).is_file() and "variant" in json.loads(record_path(name).read_text()):
@@ -135,7 +136,7 @@ def grid_successes(arm: str, run_dir: Path) -> dict[str, float]:
 
 
 def heldout(parallel: int, seeds: tuple[int, ...]) -> None:
-    demos_and_sft(50, 3000, ["flow"])
+    demos_and_sft(DEMO_EPISODES, SFT_STEPS, ["flow"])
 
     def one(arm: str, seed: int) -> None:
         name = f"{FOLDER}/{arm}-s{seed}"
@@ -163,7 +164,7 @@ def reevaluate() -> None:
 
 def sft_success() -> dict[str, float]:
     """S0: the SFT flow on the held-out episodes, as flow_rl.py measured it."""
-    record = json.loads((HELDOUT_RUNS / "flow-sft.json").read_text())
+    record = json.loads((FLOW_RL_RECORDS / "flow-sft.json").read_text())
     return {mode: record["heldout"][mode]["success_rate"] for mode in ("deterministic", "sampled")}
 
 

@@ -32,8 +32,7 @@ from pathlib import Path
 
 import torch
 from harness.reports import save_with_summary
-from harness.runs import RESULTS
-from multitask_vla import SFT
+from harness.runs import RESULTS, RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
 GROUP_SIZE = 4
@@ -43,6 +42,7 @@ GAMMA = 0.8
 LAMBDAS = (0.0, 0.5, 0.9)
 SUCCESS_GAMMA, SUCCESS_LAMBDA = 0.99, 0.95  # the multitask PPO arm's (configs/experiment/multitask_token_vla_ppo.yaml)
 SUMMARY = RESULTS / "gradient_snr.json"
+SFT = RUNS / "multitask-sft-h128-s4"  # multitask_vla.py's SFT run, by its folder: the default checkpoint
 
 
 def load_policy(checkpoint: Path, temperature: float):

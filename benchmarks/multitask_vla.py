@@ -37,12 +37,12 @@ import os
 import sys
 from pathlib import Path
 
-import sft_rl
+from harness.commands import embodied, embodied_side_by_side
 from harness.heldout import HELDOUT_SEED
 from harness.reports import provenance, save_with_summary, write_report
 from harness.runs import RESULTS, RUNS, resumable
+from harness.sft_rl import Curve, cli, dataset_episodes, eval_curve, plot_curve
 from harness.stats import interval95, seed_cells
-from sft_rl import Curve, dataset_episodes, embodied, eval_curve
 
 DEMOS = RUNS / "multitask-demos1000"
 SFT = RUNS / "multitask-sft-h128-s4"
@@ -184,7 +184,7 @@ def side_by_side(commands: list[list[str]]) -> None:
     """As many at once as there are cores: each run's hour is about one core of the machine."""
     at_once = os.cpu_count() or 1
     for start in range(0, len(commands), at_once):
-        sft_rl.embodied_side_by_side(commands[start : start + at_once])
+        embodied_side_by_side(commands[start : start + at_once])
 
 
 def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
@@ -257,7 +257,7 @@ def report() -> None:
                     },
                 )
             )
-            sft_rl.plot_curve(by_steps, by_time, curve, label, **style)
+            plot_curve(by_steps, by_time, curve, label, **style)
             met = lift["greedy"] is not None and lift["greedy"] >= 20 and in_time
             for mode in ("greedy", "sampled"):
                 result = s1[mode]
@@ -479,7 +479,7 @@ def main() -> None:
             heldout()
         heldout_report()
         return
-    sft_rl.main(__doc__, list(ARMS), run, report, demos=1000, sft_steps=4000, steps=None)
+    cli(__doc__, list(ARMS), run, report, demos=1000, sft_steps=4000, steps=None)
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from harness.commands import embodied
 from harness.reports import save_with_summary
 from harness.runs import RESULTS
-from sft_rl import embodied
 
 from embodied.algos.grpo import GRPOConfig, grpo_loss
 from embodied.core.types import ActionChunk, EnvSpec, Observation
