@@ -20,11 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness.reports import (
-    bar_chart,
-    provenance,
-    provenance_line,
-)
+from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig

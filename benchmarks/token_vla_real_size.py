@@ -42,6 +42,7 @@ import torch
 from harness.commands import embodied
 from harness.reports import save_with_summary
 from harness.runs import RESULTS
+from harness.timing import timed
 
 from embodied.algos.grpo import GRPOConfig, grpo_loss
 from embodied.core.types import ActionChunk, EnvSpec, Observation
@@ -197,21 +198,6 @@ def observation(batch: int, cameras: bool, seed: int) -> Observation:
         images=images,
         instruction=[INSTRUCTIONS[TASKS[i * len(TASKS) // batch]] for i in range(batch)],
     )
-
-
-def timed(step: Callable[[], Any], device: torch.device, runs: int) -> tuple[list[float], Any]:
-    """Seconds of each of `runs` calls after one warm-up call, and the last call's result."""
-    result = step()
-    seconds = []
-    for _ in range(runs):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        result = step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - started)
-    return seconds, result
 
 
 def log_prob_gap(
