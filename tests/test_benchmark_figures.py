@@ -1,16 +1,19 @@
 """The arithmetic behind reported benchmark figures: a speed ratio against its bound,
 intervention speedups where a run missed its goal (a lower bound, never an exact figure), and
-the run records the reports are rebuilt from."""
+the run records the reports are rebuilt from; and the benchmarks' layout: studies share code
+only through benchmarks/harness/."""
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
 import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a study)
 import hil  # noqa: E402  (benchmarks/hil.py, a study)
 import placement  # noqa: E402  (benchmarks/placement.py, a study)
@@ -235,3 +238,51 @@ def test_a_run_records_the_code_it_was_trained_with_not_what_is_checked_out_when
     monkeypatch.setattr(runs.subprocess, "run", training)
     runs.train("long", [], 8)
     assert json.loads((tmp_path / "results" / "runs" / "long.json").read_text())["provenance"]["commit"] == "abc1234"
+
+
+def benchmark_imports() -> dict[str, set[str]]:
+    """Every module of benchmarks/ (a study `hil`, a harness module `harness.runs`) and the
+    modules of benchmarks/ it imports, at the top or inside a function."""
+    paths = {path.stem: path for path in BENCHMARKS.glob("*.py")}
+    paths.update(
+        {"harness" if p.stem == "__init__" else f"harness.{p.stem}": p for p in (BENCHMARKS / "harness").glob("*.py")}
+    )
+    graph = {}
+    for name, path in paths.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}: a relative import; the studies and the harness import absolutely"
+                imported |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        graph[name] = {module for module in imported if module in paths and module != name}
+    return graph
+
+
+def test_studies_share_code_only_through_the_harness():
+    """A study (a top-level benchmarks/*.py) imports the harness and installed packages, never
+    another study; the harness imports no study; and no study edits sys.path to find the harness."""
+    graph = benchmark_imports()
+    studies = {name for name in graph if not name.startswith("harness")}
+    assert {"ppo", "hil", "gpu_campaign"} <= studies and "harness.runs" in graph  # found them at all
+    crossing = {name: sorted(imported & studies) for name, imported in graph.items() if imported & studies}
+    assert not crossing, f"imports of studies (move what they share into benchmarks/harness/): {crossing}"
+    for study in studies:
+        assert "sys.path.insert" not in (BENCHMARKS / f"{study}.py").read_text(), study
+
+
+def test_the_benchmarks_have_no_import_cycle():
+    graph = benchmark_imports()
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError(f"import cycle: {' -> '.join([*path[path.index(name) :], name])}")
+        if name not in done:
+            for imported in sorted(graph[name]):
+                visit(imported, [*path, name])
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
