@@ -24,12 +24,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from harness.reports import save_with_summary
+from harness.runs import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.append(str(ROOT))  # for tests.policies; after the installed package, never before it
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS  # noqa: E402
 
 RUNS_FILE = RESULTS / "checkpoint_parity" / "runs.json"  # per-model, per-mode differences (committed)
 GOAL = 1e-5  # the largest action difference accepted, as in the tests

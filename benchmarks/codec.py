@@ -20,7 +20,7 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-from plots import provenance, provenance_line  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import provenance, provenance_line
 
 from embodied.core.codec import decode, encode, pack, unpack
 

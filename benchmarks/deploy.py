@@ -21,7 +21,7 @@ batch). Each server runs in
 its own process; the clients run as threads in up to `--client-procs` other processes, each
 closed-loop (the next request as soon as the reply is in). Every client warms up first; replies
 are then counted over a window of `--seconds` after a settling second. `--quick` is a ~1 minute
-smoke run. Writes benchmarks/results/deploy.{json,md,png} (deploy_report.py); `--report` rebuilds the
+smoke run. Writes benchmarks/results/deploy.{json,md,png} (harness/deploy_report.py); `--report` rebuilds the
 Markdown and the plot from deploy.json."""
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from plots import provenance  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.deploy_report import write
+from harness.reports import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
 IMAGES = ("base", "wrist")
@@ -444,8 +445,6 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="rebuild deploy.md and deploy.png from deploy.json")
     args = parser.parse_args()
     if args.report:
-        from deploy_report import write
-
         print("\n".join(write(RESULTS, json.loads((RESULTS / "deploy.json").read_text()))))
         return
     if args.quick:
@@ -539,8 +538,6 @@ def main() -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "deploy.json").write_text(json.dumps(result, indent=2))
-    from deploy_report import write
-
     print("\n".join(write(RESULTS, result)))
 
 

@@ -7,7 +7,7 @@ Both arms start from flow_rl.py's SFT flow (held-out S0 0.60 greedy, at the top 
   flow-sde  PPO fine-tunes the flow itself: flow_rl.py's recipe, unchanged
 
 Both arms are judged the same way: checkpoints every GRID env steps, each evaluated greedy
-on HELDOUT_EPISODES episodes of the held-out evaluation seed (ppo.HELDOUT_SEED), which no
+on HELDOUT_EPISODES episodes of the held-out evaluation seed (harness.heldout.HELDOUT_SEED), which no
 run or tuning draws from. The lift is the success over S0 at each checkpoint. Steps to the lift
 are the env steps of the first checkpoint at S0 plus Flow-SDE's final mean lift. The goal is
 that DSRL reaches that lift in fewer env steps than Flow-SDE. The final policies are also
@@ -30,31 +30,15 @@ import argparse
 import json
 import os
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flow_rl import ARMS as FLOW_ARMS  # noqa: E402
-from flow_rl import ENV, HELDOUT_RUNS, POLICIES, RL, demos_and_sft, sft_dir  # noqa: E402
-from plots import save_with_summary  # noqa: E402
-from ppo import (  # noqa: E402
-    HELDOUT_EPISODES,
-    HELDOUT_SEED,
-    RESULTS,
-    RUNS,
-    evaluate_heldout,
-    first_reaching,
-    has_heldout,
-    heldout_eval,
-    load_records,
-    mode_name,
-    record_path,
-    seed_cells,
-)
-from ppo import train as train_run  # noqa: E402
+from harness.flow_recipe import DEMO_EPISODES, ENV, FLOW_SDE_SAMPLER, POLICIES, RL, SFT_STEPS, demos_and_sft, sft_dir
+from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout, heldout_eval
+from harness.reports import save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, has_heldout, load_records, record_path, train
+from harness.stats import first_reaching, mode_name, seed_cells
 
 FOLDER = "dsrl"  # under RUNS (run directories) and RESULTS / "runs" (records)
 SEEDS = (101, 102, 103)
@@ -87,7 +71,7 @@ FLOW_SDE = [
     *ENV,
     *POLICIES["flow"],
     *(o for o in RL if not o.startswith(("seed=", "checkpoint_every="))),
-    *FLOW_ARMS["flow-sde"][1],
+    *FLOW_SDE_SAMPLER,
     f"checkpoint_every={GRID // FLOW_SDE_STEPS_PER_ITERATION}",
     "keep_checkpoints=100",
     f"init={sft_dir('flow')}",
@@ -98,6 +82,8 @@ VARIANTS = {  # DSRL settings tried on seed 1
     "gamma0.9": ["algo.gamma=0.9"],
 }
 CHOSEN: str | None = "gamma0.9"  # from the tuning table: 0.98 against gamma 0.99's 0.92 on seed 1
+# S0 comes from flow_rl.py's held-out records, read by their folder (a study never imports another)
+FLOW_RL_RECORDS = RESULTS / "runs" / "flow_rl_heldout"
 
 
 def steps_per_iteration(arm: str) -> int:
@@ -119,13 +105,13 @@ def tuning_score(record: dict) -> float:
 
 
 def tune() -> None:
-    demos_and_sft(50, 3000, ["flow"])
+    demos_and_sft(DEMO_EPISODES, SFT_STEPS, ["flow"])
     for variant, extra in VARIANTS.items():
         name = f"{FOLDER}/tune-{variant}"
         if record_path(name).is_file() and "variant" in json.loads(record_path(name).read_text()):
             continue
         overrides = [*DSRL, *extra, "seed=1"]
-        train_run(name, overrides, TUNE_STEPS)
+        train(name, overrides, TUNE_STEPS)
         record = json.loads(record_path(name).read_text())
         record_path(name).write_text(json.dumps({**record, "variant": variant, "overrides": overrides}))
 
@@ -150,14 +136,14 @@ def grid_successes(arm: str, run_dir: Path) -> dict[str, float]:
 
 
 def heldout(parallel: int, seeds: tuple[int, ...]) -> None:
-    demos_and_sft(50, 3000, ["flow"])
+    demos_and_sft(DEMO_EPISODES, SFT_STEPS, ["flow"])
 
     def one(arm: str, seed: int) -> None:
         name = f"{FOLDER}/{arm}-s{seed}"
         if has_heldout(name):
             return
         overrides = arm_settings(arm, seed)
-        train_run(name, overrides, ENV_STEPS, RESUME_WITH)
+        train(name, overrides, ENV_STEPS, RESUME_WITH)
         grid = grid_successes(arm, RUNS / name)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides, grid=grid, variant=CHOSEN)
 
@@ -178,7 +164,7 @@ def reevaluate() -> None:
 
 def sft_success() -> dict[str, float]:
     """S0: the SFT flow on the held-out episodes, as flow_rl.py measured it."""
-    record = json.loads((HELDOUT_RUNS / "flow-sft.json").read_text())
+    record = json.loads((FLOW_RL_RECORDS / "flow-sft.json").read_text())
     return {mode: record["heldout"][mode]["success_rate"] for mode in ("deterministic", "sampled")}
 
 
@@ -315,8 +301,7 @@ def report() -> None:
         "",
         "![held-out success of the checkpoints](dsrl.png)",
     ]
-    (RESULTS / "dsrl.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "dsrl.md").read_text())
+    write_report(RESULTS, "dsrl", lines)
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from plots import provenance, provenance_line  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TASK = "PickCube-v1"

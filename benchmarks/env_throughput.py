@@ -20,11 +20,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from plots import (
-    bar_chart,
-    provenance,
-    provenance_line,
-)  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig

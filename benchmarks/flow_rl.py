@@ -22,7 +22,7 @@ Every step is a normal command a user would type; the runs land in benchmarks/ru
 `heldout` checks the recipe above without changing it: the same demos and SFT, then RL on
 seeds 101-103 (never used to choose the recipe, which was settled on seed 1), and every
 policy, the SFT ones included, evaluated greedy and sampled on 100 episodes of an evaluation
-seed no run or tuning has drawn from (ppo.HELDOUT_SEED). Per-run results go to
+seed no run or tuning has drawn from (harness.heldout.HELDOUT_SEED). Per-run results go to
 results/runs/flow_rl_heldout/, from which `heldout report` rebuilds results/flow_rl_heldout.*."""
 
 from __future__ import annotations
@@ -33,27 +33,26 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from harness.commands import embodied
+from harness.flow_recipe import (
+    DEMO_EPISODES,
+    DEMOS,
+    ENV,
+    FLOW_SDE_SAMPLER,
+    POLICIES,
+    RL,
+    SFT_STEPS,
+    demos_and_sft,
+    sft_dir,
+)
+from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, heldout_results
+from harness.reports import provenance, save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, resumable
+from harness.sft_rl import cli, dataset_episodes, eval_curve, plot_curve
+from harness.stats import interval95
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sft_rl  # noqa: E402
-from plots import provenance, save_with_summary  # noqa: E402
-from ppo import HELDOUT_EPISODES, HELDOUT_SEED, RESULTS, RUNS, heldout_results, interval95, resumable  # noqa: E402
-from sft_rl import dataset_episodes, embodied, eval_curve  # noqa: E402
-
-DEMOS = RUNS / "flow-demos"
-ENV = ["env=maniskill_pickcube", "env.control_mode=pd_ee_delta_pos"]
-POLICIES = {"flow": ["policy=flow"], "diffusion": ["policy=diffusion"]}
-RL = [
-    "algo=ppo_maniskill",
-    "algo.lr=1e-4",
-    "algo.critic_warmup_iterations=3",
-    "eval_every=5",
-    "periodic_eval_episodes=32",
-    "checkpoint_every=10",
-    "seed=1",
-]
 ARMS = {
-    "flow-sde": ("flow", ["policy.sampler=flow_sde"]),
+    "flow-sde": ("flow", FLOW_SDE_SAMPLER),
     "flow-noise": ("flow", ["policy.sampler=flow_noise"]),
     "dppo": ("diffusion", ["algo.ratio=term", "algo.denoise_discount=0.99", "policy.finetune_steps=5"]),
 }
@@ -73,15 +72,6 @@ def final_success(run_dir: Path) -> float | None:
             f"output={report.parent}",
         )
     return json.loads(report.read_text())["overall"]["success_rate"] if report.is_file() else None
-
-
-def write_markdown(name: str, lines: list[str]) -> None:
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / f"{name}.md").read_text())
-
-
-def sft_dir(policy: str):
-    return RUNS / f"{policy}-sft"
 
 
 def run(demos: int, sft_steps: int, steps: int, arms: list[str]) -> None:
@@ -114,25 +104,6 @@ def rl(run_dir: Path, policy: str, overrides: list[str], steps: int) -> None:
             "eval_episodes=0",
             "logger.progress_bar=false",
         )
-
-
-def demos_and_sft(demos: int, sft_steps: int, policies: list[str]) -> None:
-    embodied("demos", *ENV, f"episodes={demos}", f"dataset={DEMOS}", "progress_bar=false")
-    for policy in policies:
-        sft = sft_dir(policy)
-        if resumable(sft):  # continue (or find finished) an interrupted run
-            embodied("sft", f"resume={sft}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
-        else:
-            embodied(
-                "sft",
-                *ENV,
-                *POLICIES[policy],
-                f"dataset={DEMOS}",
-                f"steps={sft_steps}",
-                f"run_dir={sft}",
-                "eval_episodes=0",
-                "logger.progress_bar=false",
-            )
 
 
 def report() -> None:
@@ -175,7 +146,7 @@ def report() -> None:
             "overrides": [*POLICIES[policy], *RL, *overrides],
             "curve": curve.as_json(),
         }
-        sft_rl.plot_curve(by_steps, by_time, curve, name)
+        plot_curve(by_steps, by_time, curve, name)
         rows.append(
             f"| {name} | {policy} | {s0:.2f} | {s1:.2f} | {100 * (s1 - s0):+.0f} | {curve.env_steps:,} | "
             f"{(curve.wall_time_s or 0) / 60:.0f} min | {'yes' if met else 'no'} |"
@@ -205,7 +176,7 @@ def report() -> None:
         "",
         "![curves](flow_rl.png)",
     ]
-    write_markdown("flow_rl", lines)
+    write_report(RESULTS, "flow_rl", lines)
 
 
 # ---- held out: the recipe above on fresh seeds, evaluated on episodes nothing was tuned on ----
@@ -326,7 +297,7 @@ def heldout_report() -> None:
         "",
         "![periodic evaluations](flow_rl_heldout.png)",
     ]
-    write_markdown("flow_rl_heldout", lines)
+    write_report(RESULTS, "flow_rl_heldout", lines)
 
 
 def main() -> None:
@@ -335,10 +306,10 @@ def main() -> None:
         if sys.argv[2:3] == ["reevaluate"]:
             reevaluate()
         elif sys.argv[2:3] != ["report"]:
-            heldout(demos=50, sft_steps=3000)
+            heldout(demos=DEMO_EPISODES, sft_steps=SFT_STEPS)
         heldout_report()
         return
-    sft_rl.main(__doc__, list(ARMS), run, report, demos=50, sft_steps=3000, steps=200_000)
+    cli(__doc__, list(ARMS), run, report, demos=DEMO_EPISODES, sft_steps=SFT_STEPS, steps=200_000)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import gpu_model_steps  # sibling modules: the scripts run as `python benchmarks/<name>.py`
-import gpu_sim_steps
-import gpu_steps
+from harness import gpu_model_steps, gpu_sim_steps, gpu_steps
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu"
 STEPS = {  # the campaign's order: what matters most comes first

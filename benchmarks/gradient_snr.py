@@ -26,19 +26,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from harness.reports import save_with_summary
+from harness.runs import RESULTS, RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multitask_vla import SFT  # noqa: E402
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS  # noqa: E402
-
 GROUP_SIZE = 4
 NUM_ENVS = 24
 EPISODE_STEPS = 50
@@ -46,6 +42,7 @@ GAMMA = 0.8
 LAMBDAS = (0.0, 0.5, 0.9)
 SUCCESS_GAMMA, SUCCESS_LAMBDA = 0.99, 0.95  # the multitask PPO arm's (configs/experiment/multitask_token_vla_ppo.yaml)
 SUMMARY = RESULTS / "gradient_snr.json"
+SFT = RUNS / "multitask-sft-h128-s4"  # multitask_vla.py's SFT run, by its folder: the default checkpoint
 
 
 def load_policy(checkpoint: Path, temperature: float):

@@ -45,60 +45,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
+from harness.intervention_study import Study, heldout, heldout_report, record_scripted_demos
+from harness.pushcube_sac import DEMOS, EXPERT, GOAL, RECIPE, ensure_expert, record_demos
+from harness.reports import save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, annotate, learner_curve, load, load_records, record_path, train
+from harness.stats import first_reaching, held_from
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
-from ppo import (  # noqa: E402
-    HELDOUT_EPISODES,
-    HELDOUT_SEED,
-    RESULTS,
-    RUNS,
-    annotate,
-    evaluate_heldout,
-    first_reaching,
-    has_heldout,
-    interval95,
-    learner_curve,
-    load,
-    load_records,
-    mode_name,
-    record_path,
-    seed_cells,
-    write_report,
-)
-from ppo import train as train_run  # noqa: E402
-
-EXPERT = RUNS / "pushcube-s1"
-DEMOS = RUNS / "hil-demos"
-GOAL = 0.9
-# Networks and batches sized for a CPU core per run (RLPD's own are 256 wide, batch 256).
-COMMON = [
-    "env=maniskill_pushcube",
-    "env.num_envs=4",
-    "env.num_workers=0",
-    "policy=squashed_gaussian",
-    "policy.hidden=[128,128]",
-    "algo=sac_rlpd",
-    "algo.critic_hidden=[128,128]",
-    "algo.batch_size=128",
-    "algo.gamma=0.9",
-    "algo.utd_ratio=2",
-    "eval_every=250",
-    "periodic_eval_episodes=16",
-    "checkpoint_every=250",
-    "runtime.torch_threads=1",
-    "seed=1",
-    "algo.bc_weight=1.0",
-]
 PRETRAIN = [f"algo.demos={DEMOS}", "algo.offline_pretrain_steps=2000", "algo.calql_alpha=5"]
 ARMS = {
     "hil-rlpd": [],
@@ -119,55 +76,10 @@ ARMS = {
 }
 
 
-def ensure_expert() -> None:
-    if not (EXPERT / "checkpoints" / "latest").is_file():
-        train_run(EXPERT.name, ["env=maniskill_pushcube", "seed=1"], 300_000)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def record_demos(episodes: int, root: Path = DEMOS) -> None:
-    """The expert, served, drives the simulated robot while the client records into `root`."""
-    if (root / "meta" / "info.json").is_file():
-        return
-    endpoint, client_output = f"tcp://127.0.0.1:{free_port()}", root.with_name(root.name + "-client")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={EXPERT}", f"endpoint={endpoint}", "device=cpu"]
-    )
-    try:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "embodied.cli",
-                "robot",
-                "robot=sim",
-                f"robot.env_from={EXPERT}",
-                f"server={endpoint}",
-                f"episodes={episodes}",
-                "control_hz=50",
-                f"record.dataset={root}",
-                f"output={client_output}",
-            ],
-            check=True,
-            stdin=subprocess.DEVNULL,
-            timeout=1800,
-        )
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    summary = json.loads((client_output / "summary.json").read_text())
-    print(f"demos: {len(summary['episodes'])} episodes, expert success {summary['success_rate']:.2f}")
-
-
 def run_arms(names: list[str], steps: int, parallel: int) -> None:
     def one(name: str) -> None:
         started = time.time()
-        train_run(name, [*COMMON, *ARMS[name]], steps)
+        train(name, [*RECIPE, *ARMS[name]], steps)
         print(f"[{name}] finished in {(time.time() - started) / 60:.0f} min", flush=True)
 
     with ThreadPoolExecutor(parallel) as pool:
@@ -183,17 +95,6 @@ def intervention_rate(name: str) -> float | None:
     rates = [json.loads(line).get("replay/intervened") for line in path.read_text().splitlines()]
     rates = [r for r in rates if r is not None]
     return sum(rates) / len(rates) if rates else None
-
-
-def held_from(curve: list[dict], threshold: float) -> int | None:
-    """The first evaluation from which success never fell below `threshold` again."""
-    held = None
-    for point in curve:
-        if point["eval/success_rate"] < threshold:
-            held = None
-        elif held is None:
-            held = point["env_steps"]
-    return held
 
 
 def report() -> None:
@@ -278,13 +179,11 @@ def report() -> None:
         "",
         "![curves](hil.png)",
     ]
-    (RESULTS / "hil.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "hil.md").read_text())
+    write_report(RESULTS, "hil", lines)
 
 
 # ---- held out: the intervention arms on fresh seeds, final policies on unseen episodes ----
 HELDOUT_SEEDS = (101, 102, 103)
-SPEEDUP_GOAL = 2.0  # interventions cut the env steps to 90% at least this much
 
 # From pixels (PickCube-v1, 64 px RGB; the real robot's case): 20 scripted demos in both arms,
 # and in one of them the scripted expert, which reads privileged state, corrects at most 5
@@ -295,7 +194,7 @@ PIXEL_ENV = [*PICKCUBE, "env.obs_mode=rgb", "env.image_size=64"]
 PIXEL_EVERY = 2_500  # env steps between periodic evaluations and checkpoints
 # hil.py's recipe on PickCube, whatever the observations
 PICKCUBE_RECIPE = [
-    *(o for o in COMMON if not o.startswith(("env=", "eval_every=", "checkpoint_every="))),
+    *(o for o in RECIPE if not o.startswith(("env=", "eval_every=", "checkpoint_every="))),
     f"eval_every={PIXEL_EVERY // 4}",
     f"checkpoint_every={PIXEL_EVERY // 4}",
 ]
@@ -318,25 +217,6 @@ STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
 SERL_TEMPERATURE = ["algo.init_temperature=0.01", "algo.backup_entropy=false"]
 
 
-@dataclass(frozen=True)
-class Study:
-    """Arms on the held-out seeds: the first arm is plain RLPD, the others are compared with it."""
-
-    name: str  # results/<name>.{json,md,png}; records in results/runs/<name>/, runs in RUNS/<name>/
-    task: str
-    common: list[str]
-    arms: dict[str, list[str]]
-    steps: int  # env steps per run
-    eval_every: int  # env steps between periodic evaluations
-    recipe: str  # how the settings came about, for the report
-    resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (ppo.train)
-    # (where, the env overrides) of the scripted expert's demos it records; none: the PPO expert's
-    scripted_demos: tuple[Path, list[str]] | None = None
-
-    def run_name(self, arm: str, seed: int) -> str:
-        return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
-
-
 PICKCUBE_STATE = Study(
     "hil_pickcube_state",
     "PickCube-v1 from state",
@@ -353,7 +233,7 @@ STUDIES = {
     "heldout": Study(
         "hil_heldout",
         "PushCube-v1",
-        COMMON,
+        RECIPE,
         {arm: ARMS[arm] for arm in ("hil-rlpd", "hil-rlpd-oracle", "hil-rlpd-corrections")},
         20_000,
         1_000,
@@ -437,44 +317,6 @@ TUNING_ARMS = {
 TUNING_DEMOS = {MANY_STATE_DEMOS: (PICKCUBE, 200)}
 
 
-def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
-    """The scripted expert's episodes, with camera frames where `env` renders them (`embodied demos`)."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "embodied.cli",
-            "demos",
-            *env,
-            f"episodes={episodes}",
-            f"dataset={root}",
-            "progress_bar=false",
-        ],
-        check=True,
-    )
-
-
-def heldout(study: Study, parallel: int, seeds: tuple[int, ...] = HELDOUT_SEEDS) -> None:
-    """Train what is missing, evaluate each final policy held out, annotate its record."""
-
-    def one(arm: str, seed: int) -> None:
-        name = study.run_name(arm, seed)
-        if has_heldout(name):
-            return
-        overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={seed}", *study.arms[arm]]
-        train_run(name, overrides, study.steps, study.resume_with)
-        evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
-
-    if study.scripted_demos:
-        record_scripted_demos(*study.scripted_demos)
-    else:
-        ensure_expert()
-    with ThreadPoolExecutor(parallel) as pool:
-        jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in study.arms]
-        for job in jobs:
-            job.result()
-
-
 def tuning_folder(study: Study) -> str:
     return f"{study.name}_tuning"
 
@@ -492,7 +334,7 @@ def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
         name = tuning_run(study, arm)
         extra = TUNING_ARMS[key][arm]
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
-        train_run(name, overrides, study.steps, study.resume_with)
+        train(name, overrides, study.steps, study.resume_with)
         annotate(name, arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner_curve(name, 500))
 
     if study.scripted_demos:
@@ -569,148 +411,7 @@ def tune_report(key: str) -> None:
         "",
         f"![tuning runs]({name}.png)",
     ]
-    write_report(name, lines)
-
-
-def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached: dict[int, int | None]) -> list:
-    """Per seed: (ratio, exact). Where plain RLPD missed the goal its budget stands in, so the
-    ratio is a lower bound; where the arm missed it, there is no ratio."""
-    out = []
-    for seed, steps in arm_reached.items():
-        if steps is None:
-            out.append((None, False))
-        elif reached[seed] is None:
-            out.append((budget[seed] / steps, False))
-        else:
-            out.append((reached[seed] / steps, True))
-    return out
-
-
-def heldout_report(study: Study) -> None:
-    """results/<study>.{json,md,png}, rebuilt from results/runs/<study>/."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = [r for r in load_records(study.name) if "heldout" in r]
-    if not records:
-        print(f"no {study.name} runs collected")
-        return
-    arms = list(study.arms)
-    plain = arms[0]
-    summary: dict = {
-        "task": study.task,
-        "goal": GOAL,
-        "speedup_goal": SPEEDUP_GOAL,
-        "heldout_seed": HELDOUT_SEED,
-        "heldout_episodes": HELDOUT_EPISODES,
-        "arms": {},
-    }
-    reached: dict[str, dict[int, int | None]] = {}
-    budget: dict[str, dict[int, int]] = {}
-    rows, heldout_rows = [], []
-    fig, axes = plt.subplots(1, len(arms), figsize=(5 * len(arms), 3.6), sharey=True)
-    for ax, arm in zip(axes, arms):
-        members = sorted((r for r in records if r["arm"] == arm), key=lambda r: r["seed"])
-        if not members:
-            continue
-        curves = {r["seed"]: [p for p in r["curve"] if "eval/success_rate" in p] for r in members}
-        reached[arm] = {seed: first_reaching(c, "eval/success_rate", GOAL) for seed, c in curves.items()}
-        budget[arm] = {r["seed"]: r["curve"][-1]["env_steps"] for r in members}
-        shares = [r["intervened_mean"] for r in members]
-        entry: dict = {
-            "seeds": list(curves),
-            "env_steps_to_goal": list(reached[arm].values()),
-            "held_from": [held_from(c, GOAL) for c in curves.values()],
-            "final_periodic_success": [c[-1]["eval/success_rate"] for c in curves.values()],
-            "intervention_share": shares,
-            "wall_time_s": [r["wall_time_s"] for r in members],
-        }
-        for mode in ("deterministic", "sampled"):
-            values = [r["heldout"][mode]["success_rate"] for r in members]
-            entry[mode] = {"per_seed": values, "mean": float(np.mean(values)), "interval95": interval95(values)}
-            met = "-" if mode == "sampled" else ("yes" if np.mean(values) >= GOAL else "**no**")
-            heldout_rows.append(f"| {arm.removeprefix('hil-')} | {mode_name(mode)} | {seed_cells(values)} | {met} |")
-        summary["arms"][arm] = entry
-        steps_text = ", ".join(
-            f"{s:,}" if s else f"not within {budget[arm][seed]:,}" for seed, s in reached[arm].items()
-        )
-        rows.append(
-            f"| {arm.removeprefix('hil-')} | {steps_text} | "
-            f"{', '.join(f'{v:.2f}' for v in entry['final_periodic_success'])} | "
-            f"{', '.join(f'{v:.0%}' for v in shares)} | "
-            f"{', '.join(f'{w / 60:.0f}' for w in entry['wall_time_s'])} min |"
-        )
-        for seed, curve in curves.items():
-            ax.plot([p["env_steps"] for p in curve], [p["eval/success_rate"] for p in curve], label=f"seed {seed}")
-        ax.axhline(GOAL, color="grey", linestyle="--", linewidth=1)
-        ax.set_title(arm.removeprefix("hil-"))
-        ax.set_xlabel("env steps")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("periodic eval success (16 episodes)")
-    fig.suptitle(f"{study.task}, interventions on fresh seeds (periodic evals; held-out figures in the table)")
-    ratio_rows = []
-    for arm in arms[1:]:
-        if arm not in reached or plain not in reached:
-            continue
-        per_seed = speedups(reached[plain], budget[plain], reached[arm])
-        values = [r for r, _ in per_seed if r is not None]
-        exact = all(e for _, e in per_seed)
-        mean = float(np.mean(values)) if len(values) == len(per_seed) else None
-        summary["arms"][arm]["speedup_over_rlpd"] = {
-            "per_seed": [r for r, _ in per_seed],
-            "exact": [e for _, e in per_seed],
-            "mean": mean,
-            "goal_met": mean is not None and mean >= SPEEDUP_GOAL,
-        }
-        text = ", ".join("-" if r is None else f"{'' if e else '>= '}{r:.1f}x" for r, e in per_seed)
-        mean_text = "-" if mean is None else f"{'' if exact else '>= '}{mean:.1f}x"
-        verdict = "yes" if mean is not None and mean >= SPEEDUP_GOAL else "**no**"
-        ratio_rows.append(
-            f"| {plain.removeprefix('hil-')} -> {arm.removeprefix('hil-')} | {text} | {mean_text} | {verdict} |"
-        )
-    commits = sorted({r["provenance"]["commit"] for r in records})
-    summary.update({"commits": commits, "machine": records[0]["provenance"]["machine"]})
-    save_with_summary(fig, RESULTS, study.name, summary)
-    seeds = ", ".join(map(str, sorted({r["seed"] for r in records})))
-    command = next(key for key, value in STUDIES.items() if value is study)
-    lines = [
-        f"# Human-in-the-loop on fresh seeds, held out ({study.task})",
-        "",
-        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/hil.py {command}`.",
-        "",
-        f"{study.recipe}, on training seeds {seeds}. "
-        "Steps to 90%: the first periodic evaluation (16 episodes drawn from the run's own seed, every "
-        f"{study.eval_every:,} env steps) with >= 90% success; those episodes were never used to choose the "
-        "settings. The final policies are "
-        f"also evaluated on {HELDOUT_EPISODES} episodes of evaluation seed {HELDOUT_SEED}, which no run or tuning has "
-        "drawn from. Intervals are Student's t over the seeds, cut to [0, 1].",
-        "",
-        "| arm | env steps to 90% (per seed) | final periodic success | steps the operator drove | wall time |",
-        "| --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-        f"## Interventions against RLPD without an operator (goal: >= {SPEEDUP_GOAL:g}x fewer env steps to 90%, "
-        "mean over seeds)",
-        "",
-        "`>=` marks a lower bound: RLPD without an operator did not reach 90% within its budget, which stands in "
-        "for its steps.",
-        "",
-        "| comparison | per seed | mean | goal met |",
-        "| --- | --- | ---: | --- |",
-        *ratio_rows,
-        "",
-        f"## Final policies, held out ({HELDOUT_EPISODES} episodes of seed {HELDOUT_SEED}; goal 90% greedy)",
-        "",
-        "| arm | mode | per seed | mean | min | max | 95% interval of the mean | goal met |",
-        "| --- | --- | --- | ---: | ---: | ---: | --- | --- |",
-        *heldout_rows,
-        "",
-        f"![periodic evaluations]({study.name}.png)",
-    ]
-    write_report(study.name, lines)
+    write_report(RESULTS, name, lines)
 
 
 def main() -> None:
@@ -743,7 +444,7 @@ def main() -> None:
             parser.error(f"after a study only 'report' may follow, got {' '.join(args.then)}")
         if args.then != ["report"]:
             heldout(study, args.parallel, tuple(args.seeds))
-        heldout_report(study)
+        heldout_report(study, args.command)
         return
     if args.command == "run":
         ensure_expert()

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from plots import bar_chart  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import bar_chart
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -26,7 +26,7 @@ step is a command a user would type; the runs land in benchmarks/runs/.
 `heldout` checks the committed recipe (`ppo`, settled on seeds 1-3 and the 144 episodes above)
 without changing it: the same demos and SFT, then RL on seeds 101-103, and the SFT policy and
 each final policy evaluated greedy and sampled on 144 episodes of an evaluation seed no run or
-tuning has drawn from (ppo.HELDOUT_SEED). Per-run results go to
+tuning has drawn from (harness.heldout.HELDOUT_SEED). Per-run results go to
 results/runs/multitask_vla_heldout/, from which `heldout report` rebuilds
 results/multitask_vla_heldout.*."""
 
@@ -37,11 +37,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import sft_rl  # noqa: E402
-from plots import provenance, save_with_summary  # noqa: E402
-from ppo import HELDOUT_SEED, RESULTS, RUNS, interval95, resumable, seed_cells  # noqa: E402
-from sft_rl import Curve, dataset_episodes, embodied, eval_curve  # noqa: E402
+from harness.commands import embodied, embodied_side_by_side
+from harness.heldout import HELDOUT_SEED
+from harness.reports import provenance, save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, resumable
+from harness.sft_rl import Curve, cli, dataset_episodes, eval_curve, plot_curve
+from harness.stats import interval95, seed_cells
 
 DEMOS = RUNS / "multitask-demos1000"
 SFT = RUNS / "multitask-sft-h128-s4"
@@ -183,7 +184,7 @@ def side_by_side(commands: list[list[str]]) -> None:
     """As many at once as there are cores: each run's hour is about one core of the machine."""
     at_once = os.cpu_count() or 1
     for start in range(0, len(commands), at_once):
-        sft_rl.embodied_side_by_side(commands[start : start + at_once])
+        embodied_side_by_side(commands[start : start + at_once])
 
 
 def run(demos: int, sft_steps: int, steps: int | None, arms: list[str]) -> None:
@@ -256,7 +257,7 @@ def report() -> None:
                     },
                 )
             )
-            sft_rl.plot_curve(by_steps, by_time, curve, label, **style)
+            plot_curve(by_steps, by_time, curve, label, **style)
             met = lift["greedy"] is not None and lift["greedy"] >= 20 and in_time
             for mode in ("greedy", "sampled"):
                 result = s1[mode]
@@ -345,8 +346,7 @@ def report() -> None:
         *([KEPT_NOTE, ""] if any(run["from_committed_results"] for run in summary["runs"].values()) else []),
         "![curves](multitask_vla.png)",
     ]
-    (RESULTS / "multitask_vla.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "multitask_vla.md").read_text())
+    write_report(RESULTS, "multitask_vla", lines)
 
 
 HELDOUT_ARM = "ppo"  # the committed recipe
@@ -469,8 +469,7 @@ def heldout_report() -> None:
         "",
         "![curves](multitask_vla_heldout.png)",
     ]
-    (RESULTS / "multitask_vla_heldout.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "multitask_vla_heldout.md").read_text())
+    write_report(RESULTS, "multitask_vla_heldout", lines)
 
 
 def main() -> None:
@@ -480,7 +479,7 @@ def main() -> None:
             heldout()
         heldout_report()
         return
-    sft_rl.main(__doc__, list(ARMS), run, report, demos=1000, sft_steps=4000, steps=None)
+    cli(__doc__, list(ARMS), run, report, demos=1000, sft_steps=4000, steps=None)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from harness.reports import save_with_summary
+from harness.runs import RESULTS, RUNS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS, RUNS  # noqa: E402
-
 REFERENCE_PYTHON = ROOT / ".venv-pi0ref" / "bin" / "python"
 MODELS = {"pi0": 48, "pi05": 200}  # instruction tokens: pi0.5's prompt carries the state
 CAMERAS, IMAGE_SIZE, HORIZON, STEPS, PADDED = 2, 224, 50, 10, 32

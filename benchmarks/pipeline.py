@@ -32,20 +32,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plots import (  # sibling module: the scripts run as `python benchmarks/<name>.py`
-    bar_chart,
-    provenance,
-    provenance_line,
-)
+from harness.pipelining import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step
+from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
-from embodied.runtime.configs import LocalRuntimeConfig
-from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STAGES = LocalRuntimeConfig.pipeline_stages  # the runtime's default grouping of env workers
 
 
 class OffCPUInference:
@@ -65,28 +59,6 @@ class OffCPUInference:
 
     def value(self, observation):
         return self.policy.value(observation)
-
-
-def seconds_per_call(function, repeats: int = 20) -> float:
-    function()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        function()
-    return (time.perf_counter() - started) / repeats
-
-
-def rollout_rates(env, policy, steps: int, device: str = "cpu", stages: int = STAGES) -> dict[str, float]:
-    rates: dict[str, float] = {}
-    for pipeline in (False, True, False, True):  # interleaved, best of two each
-        rollout = Rollout(env, policy, torch.device(device), pipeline=pipeline, pipeline_stages=stages)
-        rollout.start()
-        rollout.collect(3)
-        started = time.perf_counter()
-        _, _, env_steps = rollout.collect(steps)
-        rate = env_steps / (time.perf_counter() - started)
-        key = "pipelined" if pipeline else "sequential"
-        rates[key] = max(rates.get(key, 0.0), rate)
-    return rates
 
 
 def cpu_policy_as_slow_as(seconds: float, observation, spec) -> tuple[MLPGaussianPolicy, int, float]:
@@ -132,24 +104,6 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         "speedup": {name: r["pipelined"] / r["sequential"] for name, r in rates.items()},
         "bound": {name: pipelining_bound(step_s, stage_s, seconds, stages) for name, seconds in inference.items()},
     }
-
-
-def stage_step(env, stage: int, actions: np.ndarray) -> None:
-    """One worker's share of the envs stepped alone, the others idle."""
-    env.send_stage_step(stage, actions[env.stage_rows(stage)])
-    env.receive_stage_step(stage)
-
-
-def pipelining_bound(
-    step_s: float, stage_s: float, inference_s: float, stages: int, stage_inference_s: float | None = None
-) -> float:
-    """The best pipelined / sequential ratio these times allow: sequential pays the whole
-    batch's step and inference one after the other; pipelined, each stage's step and its own
-    inference, while the policy infers for every stage in turn. `stage_inference_s`: one
-    stage's inference where measured (a GPU's small batches do not cost their share of the
-    whole batch's); else its share."""
-    stage_inference_s = inference_s / stages if stage_inference_s is None else stage_inference_s
-    return (step_s + inference_s) / max(stages * stage_inference_s, stage_s + stage_inference_s)
 
 
 def main() -> None:

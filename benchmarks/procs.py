@@ -20,11 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plots import (
-    bar_chart,
-    provenance,
-    provenance_line,
-)  # sibling module: the scripts run as `python benchmarks/<name>.py`
+from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, to_schema, to_yaml

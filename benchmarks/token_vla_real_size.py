@@ -39,17 +39,16 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+from harness.commands import embodied
+from harness.reports import save_with_summary
+from harness.runs import RESULTS
+from harness.timing import timed
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plots import save_with_summary  # noqa: E402
-from ppo import RESULTS  # noqa: E402
-from sft_rl import embodied  # noqa: E402
-
-from embodied.algos.grpo import GRPOConfig, grpo_loss  # noqa: E402
-from embodied.core.types import ActionChunk, EnvSpec, Observation  # noqa: E402
-from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy  # noqa: E402
-from embodied.runtime.wire import published_weights  # noqa: E402
-from embodied.sim.maniskill_common import INSTRUCTIONS  # noqa: E402
+from embodied.algos.grpo import GRPOConfig, grpo_loss
+from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
+from embodied.runtime.wire import published_weights
+from embodied.sim.maniskill_common import INSTRUCTIONS
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
@@ -199,21 +198,6 @@ def observation(batch: int, cameras: bool, seed: int) -> Observation:
         images=images,
         instruction=[INSTRUCTIONS[TASKS[i * len(TASKS) // batch]] for i in range(batch)],
     )
-
-
-def timed(step: Callable[[], Any], device: torch.device, runs: int) -> tuple[list[float], Any]:
-    """Seconds of each of `runs` calls after one warm-up call, and the last call's result."""
-    result = step()
-    seconds = []
-    for _ in range(runs):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        result = step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - started)
-    return seconds, result
 
 
 def log_prob_gap(

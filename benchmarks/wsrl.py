@@ -29,40 +29,23 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
     python benchmarks/wsrl.py report
     python benchmarks/wsrl.py collapse --parallel 2
 
-The expert and its recorded demos are hil.py's (a PPO run of the main job, served by
-`embodied serve`, driving `embodied robot robot=sim` while it records)."""
+The expert and its recorded demos are hil.py's (harness/pushcube_sac.py: a PPO run of the
+main job, served by `embodied serve`, driving `embodied robot robot=sim` while it records)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hil import COMMON, GOAL, ensure_expert, held_from, record_demos  # noqa: E402
-from plots import save_with_summary  # noqa: E402
-from ppo import (  # noqa: E402
-    HELDOUT_EPISODES,
-    HELDOUT_SEED,
-    RESULTS,
-    RUNS,
-    annotate,
-    evaluate_heldout,
-    first_reaching,
-    has_heldout,
-    interval95,
-    learner_curve,
-    load_records,
-    mode_name,
-    record_path,
-    seed_cells,
-)
-from ppo import train as train_run  # noqa: E402
+from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
+from harness.pushcube_sac import GOAL, RECIPE, ensure_expert, record_demos
+from harness.reports import save_with_summary, write_report
+from harness.runs import RESULTS, RUNS, annotate, has_heldout, learner_curve, load_records, record_path, train
+from harness.stats import first_reaching, held_from, interval95, mode_name, seed_cells
 
 VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
     "d20-p2k": (20, 2_000),  # hil.py's
@@ -96,7 +79,7 @@ def pretraining(variant: str) -> list[str]:
 def settings(seed: int, extra: list[str]) -> list[str]:
     """hil.py's settings with the run's seed; a key in `extra` replaces hil.py's value."""
     replaced = {"seed", *(o.split("=", 1)[0] for o in extra)}
-    return [*(o for o in COMMON if o.split("=", 1)[0] not in replaced), f"seed={seed}", *extra]
+    return [*(o for o in RECIPE if o.split("=", 1)[0] not in replaced), f"seed={seed}", *extra]
 
 
 def prepare(variants: list[str]) -> None:
@@ -113,7 +96,7 @@ def tune() -> None:
         if record_path(name).is_file() and "variant" in json.loads(record_path(name).read_text()):
             continue
         overrides = settings(1, [*pretraining(variant), *ARMS["wsrl"]])
-        train_run(name, overrides, WARMUP)
+        train(name, overrides, WARMUP)
         record = json.loads(record_path(name).read_text())
         record_path(name).write_text(json.dumps({**record, "variant": variant, "overrides": overrides}))
 
@@ -135,7 +118,7 @@ def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS) -> None:
         if has_heldout(name):
             return
         overrides = settings(seed, [*pretraining(PRETRAIN), *ARMS[arm]])
-        train_run(name, overrides, ENV_STEPS)
+        train(name, overrides, ENV_STEPS)
         evaluate_heldout(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides)
 
     with ThreadPoolExecutor(parallel) as pool:
@@ -252,8 +235,7 @@ def report() -> None:
         "",
         "![periodic evaluations](wsrl.png)",
     ]
-    (RESULTS / "wsrl.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "wsrl.md").read_text())
+    write_report(RESULTS, "wsrl", lines)
 
 
 ACTION_DIM = 8  # PushCube-v1 under pd_joint_delta_pos: the uniform policy's entropy is 8 ln 2 nats
@@ -294,7 +276,7 @@ def collapse_run(variant: str) -> None:
     """One variant's run through the dip window, and its record with the learner's metrics."""
     name, extra = collapse_name(variant), COLLAPSE_VARIANTS[variant]
     overrides = settings(1, [*pretraining(PRETRAIN), *ARMS["wsrl"], *extra])
-    train_run(name, overrides, WARMUP + DIP_WINDOW)
+    train(name, overrides, WARMUP + DIP_WINDOW)
     annotate(name, collapse_variant=variant, overrides=overrides, learner=learner_curve(name, 100))
 
 
@@ -369,8 +351,7 @@ def collapse_report() -> None:
         "",
         "![success, entropy and temperature](wsrl_collapse.png)",
     ]
-    (RESULTS / "wsrl_collapse.md").write_text("\n".join(lines) + "\n")
-    print((RESULTS / "wsrl_collapse.md").read_text())
+    write_report(RESULTS, "wsrl_collapse", lines)
 
 
 def main() -> None:

@@ -1,20 +1,23 @@
 """The arithmetic behind reported benchmark figures: a speed ratio against its bound,
 intervention speedups where a run missed its goal (a lower bound, never an exact figure), and
-the run records the reports are rebuilt from."""
+the run records the reports are rebuilt from; and the benchmarks' layout: studies share code
+only through benchmarks/harness/."""
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a script)
-import hil  # noqa: E402  (benchmarks/hil.py, a script)
-import placement  # noqa: E402  (benchmarks/placement.py, a script)
-import ppo  # noqa: E402  (benchmarks/ppo.py, a script)
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a study)
+import hil  # noqa: E402  (benchmarks/hil.py, a study)
+import placement  # noqa: E402  (benchmarks/placement.py, a study)
+from harness import intervention_study, runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
 
 
 def row(name: str, seconds: float, copies: float = 0.0) -> dict:
@@ -68,13 +71,17 @@ def test_intervention_speedups_are_exact_only_where_both_runs_reached_the_goal()
     rlpd_reached = {101: 16_000, 102: None, 103: 12_000}
     rlpd_budget = {101: 20_000, 102: 20_000, 103: 20_000}
     arm_reached = {101: 4_000, 102: 5_000, 103: None}
-    assert hil.speedups(rlpd_reached, rlpd_budget, arm_reached) == [(4.0, True), (4.0, False), (None, False)]
+    assert intervention_study.speedups(rlpd_reached, rlpd_budget, arm_reached) == [
+        (4.0, True),
+        (4.0, False),
+        (None, False),
+    ]
 
 
 def test_held_from_is_the_first_evaluation_after_the_last_dip():
     curve = [{"env_steps": s, "eval/success_rate": v} for s, v in [(1, 0.5), (2, 0.95), (3, 0.8), (4, 0.9), (5, 1.0)]]
-    assert hil.held_from(curve, 0.9) == 4
-    assert hil.held_from(curve[:3], 0.9) is None
+    assert stats.held_from(curve, 0.9) == 4
+    assert stats.held_from(curve[:3], 0.9) is None
 
 
 def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statistics():
@@ -84,9 +91,9 @@ def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statisti
     ]
     for i in range(499, 5000, 500):
         lines[i]["eval/success_rate"] = i / 5000
-    record = ppo.compact(lines)
+    record = runs.compact(lines)
     curve = record["curve"]
-    assert len(curve) <= ppo.TRAINING_POINTS + 1 + 10
+    assert len(curve) <= runs.TRAINING_POINTS + 1 + 10
     assert [p["eval/success_rate"] for p in curve if "eval/success_rate" in p] == [
         i / 5000 for i in range(499, 5000, 500)
     ]
@@ -97,7 +104,7 @@ def test_a_compact_run_record_keeps_every_evaluation_and_the_whole_logs_statisti
 
 
 def benchmark_settings() -> dict[str, list[str]]:
-    import dsrl  # noqa: PLC0415  (benchmarks/dsrl.py, a script)
+    import dsrl  # noqa: PLC0415  (benchmarks/dsrl.py, a study)
 
     settings = {
         f"hil {name} {arm}": [*study.common, *overrides]
@@ -151,7 +158,7 @@ def test_the_serl_study_is_the_state_study_with_the_temperature_tuning_chose():
 def test_a_report_without_its_runs_leaves_the_committed_summary_alone(tmp_path, monkeypatch):
     # a clone holds no run records for hil.py's first study: its report must not overwrite
     # the committed figures with empty ones
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path)
+    monkeypatch.setattr(runs, "RESULTS", tmp_path)
     monkeypatch.setattr(hil, "RESULTS", tmp_path)
     (tmp_path / "hil.md").write_text("committed")
     with pytest.raises(SystemExit, match="nothing to report"):
@@ -165,8 +172,8 @@ def test_a_run_record_takes_its_wall_time_from_the_trainers_clock_not_from_a_res
     import json
     import os
 
-    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
     run = tmp_path / "runs" / "resumed"
     (run / "checkpoints").mkdir(parents=True)
     lines = [{"env_steps": 4 * i, "train/elapsed_s": 10.0 * i} for i in range(1, 6)]
@@ -175,7 +182,7 @@ def test_a_run_record_takes_its_wall_time_from_the_trainers_clock_not_from_a_res
     (run / "config.yaml").write_text("seed: 1\n")
     os.utime(run / "checkpoints" / "latest", (1000, 1000))  # the last checkpoint, before the resume
     os.utime(run / "config.yaml", (5000, 5000))
-    ppo.collect("resumed")
+    runs.collect("resumed")
     assert json.loads((tmp_path / "results" / "runs" / "resumed.json").read_text())["wall_time_s"] == 50.0
 
 
@@ -184,8 +191,8 @@ def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_a
     commit, and the old held-out figures belong to the other training."""
     import json
 
-    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
     run = tmp_path / "runs" / "again"
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 4, "train/elapsed_s": 7.0}) + "\n")
@@ -193,9 +200,9 @@ def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_a
     record.parent.mkdir(parents=True)
     earlier = {"provenance": {"commit": "0000000"}, "heldout": {"seed": 1}, "seed": 101}
     record.write_text(json.dumps(earlier))
-    ppo.collect("again")  # a resume of the same training keeps them
+    runs.collect("again")  # a resume of the same training keeps them
     assert json.loads(record.read_text())["provenance"] == {"commit": "0000000"}
-    ppo.collect("again", fresh=True)
+    runs.collect("again", fresh=True)
     collected = json.loads(record.read_text())
     assert "heldout" not in collected and "seed" not in collected
     assert collected["provenance"]["commit"] != "0000000" and collected["wall_time_s"] == 7.0
@@ -206,9 +213,9 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
     from results/runs/ alone (no run directory)."""
     import shutil
 
-    committed = ppo.RESULTS
+    committed = runs.RESULTS
     shutil.copytree(committed / "runs" / "hil_pickcube_state_tuning", tmp_path / "runs" / "hil_pickcube_state_tuning")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path)
+    monkeypatch.setattr(runs, "RESULTS", tmp_path)
     monkeypatch.setattr(hil, "RESULTS", tmp_path)
     hil.tune_report("pickcube-state")
     name = "hil_pickcube_state_tuning.md"
@@ -222,16 +229,64 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
 def test_a_run_records_the_code_it_was_trained_with_not_what_is_checked_out_when_it_ends(tmp_path, monkeypatch):
     import json
 
-    monkeypatch.setattr(ppo, "RUNS", tmp_path / "runs")
-    monkeypatch.setattr(ppo, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(runs, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(runs, "RESULTS", tmp_path / "results")
     commits = iter(["abc1234", "def5678+changes"])  # a commit lands while the run trains
-    monkeypatch.setattr(ppo, "provenance", lambda script: {"commit": next(commits), "machine": "m", "command": script})
+    monkeypatch.setattr(runs, "provenance", lambda script: {"commit": next(commits), "machine": "m", "command": script})
 
     def training(command, **kwargs):
         run = tmp_path / "runs" / "long"
         run.mkdir(parents=True)
         (run / "metrics.jsonl").write_text(json.dumps({"env_steps": 8, "train/elapsed_s": 3.0}) + "\n")
 
-    monkeypatch.setattr(ppo.subprocess, "run", training)
-    ppo.train("long", [], 8)
+    monkeypatch.setattr(runs.subprocess, "run", training)
+    runs.train("long", [], 8)
     assert json.loads((tmp_path / "results" / "runs" / "long.json").read_text())["provenance"]["commit"] == "abc1234"
+
+
+def benchmark_imports() -> dict[str, set[str]]:
+    """Every module of benchmarks/ (a study `hil`, a harness module `harness.runs`) and the
+    modules of benchmarks/ it imports, at the top or inside a function."""
+    paths = {path.stem: path for path in BENCHMARKS.glob("*.py")}
+    paths.update(
+        {"harness" if p.stem == "__init__" else f"harness.{p.stem}": p for p in (BENCHMARKS / "harness").glob("*.py")}
+    )
+    graph = {}
+    for name, path in paths.items():
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}: a relative import; the studies and the harness import absolutely"
+                imported |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+        graph[name] = {module for module in imported if module in paths and module != name}
+    return graph
+
+
+def test_studies_share_code_only_through_the_harness():
+    """A study (a top-level benchmarks/*.py) imports the harness and installed packages, never
+    another study; the harness imports no study; and no study edits sys.path to find the harness."""
+    graph = benchmark_imports()
+    studies = {name for name in graph if not name.startswith("harness")}
+    assert {"ppo", "hil", "gpu_campaign"} <= studies and "harness.runs" in graph  # found them at all
+    crossing = {name: sorted(imported & studies) for name, imported in graph.items() if imported & studies}
+    assert not crossing, f"imports of studies (move what they share into benchmarks/harness/): {crossing}"
+    for study in studies:
+        assert "sys.path.insert" not in (BENCHMARKS / f"{study}.py").read_text(), study
+
+
+def test_the_benchmarks_have_no_import_cycle():
+    graph = benchmark_imports()
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            raise AssertionError(f"import cycle: {' -> '.join([*path[path.index(name) :], name])}")
+        if name not in done:
+            for imported in sorted(graph[name]):
+                visit(imported, [*path, name])
+            done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])

@@ -207,7 +207,8 @@ sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in repr(f)]
 sys.path_hooks[:] = [h for h in sys.path_hooks if "editable" not in repr(h)]
 sys.path_importer_cache.clear()
 sys.path[:0] = [{str(stage)!r}, {str(repo / "benchmarks")!r}]
-import gpu_model_steps, gpu_sim_steps, gpu_steps, openvla_real_size, placement, pipeline, token_vla_real_size
+import gpu_campaign, openvla_real_size, placement, pipeline, token_vla_real_size
+import harness.gpu_measure, harness.openvla_measure, harness.pipelining, harness.placement_runs
 import embodied.policies.openvla, embodied.sim.maniskill_batched
 print(embodied.__file__)
 """

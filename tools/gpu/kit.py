@@ -455,7 +455,9 @@ def prepare_vla() -> Path:
     work = CACHE / "vla"
     work.mkdir(parents=True, exist_ok=True)
     arguments = json.dumps({"work": str(work), "smoke": False, "device": "cpu"})
-    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_steps.py"), "vla_sft", arguments], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "harness.gpu_measure", "vla_sft", arguments], check=True, cwd=ROOT / "benchmarks"
+    )
     sft = work / "vla-sft"
     latest = (sft / "checkpoints" / "latest").read_text().strip()
     KIT.mkdir(exist_ok=True)

@@ -1,5 +1,5 @@
-"""What the benchmarks share around their results: where a result comes from (commit,
-machine, command), a bar per configuration, and writing a figure beside its JSON summary."""
+"""What the reports share: where a result comes from (commit, machine, command), a bar per
+configuration, a figure beside its JSON summary, and the Markdown summary itself."""
 
 from __future__ import annotations
 
@@ -63,3 +63,9 @@ def save_with_summary(fig: Any, results: Path, name: str, summary: dict[str, Any
     fig.savefig(results / f"{name}.png", dpi=110)
     plt.close(fig)
     (results / f"{name}.json").write_text(json.dumps(summary, indent=2))
+
+
+def write_report(results: Path, name: str, lines: list[str]) -> None:
+    """<results>/<name>.md from its lines, printed as well."""
+    (results / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print((results / f"{name}.md").read_text())

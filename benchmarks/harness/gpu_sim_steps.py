@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gpu_steps import Scale, StepResult, embodied, measure, require_physx_gpu  # sibling module
+
+from harness.gpu_steps import Scale, StepResult, embodied, measure, require_physx_gpu
 
 
 # ---- 1. correctness: the batched (GPU) env against the CPU env on the same seeds ---------------

@@ -10,9 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gpu_steps  # sibling module; its on_measured is the campaign's, set at run time
 import numpy as np
-from gpu_steps import Scale, StepResult, embodied, log, measure
+
+from harness import gpu_steps  # its on_measured is the campaign's, set at run time
+from harness.gpu_steps import Scale, StepResult, embodied, log, measure
 
 # ---- 4. the built-in VLA from pixels and language: SFT, then Flow-SDE PPO ------------------------
 # PickCube from its camera: the multi-task env cannot give one policy the same cameras (StackCube adds
@@ -140,11 +141,11 @@ def pipeline_rates(
     workers: int, num_envs: int, steps: int, device: str, width: int, depths: list[int]
 ) -> dict[str, Any]:
     import torch
-    from pipeline import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step  # sibling script
 
     from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.sim.maniskill import make_maniskill
     from embodied.sim.maniskill_common import ManiSkillConfig
+    from harness.pipelining import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step
 
     started = time.time()
     env = make_maniskill(ManiSkillConfig(task="PushCube-v1", num_envs=num_envs, num_workers=workers), seed=0)
@@ -193,7 +194,7 @@ def pipeline_rates(
 
 
 def pipeline(scale: Scale, work: Path) -> StepResult:
-    from pipeline import STAGES  # sibling script
+    from harness.pipelining import STAGES
 
     rows = []
     for w in [2] if scale.smoke else [4, 8, 16]:
@@ -242,11 +243,8 @@ def synthetic_tokenizer(path: Path) -> Path:
     return path
 
 
-PLACEMENTS = ("disaggregated", "collocated")
-
-
 def placement(scale: Scale, work: Path) -> StepResult:
-    from placement import run  # sibling script
+    from harness import placement_runs
 
     # pi0 at its published size (PaliGemma 3B + Gemma 300M), random weights; --smoke: its tiny variants
     sizes = ("tiny", "tiny_expert", "cpu") if scale.smoke else ("gemma_2b", "gemma_300m", "cuda")
@@ -264,8 +262,8 @@ def placement(scale: Scale, work: Path) -> StepResult:
     ]
     # each run is given 4 minutes on a GPU: a call lasts 10, and the log says how far one got
     rows = []
-    for name in PLACEMENTS:
-        rows.append(run(name, 1 if scale.smoke else 3, overrides, None if scale.smoke else 240))
+    for name in placement_runs.PLACEMENTS:
+        rows.append(placement_runs.run(name, 1 if scale.smoke else 3, overrides, None if scale.smoke else 240))
         gpu_steps.on_measured(rows[-1])
     return StepResult(
         "collocated needs less peak GPU memory than disaggregated; the cost is the offload time",
@@ -279,8 +277,9 @@ def openvla(scale: Scale, work: Path) -> StepResult:
     import shutil
 
     import torch
-    from openvla_real_size import SIZES, save_random_checkpoint  # sibling script
-    from openvla_real_size import measure as measure_openvla
+
+    from harness.openvla_measure import SIZES, save_random_checkpoint
+    from harness.openvla_measure import measure as measure_openvla
 
     device = torch.device(scale.device)
     variant, size, batch, minibatch, runs = SIZES[scale.smoke]

@@ -1,4 +1,6 @@
-"""The report and the plot of benchmarks/deploy.py, from its results."""
+"""deploy.py's report and plot, from its results (deploy.json) alone: the setup they describe
+(observation, chunk, models, warm-up) is read from the results, so a report rebuilt later says
+what was measured then."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from deploy import ACTION_DIM, CHUNK, IMAGE_SHAPE, IMAGES, LEROBOT_REASON, MODELS, PROTOCOLS, STATE_DIM, WARMUP_REQUESTS
+
+PROTOCOLS = ("ours", "openpi")  # the two compared, ours first
 
 
 def write(results_dir: Path, results: dict[str, Any]) -> list[str]:
@@ -24,15 +27,16 @@ def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    models = results["setup"]["model_ms"]
     colors = {"ours": "tab:blue", "openpi": "tab:orange"}
-    fig, axes = plt.subplots(1, 1 + len(MODELS), figsize=(4.4 * (1 + len(MODELS)), 3.6))
+    fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.4 * (1 + len(models)), 3.6))
     one = results["latency_1_client"]
-    labels = [f"{model}\n{stat}" for model in MODELS for stat in ("p50", "p99")]
+    labels = [f"{model}\n{stat}" for model in models for stat in ("p50", "p99")]
     x = np.arange(len(labels))
     for offset, protocol in ((-0.2, "ours"), (0.2, "openpi")):
         values = [
             one[model][protocol][f"{stat}_ms"] - (model_ms or 0.0)
-            for model, model_ms in MODELS.items()
+            for model, model_ms in models.items()
             for stat in ("p50", "p99")
         ]
         axes[0].bar(x + offset, values, 0.4, label=protocol, color=colors[protocol])
@@ -40,7 +44,7 @@ def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
     axes[0].set_ylabel("round trip minus fixed model cost (ms)")
     axes[0].set_title("overhead, 1 client")
     axes[0].legend()
-    for ax, model in zip(axes[1:], MODELS):
+    for ax, model in zip(axes[1:], models):
         for protocol in PROTOCOLS:
             rates = [results["throughput"][model][str(n)][protocol]["replies_per_s"] for n in client_counts]
             ax.plot(client_counts, rates, "o-", label=protocol, color=colors[protocol])
@@ -61,17 +65,19 @@ def report(results: dict[str, Any]) -> list[str]:
     counts = results["clients"]
     one, through, goals = results["latency_1_client"], results["throughput"], results["goals"]
     setup = results["setup"]
+    models, state_dim, (chunk, action_dim) = setup["model_ms"], setup["state_dim"], setup["chunk"]
+    image_shape, images = "x".join(map(str, setup["image_shape"])), ", ".join(setup["images"])
     lines = [
         f"# Robot <-> policy server: ours vs the openpi client protocol, loopback, {os.cpu_count()} cores",
         "",
         f"Commit {results['commit']}, {results['machine']}; `{results['command']}`.",
         "",
-        f"Observation: two uint8 {'x'.join(map(str, IMAGE_SHAPE))} images ({', '.join(IMAGES)}), a float32 "
-        f"({STATE_DIM},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
-        f"float32 {CHUNK}x{ACTION_DIM} action chunk. Each server runs in its own process; the clients run "
+        f"Observation: two uint8 {image_shape} images ({images}), a float32 "
+        f"({state_dim},) state and an instruction ({setup['observation_bytes'] / 1e3:.0f} kB of arrays); reply: a "
+        f"float32 {chunk}x{action_dim} action chunk. Each server runs in its own process; the clients run "
         f"as threads spread over {setup['client_procs']} other processes (1 process for 1 client), the same "
         f"arrangement for both protocols, each closed-loop: one request in flight, the next sent as soon as "
-        f"the reply is in. Each client makes {WARMUP_REQUESTS} warm-up requests; replies are then counted "
+        f"the reply is in. Each client makes {setup['warmup_requests']} warm-up requests; replies are then counted "
         f"over {setup['seconds']:g} s after {setup['settle']:g} s of settling. {setup['repeats']} interleaved "
         f"run(s) per point: throughput is the best run's, latency percentiles are over the replies of all runs. "
         f"Latency is measured in the client, from handing over the observation to holding the decoded "
@@ -96,14 +102,14 @@ def report(results: dict[str, Any]) -> list[str]:
         "through a strided convolution stack, the state beside, an MLP to the chunk; torch on one thread), "
         "whose cost grows with the batch as a real model's does on a CPU; the server's process and the "
         "clients' share this machine's cores. Ours answers up to 64 requests per forward pass; openpi one.",
-        f"- **lerobot gRPC async inference**: {LEROBOT_REASON}.",
+        f"- **lerobot gRPC async inference**: {results['lerobot']}.",
         "",
         "## Latency at 1 client (ms)",
         "",
         "| model | protocol | p50 | p99 | mean | overhead p50 (minus model) |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
-    for model, model_ms in MODELS.items():
+    for model, model_ms in models.items():
         for protocol in PROTOCOLS:
             row = one[model][protocol]
             overhead = "n/a" if model_ms is None else f"{row['p50_ms'] - model_ms:.2f}"  # no fixed cost to subtract
@@ -118,7 +124,7 @@ def report(results: dict[str, Any]) -> list[str]:
         "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for model in MODELS:
+    for model in models:
         for n in counts:
             point = through[model][str(n)]
             ours, theirs = point["ours"], point["openpi"]

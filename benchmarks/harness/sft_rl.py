@@ -1,42 +1,17 @@
-"""What the SFT-then-RL benchmarks (`flow_rl.py`, `multitask_vla.py`) share: running the
-`embodied` commands a user would type, reading a run's evaluation curve, and the command line."""
+"""What the SFT-then-RL studies (`flow_rl.py`, `multitask_vla.py`) share: a run's periodic
+evaluations as a curve, and its plot; the size of a demo dataset; and their command line."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ppo import RUNS, first_reaching
-
-
-def _command(arguments: list[str] | tuple[str, ...]) -> list[str]:
-    command = [sys.executable, "-m", "embodied.cli", *arguments]
-    print(" ".join(command[2:]), flush=True)
-    return command
-
-
-def _child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}  # read at each start: main() sets HF_HOME
-
-
-def embodied(*arguments: str) -> None:
-    subprocess.run(_command(arguments), check=True, stdin=subprocess.DEVNULL, env=_child_env())
-
-
-def embodied_side_by_side(commands: list[list[str]]) -> None:
-    """Several `embodied` commands at once; waits for all, then fails if any failed."""
-    processes = [
-        subprocess.Popen(_command(arguments), stdin=subprocess.DEVNULL, env=_child_env()) for arguments in commands
-    ]
-    failed = [" ".join(process.args[3:5]) for process in processes if process.wait() != 0]
-    if failed:
-        raise SystemExit(f"failed: {failed}")
+from harness.runs import RUNS
+from harness.stats import first_reaching
 
 
 @dataclass
@@ -71,7 +46,7 @@ def dataset_episodes(root: Path) -> int | None:
     return json.loads(info.read_text())["total_episodes"] if info.is_file() else None
 
 
-def main(
+def cli(
     doc: str,
     arms: list[str],
     run: Callable[[int, int, int | None, list[str]], None],
@@ -80,7 +55,8 @@ def main(
     sft_steps: int,
     steps: int | None,
 ) -> None:
-    """`steps` None: each arm's own total_env_steps, unless --steps is given."""
+    """The study's command line: `run` (then report) or `report`. `steps` None: each arm's own
+    total_env_steps, unless --steps is given."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", default="run", choices=("run", "report"))
     parser.add_argument("--demos", type=int, default=demos, help="scripted-expert episodes")

@@ -3,8 +3,8 @@ themselves are in gpu_sim_steps.py (the simulator: correctness, throughput, PPO,
 and gpu_model_steps.py (the models: the VLA, pipelining, placement, OpenVLA). Each takes a
 `Scale` (real sizes on a GPU, toy sizes with `--smoke`) and a work folder, and returns its
 rows, its goal and whether the goal was met. Anything that builds a ManiSkill GPU scene runs
-in a process of its own (`measure`), so one scene never outlives its measurement and a crash
-costs one row."""
+in a process of its own (`measure`, through gpu_measure.py), so one scene never outlives its
+measurement and a crash costs one row."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = Path(__file__).resolve().parents[1]
+ROOT = BENCHMARKS.parent
 
 
 @dataclass
@@ -94,15 +95,17 @@ on_measured: Callable[[dict[str, Any]], None] = lambda row: None
 
 
 def measure(name: str, timeout: float = 900, **arguments: Any) -> dict[str, Any]:
-    """The measurement `name` (of a steps module's MEASUREMENTS) with `arguments`, in a fresh
+    """The measurement `name` (of gpu_measure.MEASUREMENTS) with `arguments`, in a fresh
     process; its JSON result. Its stderr is echoed as it comes, so the campaign's log shows
     where a long measurement is; killed after `timeout`."""
+    # from benchmarks/, which `-m` puts first on the path (as running a study does), so the
+    # process finds the harness package and never the checkout's bare embodied/ folder
     process = subprocess.Popen(
-        [sys.executable, __file__, name, json.dumps(arguments)],
+        [sys.executable, "-m", "harness.gpu_measure", name, json.dumps(arguments)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        cwd=ROOT,
+        cwd=BENCHMARKS,
     )
     timer = threading.Timer(timeout, process.kill)
     timer.start()
@@ -121,16 +124,3 @@ def measure(name: str, timeout: float = 900, **arguments: Any) -> dict[str, Any]
     row = json.loads(stdout.strip().splitlines()[-1])
     on_measured(row)
     return row
-
-
-def measurements() -> dict[str, Callable[..., dict[str, Any]]]:
-    """What `measure` can run, by name: the steps modules' measurements."""
-    import gpu_model_steps
-    import gpu_sim_steps
-
-    return {**gpu_sim_steps.MEASUREMENTS, **gpu_model_steps.MEASUREMENTS}
-
-
-if __name__ == "__main__":
-    name, arguments = sys.argv[1], json.loads(sys.argv[2])
-    print(json.dumps(measurements()[name](**arguments)))
