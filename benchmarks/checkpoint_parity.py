@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+
 from harness.reports import save_with_summary
 from harness.runs import RESULTS
 

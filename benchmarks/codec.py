@@ -20,9 +20,9 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
-from harness.reports import provenance, provenance_line
 
 from embodied.core.codec import decode, encode, pack, unpack
+from harness.reports import provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHAPE = (64, 224, 224, 3)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from harness.deploy_report import write
 from harness.reports import provenance
 

@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
 from harness.flow_recipe import DEMO_EPISODES, ENV, FLOW_SDE_SAMPLER, POLICIES, RL, SFT_STEPS, demos_and_sft, sft_dir
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout, heldout_eval
 from harness.reports import save_with_summary, write_report

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from harness.reports import provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"

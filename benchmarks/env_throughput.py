@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
+from harness.reports import bar_chart, provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

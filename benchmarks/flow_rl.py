@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from harness.commands import embodied
 from harness.flow_recipe import (
     DEMO_EPISODES,

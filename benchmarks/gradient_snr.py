@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+
 from harness.reports import save_with_summary
 from harness.runs import RESULTS, RUNS
 

@@ -50,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
+
 from harness.intervention_study import Study, heldout, heldout_report, record_scripted_demos
 from harness.pushcube_sac import DEMOS, EXPERT, GOAL, RECIPE, ensure_expert, record_demos
 from harness.reports import save_with_summary, write_report

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from harness.reports import bar_chart
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from harness.device_memory import DeviceMemory
 from harness.openvla_measure import SIZES, measure, save_random_checkpoint
 from harness.reports import provenance, provenance_line

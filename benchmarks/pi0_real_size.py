@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from harness.reports import save_with_summary
 from harness.runs import RESULTS, RUNS
 

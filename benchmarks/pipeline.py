@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness.pipelining import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step
-from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
+from harness.pipelining import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step
+from harness.reports import bar_chart, provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from statistics import mean
 
 import torch
+
 from harness.placement_runs import PLACEMENTS, WARMUP_UPDATES, defaults_under, run
 from harness.reports import bar_chart, provenance, provenance_line
 

@@ -31,6 +31,7 @@ import argparse
 import json
 
 import numpy as np
+
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
 from harness.runs import RESULTS, RUNS, collect, load, train
 from harness.stats import first_reaching, interval95, mode_name, seed_cells

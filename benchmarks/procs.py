@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harness.reports import bar_chart, provenance, provenance_line
 
 from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, to_schema, to_yaml
@@ -31,6 +30,7 @@ from embodied.runtime.learner_link import LearnerLink
 from embodied.runtime.procs import RolloutSupervisor
 from embodied.runtime.rollout import Rollout
 from embodied.runtime.wire import published_weights, tensors_to_wire
+from harness.reports import bar_chart, provenance, provenance_line
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -39,16 +39,16 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from harness.commands import embodied
-from harness.reports import save_with_summary
-from harness.runs import RESULTS
-from harness.timing import timed
 
 from embodied.algos.grpo import GRPOConfig, grpo_loss
 from embodied.core.types import ActionChunk, EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
 from embodied.sim.maniskill_common import INSTRUCTIONS
+from harness.commands import embodied
+from harness.reports import save_with_summary
+from harness.runs import RESULTS
+from harness.timing import timed
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
 from harness.pushcube_sac import GOAL, RECIPE, ensure_expert, record_demos
 from harness.reports import save_with_summary, write_report

@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a study)
 import hil  # noqa: E402  (benchmarks/hil.py, a study)
 import placement  # noqa: E402  (benchmarks/placement.py, a study)
+
 from harness import intervention_study, runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
 
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+
 from harness.reports import provenance
 
 BENCHMARKS = Path(__file__).resolve().parents[1]
