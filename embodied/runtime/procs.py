@@ -360,20 +360,12 @@ class ProcsRuntime:
         dropped = int(procs_state.get("stale_batches_dropped", 0))
         rounds = RolloutRounds(link, supervisors, cfg.heartbeat_s)
         collocated = cfg.placement == "collocated"
+        durable = config.checkpoint_every == 0  # no checkpoint will hold what is consumed
         ranks: LearnerRanks | None = None
         evaluation = PeriodicEvaluation(config)
         finished = False
         try:
-            if cfg.learner_ranks > 1:
-                ranks = LearnerRanks(
-                    self._rank_starter(session.run_dir),
-                    cfg.learner_ranks,
-                    hello["spec"],
-                    session.run_dir / "logs",
-                    device,
-                    cfg.learner_sharding,
-                )
-                ranks.attach(learner)
+            ranks = self._start_ranks(session, hello, learner, device)
             if collocated:
                 learner.collocate()
             weights = tensors_to_wire(learner.published())
@@ -389,29 +381,23 @@ class ProcsRuntime:
                 lag = learner.policy_version - int(batch.policy_version.min())
                 if lag > cfg.max_policy_lag:
                     dropped += 1
-                    rounds.consumed(deliveries, learner.policy_version, durable=config.checkpoint_every == 0)
+                    rounds.consumed(deliveries, learner.policy_version, durable=durable)
                     continue
                 progress = session.env_steps / config.total_env_steps
                 if ranks is not None:
                     ranks.before_update(batch, progress, off_policy=lag > 0)
                 learner.offloader.reload()
                 metrics = learner.update(batch, progress, off_policy=lag > 0)
-                rounds.consumed(deliveries, learner.policy_version, durable=config.checkpoint_every == 0)
+                rounds.consumed(deliveries, learner.policy_version, durable=durable)
                 weights = tensors_to_wire(learner.published())
                 if not collocated:  # the rollout collects while this learner evaluates and saves
                     link.publish(learner.policy_version, weights)
                 metrics.update(self._delivery_metrics(learner, bodies, supervisors, lag, dropped, device))
-                episodes = [EpisodeStats(**e) for body in bodies for e in body["episodes"]]
-                session.record(sum(int(body["env_steps"]) for body in bodies), episodes, metrics)
+                self._record(session, bodies, metrics)
                 if evaluation.due(session.iteration):
                     session.record_eval(evaluation.run(self._evaluation_policy(config, spec, learner, device)))
                 if session.should_checkpoint(session.finished):
-                    if ranks is not None:
-                        ranks.before_checkpoint()
-                    state = link.delivery_state()
-                    procs = {"delivery": state, "stale_batches_dropped": dropped}
-                    session.save(learner, None, {"spec": hello["spec"], "procs": procs})
-                    link.checkpointed(state)
+                    self._checkpoint(session, learner, ranks, link, hello, dropped)
                 if collocated:  # the rollout gets the device, and then the weights, once this learner has left it
                     learner.offloader.offload()
                     link.publish(learner.policy_version, weights)
@@ -420,6 +406,46 @@ class ProcsRuntime:
             evaluation.close()
             if ranks is not None:
                 ranks.stop(clean=finished)
+
+    @staticmethod
+    def _record(session: TrainSession, bodies: list[dict[str, Any]], metrics: dict[str, float]) -> None:
+        """The deliveries' env steps and episodes, and the update's metrics, in the run's log."""
+        episodes = [EpisodeStats(**e) for body in bodies for e in body["episodes"]]
+        session.record(sum(int(body["env_steps"]) for body in bodies), episodes, metrics)
+
+    def _start_ranks(
+        self, session: TrainSession, hello: dict[str, Any], learner: Learner, device: torch.device
+    ) -> LearnerRanks | None:
+        """The learner's other ranks, attached to it, where there are any."""
+        if self.cfg.learner_ranks <= 1:
+            return None
+        ranks = LearnerRanks(
+            self._rank_starter(session.run_dir),
+            self.cfg.learner_ranks,
+            hello["spec"],
+            session.run_dir / "logs",
+            device,
+            self.cfg.learner_sharding,
+        )
+        ranks.attach(learner)
+        return ranks
+
+    @staticmethod
+    def _checkpoint(
+        session: TrainSession,
+        learner: Learner,
+        ranks: LearnerRanks | None,
+        link: LearnerLink,
+        hello: dict[str, Any],
+        dropped: int,
+    ) -> None:
+        """A checkpoint with the link's delivery state, which the link then forgets up to."""
+        if ranks is not None:
+            ranks.before_checkpoint()
+        state = link.delivery_state()
+        procs = {"delivery": state, "stale_batches_dropped": dropped}
+        session.save(learner, None, {"spec": hello["spec"], "procs": procs})
+        link.checkpointed(state)
 
     def _delivery_metrics(
         self,
