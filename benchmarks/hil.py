@@ -312,6 +312,14 @@ TUNING_ARMS = {
         # HIL-SERL's grasp critic: the gripper closes or opens by its own Q-values, without
         # exploration noise (the sampled policy drops the cube far more often than the greedy one)
         "rlpd-serl-discrete-gripper": [*SERL_TEMPERATURE, "policy.gripper_commands=[-1.0,1.0]"],
+        # the corrections arm without ConRFT's BC term: held out on seed 101 the corrections (18%
+        # of steps, ~9k offline rows by the end) left the actor's BC loss 3-5x the plain arm's and
+        # its greedy success at 0.09 against 0.62; HIL-SERL itself has no BC term
+        "rlpd-serl-no-bc-corrections": [
+            *SERL_TEMPERATURE,
+            *PIXEL_ARMS["pixels-rlpd-corrections"],
+            "algo.bc_weight=0",
+        ],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
