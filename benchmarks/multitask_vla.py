@@ -37,7 +37,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.commands import embodied, embodied_side_by_side
+from harness.commands import embodied, embodied_side_by_side, sft_or_resume
 from harness.heldout import HELDOUT_SEED
 from harness.reports import provenance, save_with_summary, write_report
 from harness.runs import RESULTS, RUNS, resumable
@@ -135,20 +135,7 @@ def committed_curve(arm: dict) -> Curve:
 
 def demos_and_sft(demos: int, sft_steps: int) -> None:
     embodied("demos", *ENV, f"episodes={demos}", f"dataset={DEMOS}", "progress_bar=false")
-    if resumable(SFT):
-        embodied("sft", f"resume={SFT}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
-    else:
-        embodied(
-            "sft",
-            *ENV,
-            *POLICY,
-            f"dataset={DEMOS}",
-            f"steps={sft_steps}",
-            f"run_dir={SFT}",
-            "log_every=200",
-            "eval_episodes=0",
-            "logger.progress_bar=false",
-        )
+    sft_or_resume(SFT, sft_steps, [*ENV, *POLICY, f"dataset={DEMOS}", "log_every=200"])
 
 
 def rl_command(name: str, seed: int, run_dir: Path, steps: int | None) -> list[str]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+from harness.runs import resumable
 
 
 def _command(arguments: list[str] | tuple[str, ...]) -> list[str]:
@@ -31,3 +34,13 @@ def embodied_side_by_side(commands: list[list[str]]) -> None:
     failed = [" ".join(process.args[3:5]) for process in processes if process.wait() != 0]
     if failed:
         raise SystemExit(f"failed: {failed}")
+
+
+def sft_or_resume(run_dir: Path, steps: int, settings: list[str]) -> None:
+    """`embodied sft` with `settings` into `run_dir` for `steps` gradient steps, or, where an
+    earlier try left a checkpoint there, that run continued (or found finished)."""
+    quiet = ["eval_episodes=0", "logger.progress_bar=false"]
+    if resumable(run_dir):
+        embodied("sft", f"resume={run_dir}", f"steps={steps}", *quiet)
+    else:
+        embodied("sft", *settings, f"steps={steps}", f"run_dir={run_dir}", *quiet)

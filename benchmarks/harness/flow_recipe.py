@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.commands import embodied
-from harness.runs import RUNS, resumable
+from harness.commands import embodied, sft_or_resume
+from harness.runs import RUNS
 
 DEMOS = RUNS / "flow-demos"
 DEMO_EPISODES, SFT_STEPS = 50, 3000  # scripted-expert episodes; SFT steps per policy
@@ -34,17 +34,4 @@ def demos_and_sft(demos: int, sft_steps: int, policies: list[str]) -> None:
     """The demos, then each policy's SFT on them (an interrupted SFT run continues)."""
     embodied("demos", *ENV, f"episodes={demos}", f"dataset={DEMOS}", "progress_bar=false")
     for policy in policies:
-        sft = sft_dir(policy)
-        if resumable(sft):  # continue (or find finished) an interrupted run
-            embodied("sft", f"resume={sft}", f"steps={sft_steps}", "eval_episodes=0", "logger.progress_bar=false")
-        else:
-            embodied(
-                "sft",
-                *ENV,
-                *POLICIES[policy],
-                f"dataset={DEMOS}",
-                f"steps={sft_steps}",
-                f"run_dir={sft}",
-                "eval_episodes=0",
-                "logger.progress_bar=false",
-            )
+        sft_or_resume(sft_dir(policy), sft_steps, [*ENV, *POLICIES[policy], f"dataset={DEMOS}"])
