@@ -40,7 +40,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from embodied.algos.grpo import GRPOConfig, grpo_loss
+from embodied.algos.grpo import GRPOConfig
 from embodied.core.types import ActionChunk, EnvSpec, Observation
 from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
@@ -48,7 +48,7 @@ from embodied.sim.maniskill_common import INSTRUCTIONS
 from harness.commands import embodied
 from harness.reports import save_with_summary
 from harness.runs import RESULTS
-from harness.timing import timed
+from harness.timing import timed_grpo_update, timed_rollout
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
@@ -243,42 +243,12 @@ def measure(
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
     obs = observation(rollout_batch, cameras, seed=0).to_torch(device)
-    generator = torch.Generator(device=device).manual_seed(0)
-
-    # rollout: one batch of envs, no gradient (as the actor runs it)
-    policy.eval()
-
-    def act() -> Any:
-        with torch.inference_mode():
-            return policy.act(obs, generator=generator)
-
-    act_seconds, chunk = timed(act, device, runs)
-    old = chunk.record["term_log_prob"].clone()  # clones leave inference mode: training may save them
-    tokens = chunk.record["action_tokens"].clone()
-
-    def recorded(rows: slice) -> ActionChunk:
-        return ActionChunk(
-            actions=chunk.actions[rows], log_prob=old[rows].sum(-1), record={"action_tokens": tokens[rows]}
-        )
-
+    rollout = timed_rollout(policy, obs, device, runs)
+    act_seconds = rollout.act_seconds
     policy.train()
-    gap = log_prob_gap(policy, obs, recorded, old, min(GAP_MINIBATCH, minibatch))
+    gap = log_prob_gap(policy, obs, rollout.recorded, rollout.old, min(GAP_MINIBATCH, minibatch))
     ratio, clip = gap.exp(), GRPOConfig()
-
-    advantages = torch.randn(minibatch, generator=torch.Generator().manual_seed(1)).to(device)
-    rows = slice(0, minibatch)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def update() -> float:
-        recomputed = policy.recompute(obs.select(rows), recorded(rows))
-        loss = grpo_loss(recomputed.term_log_prob, old[rows], advantages, torch.ones_like(old[rows]))
-        loss.total.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.total.detach())
-
-    update_seconds, _ = timed(update, device, runs)
+    update_seconds, _ = timed_grpo_update(policy, optimizer, obs, rollout, minibatch, device, runs)
     peak_gb = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else float("nan")
 
     publish_started = time.perf_counter()

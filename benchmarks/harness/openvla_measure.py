@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from embodied.algos.grpo import grpo_loss
-from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.types import EnvSpec, Observation
 from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
-from harness.timing import timed
+from harness.timing import timed_grpo_update, timed_rollout
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 ACTION_DIM, LORA_RANK = 7, 32
@@ -72,34 +71,9 @@ def measure(
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
     obs = observation(batch, size).to_torch(device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    policy.eval()
-
-    def act() -> Any:
-        with torch.inference_mode():
-            return policy.act(obs, generator=generator)
-
-    act_seconds, sampled = timed(act, device, runs)
-    old = sampled.record["term_log_prob"].clone()
-    tokens = sampled.record["action_tokens"].clone()
-    rows = slice(0, minibatch)
-    recorded = ActionChunk(
-        actions=sampled.actions[rows], log_prob=old[rows].sum(-1), record={"action_tokens": tokens[rows]}
-    )
-    advantages = torch.randn(minibatch, generator=torch.Generator().manual_seed(1)).to(device)
-    policy.train()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def update() -> float:
-        recomputed = policy.recompute(obs.select(rows), recorded)
-        loss = grpo_loss(recomputed.term_log_prob, old[rows], advantages, torch.ones_like(old[rows]))
-        loss.total.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return float(loss.total.detach())
-
-    update_seconds, loss = timed(update, device, runs)
+    rollout = timed_rollout(policy, obs, device, runs)
+    act_seconds = rollout.act_seconds
+    update_seconds, loss = timed_grpo_update(policy, optimizer, obs, rollout, minibatch, device, runs)
     row = {
         "decoder": decoder,
         "chunk_size": chunk,
