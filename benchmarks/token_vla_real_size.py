@@ -48,7 +48,7 @@ from embodied.sim.maniskill_common import INSTRUCTIONS
 from harness.commands import embodied
 from harness.reports import save_with_summary
 from harness.runs import RESULTS
-from harness.timing import timed_grpo_update, timed_rollout
+from harness.timing import speeds, timed_grpo_update, timed_rollout
 
 NAME = "token_vla_real_size"
 TASKS = ["PushCube-v1", "PickCube-v1", "StackCube-v1"]
@@ -244,7 +244,6 @@ def measure(
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
     obs = observation(rollout_batch, cameras, seed=0).to_torch(device)
     rollout = timed_rollout(policy, obs, device, runs)
-    act_seconds = rollout.act_seconds
     policy.train()
     gap = log_prob_gap(policy, obs, rollout.recorded, rollout.old, min(GAP_MINIBATCH, minibatch))
     ratio, clip = gap.exp(), GRPOConfig()
@@ -264,10 +263,7 @@ def measure(
         "load_s": load_s,
         "rollout_batch": rollout_batch,
         "minibatch": minibatch,
-        "act_s": float(np.median(act_seconds)),
-        "chunks_per_s": rollout_batch / float(np.median(act_seconds)),
-        "update_s": float(np.median(update_seconds)),
-        "samples_per_s": minibatch / float(np.median(update_seconds)),
+        **speeds(rollout_batch, rollout.act_seconds, minibatch, update_seconds),
         "peak_gb": peak_gb,
         "log_prob_gap_mean": float(gap.abs().mean()),
         "log_prob_gap_max": float(gap.abs().max()),

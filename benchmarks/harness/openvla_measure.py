@@ -13,7 +13,7 @@ import torch
 
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
-from harness.timing import timed_grpo_update, timed_rollout
+from harness.timing import speeds, timed_grpo_update, timed_rollout
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"
 ACTION_DIM, LORA_RANK = 7, 32
@@ -72,7 +72,6 @@ def measure(
     optimizer = torch.optim.AdamW(trainable, lr=1e-6)
     obs = observation(batch, size).to_torch(device)
     rollout = timed_rollout(policy, obs, device, runs)
-    act_seconds = rollout.act_seconds
     update_seconds, loss = timed_grpo_update(policy, optimizer, obs, rollout, minibatch, device, runs)
     row = {
         "decoder": decoder,
@@ -81,11 +80,8 @@ def measure(
         "trainable": sum(p.numel() for p in trainable),
         "load_s": load_s,
         "rollout_batch": batch,
-        "act_s": float(np.median(act_seconds)),
-        "chunks_per_s": batch / float(np.median(act_seconds)),
         "minibatch": minibatch,
-        "update_s": float(np.median(update_seconds)),
-        "samples_per_s": minibatch / float(np.median(update_seconds)),
+        **speeds(batch, rollout.act_seconds, minibatch, update_seconds),
         "peak_gb": torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None,
         "loss_finite": bool(np.isfinite(loss)),
     }

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from embodied.algos.grpo import grpo_loss
@@ -90,3 +91,14 @@ def timed_grpo_update(
         return float(loss.total.detach())
 
     return timed(update, device, runs)
+
+
+def speeds(rollout_batch: int, act_seconds: list[float], minibatch: int, update_seconds: list[float]) -> dict:
+    """A results row's speed columns: median seconds per rollout chunk and per update, and their rates."""
+    act, update = float(np.median(act_seconds)), float(np.median(update_seconds))
+    return {
+        "act_s": act,
+        "chunks_per_s": rollout_batch / act,
+        "update_s": update,
+        "samples_per_s": minibatch / update,
+    }
