@@ -241,7 +241,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             actions = torch.cat([actions, self.gripper_commands[choice].unsqueeze(-1)], dim=-1)
         return ActionChunk(actions=actions.unsqueeze(1), log_prob=log_prob, value=torch.zeros_like(log_prob))
 
-    def refuse_without_critic(self, what: str) -> None:
+    def refuse_without_likelihood(self, what: str) -> None:
         if self.discrete_gripper:
             raise ConfigError(
                 f"{what} needs a policy whose every action dimension has a likelihood; with policy.gripper_commands "
@@ -249,7 +249,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             )
 
     def recompute(self, observation: Observation, chunk: ActionChunk) -> Recomputed:
-        self.refuse_without_critic("an on-policy algorithm")
+        self.refuse_without_likelihood("an on-policy algorithm")
         log_prob = self.log_prob(self.inputs(observation), self.to_squashed(chunk.actions[:, 0]))
         return Recomputed(log_prob=log_prob, entropy=-log_prob, value=torch.zeros_like(log_prob))
 
@@ -258,7 +258,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         return torch.zeros(observation.state.shape[0], device=self.action_scale.device)
 
     def bc_loss(self, observation: Observation, actions: torch.Tensor) -> torch.Tensor:
-        self.refuse_without_critic("behaviour cloning")
+        self.refuse_without_likelihood("behaviour cloning")
         return -self.log_prob(self.inputs(observation), self.to_squashed(actions.reshape(actions.shape[0], -1))).mean()
 
 
