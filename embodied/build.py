@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import torch
 
 from embodied.core.env import BatchedEnv
+from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.registry import ALGOS, ENVS, POLICIES
 from embodied.core.types import EnvSpec
@@ -51,6 +52,11 @@ def build_policy(policy_cfg: Any, spec: EnvSpec, device: torch.device) -> Policy
 
 
 def build_algo(algo_cfg: Any, policy: Policy) -> Any:
+    if getattr(policy, "discrete_gripper", False) and algo_cfg.name != "sac_rlpd":
+        raise ConfigError(
+            f"algo '{algo_cfg.name}' cannot train policy.gripper_commands: the gripper acts by Q-values that only "
+            "algo=sac_rlpd learns"
+        )
     return ALGOS.get(algo_cfg.name).factory(algo_cfg, policy)
 
 

@@ -661,3 +661,8 @@ def test_a_discrete_gripper_is_refused_by_learners_that_need_its_likelihood():
         policy.recompute(observation, policy.act(observation))
     with pytest.raises(ConfigError, match="only algo=sac_rlpd trains"):
         policy.bc_loss(observation, torch.zeros(2, 1, 3))
+    from embodied.algos.ppo import PPOConfig
+    from embodied.build import build_algo
+
+    with pytest.raises(ConfigError, match="algo 'ppo' cannot train policy.gripper_commands"):
+        build_algo(PPOConfig(), policy)  # refused when the run is built, before any rollout
