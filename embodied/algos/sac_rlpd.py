@@ -186,7 +186,7 @@ class SACRLPD:
         # HIL-SERL's grasp critic: a policy with a discrete gripper has Q-values of its own for it,
         # and the ensemble sees the arm's action dimensions only
         self.gripper = getattr(policy, "gripper_critic", None)
-        self.arm_dim = spec.action_dim - 1 if self.gripper is not None else spec.action_dim
+        self.arm_dim = getattr(policy, "arm_dim", spec.action_dim)
         self.critics = CriticEnsemble(
             cfg.num_critics,
             projection.output_dim,
@@ -251,8 +251,10 @@ class SACRLPD:
             parts = []
             for i in range(0, len(transitions), self.cfg.feature_batch):
                 chunk = {c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}
-                views = [self.policy.image_features(self.shifted(chunk) if shifts_cached else chunk)]
-                views += [self.policy.image_features(self.shifted(chunk)) for _ in range(self.views - 1)]
+                views = [
+                    self.policy.image_features(self.shifted(chunk) if shifts_cached else chunk)
+                    for _ in range(self.views)
+                ]
                 parts.append(torch.cat(views, dim=-1).cpu())
             return torch.cat(parts)
 
