@@ -30,6 +30,7 @@ drives the simulated robot through `embodied robot ... record.dataset=...`.
     python benchmarks/hil.py pixels report    # rebuild that summary from the committed runs
     python benchmarks/hil.py pickcube-state   # the pixel study's arms from privileged state (a check)
     python benchmarks/hil.py pickcube-state-serl  # the same with SERL's temperature, as tuning chose it
+    python benchmarks/hil.py pickcube-state-serl --seeds 102 --arms state-serl-rlpd  # one run of it
     python benchmarks/hil.py tune pickcube-state  # settings tried on tuning seed 1 (TUNING_ARMS)
     python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
 
@@ -435,6 +436,7 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="*", default=HELDOUT_SEEDS, help="a study: these seeds only")
+    parser.add_argument("--arms", nargs="*", default=[], help="a study: these of its arms only (default: all)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
     if args.command == "tune":
@@ -452,8 +454,11 @@ def main() -> None:
         study = STUDIES[args.command]
         if args.then and args.then != ["report"]:
             parser.error(f"after a study only 'report' may follow, got {' '.join(args.then)}")
+        unknown = sorted(set(args.arms) - set(study.arms))
+        if unknown:
+            parser.error(f"{args.command} has no arm {', '.join(unknown)}; its arms: {', '.join(study.arms)}")
         if args.then != ["report"]:
-            heldout(study, args.parallel, tuple(args.seeds))
+            heldout(study, args.parallel, tuple(args.seeds), tuple(args.arms))
         heldout_report(study, args.command)
         return
     if args.command == "run":

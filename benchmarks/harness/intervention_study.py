@@ -58,8 +58,12 @@ def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> Non
     )
 
 
-def heldout(study: Study, parallel: int, seeds: tuple[int, ...]) -> None:
-    """Train what is missing, evaluate each final policy held out, annotate its record."""
+def heldout(study: Study, parallel: int, seeds: tuple[int, ...], arms: tuple[str, ...] = ()) -> None:
+    """Train what is missing, evaluate each final policy held out, annotate its record (`arms`:
+    these of the study's arms only; none: all)."""
+    unknown = sorted(set(arms) - set(study.arms))
+    if unknown:
+        raise ValueError(f"{study.name} has no arm {', '.join(unknown)}; its arms: {', '.join(study.arms)}")
 
     def one(arm: str, seed: int) -> None:
         name = study.run_name(arm, seed)
@@ -74,7 +78,7 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...]) -> None:
     else:
         ensure_expert()
     with ThreadPoolExecutor(parallel) as pool:
-        jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in study.arms]
+        jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in arms or study.arms]
         for job in jobs:
             job.result()
 
