@@ -17,6 +17,8 @@
   hand-over (the critics' batches are online only, as WSRL's), so the anchor that held the
   pretrained policy stays. On PushCube it did not stop the collapse: the mode kept fitting
   the demos while greedy success fell to 0 (benchmarks/results/wsrl_collapse.md).
+  `critic_warmup_steps` lets the critics alone learn for that many env steps after the
+  hand-over, so the actor starts following critics already fitted to online data.
 - `critic_loss: hl_gauss` trains the critics as classifiers over a value support.
 - `bc_weight` (ConRFT's Cal-ConRFT, Chen et al. 2025): the actor also regresses its mode
   onto the data's actions on the offline rows, demonstrations and the operator's corrections,
@@ -87,6 +89,9 @@ class SACConfig:
     online_bc: bool = False  # with retain_offline=false and bc_weight > 0: the actor's BC term keeps the demos
     warmup_steps: int = 0  # WSRL: env steps collected by the frozen policy before online updates
     online_temperature: Optional[float] = None  # the temperature online learning starts from (None: as it is)
+    # env steps after the hand-over in which only the critics learn (the actor and temperature
+    # wait): the critics fit the online data before the actor follows them
+    critic_warmup_steps: int = 0
     offline_pretrain_steps: int = 0  # gradient steps on the offline data before any env step
     critic_loss: str = "mse"  # mse | hl_gauss
     hl_gauss_bins: int = 101
@@ -117,7 +122,7 @@ def check_sac_config(cfg: SACConfig) -> None:
             raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
     if cfg.actor_every is not None and cfg.actor_every < 1:
         raise ConfigError(f"algo.actor_every must be >= 1 (or null: one per transition), got {cfg.actor_every}")
-    for key in ("warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
+    for key in ("warmup_steps", "critic_warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
     if cfg.online_temperature is not None and cfg.online_temperature <= 0:
@@ -339,13 +344,16 @@ class SACRLPD:
             return {**metrics, "train/warming_up": 1.0}
         if not self.online_started:
             self.start_online()
+        critics_only = self.env_steps <= self.cfg.warmup_steps + self.cfg.critic_warmup_steps
         every = self.cfg.actor_every
         for i in range(self.cfg.utd_ratio * len(new)):
             sample, offline_rows = self.sample()
             metrics.update(self.critic_step(sample, offline_rows))
+            if critics_only:
+                continue
             if ((i + 1) % self.cfg.utd_ratio if every is None else self.critic_steps % every) == 0:
                 metrics.update(self.actor_step(sample, offline_rows))
-        return metrics
+        return {**metrics, "train/critics_only": 1.0} if critics_only else metrics
 
     def start_online(self) -> None:
         """The hand-over to online learning, once per run: WSRL drops the offline data, and

@@ -396,6 +396,28 @@ def test_online_temperature_restarts_the_temperature_once_at_the_hand_over():
     assert resumed.temperature.item() == algo.temperature.item()  # a resumed run does not restart it again
 
 
+def test_a_critic_warm_up_trains_the_critics_alone_after_the_hand_over():
+    """For critic_warmup_steps env steps after WSRL's warm-up the critics learn and the actor
+    and temperature stay as they were; then the actor learns as usual."""
+    spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
+    algo = SACRLPD(SACConfig(**SMALL, warmup_steps=2, critic_warmup_steps=2), policy := small_policy(spec))
+    batches = collect(policy, 5)
+    for batch in batches[:2]:
+        assert algo.update(batch, 0.0)["train/warming_up"] == 1.0
+    actor = {k: v.clone() for k, v in policy.state_dict().items()}
+    temperature = algo.temperature.item()
+    for batch in batches[2:4]:
+        critics = copy.deepcopy(algo.critics.state_dict())
+        metrics = algo.update(batch, 0.0)
+        assert metrics["train/critics_only"] == 1.0 and "train/actor_loss" not in metrics
+        assert any(not torch.equal(critics[k], v) for k, v in algo.critics.state_dict().items())
+    assert all(torch.equal(actor[k], v) for k, v in policy.state_dict().items())
+    assert algo.temperature.item() == temperature and algo.critic_steps == 2 * SMALL["utd_ratio"]
+    metrics = algo.update(batches[4], 0.0)
+    assert "train/critics_only" not in metrics and "train/actor_loss" in metrics
+    assert any(not torch.equal(actor[k], v) for k, v in policy.state_dict().items())
+
+
 def test_resume_restores_critics_optimizers_buffers_and_counters(tmp_path):
     spec = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0).spec
     batches = collect(small_policy(spec), 5, seed=1)
