@@ -19,8 +19,8 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
             results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
   collapse  why both arms fall to 0 once online learning starts: on the tuning seed, wsrl as
             reported, with other SAC temperatures, with the BC term kept for the actor
-            online (online_bc), pretrained without BC and without the entropy in the TD
-            target, through the warm-up and
+            online (online_bc), pretrained without BC, without the entropy in the TD
+            target and with a critic warm-up after the hand-over, through the warm-up and
             DIP_WINDOW env steps of online learning, with the actor's entropy and the
             temperature beside success (results/wsrl_collapse.{json,md,png})
 
@@ -253,11 +253,16 @@ COLLAPSE_VARIANTS = {
     "no entropy backup": ["algo.backup_entropy=false"],
     # pretraining as WSRL's paper does it: Cal-QL without a BC term, so nothing vanishes at the hand-over
     "pretrained without BC": ["algo.bc_weight=0"],
+    # the critics alone learn for the first 2,000 online steps: whether the actor collapses by
+    # following critics that just lost their conservative term and their offline rows
+    "critic warm-up": [f"algo.critic_warmup_steps={WARMUP}"],
+    # the same, with the temperature restarted low at the hand-over (the other cause found)
+    "critic warm-up, online_temperature=0.01": [f"algo.critic_warmup_steps={WARMUP}", "algo.online_temperature=0.01"],
 }
 
 
 def collapse_name(variant: str) -> str:
-    return f"{TUNING}/collapse-{variant.replace(' ', '-').replace('=', '-')}"
+    return f"{TUNING}/collapse-{variant.replace(', ', '-').replace(' ', '-').replace('=', '-')}"
 
 
 def collapse(parallel: int) -> None:
