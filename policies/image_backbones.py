@@ -55,6 +55,11 @@ class ImageBackbone(nn.Module):
     def output_dim(self, image_shape: tuple[int, ...]) -> int:
         return int(self.features(torch.zeros(1, *image_shape, dtype=torch.uint8)).shape[-1])
 
+    @torch.no_grad()
+    def map_shape(self, image_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of one image's feature map, e.g. (channels, height, width)."""
+        return tuple(self.feature_map(torch.zeros(1, *image_shape, dtype=torch.uint8)).shape[1:])
+
     def train(self, mode: bool = True) -> "ImageBackbone":
         return super().train(False)  # frozen: BatchNorm keeps its pretrained statistics
 

@@ -13,6 +13,8 @@ From pixels (HIL-SERL's recipe) each camera goes through a frozen pretrained bac
 The learner works on the *input* vector [state, frozen features of each camera]: its frozen
 part can be computed once per stored frame, and the actor and each critic project it with
 their own trainable heads (`PixelProjection`; `new_projection` gives the critics theirs).
+With spatial features, `spatial_embeddings` puts HIL-SERL's learned spatial embeddings in
+front of each head (`SpatialEmbeddings`).
 
 With `gripper_commands` the last action dimension is a gripper that picks one of those env
 commands by its own Q-values, as HIL-SERL's grasp critic does: the Gaussian covers the arm's
@@ -55,6 +57,9 @@ class SquashedGaussianConfig:
     # its features: pooled (averaged over space) | spatial (its feature map flattened: where things are survives)
     image_features: str = "pooled"
     image_projection: int = 64  # each camera's trainable projection width
+    # with image_features=spatial: K learned weightings of the map's positions per channel before
+    # the projection (HIL-SERL's learned spatial embeddings, K=8 there); 0: it reads the whole map
+    spatial_embeddings: int = 0
     cameras: Optional[list[str]] = None  # the env cameras it reads: None every one, [] none (state only)
     # the env commands a discrete gripper (the last action dimension) chooses among, e.g. [-1, 1]
     # for ManiSkill's Panda (closed, open); empty: the gripper is continuous like the arm
@@ -82,16 +87,52 @@ def squash_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) 
     return (gaussian - jacobian).sum(-1)
 
 
+class SpatialEmbeddings(nn.Module):
+    """A (C, H, W) feature map, flattened -> (C x K): for each channel, K learned weighted sums
+    over the map's positions (HIL-SERL's learned spatial embeddings). Where a feature fires
+    survives, at far fewer weights than a linear layer over the whole map."""
+
+    def __init__(self, map_shape: tuple[int, int, int], count: int):
+        super().__init__()
+        self.map_shape = map_shape
+        self.kernel = nn.Parameter(torch.empty(*map_shape, count))
+        nn.init.normal_(self.kernel, std=1.0 / math.sqrt(math.prod(map_shape)))  # LeCun's scale
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        maps = features.view(-1, *self.map_shape)
+        return torch.einsum("bchw,chwk->bck", maps, self.kernel).flatten(1)
+
+
 class PixelProjection(nn.Module):
     """[state, frozen features of each camera] -> [state, tanh(LayerNorm(W features)) of each
-    camera]: the trainable part of the image encoder. Identity without cameras."""
+    camera]: the trainable part of the image encoder. Identity without cameras. With
+    `map_shapes` (each camera's (C, H, W)) and `embeddings` K > 0, each camera's map first
+    goes through SpatialEmbeddings, and W reads its C x K values."""
 
-    def __init__(self, state_dim: int, feature_dims: list[int], width: int):
+    def __init__(
+        self,
+        state_dim: int,
+        feature_dims: list[int],
+        width: int,
+        map_shapes: list[tuple[int, int, int]] | None = None,
+        embeddings: int = 0,
+    ):
         super().__init__()
         self.state_dim, self.feature_dims = state_dim, feature_dims  # one width per camera
-        self.heads = nn.ModuleList(
-            nn.Sequential(nn.Linear(dim, width), nn.LayerNorm(width), nn.Tanh()) for dim in feature_dims
-        )
+
+        def head(dim: int, map_shape: tuple[int, int, int] | None) -> nn.Sequential:
+            if not embeddings:
+                return nn.Sequential(nn.Linear(dim, width), nn.LayerNorm(width), nn.Tanh())
+            assert map_shape is not None
+            return nn.Sequential(
+                SpatialEmbeddings(map_shape, embeddings),
+                nn.Linear(map_shape[0] * embeddings, width),
+                nn.LayerNorm(width),
+                nn.Tanh(),
+            )
+
+        shapes = map_shapes if embeddings else [None] * len(feature_dims)
+        self.heads = nn.ModuleList(head(dim, shape) for dim, shape in zip(feature_dims, shapes))
         self.output_dim = state_dim + len(feature_dims) * width
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -142,6 +183,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         self.backbone = frozen_backbone(cfg.image_backbone, cfg.image_features) if self.cameras else None
         # each camera's feature width (spatial features grow with the image)
         self.feature_dims = [self.backbone.output_dim(spec.image_shapes[c]) for c in self.cameras]
+        self.map_shapes = self._map_shapes(cfg) if cfg.spatial_embeddings else None
         self.input_dim = spec.state_dim + sum(self.feature_dims)
         low = torch.tensor(spec.action_low, dtype=torch.float32)
         high = torch.tensor(spec.action_high, dtype=torch.float32)
@@ -166,9 +208,32 @@ class SquashedGaussianPolicy(nn.Module, Policy):
             )
 
     # ---- inputs: the state and the frozen image features -------------------------------------
+    def _map_shapes(self, cfg: SquashedGaussianConfig) -> list[tuple[int, int, int]]:
+        """Each camera's (C, H, W) feature map, for spatial embeddings (which need one)."""
+        if cfg.spatial_embeddings < 0:
+            raise ConfigError(f"policy.spatial_embeddings must be >= 0, got {cfg.spatial_embeddings}")
+        if cfg.image_features != "spatial" or self.backbone is None:
+            raise ConfigError(
+                "policy.spatial_embeddings weights the positions of a feature map: it needs cameras and "
+                f"policy.image_features=spatial (got image_features={cfg.image_features}, cameras={self.cameras})"
+            )
+        shapes = [self.backbone.map_shape(self.spec.image_shapes[c]) for c in self.cameras]
+        if any(len(shape) != 3 for shape in shapes):
+            raise ConfigError(
+                f"policy.spatial_embeddings needs (channels, height, width) feature maps; "
+                f"{cfg.image_backbone} gives {shapes}"
+            )
+        return shapes  # type: ignore[return-value]
+
     def new_projection(self) -> PixelProjection:
         """A fresh trainable projection of the input vector (the actor's own, or a critic's)."""
-        return PixelProjection(self.spec.state_dim, self.feature_dims, self.cfg.image_projection)
+        return PixelProjection(
+            self.spec.state_dim,
+            self.feature_dims,
+            self.cfg.image_projection,
+            self.map_shapes,
+            self.cfg.spatial_embeddings,
+        )
 
     @torch.no_grad()
     def image_features(self, images: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -165,6 +165,53 @@ def test_spatial_features_give_each_camera_its_own_width_from_its_frame_size():
     assert policy.act(observation).actions.shape == (4, 1, 2)
 
 
+def test_spatial_embeddings_are_k_weighted_sums_over_each_channels_positions():
+    """HIL-SERL's learned spatial embeddings against a float64 loop: output (c, k) is the sum
+    over positions of the map times its kernel; each camera's head reads C x K of them, and the
+    critics' projections get their own."""
+    spec = EnvSpec(**{**SPEC.__dict__, "image_shapes": {"base": (32, 32, 3), "wrist": (48, 48, 3)}})
+    config = SquashedGaussianConfig(
+        hidden=[16], image_backbone="random_cnn", image_projection=8, image_features="spatial", spatial_embeddings=3
+    )
+    torch.manual_seed(0)
+    policy = SquashedGaussianPolicy(config, spec)
+    assert policy.map_shapes == [(32, 3, 3), (32, 5, 5)]
+    embeddings, linear = policy.projection.heads[1][0], policy.projection.heads[1][1]
+    assert embeddings.kernel.shape == (32, 5, 5, 3) and linear.in_features == 32 * 3
+    features = torch.randn(2, 32 * 5 * 5)
+    maps, kernel = features.double().view(2, 32, 5, 5), embeddings.kernel.detach().double()
+    expected = torch.zeros(2, 32, 3, dtype=torch.float64)
+    for b in range(2):
+        for c in range(32):
+            for k in range(3):
+                expected[b, c, k] = sum(maps[b, c, h, w] * kernel[c, h, w, k] for h in range(5) for w in range(5))
+    assert torch.allclose(embeddings(features).double(), expected.flatten(1), atol=1e-5)
+    critic_projection = policy.new_projection()
+    assert critic_projection.heads[0][0].kernel.data_ptr() != policy.projection.heads[0][0].kernel.data_ptr()
+    frames = {c: torch.randint(0, 256, (4, *shape), dtype=torch.uint8) for c, shape in spec.image_shapes.items()}
+    assert policy.act(Observation(state=torch.zeros(4, 3), images=frames)).actions.shape == (4, 1, 2)
+    # SAC trains the kernels: the actor's through its step, the critics' through theirs
+    policy = SquashedGaussianPolicy(config, SPEC)
+    algo = SACRLPD(SACConfig(**SMALL), policy)
+    heads = (policy.projection.heads[0], algo.critics.projection.heads[0])
+    before = [head[0].kernel.detach().clone() for head in heads]
+    algo.learn(algo.with_features(pixel_transitions(8)))
+    after = [head[0].kernel for head in heads]
+    assert all(not torch.equal(b, a) for b, a in zip(before, after))
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(image_features="pooled", spatial_embeddings=8), "image_features=spatial"),
+        (dict(image_features="spatial", spatial_embeddings=-1), ">= 0"),
+    ],
+)
+def test_spatial_embeddings_without_a_spatial_map_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        SquashedGaussianPolicy(SquashedGaussianConfig(hidden=[16], image_backbone="random_cnn", **overrides), SPEC)
+
+
 def test_one_shift_per_sample_reaches_both_its_critic_and_actor_steps(monkeypatch):
     policy = pixel_policy()
     algo = SACRLPD(SACConfig(**SMALL, image_augmentation="shift", shift_pad=4), policy)
