@@ -117,7 +117,7 @@ def smolvla_ours(work: Path, runs: int) -> None:
 
     import torch
 
-    from embodied.policies.smolvla_model import resize_with_pad
+    from embodied.policies.pretrained.smolvla_model import resize_with_pad
 
     started = time.perf_counter()
     from tests.policies.smolvla_parity import PUBLISHED_SPEC, loaded

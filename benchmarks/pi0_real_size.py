@@ -66,7 +66,7 @@ def ours(work: Path, model: str, runs: int) -> None:
     """This project's side, in a process of its own: load lerobot's checkpoint, time the chunk."""
     import torch
 
-    from embodied.policies.pi0 import Pi0Config, Pi0Model, Pi05Config, load_checkpoint, resolve_architecture
+    from embodied.policies.pretrained.pi0 import Pi0Config, Pi0Model, Pi05Config, load_checkpoint, resolve_architecture
 
     config = (Pi0Config if model == "pi0" else Pi05Config)(
         pretrained=str(work / "checkpoint"), horizon=HORIZON, denoise_steps=STEPS

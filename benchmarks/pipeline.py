@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
 from harness.pipelining import STAGES, pipelining_bound, rollout_rates, seconds_per_call, stage_step

@@ -42,7 +42,7 @@ import torch
 
 from embodied.algos.grpo import GRPOConfig
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
+from embodied.policies.vla.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
 from embodied.sim.maniskill_common import INSTRUCTIONS
 from harness.commands import embodied

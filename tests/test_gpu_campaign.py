@@ -209,7 +209,7 @@ sys.path_importer_cache.clear()
 sys.path[:0] = [{str(stage)!r}, {str(repo / "benchmarks")!r}]
 import gpu_campaign, openvla_real_size, placement, pipeline, token_vla_real_size
 import harness.gpu_measure, harness.openvla_measure, harness.pipelining, harness.placement_runs
-import embodied.policies.openvla, embodied.sim.maniskill_batched
+import embodied.policies.pretrained.openvla, embodied.sim.maniskill_batched
 print(embodied.__file__)
 """
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=300)

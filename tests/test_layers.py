@@ -100,7 +100,7 @@ def test_every_module_is_under_the_one_namespace(graph):
     assert {
         "embodied.core.types",
         "embodied.sim.maniskill",
-        "embodied.policies.flow",
+        "embodied.policies.denoising.flow",
         "embodied.robots.client",
         "embodied.cli",
     } <= set(graph)

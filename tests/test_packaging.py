@@ -85,6 +85,11 @@ def test_the_wheel_holds_one_namespace_and_every_config(wheel):
     assert shipped == {str(p.relative_to(ROOT / "configs")) for p in (ROOT / "configs").rglob("*.yaml")}
     for package in ("core", "sim", "policies", "robots", "algos", "runtime"):
         assert f"embodied/{package}/__init__.py" in names
+    # every Python module of the checkout's packages, subpackages included, is in the wheel
+    for folder, package in (("embodied", "embodied"), *((f, f"embodied/{f}") for f in ("sim", "policies", "robots"))):
+        for module in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" not in module.parts:
+                assert f"{package}/{module.relative_to(ROOT / folder).as_posix()}" in names, module
 
 
 @pytest.mark.slow

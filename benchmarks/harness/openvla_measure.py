@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
+from embodied.policies.pretrained.openvla import OpenVLAConfig, OpenVLAPolicy
 from harness.timing import speeds, timed_grpo_update, timed_rollout
 
 INSTRUCTION = "pick up the black bowl between the plate and the ramekin and place it on the plate"

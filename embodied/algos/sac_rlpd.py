@@ -35,7 +35,7 @@
 
 It fits the learner contract: each rollout batch is added to replay and followed by
 `utd_ratio` critic steps per new transition and one actor step per new transition. The
-policy (`policies/squashed_gaussian.py`) is the actor; critics, temperature, buffers and
+policy (`policies/gaussian/squashed_gaussian.py`) is the actor; critics, temperature, buffers and
 counters are this algorithm's state and travel in checkpoints."""
 
 from __future__ import annotations

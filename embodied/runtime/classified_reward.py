@@ -30,7 +30,7 @@ class RewardClassifier(nn.Module):
     def __init__(self, camera_names: list[str], hidden: list[int]):
         super().__init__()
         from embodied.policies.encoders import EfficientNetLite0
-        from embodied.policies.mlp import mlp
+        from embodied.policies.gaussian.mlp import mlp
 
         self.cameras = list(camera_names)
         object.__setattr__(self, "encoder", EfficientNetLite0.pretrained())  # frozen, from its package

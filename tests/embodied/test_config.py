@@ -7,7 +7,7 @@ from embodied.config import TrainConfig, to_schema
 from embodied.core.compose import compose
 from embodied.core.errors import ConfigError, UnknownNameError
 from embodied.core.registry import Registry
-from embodied.policies.mlp import MLPPolicyConfig
+from embodied.policies.gaussian.mlp import MLPPolicyConfig
 from embodied.sim.maniskill_common import ManiSkillConfig
 
 

@@ -10,7 +10,7 @@ import torch
 from embodied.algos.distributed import DataParallel
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.types import EnvSpec
-from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from tests.cli import GRPO_ANY_OUTCOME, embodied
 from tests.embodied.test_ppo import _batch
 
@@ -57,7 +57,7 @@ def policy_batch_and_grpo():
 
 def pi0_batch_and_ppo():
     """The tiny pi0 (state only): its vision tower, VLM and action expert are FSDP units."""
-    from embodied.policies.pi0 import Pi0Config, Pi0Policy
+    from embodied.policies.pretrained.pi0 import Pi0Config, Pi0Policy
 
     torch.manual_seed(0)
     policy = Pi0Policy(

@@ -13,8 +13,8 @@ from embodied.algos.dsrl import DSRL, DSRLConfig
 from embodied.algos.replay import Transitions
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.denoising import from_unit
-from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.denoising.common import from_unit
+from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
 from embodied.runtime.rollout import Rollout
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from tests.embodied.test_cli import embodied
@@ -154,7 +154,7 @@ def test_an_operators_correction_becomes_the_noise_whose_chunk_it_is():
 
 
 def test_dsrl_refuses_what_it_cannot_steer():
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     with pytest.raises(ConfigError, match="policy.latent_actor=true"):
         DSRL(DSRLConfig(**SMALL), FlowPolicy(FlowPolicyConfig(hidden=[8]), SPEC))
@@ -171,7 +171,7 @@ def test_dsrl_refuses_what_it_cannot_steer():
 
 
 def test_the_vlm_expert_has_no_latent_actor_yet():
-    from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
+    from embodied.policies.vla.vlm_expert import VLMExpertConfig, VLMExpertPolicy
     from tests.policies.test_vlm_expert import SPEC as VLM_SPEC
 
     with pytest.raises(ConfigError, match="DSRL runs on policy=flow, flow_vla, pi0, pi05, smolvla and diffusion"):
@@ -237,7 +237,7 @@ def test_a_diffusion_policy_is_steered_through_its_noise_too(scheduler, eta):
     """Its deterministic sampler (DDIM with eta 0; DDPM's means) from the chosen noise gives
     the chunk, the sampler run backwards finds the noise of a chunk, and DSRL trains only the
     latent actor."""
-    from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig
+    from embodied.policies.denoising.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 
     env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
     spec, observation = env.spec, env.reset().to_torch()

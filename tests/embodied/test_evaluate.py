@@ -38,7 +38,7 @@ def test_two_evaluations_of_one_flow_policy_on_one_seed_agree():
     stream makes it repeatable, whatever torch's global stream has done in between."""
     from embodied.build import build_env
     from embodied.eval.episodes import run_episodes
-    from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
+    from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
     from embodied.sim.maniskill import ManiSkillConfig
 
     env = build_env(

@@ -94,7 +94,7 @@ def test_grouped_starts_share_the_initial_state_within_a_group():
     import numpy as np
     import torch
 
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.runtime.rollout import Rollout
     from embodied.sim.maniskill import make_maniskill
     from embodied.sim.maniskill_common import ManiSkillConfig
@@ -142,7 +142,7 @@ def test_grpo_refuses_groups_that_mix_tasks_or_episodes_that_did_not_end():
     from embodied.algos.grpo import GRPO, GRPOConfig
     from embodied.core.errors import ConfigError
     from embodied.core.types import EnvSpec
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     policy = MLPGaussianPolicy(
         MLPPolicyConfig(), EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
@@ -161,7 +161,7 @@ def test_resampling_collects_batches_until_enough_informative_groups_and_survive
 
     from embodied.algos.grpo import GRPO, GRPOConfig
     from embodied.core.types import EnvSpec
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.runs.checkpoint import flatten, unflatten
 
     def make():

@@ -9,7 +9,7 @@ import torch
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from embodied.runtime.configs import ProcsRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.offload import Offloader

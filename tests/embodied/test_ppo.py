@@ -6,7 +6,7 @@ from embodied.algos.buffers import TrajectoryBuilder
 from embodied.algos.policy_gradient import ratio_log_probs, term_advantages
 from embodied.algos.ppo import PPO, PPOConfig, ppo_loss
 from embodied.core.types import EnvSpec, Observation, StepResult
-from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
 
 def reference_terms(new_lp, old_lp, adv, new_v, old_v, ret, ent, clip, vf_coef, ent_coef):

@@ -80,7 +80,7 @@ def test_eval_and_serve_take_a_run_or_a_published_model_and_say_which_is_missing
     from embodied.config import EvalConfig
     from embodied.core.errors import ConfigError
     from embodied.evaluate import evaluate_checkpoint
-    from embodied.policies.pi0 import Pi05Config
+    from embodied.policies.pretrained.pi0 import Pi05Config
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     model = Pi05Config(pretrained=str(published), vocab_size=300)

@@ -10,7 +10,7 @@ import torch
 from embodied.algos.sac_rlpd import SACRLPD, SACConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
+from embodied.policies.gaussian.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 from tests.embodied.test_sac_rlpd import SMALL, transitions
 
 ARM_AND_GRIPPER = EnvSpec(

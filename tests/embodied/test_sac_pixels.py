@@ -16,8 +16,8 @@ from embodied.algos.sac_rlpd import SACRLPD, SACConfig
 from embodied.build import build_env
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
+from embodied.policies.gaussian.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 from embodied.policies.image_backbones import EFFICIENTNET_SPATIAL_BLOCKS, frozen_backbone
-from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 from embodied.runs.checkpoint import load_checkpoint, save_checkpoint
 from embodied.runtime.rollout import Rollout
 from embodied.sim.maniskill import ManiSkillConfig

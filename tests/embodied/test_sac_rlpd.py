@@ -16,7 +16,7 @@ from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns,
 from embodied.algos.sac_rlpd import SACRLPD, SACConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
+from embodied.policies.gaussian.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
 from embodied.robots.recording import DatasetRecorder, RecordingConfig
 from embodied.runs.checkpoint import load_checkpoint, save_checkpoint
 from embodied.runtime.rollout import Rollout
@@ -453,7 +453,7 @@ def test_resume_restores_critics_optimizers_buffers_and_counters(tmp_path):
 
 def test_a_policy_without_a_squashed_distribution_is_refused():
     from embodied.core.errors import ConfigError
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     with pytest.raises(ConfigError, match="squashed_gaussian"):
         SACRLPD(SACConfig(**SMALL), MLPGaussianPolicy(MLPPolicyConfig(), SPEC))

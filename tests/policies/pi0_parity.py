@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.pi0 import (
+from embodied.policies.pretrained.pi0 import (
     GEMMA_SIZES,
     TINY_SIGLIP,
     Pi0Config,
@@ -28,7 +27,8 @@ from embodied.policies.pi0 import (
     resize_with_pad,
     resolve_architecture,
 )
-from embodied.policies.statistics import StatisticsNormalizer, lerobot_feature
+from embodied.policies.pretrained.statistics import StatisticsNormalizer, lerobot_feature
+from embodied.policies.vla.backbones import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE_PYTHON = Path(os.environ.get("EMBODIED_PI0_REFERENCE_VENV", ROOT / ".venv-pi0ref")) / "bin" / "python"

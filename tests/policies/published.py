@@ -13,7 +13,7 @@ import torch
 from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch_file
 
-from embodied.policies.pi0 import RENAMES, Pi0Config, Pi0Model, Pi05Config, resolve_architecture
+from embodied.policies.pretrained.pi0 import RENAMES, Pi0Config, Pi0Model, Pi05Config, resolve_architecture
 
 # the tiny sizes, which a checkpoint's config.json cannot all name: `policy.vocab_size` is given
 TINY = {"paligemma_variant": "tiny", "expert_variant": "tiny_expert", "vocab_size": 300}

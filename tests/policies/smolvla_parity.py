@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
+from embodied.policies.pretrained.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
 from tests.policies.checkpoints import save_word_tokenizer
 from tests.policies.pi0_parity import NORM_MAPS, PIPELINE_SEED, REFERENCE_PYTHON, dataset_statistics
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
+from embodied.policies.vla.action_tokens import NUM_BINS, ActionTokenizer
 
 VOCAB = 1000
 

@@ -12,8 +12,8 @@ import torch
 from embodied.algos.ppo import PPO, PPOConfig
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.denoising import gaussian_log_prob
-from embodied.policies.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
+from embodied.policies.denoising.common import gaussian_log_prob
+from embodied.policies.denoising.diffusion import DiffusionPolicy, DiffusionPolicyConfig, denoising_step, make_scheduler
 from embodied.runtime.wire import published_weights
 from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.embodied.test_ppo import _batch
@@ -82,7 +82,7 @@ def test_chunk_log_prob_is_the_sum_of_floored_step_gaussians_recomputed_by_recom
 
 
 def _time(policy, t, batch):
-    from embodied.policies.denoising import time_embedding
+    from embodied.policies.denoising.common import time_embedding
 
     return time_embedding(torch.full((batch,), t / policy.cfg.train_timesteps), policy.frequencies)
 

@@ -7,7 +7,7 @@ import pytest
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec
-from embodied.policies.features import PRESETS, camera_inputs, checkpoint_inputs, parse_features
+from embodied.policies.pretrained.features import PRESETS, camera_inputs, checkpoint_inputs, parse_features
 
 LIBERO = EnvSpec(
     state_dim=8,

@@ -8,7 +8,7 @@ import torch
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
+from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig, gaussian_log_prob, sde_step
 from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 from tests.policies.sft import bc_losses
 

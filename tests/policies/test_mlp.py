@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from embodied.policies.normalization import RunningNormalizer
 
 SPEC = EnvSpec(state_dim=5, action_dim=3, action_low=(-1.0,) * 3, action_high=(1.0,) * 3)

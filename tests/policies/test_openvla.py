@@ -11,10 +11,10 @@ import torch
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.action_tokens import ActionTokenizer
-from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy, OpenVLAPrompt
-from embodied.policies.openvla_checkpoint import current_names, installed_names, read_statistics
-from embodied.policies.prismatic import ImagePixels, tower_spec
+from embodied.policies.pretrained.openvla import OpenVLAConfig, OpenVLAPolicy, OpenVLAPrompt
+from embodied.policies.pretrained.openvla_checkpoint import current_names, installed_names, read_statistics
+from embodied.policies.pretrained.prismatic import ImagePixels, tower_spec
+from embodied.policies.vla.action_tokens import ActionTokenizer
 from embodied.runtime.wire import published_weights
 
 HERE = Path(__file__).parent

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from embodied.core.types import EnvSpec
-from embodied.policies.openvla import OpenVLAConfig, OpenVLAPolicy
+from embodied.policies.pretrained.openvla import OpenVLAConfig, OpenVLAPolicy
 from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 
 FLOAT32 = dict(precision="float32", lora_rank=0)

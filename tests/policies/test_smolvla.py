@@ -15,8 +15,8 @@ import torch
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
-from embodied.policies.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
-from embodied.policies.smolvla_model import resize_with_pad
+from embodied.policies.pretrained.smolvla import SmolVLAConfig, SmolVLAPolicy, SmolVLMPrompt, prompts
+from embodied.policies.pretrained.smolvla_model import resize_with_pad
 from tests.policies.pi0_parity import NORM_MAPS
 from tests.policies.published import save_lerobot_processors
 from tests.policies.sft import bc_losses

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from embodied.core.errors import ConfigError
-from embodied.policies.statistics import StatisticsNormalizer, read_checkpoint_statistics
+from embodied.policies.pretrained.statistics import StatisticsNormalizer, read_checkpoint_statistics
 from tests.policies.published import save_lerobot_processors
 
 RNG = np.random.default_rng(0)

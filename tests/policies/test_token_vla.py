@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.token_vla import TokenVLAConfig, TokenVLAPolicy
+from embodied.policies.vla.token_vla import TokenVLAConfig, TokenVLAPolicy
 from embodied.runtime.wire import published_weights
 from tests.cli import GRPO_ANY_OUTCOME, NO_EVAL, QUIET, embodied
 
@@ -437,7 +437,7 @@ def test_an_unknown_precision_is_refused_by_name():
 
 
 def test_smoothed_sft_targets_are_gaussians_over_neighbouring_bins_cut_at_the_ends():
-    from embodied.policies.token_vla import smoothed_targets
+    from embodied.policies.vla.token_vla import smoothed_targets
 
     targets = smoothed_targets(torch.tensor([[100, 0, 255]]), sigma=2.0)
     torch.testing.assert_close(targets.sum(-1), torch.ones(1, 3))

@@ -6,7 +6,7 @@ import torch
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.vlm_expert import VLMExpertConfig, VLMExpertPolicy
+from embodied.policies.vla.vlm_expert import VLMExpertConfig, VLMExpertPolicy
 from tests.policies.sft import bc_losses
 
 SPEC = EnvSpec(
@@ -78,7 +78,7 @@ def test_flow_matching_sft_moves_the_vlm_and_the_expert_unless_the_backbone_is_f
 
 def save_tiny_vlm(path, seed=0):
     """A small random PaliGemma and a word-level tokenizer, saved as a user's checkpoint is."""
-    from embodied.policies.vlm import tiny_paligemma
+    from embodied.policies.vla.vlm import tiny_paligemma
     from tests.policies.checkpoints import save_word_tokenizer
 
     save_word_tokenizer(path, ["[PAD]", "[UNK]", "pick", "the", "cube"])

@@ -212,7 +212,7 @@ def test_a_killed_env_worker_is_reported_not_waited_on():
 
 def test_an_mlp_policy_refuses_camera_observations_it_would_ignore():
     from embodied.core.types import EnvSpec
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 
     spec = EnvSpec(
         state_dim=4,

@@ -155,7 +155,7 @@ def test_loopback_endpoints_are_allowed():
 def test_rollout_restarts_a_killed_worker_and_recollects_the_whole_batch(transport, pipeline):
     import torch
 
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.runtime.rollout import Rollout
 
     env = make_gymnasium(
@@ -231,7 +231,7 @@ def test_pipelined_rollout_collects_the_same_transitions_as_the_sequential_one(w
     inference runs, not what is collected."""
     import torch
 
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.runtime.rollout import Rollout
 
     batches = []
@@ -296,7 +296,7 @@ def test_a_pipeline_of_fewer_than_two_stages_is_refused_by_name():
     import torch
 
     from embodied.core.errors import ConfigError
-    from embodied.policies.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
     from embodied.runtime.rollout import Rollout
 
     env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2), seed=3)

@@ -115,7 +115,7 @@ ASSET_SUFFIXES = {
 PROBE = """
 import importlib, json, sys
 import embodied.cli, embodied.components, embodied.runtime.local, embodied.runtime.procs, embodied.serve
-import embodied.sim.maniskill, embodied.sim.maniskill_batched, embodied.policies.flow_vla
+import embodied.sim.maniskill, embodied.sim.maniskill_batched, embodied.policies.vla.flow_vla
 import gymnasium as gym, mani_skill.envs, hydra, omegaconf, zmq, mujoco
 import OpenGL  # PyOpenGL: mujoco's Renderer needs it, and imports it only when one is made
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder

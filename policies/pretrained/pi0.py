@@ -47,11 +47,10 @@ from torch.nn import functional as F
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.flow import FlowPolicyConfig
-from embodied.policies.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
-from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import (
+from embodied.policies.denoising.flow import FlowPolicyConfig
+from embodied.policies.gaussian.mlp import mlp
+from embodied.policies.pretrained.gemma import GemmaSize, GemmaStack, SiglipSize, SiglipVision
+from embodied.policies.pretrained.pretrained_flow import (
     PretrainedFlowVLA,
     assign_weights,
     check_normalization,
@@ -59,6 +58,7 @@ from embodied.policies.pretrained_flow import (
     published_config,
     time_features,
 )
+from embodied.policies.vla.backbones import ByteTokenizer
 
 GEMMA_SIZES = {
     "gemma_2b": GemmaSize(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256),

@@ -12,8 +12,8 @@ from torch import nn
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import Observation
-from embodied.policies.action_tokens import NUM_BINS
-from embodied.policies.vlm import (
+from embodied.policies.vla.action_tokens import NUM_BINS
+from embodied.policies.vla.vlm import (
     DEFAULT_MEAN,
     DEFAULT_STD,
     ImageTokens,

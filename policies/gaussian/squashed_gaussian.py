@@ -36,8 +36,8 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.gaussian.mlp import ACTIVATIONS
 from embodied.policies.image_backbones import frozen_backbone
-from embodied.policies.mlp import ACTIVATIONS
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 EDGE = 1 - 1e-6  # stored actions at the bounds are pulled in by this much before atanh

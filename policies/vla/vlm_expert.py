@@ -29,10 +29,10 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
-from embodied.policies.denoising import time_embedding
-from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
-from embodied.policies.mlp import mlp
+from embodied.policies.denoising.common import time_embedding
+from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.gaussian.mlp import mlp
+from embodied.policies.vla.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
 
 VALUE_FROM = ("prefix", "expert")
 

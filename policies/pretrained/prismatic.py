@@ -8,7 +8,7 @@ features are concatenated per patch and projected into the language model's widt
 Each tower's features are its second-to-last block's output, before the final norm, with the
 prefix tokens (DINOv2's class token and registers) dropped, as Prismatic takes them. The
 towers are transformers' DINOv2-with-registers and SigLIP vision models; the published
-checkpoints name their tensors as timm does, and `policies/openvla_checkpoint.py` maps
+checkpoints name their tensors as timm does, and `policies/pretrained/openvla_checkpoint.py` maps
 between the two. Two differences are bridged: timm's DINOv2 adds position embeddings to the
 patches only (its embeddings are computed here as timm does, so the class token's position
 that transformers keeps is never read and stays zero), and timm keeps the attention's query,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from embodied.core.types import ActionChunk, Observation
-from embodied.policies.squashed_gaussian import EDGE, layer_norm_mlp, squash_log_prob
+from embodied.policies.gaussian.squashed_gaussian import EDGE, layer_norm_mlp, squash_log_prob
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 

@@ -2,10 +2,10 @@
 vision-language model.
 
 The prefix is each camera's image tokens (vision-language backbones: their own vision tower
-and projector, `embodied.policies.vlm`), the instruction's tokens, then one embedding of the
+and projector, `embodied.policies.vla.vlm`), the instruction's tokens, then one embedding of the
 (normalised) state;
 then come C x A action positions whose tokens are the last 256 vocabulary ids
-(`embodied.policies.action_tokens`). Without images in front, the instruction's positions depend on
+(`embodied.policies.vla.action_tokens`). Without images in front, the instruction's positions depend on
 the instruction alone, so they run once per distinct instruction of a batch and every row
 reads their keys and values (a multi-task batch holds a few instructions: most of the
 sequence is computed a few times instead of once per row). Two decoders:
@@ -41,11 +41,11 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.policies.action_tokens import NUM_BINS, ActionTokenizer
-from embodied.policies.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
-from embodied.policies.mlp import mlp
+from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
-from embodied.policies.vlm import is_vision_language
+from embodied.policies.vla.action_tokens import NUM_BINS, ActionTokenizer
+from embodied.policies.vla.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
+from embodied.policies.vla.vlm import is_vision_language
 
 DECODERS = ("causal", "parallel")
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}

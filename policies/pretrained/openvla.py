@@ -1,6 +1,6 @@
-"""OpenVLA and OpenVLA-OFT (`policy=openvla`): the Prismatic VLM (`policies/prismatic.py`: two
+"""OpenVLA and OpenVLA-OFT (`policy=openvla`): the Prismatic VLM (`policies/pretrained/prismatic.py`: two
 ViT towers, a projector, Llama-2) with OpenVLA's prompt and action tokens, driven by the token
-VLA's decoding, log-probs, value head, LoRA and precision (`policies/token_vla.py`), so GRPO and
+VLA's decoding, log-probs, value head, LoRA and precision (`policies/vla/token_vla.py`), so GRPO and
 PPO train it unchanged.
 
     [BOS, each camera's 256 patch tokens, (OFT: one proprio token), "In: What action should the
@@ -36,10 +36,8 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.policies.action_tokens import ActionTokenizer
-from embodied.policies.backbones import left_padded
-from embodied.policies.oft_heads import ProprioProjector, ResidualMLP
-from embodied.policies.openvla_checkpoint import (
+from embodied.policies.pretrained.oft_heads import ProprioProjector, ResidualMLP
+from embodied.policies.pretrained.openvla_checkpoint import (
     Layout,
     image_normalization,
     installed_names,
@@ -54,8 +52,10 @@ from embodied.policies.openvla_checkpoint import (
     read_torch_module,
     tensor_files,
 )
-from embodied.policies.prismatic import ImagePixels, Projector, VisionBackbone, tower_spec
-from embodied.policies.token_vla import TokenPolicyConfig, TokenVLAPolicy
+from embodied.policies.pretrained.prismatic import ImagePixels, Projector, VisionBackbone, tower_spec
+from embodied.policies.vla.action_tokens import ActionTokenizer
+from embodied.policies.vla.backbones import left_padded
+from embodied.policies.vla.token_vla import TokenPolicyConfig, TokenVLAPolicy
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 ACTION_HEADS = ("tokens", "l1")

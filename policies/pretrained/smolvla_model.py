@@ -32,8 +32,16 @@ from torch import nn
 from torch.nn import functional as F
 
 from embodied.core.errors import ConfigError
-from embodied.policies.gemma import SiglipSize, SiglipVision, attend, attention_bias, rotary, rotate, split_heads
-from embodied.policies.pretrained_flow import assign_weights, time_features
+from embodied.policies.pretrained.gemma import (
+    SiglipSize,
+    SiglipVision,
+    attend,
+    attention_bias,
+    rotary,
+    rotate,
+    split_heads,
+)
+from embodied.policies.pretrained.pretrained_flow import assign_weights, time_features
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from embodied.core.errors import ConfigError
-from embodied.policies.action_tokens import NUM_BINS
-from embodied.policies.prismatic import tower_spec
+from embodied.policies.pretrained.prismatic import tower_spec
+from embodied.policies.vla.action_tokens import NUM_BINS
 
 PUBLISHED_FILES = ("model.safetensors", "model.safetensors.index.json")
 

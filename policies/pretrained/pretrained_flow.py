@@ -2,7 +2,7 @@
 `policy=flow`: the normalisation statistics they act with and the cameras they read.
 
 - `normalization=checkpoint` with `pretrained`: the statistics the checkpoint was trained with
-  (policies/statistics.py), fixed; its image inputs, in its order (policies/features.py).
+  (policies/pretrained/statistics.py), fixed; its image inputs, in its order (policies/pretrained/features.py).
 - `normalization=dataset`: fixed statistics that SFT computes from its demonstrations in the
   model's published mode (`published_mode`); the policy refuses to act before.
 - `normalization=running`, or no `pretrained`: this run's own (policy=flow's).
@@ -20,9 +20,9 @@ from torch import nn
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.features import camera_inputs, checkpoint_inputs, parse_features
-from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
-from embodied.policies.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
+from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.pretrained.features import camera_inputs, checkpoint_inputs, parse_features
+from embodied.policies.pretrained.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
 
 NORMALIZATIONS = ("checkpoint", "dataset", "running")
 MIN_PERIOD, MAX_PERIOD = 4e-3, 4.0  # the time embedding's shortest and longest periods

@@ -13,7 +13,7 @@ pi0.5's action expert conditions its norms on the denoising time instead (adapti
 residual branch is multiplied by its norm's gate before it is added.
 
 Parameter names follow the layout of pi0 checkpoints (q_proj, input_layernorm, mlp.gate_proj,
-...), so loading one is a rename of prefixes (policies/pi0.py)."""
+...), so loading one is a rename of prefixes (policies/pretrained/pi0.py)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
-from embodied.policies.flow import FlowPolicy, FlowPolicyConfig
 
 
 @dataclass

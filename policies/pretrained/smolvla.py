@@ -1,7 +1,7 @@
 """SmolVLA (`policy=smolvla`): lerobot's flow-matching VLA on SmolVLM (about 450M parameters
 at its published size), loaded from lerobot's checkpoint layout (`model.safetensors`,
 `config.json` and its processors), driven by this project's flow samplers, log-likelihoods,
-PPO/GRPO and SFT as `policy=flow` and `pi0` are. The network is policies/smolvla_model.py.
+PPO/GRPO and SFT as `policy=flow` and `pi0` are. The network is policies/pretrained/smolvla_model.py.
 
 The VLM's sizes come from SmolVLM's own config.json (`policy.vlm`: a local folder, which also
 holds its tokenizer; `auto` takes the checkpoint's `vlm_model_name` where that is a local
@@ -28,11 +28,15 @@ from torch.nn import functional as F
 from embodied.core.errors import ConfigError
 from embodied.core.registry import POLICIES
 from embodied.core.types import EnvSpec, Observation
-from embodied.policies.backbones import ByteTokenizer
-from embodied.policies.flow import FlowPolicyConfig
-from embodied.policies.mlp import mlp
-from embodied.policies.pretrained_flow import PretrainedFlowVLA, check_normalization, pooled, published_config
-from embodied.policies.smolvla_model import (
+from embodied.policies.denoising.flow import FlowPolicyConfig
+from embodied.policies.gaussian.mlp import mlp
+from embodied.policies.pretrained.pretrained_flow import (
+    PretrainedFlowVLA,
+    check_normalization,
+    pooled,
+    published_config,
+)
+from embodied.policies.pretrained.smolvla_model import (
     TINY_SMOLVLM,
     SmolVLAModel,
     SmolVLMSize,
@@ -40,6 +44,7 @@ from embodied.policies.smolvla_model import (
     read_smolvlm_size,
     resize_with_pad,
 )
+from embodied.policies.vla.backbones import ByteTokenizer
 
 # policy setting -> (the checkpoint's config.json key, the default without a checkpoint)
 FROM_CHECKPOINT = {

@@ -38,7 +38,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
-from embodied.policies.denoising import (
+from embodied.policies.denoising.common import (
     HALF_LOG_2PI,
     from_unit,
     gaussian_log_prob,
@@ -47,8 +47,8 @@ from embodied.policies.denoising import (
     time_frequencies,
     to_unit,
 )
-from embodied.policies.latent_noise import LatentNoiseActor, NoiseSteering
-from embodied.policies.mlp import mlp
+from embodied.policies.gaussian.latent_noise import LatentNoiseActor, NoiseSteering
+from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
 
 SAMPLERS = ("ode", "flow_sde", "flow_noise")
