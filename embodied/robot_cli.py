@@ -115,6 +115,12 @@ def oracle_teleop(config: TeleopConfig, action_dim: int, driving: bool, action_n
             "teleop=oracle needs teleop.operator.policy=<run or checkpoint directory> "
             "(a simulated robot has no scripted expert)"
         )
+    if operator.trigger != "drift":
+        raise ConfigError(
+            f"teleop=oracle takes over when the policy's action drifts from the operator's "
+            f"(teleop.operator.trigger=drift); trigger={operator.trigger} needs the env's reward, which only "
+            "training in simulation has"
+        )
     rule = (operator.threshold, operator.patience, operator.release, operator.max_takeover)
     return OracleTeleop(checkpoint_operator(operator.policy), *rule)
 

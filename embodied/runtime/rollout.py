@@ -153,7 +153,7 @@ class Rollout:
                 actions, intervened = self.operator.apply(self.observation, actions)
             result = self.env.step(actions)
             if self.operator is not None:
-                self.operator.episodes_ended(result.done)
+                self.operator.stepped(result.reward, result.success, result.done)
             builder.add(self.observation, chunk, result, self._bootstrap(result), intervened)
             self.observation = result.observation
             env_steps += int(result.executed_steps.sum())

@@ -12,7 +12,7 @@ import pytest
 from embodied.core.errors import ConfigError
 from embodied.core.operator import OperatorConfig
 from embodied.core.types import Observation
-from embodied.runtime.operator import SCRIPTED, SimOperator
+from embodied.runtime.operator import SCRIPTED, SimOperator, StallRule
 from embodied.sim.gymnasium_env import GymnasiumConfig, make_gymnasium
 from embodied.sim.maniskill import make_maniskill
 from embodied.sim.maniskill_common import ManiSkillConfig
@@ -54,6 +54,79 @@ def test_an_env_without_a_scripted_expert_is_refused_when_the_operator_is_built(
     try:
         with pytest.raises(ConfigError, match="no scripted expert"):
             SimOperator(OperatorConfig(policy=SCRIPTED), num_envs=1, chunk_size=1, env=env)
+    finally:
+        env.close()
+
+
+def test_the_stall_rule_steps_in_when_the_reward_stops_rising_and_leaves_success_alone():
+    """Env 0 makes no progress: after `patience` steps the operator drives `max_takeover` steps,
+    then the policy gets its full patience again. Env 1 keeps improving, then succeeds and
+    stalls: it is never taken over."""
+    rule = StallRule(progress=0.1, patience=2, max_takeover=3, envs=2)
+    nothing = np.zeros((2, 1))
+    driven = []
+    rewards = [(0.5, 0.1), (0.5, 0.3), (0.55, 0.5), (0.5, 0.7), (0.9, 1.0)] + [(0.9, 1.0)] * 4
+    success = [False, False, False, False, True, False, False, False, False]
+    for (r0, r1), succeeded in zip(rewards, success):
+        driven.append(rule.step(nothing, nothing).tolist())
+        rule.observe(np.array([r0, r1]), np.array([False, succeeded]))
+    # env 0: 0.5 sets the mark, 0.5 and 0.55 (+0.05) are no progress: driven at steps 3-5 (its
+    # 0.9 raises the mark); then 0.9, 0.9 without progress, and it steps in again at step 8
+    assert [d[0] for d in driven] == [False, False, False, True, True, True, False, False, True]
+    assert not any(d[1] for d in driven)
+    rule.reset(np.array([True, False]))
+    assert not rule.step(nothing, nothing)[0]  # a new episode starts with the policy driving
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(trigger="worry"), "operator.trigger must be one of drift, stall"),
+        (dict(trigger="stall", max_takeover=0), "max_takeover >= 1"),
+    ],
+)
+def test_a_stall_operator_without_a_known_trigger_or_a_takeover_length_is_refused(overrides, message):
+    env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
+    try:
+        with pytest.raises(ConfigError, match=message):
+            SimOperator(OperatorConfig(policy="runs/any", **overrides), num_envs=1, chunk_size=1, env=env)
+    finally:
+        env.close()
+
+
+def test_the_robot_clients_oracle_refuses_the_stall_trigger():
+    from embodied.robot_cli import oracle_teleop
+    from embodied.robots.teleop import TeleopConfig
+
+    config = TeleopConfig(name="oracle", operator=OperatorConfig(policy="runs/any", trigger="stall"))
+    with pytest.raises(ConfigError, match="only training in simulation has"):
+        oracle_teleop(config, 4, True, None)
+
+
+@pytest.mark.slow
+def test_on_pickcube_a_stalled_policy_gets_the_experts_steps_flagged():
+    """A policy that holds still makes no progress: the expert drives the next steps (the
+    executed actions are its own), then hands back."""
+    config = ManiSkillConfig(task="PickCube-v1", control_mode="pd_ee_delta_pos", num_envs=2, num_workers=0)
+    env = make_maniskill(config, seed=0)
+    try:
+        operator_config = OperatorConfig(policy=SCRIPTED, trigger="stall", patience=3, max_takeover=4)
+        operator = SimOperator(operator_config, num_envs=2, chunk_size=1, env=env)
+        asked = operator.infer  # the expert keeps a plan: each call moves it on, so it is asked once a step
+        expert: list[np.ndarray] = []
+        operator.infer = lambda observation: expert.append(asked(observation)) or expert[-1]
+        observation, flags = env.reset(), []
+        for _ in range(14):
+            still = np.zeros((2, 1, 4), dtype=np.float32)
+            actions, intervened = operator.apply(observation, still)
+            assert np.array_equal(actions[intervened], expert[-1][intervened]) and not actions[~intervened].any()
+            assert actions[intervened].any() or not intervened.any()
+            result = env.step(actions)
+            operator.stepped(result.reward, result.success, result.done)
+            observation = result.observation
+            flags.append(intervened[0])
+        first = flags.index(True)
+        assert 3 <= first <= 5 and flags[first : first + 4] == [True] * 4 and not flags[first + 4]
     finally:
         env.close()
 
