@@ -322,6 +322,15 @@ TUNING_ARMS = {
             *PIXEL_ARMS["pixels-rlpd-corrections"],
             "algo.bc_weight=0",
         ],
+        # the drift rule kept the expert driving 37-45% of the steps all run long (no-bc-corrections);
+        # this operator steps in only when the episode stops making headway, for 10 steps at a time
+        "rlpd-serl-stall-corrections": [
+            *SERL_TEMPERATURE,
+            "operator.policy=scripted",
+            "operator.trigger=stall",
+            "operator.patience=10",
+            "operator.max_takeover=10",
+        ],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
