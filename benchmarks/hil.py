@@ -214,6 +214,9 @@ PIXEL_ARMS = {
 # at all, apart from the pixel path.
 STATE_DEMOS = RUNS / "pickcube-state-demos-20"
 MANY_STATE_DEMOS = RUNS / "pickcube-state-demos-200"
+# the same 20 episodes' states and actions, rewarded as ManiSkill's sparse reward mode does (1 on success)
+SPARSE = ["env.reward_mode=sparse"]
+SPARSE_STATE_DEMOS = RUNS / "pickcube-state-demos-20-sparse"
 STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
 # SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
 SERL_TEMPERATURE = ["algo.init_temperature=0.01", "algo.backup_entropy=false"]
@@ -322,6 +325,9 @@ TUNING_ARMS = {
             *PIXEL_ARMS["pixels-rlpd-corrections"],
             "algo.bc_weight=0",
         ],
+        # HIL-SERL's and ManiSkill's RLPD reward: success alone (1 on every successful step) instead
+        # of ManiSkill's normalised dense reward, with demos recorded under it
+        "rlpd-serl-sparse-reward": [*SERL_TEMPERATURE, *SPARSE, f"algo.demos={SPARSE_STATE_DEMOS}"],
         # the drift rule kept the expert driving 37-45% of the steps all run long (no-bc-corrections);
         # this operator steps in only when the episode stops making headway, for 10 steps at a time
         "rlpd-serl-stall-corrections": [
@@ -334,7 +340,7 @@ TUNING_ARMS = {
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
-TUNING_DEMOS = {MANY_STATE_DEMOS: (PICKCUBE, 200)}
+TUNING_DEMOS = {MANY_STATE_DEMOS: (PICKCUBE, 200), SPARSE_STATE_DEMOS: ([*PICKCUBE, *SPARSE], 20)}
 
 
 def tuning_folder(study: Study) -> str:
