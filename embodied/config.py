@@ -13,10 +13,11 @@ from typing import Any, Callable, ClassVar, Optional
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from embodied.core.compose import RENAMED, compose, load_yaml, renamed, validate
+from embodied.core.compose import RENAMED, RENAMED_IN, compose, load_yaml, renamed, validate
 from embodied.core.errors import ConfigError
 from embodied.core.operator import OperatorConfig
 from embodied.core.registry import ALGOS, ENVS, POLICIES, RUNTIMES, Registry
+from embodied.runtime.configs import DeviceConfig
 
 GROUPS: dict[str, Registry] = {"env": ENVS, "policy": POLICIES, "algo": ALGOS, "runtime": RUNTIMES}
 
@@ -80,7 +81,7 @@ class SFTConfig:
     max_grad_norm: float = 1.0
     val_fraction: float = 0.1  # episodes held out for the validation loss (at least one when there are two)
     seed: int = 1
-    device: str = "auto"
+    runtime: DeviceConfig = field(default_factory=DeviceConfig)  # runtime.device, runtime.torch_threads
     run_name: str = "sft"
     runs_root: str = "runs"
     run_dir: Optional[str] = None
@@ -154,7 +155,9 @@ def validate_group(group: str, section: Any) -> Any:
 def to_schema(schema: type, cfg: DictConfig | dict) -> Any:
     """Validate the top level, then each component group against its registered schema."""
     cfg = OmegaConf.create(cfg) if isinstance(cfg, dict) else cfg
-    group_names = [f.name for f in fields(schema) if f.name in GROUPS]
+    # a component group is a field typed Any (its schema comes from the registry); serve's and
+    # sft's `runtime:` is a block of its own (DeviceConfig), not training's runtime group
+    group_names = [f.name for f in fields(schema) if f.name in GROUPS and f.type in (Any, "Any")]
     top = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k not in group_names])
     config = validate(schema, top, "")
     check_values(config)
@@ -180,12 +183,23 @@ def to_yaml(config: Any) -> str:
 
 
 def saved_config(path: Path) -> DictConfig:
-    """A run's saved config.yaml in today's names: a run written before the `operator:` block
-    has it as `intervention:`, with `expert` where `policy` is now."""
+    """A run's saved config.yaml (a training or an SFT run's) in today's names: each key renamed
+    since (RENAMED, and RENAMED_IN for its kind of run) moves to its new name, e.g. a run written
+    before the `operator:` block has `intervention.expert` where `operator.policy` is now, and an
+    SFT run written before `runtime.device` has `device`."""
     saved = load_yaml(path)
-    if "intervention" in saved and "operator" not in saved:
-        old = OmegaConf.to_container(saved.pop("intervention"))
-        saved.operator = {("policy" if key == "expert" else key): value for key, value in old.items()}
+    kind = "sft" if "dataset" in saved else "train"
+    for old, new in {**RENAMED, **RENAMED_IN.get(kind, {})}.items():
+        if "=" in old:  # a group's option, not a key
+            continue
+        *parents, leaf = old.split(".")
+        block = OmegaConf.select(saved, ".".join(parents)) if parents else saved
+        if not isinstance(block, DictConfig) or leaf not in block or OmegaConf.select(saved, new) is not None:
+            continue
+        OmegaConf.update(saved, new, block.pop(leaf), force_add=True)
+        if parents and not block:  # a block whose keys all moved
+            outer = OmegaConf.select(saved, ".".join(parents[:-1])) if parents[:-1] else saved
+            outer.pop(parents[-1])
     return saved
 
 

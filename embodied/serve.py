@@ -20,7 +20,7 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
     from embodied.build import resolve_device
     from embodied.runs.loading import env_spec, load_run_policy, numpy_infer, policy_source
 
-    device = resolve_device(config.device)
+    device = resolve_device(config.runtime.device)
     if config.policy is not None:
         if config.env is None:
             raise ConfigError("serving a published model needs env=<env config>: its spec is what robots must match")
@@ -62,7 +62,7 @@ def normalization_id(policy: Any) -> str:
 def serve_checkpoint(config: ServeConfig, should_stop: Callable[[], bool] = lambda: False) -> None:
     from embodied.runtime.process import start_process
 
-    start_process(seed=0, torch_threads=config.torch_threads)
+    start_process(seed=0, torch_threads=config.runtime.torch_threads)
     infer, spec, metadata = load_checkpoint_policy(config)
     server = PolicyServer(infer, spec, metadata, config)
     print(

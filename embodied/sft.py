@@ -31,8 +31,7 @@ from tqdm import tqdm
 
 from embodied.algos.datasets import IMAGE_PREFIX, cameras, dataset_info, held_out_episodes, read_frames
 from embodied.build import build_env, build_policy, in_this_process, resolve_device
-from embodied.config import SFTConfig, override_key, resumed, to_schema, to_yaml
-from embodied.core.compose import load_yaml
+from embodied.config import SFTConfig, override_key, resumed, saved_config, to_schema, to_yaml
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.types import EnvSpec, Observation
@@ -158,7 +157,7 @@ def sft_config(overrides: list[str], resume: str | None) -> SFTConfig:
         return to_schema(SFTConfig, compose("sft", overrides))
     run_dir = run_dir_of(resolve_checkpoint(resume))
     # the starting command with resume= added restates the run's settings: those must hold
-    merged = resumed(SFTConfig, "sft", load_yaml(run_dir / "config.yaml"), overrides, sft_keeps, str(run_dir))
+    merged = resumed(SFTConfig, "sft", saved_config(run_dir / "config.yaml"), overrides, sft_keeps, str(run_dir))
     merged.resume, merged.run_dir = str(run_dir), str(run_dir)
     return to_schema(SFTConfig, merged)
 
@@ -167,8 +166,8 @@ def run_sft(config: SFTConfig) -> Path:
     """Train, checkpoint and return the run directory."""
     if not config.dataset:
         raise ConfigError("sft needs dataset=<LeRobotDataset folder>")
-    start_process(config.seed, None)
-    device = resolve_device(config.device)
+    start_process(config.seed, config.runtime.torch_threads)
+    device = resolve_device(config.runtime.device)
     spec = env_spec_of(config.env, config.seed)
     policy = build_policy(config.policy, spec, device)
     demos = Demonstrations(config.dataset, spec, policy_horizon(policy), config.frames)

@@ -49,7 +49,7 @@ def vla_sft(work: str, smoke: bool, device: str) -> dict[str, Any]:
             *VLA_ENV,
             *small,
             "policy=flow_vla",
-            f"device={device}",
+            f"runtime.device={device}",
             f"steps={2 if smoke else 4000}",
             f"eval_episodes={1 if smoke else 144}",
             f"run_dir={sft}",

@@ -54,7 +54,15 @@ def record_demos(episodes: int, root: Path = DEMOS) -> None:
         return
     endpoint, client_output = f"tcp://127.0.0.1:{free_port()}", root.with_name(root.name + "-client")
     server = subprocess.Popen(
-        [sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={EXPERT}", f"endpoint={endpoint}", "device=cpu"]
+        [
+            sys.executable,
+            "-m",
+            "embodied.cli",
+            "serve",
+            f"checkpoint={EXPERT}",
+            f"endpoint={endpoint}",
+            "runtime.device=cpu",
+        ]
     )
     try:
         subprocess.run(

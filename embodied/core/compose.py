@@ -30,7 +30,12 @@ RENAMED = {
     "record.root": "record.dataset",
 }
 # Keys renamed in one config only: config name -> {old key: new key}.
-RENAMED_IN = {"demos": {"root": "dataset"}}
+RENAMED_IN = {
+    "demos": {"root": "dataset"},
+    # device settings under `runtime.`, as training has them
+    "serve": {"device": "runtime.device", "torch_threads": "runtime.torch_threads"},
+    "sft": {"device": "runtime.device"},
+}
 
 
 def renamed(name: str) -> str | None:

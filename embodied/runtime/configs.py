@@ -12,6 +12,15 @@ from embodied.runtime.ray_actors import RoleResources
 
 
 @dataclass
+class DeviceConfig:
+    """Where `embodied serve` and `embodied sft` run their model, under `runtime.` as training's
+    runtimes have it: `runtime.device=cuda` means the same to every verb."""
+
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    torch_threads: Optional[int] = None  # None: torch's default
+
+
+@dataclass
 class LocalRuntimeConfig:
     name: str = "local"
     device: str = "auto"  # auto | cpu | cuda | cuda:N

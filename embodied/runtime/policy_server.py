@@ -39,6 +39,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, plain
 from embodied.core.sockets import bind, receive, send
 from embodied.core.types import EnvSpec, Observation
+from embodied.runtime.configs import DeviceConfig
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +61,7 @@ class ServeConfig:
     env: Any = None
     endpoint: str = "tcp://127.0.0.1:5555"  # another address needs keys_dir (CURVE)
     keys_dir: Optional[str] = None  # CURVE keys (`embodied keys <dir>`); required off loopback
-    device: str = "auto"
-    torch_threads: Optional[int] = None
+    runtime: DeviceConfig = field(default_factory=DeviceConfig)  # runtime.device, runtime.torch_threads
     deterministic: bool = True  # the policy's mode rather than a sample
     max_clients: int = 32
     max_batch: int = 64

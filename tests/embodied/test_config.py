@@ -256,7 +256,8 @@ def test_one_operator_block_replaces_intervention_and_the_oracles_own_keys(tmp_p
 
     saved = OmegaConf.create(to_yaml(load("algo=sac_rlpd", "operator.policy=scripted", "operator.max_takeover=5")))
     saved.intervention = {**saved.pop("operator"), "expert": "scripted"}
-    del saved.intervention["policy"]  # as a run written before the operator block has it
+    for key in ("policy", "trigger", "progress"):  # as a run written before the operator block has it
+        del saved.intervention[key]
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     operator = checkpoint_config(tmp_path).operator
     assert (operator.policy, operator.max_takeover, operator.patience) == ("scripted", 5, 3)
@@ -275,3 +276,31 @@ def test_a_dataset_folder_is_dataset_everywhere():
     assert compose("robot", ["record.dataset=data/demos"]).record.dataset == "data/demos"
     with pytest.raises(ConfigError, match=r"Key 'root' not in 'TrainConfig'"):  # demos' old key, not train's
         load("root=data/demos")
+
+
+def test_device_settings_are_under_runtime_for_every_verb(tmp_path):
+    """`runtime.device` and `runtime.torch_threads` mean the same to train, serve and sft; the
+    old top-level keys of serve and sft are refused with the new ones, and an SFT run saved with
+    a top-level `device` reloads with it under `runtime.`."""
+    from omegaconf import OmegaConf
+
+    from embodied.config import SFTConfig, checkpoint_config, to_yaml
+    from embodied.runtime.policy_server import ServeConfig
+
+    assert load("runtime.device=cpu").runtime.device == "cpu"
+    serve = to_schema(ServeConfig, compose("serve", ["runtime.device=cpu", "runtime.torch_threads=2"]))
+    assert (serve.runtime.device, serve.runtime.torch_threads) == ("cpu", 2)
+    assert to_schema(SFTConfig, compose("sft", ["runtime.device=cpu"])).runtime.device == "cpu"
+    with pytest.raises(ConfigError, match=r"'device' was renamed: pass runtime\.device=cpu"):
+        compose("serve", ["device=cpu"])
+    with pytest.raises(ConfigError, match=r"'torch_threads' was renamed: pass runtime\.torch_threads=2"):
+        compose("serve", ["torch_threads=2"])
+    with pytest.raises(ConfigError, match=r"'device' was renamed: pass runtime\.device=cuda"):
+        compose("sft", ["device=cuda"])
+
+    saved = OmegaConf.create(to_yaml(to_schema(SFTConfig, compose("sft", ["dataset=data/demos"]))))
+    saved.device = saved.pop("runtime").device  # as an SFT run written before runtime.device has it
+    saved.device = "cpu"
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    loaded = checkpoint_config(tmp_path)
+    assert isinstance(loaded, SFTConfig) and loaded.runtime.device == "cpu"

@@ -518,6 +518,7 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
     """The expert (a trained run) drives envs where the policy drifts; the rollout executes its
     action and flags the step; RLPD then holds those steps as demonstrations too."""
     from embodied.core.operator import OperatorConfig
+    from embodied.runtime.configs import DeviceConfig
     from embodied.runtime.operator import SimOperator
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
@@ -540,7 +541,9 @@ def test_a_scripted_operator_takes_over_in_simulation_and_its_steps_become_offli
     env.close()
     flags = batch.intervened[:, 0].tolist()
     assert flags == [False, True, True, True, True, True]  # patience 2: the second drifting step takes over
-    expert, _, _ = load_checkpoint_policy(ServeConfig(checkpoint=str(tmp_path / "expert"), device="cpu"))
+    expert, _, _ = load_checkpoint_policy(
+        ServeConfig(checkpoint=str(tmp_path / "expert"), runtime=DeviceConfig(device="cpu"))
+    )
     for t in range(1, 6):
         state = batch.observation.state[t].numpy()
         wanted = np.clip(expert(Observation(state=state))[0, 0], -2, 2)

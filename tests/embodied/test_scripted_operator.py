@@ -152,6 +152,7 @@ def test_a_pixel_policy_trains_with_the_scripted_operator_taking_over(tmp_path):
 def test_a_discrete_gripper_trains_on_the_scripted_operators_corrections_and_serves_its_commands(tmp_path):
     """PickCube from state with a two-command gripper: the operator's gripper actions become
     the gripper critic's data, and the saved policy acts with one of the commands."""
+    from embodied.runtime.configs import DeviceConfig
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     run_dir = tmp_path / "run"
@@ -164,7 +165,7 @@ def test_a_discrete_gripper_trains_on_the_scripted_operators_corrections_and_ser
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if "train/iteration" in line
     ]
     assert all(np.isfinite(u["train/gripper_critic_loss"]) for u in updates[1:])
-    infer, spec, _ = load_checkpoint_policy(ServeConfig(checkpoint=str(run_dir), device="cpu"))
+    infer, spec, _ = load_checkpoint_policy(ServeConfig(checkpoint=str(run_dir), runtime=DeviceConfig(device="cpu")))
     states = np.random.default_rng(0).normal(size=(8, spec.state_dim)).astype(np.float32)
     actions = infer(Observation(state=states))
     assert actions.shape[-1] == 4 and set(np.unique(actions[..., -1])) <= {-1.0, 1.0}

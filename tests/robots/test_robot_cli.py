@@ -170,6 +170,7 @@ def test_a_served_checkpoint_sends_the_actions_its_training_env_executed(trained
     from embodied.robots.client import RobotClient
     from embodied.robots.policy_client import PolicyClient
     from embodied.runs.checkpoint import resolve_checkpoint
+    from embodied.runtime.configs import DeviceConfig
     from embodied.serve import ServeConfig, load_checkpoint_policy
 
     run = tmp_path / "pushing"
@@ -182,7 +183,7 @@ def test_a_served_checkpoint_sends_the_actions_its_training_env_executed(trained
     weights[last_bias] = weights[last_bias] + 10.0  # InvertedPendulum's bounds are [-3, 3]
     save_file(weights, str(weights_file))
 
-    infer, spec, metadata = load_checkpoint_policy(ServeConfig(checkpoint=str(run), device="cpu"))
+    infer, spec, metadata = load_checkpoint_policy(ServeConfig(checkpoint=str(run), runtime=DeviceConfig(device="cpu")))
     assert spec.action_high == (3.0,)
     actions = infer(Observation(state=np.zeros((2, spec.state_dim), np.float32)))
     np.testing.assert_array_equal(actions, np.full((2, metadata["chunk_size"], 1), 3.0, np.float32))
