@@ -400,6 +400,7 @@ def tune_report(key: str) -> None:
             "final_periodic_success": values[-1],
             "mean_last_5": float(np.mean(values[-5:])),
             "final_temperature": record["learner"][-1]["temperature"],
+            "operator_share": record["intervened_mean"],  # of all env steps, the operator's
             "wall_time_s": record["wall_time_s"],
         }
         summary["arms"][arm] = entry
@@ -408,7 +409,8 @@ def tune_report(key: str) -> None:
             f"| {arm} | {' '.join(record['extra']) or '-'} | "
             f"{f'{reached:,}' if reached else 'not within ' + format(curve[-1]['env_steps'], ',')} | "
             f"{entry['best_periodic_success']:.2f} | {entry['final_periodic_success']:.2f} | "
-            f"{entry['mean_last_5']:.2f} | {entry['final_temperature']:.3g} | {entry['wall_time_s'] / 60:.0f} min |"
+            f"{entry['mean_last_5']:.2f} | {entry['final_temperature']:.3g} | {entry['operator_share']:.0%} | "
+            f"{entry['wall_time_s'] / 60:.0f} min |"
         )
         success.plot([p["env_steps"] for p in curve], values, label=arm)
         entropy.plot([p["env_steps"] for p in record["learner"]], [p["entropy"] for p in record["learner"]], label=arm)
@@ -431,8 +433,9 @@ def tune_report(key: str) -> None:
         f"{TUNING_SEED}, the tuning seed: these figures chose settings, so they are not held-out results. "
         f"Periodic evaluations: 16 episodes of the run's own seed every {study.eval_every:,} env steps.",
         "",
-        "| arm | overrides | env steps to 90% | best | final | mean of last 5 | final temperature | wall time |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+        "| arm | overrides | env steps to 90% | best | final | mean of last 5 | final temperature | "
+        "steps the operator drove | wall time |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
         *rows,
         "",
         f"![tuning runs]({name}.png)",
