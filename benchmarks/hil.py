@@ -220,6 +220,13 @@ SPARSE_STATE_DEMOS = RUNS / "pickcube-state-demos-20-sparse"
 STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
 # SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
 SERL_TEMPERATURE = ["algo.init_temperature=0.01", "algo.backup_entropy=false"]
+# the scripted expert stepping in once an episode makes no progress for 10 steps, for 10 steps
+STALL_CORRECTIONS = [
+    "operator.policy=scripted",
+    "operator.trigger=stall",
+    "operator.patience=10",
+    "operator.max_takeover=10",
+]
 
 
 PICKCUBE_STATE = Study(
@@ -266,9 +273,14 @@ STUDIES = {
         name="hil_pickcube_state_serl",
         task="PickCube-v1 from state, SERL's temperature",
         common=[*STATE_COMMON, *SERL_TEMPERATURE],
-        arms={arm.replace("pixels", "state-serl"): overrides for arm, overrides in PIXEL_ARMS.items()},
+        arms={
+            **{arm.replace("pixels", "state-serl"): overrides for arm, overrides in PIXEL_ARMS.items()},
+            "state-serl-rlpd-stall-corrections": STALL_CORRECTIONS,
+        },
         recipe="The pickcube-state study's recipe with SERL's temperature (1e-2 at the start, no entropy term in "
-        "the target), as tuning on seed 1 chose it, and demos whose time-limited last frames are not terminal",
+        "the target), as tuning on seed 1 chose it, and demos whose time-limited last frames are not terminal; "
+        "the third arm's operator steps in when the episode stops making progress (`operator.trigger=stall`, "
+        "10 steps without progress, 10 steps of driving), as tuning on seed 1 chose it",
     ),
 }
 
@@ -330,13 +342,7 @@ TUNING_ARMS = {
         "rlpd-serl-sparse-reward": [*SERL_TEMPERATURE, *SPARSE, f"algo.demos={SPARSE_STATE_DEMOS}"],
         # the drift rule kept the expert driving 37-45% of the steps all run long (no-bc-corrections);
         # this operator steps in only when the episode stops making headway, for 10 steps at a time
-        "rlpd-serl-stall-corrections": [
-            *SERL_TEMPERATURE,
-            "operator.policy=scripted",
-            "operator.trigger=stall",
-            "operator.patience=10",
-            "operator.max_takeover=10",
-        ],
+        "rlpd-serl-stall-corrections": [*SERL_TEMPERATURE, *STALL_CORRECTIONS],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
