@@ -159,11 +159,16 @@ def test_extra_parts_stay_under_the_limit_and_there_joins_their_pieces(tmp_path,
         release.writestr("libPhysXGpu_64.so", library)
     physx, origin = kit.physx_gpu_parts(tmp_path / "linux-so.zip", kit_dir)
     assert len(physx) >= 2 and origin.endswith("linux-so.zip") and len(kit.pieces(physx)) == 1
-    # the working tree's package folders, and a manifest from a first call
+    # the working tree's package folders as a call carries them (git ignores the local benchmark
+    # runs, which can hold gigabytes), and a manifest from a first call
     repo = tmp_path / "repo"
-    for name in ("pyproject.toml", "embodied", "sim", "policies", "robots", "configs", "benchmarks", "tools"):
-        source = ROOT / name
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, repo / name)
+
+    def ignored(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if n == "__pycache__" or (Path(folder) == ROOT / "benchmarks" and n == "runs")]
+
+    shutil.copy(ROOT / "pyproject.toml", repo / "pyproject.toml")
+    for name in ("embodied", "sim", "policies", "robots", "configs", "benchmarks", "tools"):
+        shutil.copytree(ROOT / name, repo / name, ignore=ignored)
     manifest = {"commit": "abc", "pieces": kit.pieces(parts + physx)}
     (kit_dir / "MANIFEST.json").write_text(json.dumps(manifest))
     stage = tmp_path / "site"

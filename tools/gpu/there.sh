@@ -53,6 +53,13 @@ for package, folder in sorted(layout.items()):
                     ignore=shutil.ignore_patterns("__pycache__"))
 PY
 
+# A staging call stops here: what the machine offers takes torch's and SAPIEN's imports to
+# find out, device time that only the campaign's own calls need to spend.
+if [ "${1:-}" = "--stage-only" ]; then
+    echo "staged: $(ls "$site" | wc -l) entries in $site"
+    exit 0
+fi
+
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 MUJOCO_GL=egl PYTHONUNBUFFERED=1
 nvidia=/usr/local/nvidia/share
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e "$nvidia/vulkan/icd.d/nvidia_icd.json" ]; then
@@ -77,10 +84,6 @@ torch.cuda.is_available())' 2>&1 || true
         | tail -5 || true
 } | tee "$out/machine.txt"
 
-if [ "${1:-}" = "--stage-only" ]; then
-    echo "staged: $(ls "$site" | wc -l) entries in $site"
-    exit 0
-fi
 # From outside the checkout: `python -m embodied...` run from its root would find the bare
 # embodied/ folder there (no configs, no sim) before the package laid out above.
 repo="$(pwd)"
