@@ -28,6 +28,7 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
     python benchmarks/wsrl.py heldout --parallel 2
     python benchmarks/wsrl.py report
     python benchmarks/wsrl.py collapse --parallel 2
+    python benchmarks/wsrl.py collapse --variants "critic warm-up"   # one variant (or several)
 
 The expert and its recorded demos are hil.py's (harness/pushcube_sac.py: a PPO run of the
 main job, served by `embodied serve`, driving `embodied robot robot=sim` while it records)."""
@@ -265,12 +266,14 @@ def collapse_name(variant: str) -> str:
     return f"{TUNING}/collapse-{variant.replace(', ', '-').replace(' ', '-').replace('=', '-')}"
 
 
-def collapse(parallel: int) -> None:
-    """WSRL on seed 1 through the dip window, as reported and with the other variants, `parallel`
-    runs at a time; the records keep the actor's entropy and the temperature of the whole run."""
+def collapse(parallel: int, variants: list[str] | None = None) -> None:
+    """WSRL on seed 1 through the dip window, as reported and with the other variants (or only
+    `variants`) not recorded yet, `parallel` runs at a time; the records keep the actor's entropy
+    and the temperature of the whole run."""
     prepare([PRETRAIN])
+    chosen = [v for v in (variants or COLLAPSE_VARIANTS) if not collapse_recorded(v)]
     with ThreadPoolExecutor(parallel) as pool:
-        list(pool.map(collapse_run, [v for v in COLLAPSE_VARIANTS if not collapse_recorded(v)]))
+        list(pool.map(collapse_run, chosen))
 
 
 def collapse_recorded(variant: str) -> bool:
@@ -365,6 +368,9 @@ def main() -> None:
     parser.add_argument("command", choices=("tune", "heldout", "report", "collapse"))
     parser.add_argument("--parallel", type=int, default=2, help="heldout or collapse runs at a time")
     parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS, help="heldout: these of the seeds only")
+    parser.add_argument(
+        "--variants", nargs="*", choices=list(COLLAPSE_VARIANTS), help="collapse: these variants only (default: all)"
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
     if args.command == "tune":
@@ -372,7 +378,7 @@ def main() -> None:
     elif args.command == "heldout":
         heldout(args.parallel, tuple(args.seeds))
     elif args.command == "collapse":
-        collapse(args.parallel)
+        collapse(args.parallel, args.variants)
         collapse_report()
         return
     report()
