@@ -82,10 +82,11 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...], arms: tuple[str
 
 def speedups(reached: dict[int, int | None], budget: dict[int, int], arm_reached: dict[int, int | None]) -> list:
     """Per seed: (ratio, exact). Where plain RLPD missed the goal its budget stands in, so the
-    ratio is a lower bound; where the arm missed it, there is no ratio."""
+    ratio is a lower bound; where the arm missed it, or plain RLPD has not run that seed yet,
+    there is no ratio."""
     out = []
     for seed, steps in arm_reached.items():
-        if steps is None:
+        if steps is None or seed not in reached:
             out.append((None, False))
         elif reached[seed] is None:
             out.append((budget[seed] / steps, False))
