@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -412,7 +413,7 @@ def tune_report(key: str) -> None:
         summary["arms"][arm] = entry
         reached = entry["env_steps_to_goal"]
         rows.append(
-            f"| {arm} | {' '.join(record['extra']) or '-'} | "
+            f"| {arm} | {checkout_free(' '.join(record['extra'])) or '-'} | "
             f"{f'{reached:,}' if reached else 'not within ' + format(curve[-1]['env_steps'], ',')} | "
             f"{entry['best_periodic_success']:.2f} | {entry['final_periodic_success']:.2f} | "
             f"{entry['mean_last_5']:.2f} | {entry['final_temperature']:.3g} | {entry['operator_share']:.0%} | "
@@ -447,6 +448,12 @@ def tune_report(key: str) -> None:
         f"![tuning runs]({name}.png)",
     ]
     write_report(RESULTS, name, lines)
+
+
+def checkout_free(text: str) -> str:
+    """`text` with the run folders' absolute paths (which name the checkout the run came from)
+    cut to benchmarks/runs/..."""
+    return re.sub(r"/\S*?/benchmarks/runs/", "benchmarks/runs/", text)
 
 
 def main() -> None:
