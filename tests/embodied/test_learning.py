@@ -14,7 +14,15 @@ does, and is asked of the mean over two seeds.
   gave 152 and 134, one env 262, 269, 131 and 249 (seeds 1-4). Goal 150 over seeds 1-2.
 - SFT of the flow policy on 10 scripted PushCube demos (`embodied demos`, action noise 0.1),
   1000 steps, then the SFT run's own 20-episode evaluation: seeds 1-3 gave 60%, 30% and 55%
-  success; one SFT step gives 0%. Goal 25% over seeds 1-2."""
+  success; one SFT step gives 0%. Goal 25% over seeds 1-2.
+- RLPD on PushCube from state (`algo=sac_rlpd`, two critics, UTD 2, the same 10 demos) with the
+  scripted expert correcting it, against RLPD alone: 3000 env steps, the best of the periodic
+  evaluations (16 episodes at 1000, 2000 and 3000 env steps). Seeds 1-3 gave 1.00, 0.94 and
+  0.75 with corrections (the operator driving 38-39% of steps), 0.69, 0.38 and 0.44 alone; an
+  untrained policy succeeds in none of 16 episodes (seeds 1-2). About 115 s of CPU a run. Goal
+  0.75 with corrections, and 0.25 above RLPD alone, over seeds 1-2. The pixel path's RLPD is
+  not here: rendering alone (45-90 ms a camera frame on a CPU) would make it the suite's
+  longest test, so `test_sac_pixels.py` checks its plumbing and the pixel study its learning."""
 
 import json
 from pathlib import Path
@@ -42,6 +50,16 @@ FLOW = (
     "eval_every=0",
 )
 SFT_STEPS, SFT_GOAL = 1000, 0.25  # mean success over the seeds of a 20-episode evaluation
+
+
+@pytest.fixture(scope="module")
+def pushcube_demos(tmp_path_factory) -> Path:
+    """10 scripted PushCube demos (action noise 0.1), recorded once for the SFT and RLPD tests."""
+    demos = tmp_path_factory.mktemp("pushcube") / "demos"
+    embodied(
+        "demos", "env=maniskill_pushcube", f"dataset={demos}", "episodes=10", "action_noise=0.1", "progress_bar=false"
+    )
+    return demos
 
 
 def evaluated_returns(
@@ -86,17 +104,13 @@ def test_flow_sde_ppo_learns_to_balance_the_pendulum_within_its_env_step_budget(
 
 @pytest.mark.slow
 @pytest.mark.learning
-def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(tmp_path):
-    demos = tmp_path / "demos"
-    embodied(
-        "demos", "env=maniskill_pushcube", f"dataset={demos}", "episodes=10", "action_noise=0.1", "progress_bar=false"
-    )
+def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(pushcube_demos, tmp_path):
     successes = []
     for seed in SEEDS:
         run_dir = tmp_path / f"sft{seed}"
         embodied(
             "sft",
-            f"dataset={demos}",
+            f"dataset={pushcube_demos}",
             "env=maniskill_pushcube",
             "env.num_envs=2",
             "env.num_workers=0",
@@ -112,3 +126,65 @@ def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(
         assert report["overall"]["episodes"] == 20
         successes.append(report["overall"]["success_rate"])
     assert sum(successes) / len(successes) >= SFT_GOAL, successes
+
+
+# RLPD on PushCube from state with hil.py's recipe but two critics, on the 10 scripted demos: alone,
+# and with the scripted expert as the operator, taking over once the policy's action has been
+# more than 1.0 from its own for 5 steps, for at most 5 steps (hil.py's corrections arm)
+RLPD = (
+    "env=maniskill_pushcube",
+    "env.control_mode=pd_ee_delta_pos",
+    "env.num_envs=4",
+    "env.num_workers=0",
+    "policy=squashed_gaussian",
+    "policy.hidden=[128,128]",
+    "algo=sac_rlpd",
+    "algo.critic_hidden=[128,128]",
+    "algo.num_critics=2",  # HIL-SERL's two, not hil.py's ten: a fifth of the critics' cost
+    "algo.batch_size=128",
+    "algo.gamma=0.9",
+    "algo.utd_ratio=2",
+    "algo.bc_weight=1.0",
+    "runtime.torch_threads=1",
+    "eval_every=250",  # iterations of 4 env steps: a periodic evaluation every 1000 env steps
+    "periodic_eval_episodes=16",
+    "eval_episodes=0",
+    "checkpoint_every=0",
+)
+CORRECTIONS = ("operator.policy=scripted", "operator.threshold=1.0", "operator.patience=5", "operator.max_takeover=5")
+RLPD_BUDGET = 3000  # env steps
+RLPD_GOAL = 0.75  # mean over the seeds of the best periodic success, with corrections
+RLPD_MARGIN = 0.25  # by which corrections beat RLPD alone on that mean
+
+
+@pytest.mark.slow
+@pytest.mark.learning
+def test_rlpd_learns_pushcube_sooner_with_an_operators_corrections_than_alone(pushcube_demos, tmp_path):
+    arms = {"corrections": CORRECTIONS, "alone": ()}
+    runs = {
+        (arm, seed): start(
+            "train",
+            *RLPD,
+            *extra,
+            f"algo.demos={pushcube_demos}",
+            f"total_env_steps={RLPD_BUDGET}",
+            f"seed={seed}",
+            *QUIET,
+            f"run_dir={tmp_path / f'{arm}{seed}'}",
+        )
+        for arm, extra in arms.items()
+        for seed in SEEDS
+    }
+    best, driven = {arm: [] for arm in arms}, {arm: [] for arm in arms}
+    for (arm, seed), process in runs.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, out[-3000:] + err[-3000:]
+        rows = [json.loads(line) for line in (tmp_path / f"{arm}{seed}" / "metrics.jsonl").read_text().splitlines()]
+        evaluations = [row["eval/success_rate"] for row in rows if "eval/success_rate" in row]
+        assert len(evaluations) == RLPD_BUDGET // 1000
+        best[arm].append(max(evaluations))
+        shares = [row["replay/intervened"] for row in rows if "replay/intervened" in row]
+        driven[arm].append(sum(shares) / len(shares))
+    mean = {arm: sum(values) / len(values) for arm, values in best.items()}
+    assert mean["corrections"] >= RLPD_GOAL and mean["corrections"] >= mean["alone"] + RLPD_MARGIN, best
+    assert min(driven["corrections"]) > 0.1 and max(driven["alone"]) == 0, driven
