@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from embodied.plots import read_metrics
 from tests.cli import QUIET, embodied, start
 
 BUDGET = 20480  # env steps: 10 PPO iterations of 2048
@@ -179,7 +180,7 @@ def test_rlpd_learns_pushcube_sooner_with_an_operators_corrections_than_alone(pu
     for (arm, seed), process in runs.items():
         out, err = process.communicate(timeout=900)
         assert process.returncode == 0, out[-3000:] + err[-3000:]
-        rows = [json.loads(line) for line in (tmp_path / f"{arm}{seed}" / "metrics.jsonl").read_text().splitlines()]
+        rows = read_metrics(tmp_path / f"{arm}{seed}")
         evaluations = [row["eval/success_rate"] for row in rows if "eval/success_rate" in row]
         assert len(evaluations) == RLPD_BUDGET // 1000
         best[arm].append(max(evaluations))
