@@ -344,6 +344,15 @@ TUNING_ARMS = {
         # the drift rule kept the expert driving 37-45% of the steps all run long (no-bc-corrections);
         # this operator steps in only when the episode stops making headway, for 10 steps at a time
         "rlpd-serl-stall-corrections": [*SERL_TEMPERATURE, *STALL_CORRECTIONS],
+        # held out the stall operator's policies reach 0.81 greedy but 0.45 sampled, and still
+        # climb at 50k: twice the critic updates per transition, or the gripper by its own
+        # Q-values (no exploration noise on the grasp), on top of it
+        "rlpd-serl-stall-utd4": [*SERL_TEMPERATURE, *STALL_CORRECTIONS, "algo.utd_ratio=4"],
+        "rlpd-serl-stall-discrete-gripper": [
+            *SERL_TEMPERATURE,
+            *STALL_CORRECTIONS,
+            "policy.gripper_commands=[-1.0,1.0]",
+        ],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
