@@ -14,8 +14,8 @@ from tests.cli import start
 from tests.embodied.test_procs import train_interrupted, updates_of, wait_for
 
 # A Ray run starts its cluster and an actor per role, each importing torch and the simulator:
-# about a minute alone, but past 7 minutes before a first update on a 2-core machine running
-# a benchmark and the suite's other worker beside it. These limits only stop a hung run.
+# well under a minute alone, several on a 2-core machine running a benchmark and the suite's
+# other worker beside it. These limits only stop a hung run.
 RAY_WAIT_S = 1200.0
 pytestmark = pytest.mark.timeout(2400)
 
@@ -128,6 +128,10 @@ def test_two_rollouts_and_a_learner_rank_as_actors_train_as_procs_does(tmp_path)
                 wait_for(lambda run_dir=run_dir: len(updates_of(run_dir)) >= 1, "an update", trainer, RAY_WAIT_S)
                 assert len(actors("RolloutRole")) == 2 and len(actors("LearnerRankRole")) == 1
                 assert len(actors("EnvWorkerRole")) == 2
+                # at the driver's priority, not Ray's default nice 15 (starved on a busy machine)
+                driver_nice = psutil.Process(trainer.pid).nice()
+                for role in ("RolloutRole", "LearnerRankRole", "EnvWorkerRole"):
+                    assert {actor.nice() for actor in actors(role)} == {driver_nice}, role
             out, err = trainer.communicate(timeout=RAY_WAIT_S)
         finally:
             trainer.kill()
