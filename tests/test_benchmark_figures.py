@@ -152,9 +152,11 @@ def test_the_pickcube_state_check_differs_from_the_pixel_study_only_in_observati
 def test_the_serl_study_is_the_state_study_with_the_temperature_tuning_chose():
     state, serl = hil.STUDIES["pickcube-state"], hil.STUDIES["pickcube-state-serl"]
     assert serl.common == [*state.common, *hil.SERL_TEMPERATURE]
-    *same, stall = serl.arms.values()  # the state study's arms, then corrections by the stall operator
+    # the state study's arms, then corrections by the stall operator, alone and at UTD 4
+    *same, stall, stall_utd4 = serl.arms.values()
     assert same == list(state.arms.values())
     assert [*hil.SERL_TEMPERATURE, *stall] == hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-stall-corrections"]
+    assert [*hil.SERL_TEMPERATURE, *stall_utd4] == hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-stall-utd4"]
     assert (serl.steps, serl.eval_every, serl.scripted_demos) == (state.steps, state.eval_every, state.scripted_demos)
     assert hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-time-limit-demos"] == hil.SERL_TEMPERATURE
 
