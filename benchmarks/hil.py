@@ -228,6 +228,8 @@ STALL_CORRECTIONS = [
     "operator.patience=10",
     "operator.max_takeover=10",
 ]
+# the same operator with twice the critic updates per transition
+STALL_CORRECTIONS_UTD4 = [*STALL_CORRECTIONS, "algo.utd_ratio=4"]
 
 
 PICKCUBE_STATE = Study(
@@ -279,7 +281,7 @@ STUDIES = {
             "state-serl-rlpd-stall-corrections": STALL_CORRECTIONS,
             # the stall operator with twice the critic updates per transition, as tuning on seed 1
             # chose it (0.88 final, last-five mean 0.85 against 0.81 and 0.71 without)
-            "state-serl-rlpd-stall-corrections-utd4": [*STALL_CORRECTIONS, "algo.utd_ratio=4"],
+            "state-serl-rlpd-stall-corrections-utd4": STALL_CORRECTIONS_UTD4,
         },
         recipe="The pickcube-state study's recipe with SERL's temperature (1e-2 at the start, no entropy term in "
         "the target), as tuning on seed 1 chose it, and demos whose time-limited last frames are not terminal; "
@@ -350,7 +352,7 @@ TUNING_ARMS = {
         # held out the stall operator's policies reach 0.81 greedy but 0.45 sampled, and still
         # climb at 50k: twice the critic updates per transition, or the gripper by its own
         # Q-values (no exploration noise on the grasp), on top of it
-        "rlpd-serl-stall-utd4": [*SERL_TEMPERATURE, *STALL_CORRECTIONS, "algo.utd_ratio=4"],
+        "rlpd-serl-stall-utd4": [*SERL_TEMPERATURE, *STALL_CORRECTIONS_UTD4],
         "rlpd-serl-stall-discrete-gripper": [
             *SERL_TEMPERATURE,
             *STALL_CORRECTIONS,
