@@ -33,6 +33,7 @@ drives the simulated robot through `embodied robot ... record.dataset=...`.
     python benchmarks/hil.py pickcube-state-serl --seeds 102 --arms state-serl-rlpd  # one run of it
     python benchmarks/hil.py tune pickcube-state  # settings tried on tuning seed 1 (TUNING_ARMS)
     python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
+    python benchmarks/hil.py tune pixels-serl views-stall-corrections  # HIL-SERL's views from pixels
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -230,6 +231,18 @@ STALL_CORRECTIONS = [
 ]
 # the same operator with twice the critic updates per transition
 STALL_CORRECTIONS_UTD4 = [*STALL_CORRECTIONS, "algo.utd_ratio=4"]
+# HIL-SERL's views and features: a wrist camera beside the base camera (demos recorded with
+# it), the frozen backbone's feature map before pooling read through 8 learned spatial
+# embeddings per channel, and random shifts of every frame (4 shifted views cached per frame)
+WRIST_PIXEL_DEMOS = RUNS / "pixel-demos-20-wristcam"
+WRIST_CAMERA = ["env.robot=panda_wristcam"]
+HIL_SERL_VIEWS = [
+    *WRIST_CAMERA,
+    "policy.image_features=spatial",
+    "policy.spatial_embeddings=8",
+    "algo.image_augmentation=cached_shifts",
+    f"algo.demos={WRIST_PIXEL_DEMOS}",
+]
 
 
 PICKCUBE_STATE = Study(
@@ -287,6 +300,20 @@ STUDIES = {
         "the target), as tuning on seed 1 chose it, and demos whose time-limited last frames are not terminal; "
         "the third arm's operator steps in when the episode stops making progress (`operator.trigger=stall`, "
         "10 steps without progress, 10 steps of driving), as tuning on seed 1 chose it",
+    ),
+    # The pixel study with what the state study's tuning chose: SERL's temperature and the stall
+    # operator; its tuning arms add HIL-SERL's views and features (TUNING_ARMS["pixels-serl"])
+    "pixels-serl": Study(
+        "hil_pixels_serl",
+        "PickCube-v1 from 64 px RGB, SERL's temperature",
+        [*PIXEL_COMMON, *SERL_TEMPERATURE],
+        {"pixels-serl-rlpd": [], "pixels-serl-rlpd-stall-corrections": STALL_CORRECTIONS},
+        50_000,
+        PIXEL_EVERY,
+        "The pixel study's recipe with SERL's temperature (1e-2 at the start, no entropy term in the target) and, "
+        "in the second arm, the stall operator, as tuning the state study on seed 1 chose them",
+        resume_with=("env_resume=fresh",),
+        scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
     ),
 }
 
@@ -359,9 +386,20 @@ TUNING_ARMS = {
             "policy.gripper_commands=[-1.0,1.0]",
         ],
     },
+    "pixels-serl": {
+        "rlpd": [],
+        "stall-corrections": STALL_CORRECTIONS,
+        # HIL-SERL's wrist camera, spatial embeddings and random shifts, without and with the operator
+        "views": HIL_SERL_VIEWS,
+        "views-stall-corrections": [*HIL_SERL_VIEWS, *STALL_CORRECTIONS],
+    },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
-TUNING_DEMOS = {MANY_STATE_DEMOS: (PICKCUBE, 200), SPARSE_STATE_DEMOS: ([*PICKCUBE, *SPARSE], 20)}
+TUNING_DEMOS = {
+    MANY_STATE_DEMOS: (PICKCUBE, 200),
+    SPARSE_STATE_DEMOS: ([*PICKCUBE, *SPARSE], 20),
+    WRIST_PIXEL_DEMOS: ([*PIXEL_ENV, *WRIST_CAMERA], 20),
+}
 
 
 def tuning_folder(study: Study) -> str:

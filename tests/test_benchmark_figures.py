@@ -129,7 +129,10 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
 
     config = to_schema(TrainConfig, compose("train", benchmark_settings()[name]))
     if "pixels" in name:
-        assert config.env.obs_mode == "rgb" and config.algo.demos.endswith("pixel-demos-20")
+        wrist = config.env.robot == "panda_wristcam"
+        assert config.env.obs_mode == "rgb"
+        # demos recorded with the cameras the arm's policy reads
+        assert config.algo.demos.endswith("pixel-demos-20-wristcam" if wrist else "pixel-demos-20")
         assert (config.operator.policy == "scripted") == name.endswith("corrections")
     if "pickcube-state" in name:
         assert config.env.obs_mode == "state" and "pickcube-state-demos-" in config.algo.demos
