@@ -155,6 +155,11 @@ class ReplayBuffer:
             self.size = min(self.size + count, self.capacity)
             self.added += count
 
+    def latest(self, count: int) -> Transitions:
+        """The `count` transitions added last, oldest first (all of them where it holds fewer)."""
+        count = min(count, self.size)
+        return self.data.select((self.cursor - count + torch.arange(count)) % self.capacity)
+
     def sample(self, count: int, frames: bool = True) -> Transitions:
         """`count` transitions drawn uniformly; without their frames where `frames` is false
         (a learner that reads their cached features only), the same rows either way."""

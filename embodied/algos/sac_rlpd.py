@@ -167,6 +167,13 @@ def polyak(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None
         torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
 
 
+def frame_keys(frames: dict[str, torch.Tensor]) -> list[bytes]:
+    """Each row's frames, every camera's, as one bytes value: equal keys, identical frames."""
+    cameras = sorted(frames)
+    rows = len(frames[cameras[0]]) if cameras else 0
+    return [b"".join(frames[c][row].numpy().tobytes() for c in cameras) for row in range(rows)]
+
+
 class SACRLPD:
     def __init__(self, cfg: SACConfig, policy: Policy):
         check_sac_config(cfg)
@@ -246,24 +253,38 @@ class SACRLPD:
 
     # ---- pixels: the input vectors of actor and critics ---------------------------------------
     def with_features(self, transitions: Transitions) -> Transitions:
-        """`transitions` with the frozen features of their frames, where they are cached."""
+        """`transitions` with the frozen features of their frames, where they are cached. Each
+        frame is encoded once: a transition's first frame is, apart from an episode's start,
+        the next frame of the one before it (in this batch, or the last batch stored), so its
+        features (and, with cached_shifts, its shifted views) are that next frame's."""
         if not self.caches_features:
             return transitions
+        next_features = self.encode(transitions.next_images)
+        recent = self.online.latest(len(transitions))
+        known = dict(zip(frame_keys(recent.next_images), recent.next_features))
+        known.update(zip(frame_keys(transitions.next_images), next_features))
+        keys = frame_keys(transitions.images)
+        missing = [row for row, key in enumerate(keys) if key not in known]
+        if missing:
+            rows = torch.tensor(missing)
+            encoded = self.encode({camera: frames[rows] for camera, frames in transitions.images.items()})
+            known.update(zip((keys[row] for row in missing), encoded))
+        features = torch.stack([known[key] for key in keys]) if keys else next_features[:0]
+        return replace(transitions, features=features, next_features=next_features)
+
+    def encode(self, frames: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(N, views x F): the features of each of `frames`' views side by side (with
+        cached_shifts, each view shifted at random)."""
         shifts_cached = self.cfg.image_augmentation == "cached_shifts"
-
-        def encode(frames: dict[str, torch.Tensor]) -> torch.Tensor:
-            """(N, views x F): each view's features side by side."""
-            parts = []
-            for i in range(0, len(transitions), self.cfg.feature_batch):
-                chunk = {c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}
-                views = [
-                    self.policy.image_features(self.shifted(chunk) if shifts_cached else chunk)
-                    for _ in range(self.views)
-                ]
-                parts.append(torch.cat(views, dim=-1).cpu())
-            return torch.cat(parts)
-
-        return replace(transitions, features=encode(transitions.images), next_features=encode(transitions.next_images))
+        rows = len(next(iter(frames.values())))
+        parts = []
+        for i in range(0, rows, self.cfg.feature_batch):
+            chunk = {c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}
+            views = [
+                self.policy.image_features(self.shifted(chunk) if shifts_cached else chunk) for _ in range(self.views)
+            ]
+            parts.append(torch.cat(views, dim=-1).cpu())
+        return torch.cat(parts) if parts else torch.zeros(0, self.online.feature_dim)
 
     def shifted(self, frames: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each camera's frames, each shifted at random (DrQ)."""

@@ -5,6 +5,7 @@ and training on real ManiSkill frames under both runtimes."""
 import copy
 import json
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -249,8 +250,9 @@ def test_cached_shifts_store_shifted_views_once_and_each_sample_reads_one_of_the
     def shifted_features(frames):  # what the backbone gives for one random shift per frame and camera
         return policy.image_features({c: random_shift(v, 4, generator) for c, v in frames.items()})
 
-    expected = torch.cat([shifted_features(items.images) for _ in range(3)], -1)
+    # the next frames first; then the first frames, none of which is a next frame here
     next_expected = torch.cat([shifted_features(items.next_images) for _ in range(3)], -1)
+    expected = torch.cat([shifted_features(items.images) for _ in range(3)], -1)
     assert stored.features.shape == (5, 3 * width)
     torch.testing.assert_close(stored.features, expected)
     torch.testing.assert_close(stored.next_features, next_expected)
@@ -264,6 +266,42 @@ def test_cached_shifts_store_shifted_views_once_and_each_sample_reads_one_of_the
     assert len(algo.online.data.features[0]) == 3 * width  # the buffer holds every view
     with pytest.raises(ConfigError, match="cached_shifts must be >= 1"):
         SACRLPD(SACConfig(**SMALL, image_augmentation="cached_shifts", cached_shifts=0), pixel_policy())
+
+
+@pytest.mark.parametrize("augmentation", ["none", "cached_shifts"])
+def test_each_frame_is_encoded_once_and_a_first_frame_reads_the_features_of_the_next_frame_it_was(augmentation):
+    """A rollout's first frames are, after the first step, the next frames of the step before
+    (in the same batch or the last one stored): the backbone sees every distinct frame once,
+    and a frame's features (its shifted views too) are the same wherever it appears."""
+    policy = pixel_policy()
+    algo = SACRLPD(SACConfig(**SMALL, image_augmentation=augmentation, cached_shifts=2), policy)
+    frames = pixel_transitions(7, seed=5).images  # one episode's 7 frames in a row
+    episode = pixel_transitions(6, seed=6)
+
+    def steps(first, last):  # frames first..last-1 -> first+1..last
+        part = episode.select(torch.arange(first, last))
+        return replace(
+            part,
+            images={c: v[first:last] for c, v in frames.items()},
+            next_images={c: v[first + 1 : last + 1] for c, v in frames.items()},
+        )
+
+    encoded = []
+    image_features = policy.image_features
+    policy.image_features = lambda chunk: encoded.append(len(next(iter(chunk.values())))) or image_features(chunk)
+    first = algo.with_features(steps(0, 3))
+    algo.online.add(first)
+    second = algo.with_features(steps(3, 6))
+    views = 2 if augmentation == "cached_shifts" else 1
+    assert sum(encoded) == 7 * views  # 7 distinct frames, each once per view
+    features = torch.cat([first.features, second.features])
+    next_features = torch.cat([first.next_features, second.next_features])
+    torch.testing.assert_close(features[1:], next_features[:-1], rtol=0, atol=0)
+    if augmentation == "none":  # nothing random: what encoding each frame on its own gives
+        torch.testing.assert_close(features, image_features({c: v[:6] for c, v in frames.items()}))
+    # a first frame that is no next frame seen yet (a new episode) is encoded on its own
+    fresh = algo.with_features(pixel_transitions(2, seed=7))
+    assert sum(encoded) == (7 + 4) * views and fresh.features.shape == (2, first.features.shape[1])
 
 
 def test_pixel_critic_targets_and_loss_match_a_float64_recomputation():
@@ -392,7 +430,11 @@ def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_p
             assert torch.equal(data.images[camera][t], torch.from_numpy(frames[t][camera]))
             assert torch.equal(data.next_images[camera][t], torch.from_numpy(frames[following][camera]))
     assert data.discount[:4].tolist() == [1.0, 1.0, 1.0, 0.0]
-    assert torch.equal(data.features[:4], algo.policy.image_features({c: v[:4] for c, v in data.images.items()}))
+    # a frame's features come from whichever batch it was first encoded in: equal up to float rounding
+    torch.testing.assert_close(
+        data.features[:4], algo.policy.image_features({c: v[:4] for c, v in data.images.items()})
+    )
+    torch.testing.assert_close(data.features[1:4], data.next_features[:3], rtol=0, atol=0)  # encoded once
     bad = EnvSpec(**{**SPEC.to_dict(), "image_shapes": {"base": (SIZE, SIZE, 3), "side": (SIZE, SIZE, 3)}})
     with pytest.raises(ConfigError, match="observation.images.side"):
         SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos")), pixel_policy(bad))
