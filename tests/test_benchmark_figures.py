@@ -17,6 +17,7 @@ sys.path.insert(0, str(BENCHMARKS))
 import encoder_probe  # noqa: E402  (benchmarks/encoder_probe.py, a study)
 import hil  # noqa: E402  (benchmarks/hil.py, a study)
 import placement  # noqa: E402  (benchmarks/placement.py, a study)
+import sac_learner  # noqa: E402  (benchmarks/sac_learner.py, a study)
 
 from harness import intervention_study, runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
 
@@ -233,6 +234,22 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
         "| rlpd-serl-temperature | algo.init_temperature=0.01 algo.backup_entropy=false |"
         in (tmp_path / name).read_text()
     )
+
+
+def test_the_learner_cost_report_rebuilds_from_its_committed_json(tmp_path, monkeypatch):
+    """`sac_learner.py report` writes the committed summary again, byte for byte, with every
+    configuration as a ratio to the state learner."""
+    import json
+
+    committed = sac_learner.RESULTS
+    summary = json.loads((committed / "sac_learner.json").read_text())
+    assert list(summary["rows"]) == list(sac_learner.CONFIGS)
+    assert summary["rows"]["state"]["ratio_to_state"] == 1.0
+    for row in summary["rows"].values():
+        assert row["total_ms"] >= max(row["encode_ms"], row["update_ms"])
+    monkeypatch.setattr(sac_learner, "RESULTS", tmp_path)
+    sac_learner.report(summary)
+    assert (tmp_path / "sac_learner.md").read_text() == (committed / "sac_learner.md").read_text()
 
 
 def test_a_run_records_the_code_it_was_trained_with_not_what_is_checked_out_when_it_ends(tmp_path, monkeypatch):
