@@ -99,8 +99,11 @@ class SpatialEmbeddings(nn.Module):
         nn.init.normal_(self.kernel, std=1.0 / math.sqrt(math.prod(map_shape)))  # LeCun's scale
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        maps = features.view(-1, *self.map_shape)
-        return torch.einsum("bchw,chwk->bck", maps, self.kernel).flatten(1)
+        channels, height, width = self.map_shape
+        # (C, B, H x W) @ (C, H x W, K): one small product per channel, batched; on a CPU about
+        # twice as fast, forward and backward, as the same einsum ("bchw,chwk->bck")
+        maps = features.reshape(-1, channels, height * width).transpose(0, 1).contiguous()
+        return torch.bmm(maps, self.kernel.view(channels, height * width, -1)).transpose(0, 1).flatten(1)
 
 
 class PixelProjection(nn.Module):
