@@ -10,9 +10,10 @@ observation layout (its env spec, read from ManiSkill), fed rollout-like batches
 transitions whose first frames are the previous batch's next frames and whose next frames
 are new random ones. Two parts are timed per batch: `encode` (the frozen backbone's features
 of the new frames, `with_features`) and `update` (storing the batch, then its critic and
-actor steps, `learn`). The configurations take turns batch by batch, so whatever else runs
-on the machine weighs on all of them alike; the figures are medians per env step, and the
-ratios are what to read. Writes benchmarks/results/sac_learner.{json,md,png}."""
+actor steps, `learn`), in this process's CPU time (one torch thread), so other jobs on the
+machine do not count as the learner's; the configurations also take turns batch by batch,
+so what load remains (caches, memory bandwidth) weighs on all of them alike. The figures are
+medians per env step, and the ratios are what to read. Writes benchmarks/results/sac_learner.{json,md,png}."""
 
 from __future__ import annotations
 
@@ -103,13 +104,13 @@ class Stream:
         )
 
     def step(self) -> tuple[float, float]:
-        """Seconds per env step: encoding the batch's new frames, then learning from it."""
+        """CPU seconds per env step: encoding the batch's new frames, then learning from it."""
         batch = self.batch()
-        started = time.perf_counter()
+        started = time.process_time()
         transitions = self.algo.with_features(batch)
-        encoded = time.perf_counter()
+        encoded = time.process_time()
         self.algo.learn(transitions)
-        return (encoded - started) / ENVS, (time.perf_counter() - encoded) / ENVS
+        return (encoded - started) / ENVS, (time.process_time() - encoded) / ENVS
 
 
 def measure() -> dict:
@@ -153,7 +154,7 @@ def report(summary: dict) -> None:
     ax.barh(names, update, color="tab:blue", label="update (critic and actor steps)")
     ax.barh(names, encode, left=update, color="tab:orange", label="encode (frozen backbone)")
     ax.invert_yaxis()
-    ax.set_xlabel("learner ms per env step (median)")
+    ax.set_xlabel("learner CPU ms per env step (median)")
     ax.set_title("SAC/RLPD learner on PickCube-v1's observations, UTD 2")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -167,7 +168,7 @@ def report(summary: dict) -> None:
         f"hil.py's learner (batch {summary['recipe']['batch_size']}, critics "
         f"{summary['recipe']['critic_hidden']}, UTD {summary['recipe']['utd_ratio']}, one torch thread) on "
         f"PickCube-v1's observation layout, batches of {summary['envs']} transitions of random frames, "
-        f"{summary['batches']} batches per configuration taken in turns; medians per env step. The env's own "
+        f"{summary['batches']} batches per configuration taken in turns; medians of CPU time per env step. The env's own "
         "stepping and rendering are not included: `steps/s bound` is what the learner alone would allow.",
         "",
         "| configuration | encode (ms) | update (ms) | total (ms) | x state | steps/s bound |",
