@@ -168,8 +168,9 @@ def report(summary: dict) -> None:
         f"hil.py's learner (batch {summary['recipe']['batch_size']}, critics "
         f"{summary['recipe']['critic_hidden']}, UTD {summary['recipe']['utd_ratio']}, one torch thread) on "
         f"PickCube-v1's observation layout, batches of {summary['envs']} transitions of random frames, "
-        f"{summary['batches']} batches per configuration taken in turns; medians of CPU time per env step. The env's own "
-        "stepping and rendering are not included: `steps/s bound` is what the learner alone would allow.",
+        f"{summary['batches']} batches per configuration taken in turns; medians of CPU time per env step. "
+        "The env's own stepping and rendering are not included: `steps/s bound` is what the learner alone would "
+        "allow.",
         "",
         "| configuration | encode (ms) | update (ms) | total (ms) | x state | steps/s bound |",
         "| --- | ---: | ---: | ---: | ---: | ---: |",
