@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -112,17 +113,27 @@ def validate(schema: type, section: Any, where: str = "") -> Any:
         return OmegaConf.to_object(merged)
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", None) or "?"
-        message = renamed(f"{where}{key}") or str(error).splitlines()[0] + unknown_key_hint(error)
+        message = renamed(f"{where}{key}") or str(error).splitlines()[0] + unknown_key_hint(error, where)
         raise ConfigError(f"config error at '{where}{key}': {message}") from None
 
 
-def unknown_key_hint(error: OmegaConfBaseException) -> str:
-    """For a key its section's dataclass lacks: the closest field, or the fields there are."""
+def unknown_key_hint(error: OmegaConfBaseException, where: str = "") -> str:
+    """For a key its section's dataclass lacks: the closest field; else the same key one level
+    down, where it lives (`progress_bar` -> `logger.progress_bar`); else the fields there are."""
     schema = getattr(error, "object_type", None)
     name = getattr(error, "key", None)
     if not ("not in" in str(error) and isinstance(name, str) and dataclasses.is_dataclass(schema)):
         return ""
     fields = [field.name for field in dataclasses.fields(schema)]
+    parent = str(getattr(error, "full_key", "") or "").rpartition(".")[0]
+    prefix = f"{where}{parent}." if parent else where
+    nested = [
+        f"{prefix}{field}.{name}"
+        for field, kind in typing.get_type_hints(schema).items()
+        if dataclasses.is_dataclass(kind) and name in {inner.name for inner in dataclasses.fields(kind)}
+    ]
+    if nested and not closest(name, fields):
+        return f" (did you mean {' or '.join(repr(key) for key in nested)}?)"
     return closest(name, fields) or f" (its keys: {', '.join(fields)})"
 
 

@@ -209,6 +209,9 @@ def test_a_misspelled_key_or_option_names_the_closest_known_one():
         load("policy.actor_hiden=[64]")
     with pytest.raises(ConfigError, match=r"'logger\.progres_bar'.*\(did you mean 'progress_bar'\?\)"):
         load("logger.progres_bar=false")
+    # a key given at the top that lives one level down
+    with pytest.raises(ConfigError, match=r"'progress_bar'.*\(did you mean 'logger\.progress_bar'\?\)"):
+        load("progress_bar=false")
     with pytest.raises(ConfigError, match=r"'algo\.zzzz'.*\(its keys: name, rollout_steps, lr,"):
         load("algo.zzzz=1")  # nothing close: the section's keys
     with pytest.raises(ConfigError) as refused:
