@@ -41,6 +41,7 @@ counters are this algorithm's state and travel in checkpoints."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import math
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+import numpy as np
 import torch
 
 from embodied.algos.augment import random_shift
@@ -168,10 +170,18 @@ def polyak(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None
 
 
 def frame_keys(frames: dict[str, torch.Tensor]) -> list[bytes]:
-    """Each row's frames, every camera's, as one bytes value: equal keys, identical frames."""
+    """A digest of each row's frames, every camera's: equal keys, identical frames (a 128-bit
+    BLAKE2 digest, so a demo set's keys stay small; two different frames sharing one is
+    astronomically unlikely)."""
     cameras = sorted(frames)
-    rows = len(frames[cameras[0]]) if cameras else 0
-    return [b"".join(frames[c][row].numpy().tobytes() for c in cameras) for row in range(rows)]
+    arrays = [np.ascontiguousarray(frames[c].numpy()) for c in cameras]
+    keys = []
+    for row in range(len(arrays[0]) if arrays else 0):
+        digest = hashlib.blake2b(digest_size=16)
+        for array in arrays:
+            digest.update(array[row])
+        keys.append(digest.digest())
+    return keys
 
 
 class SACRLPD:
