@@ -392,6 +392,9 @@ TUNING_ARMS = {
         # HIL-SERL's wrist camera, spatial embeddings and random shifts, without and with the operator
         "views": HIL_SERL_VIEWS,
         "views-stall-corrections": [*HIL_SERL_VIEWS, *STALL_CORRECTIONS],
+        # the wrist camera alone (the goal is in the state): about two thirds of the learner's
+        # cost of both cameras (benchmarks/sac_learner.py)
+        "wrist-view-stall-corrections": [*HIL_SERL_VIEWS, "policy.cameras=[hand_camera]", *STALL_CORRECTIONS],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)

@@ -44,6 +44,11 @@ CONFIGS = {
         {"image_features": "spatial", "spatial_embeddings": 8},
         {"image_augmentation": "cached_shifts", "cached_shifts": 4},
     ),
+    "the wrist camera alone, the same": (
+        {"obs_mode": "rgb", "image_size": 64, "robot": "panda_wristcam"},
+        {"image_features": "spatial", "spatial_embeddings": 8, "cameras": ["hand_camera"]},
+        {"image_augmentation": "cached_shifts", "cached_shifts": 4},
+    ),
 }
 
 
