@@ -86,7 +86,7 @@ class Stream:
 
         return {
             camera: torch.randint(0, 256, (ENVS, *shape), generator=self.generator, dtype=torch.uint8)
-            for camera, shape in self.spec.image_shapes.items()
+            for camera, shape in self.algo.image_shapes.items()  # the cameras the policy reads
         }
 
     def batch(self):
