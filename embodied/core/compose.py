@@ -125,6 +125,9 @@ def unknown_key_hint(error: OmegaConfBaseException, where: str = "") -> str:
     if not ("not in" in str(error) and isinstance(name, str) and dataclasses.is_dataclass(schema)):
         return ""
     fields = [field.name for field in dataclasses.fields(schema)]
+    nearest = closest(name, fields)
+    if nearest:
+        return nearest
     parent = str(getattr(error, "full_key", "") or "").rpartition(".")[0]
     prefix = f"{where}{parent}." if parent else where
     nested = [
@@ -132,9 +135,9 @@ def unknown_key_hint(error: OmegaConfBaseException, where: str = "") -> str:
         for field, kind in typing.get_type_hints(schema).items()
         if dataclasses.is_dataclass(kind) and name in {inner.name for inner in dataclasses.fields(kind)}
     ]
-    if nested and not closest(name, fields):
+    if nested:
         return f" (did you mean {' or '.join(repr(key) for key in nested)}?)"
-    return closest(name, fields) or f" (its keys: {', '.join(fields)})"
+    return f" (its keys: {', '.join(fields)})"
 
 
 def load_yaml(path: Path) -> DictConfig:
