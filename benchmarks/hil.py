@@ -245,6 +245,20 @@ HIL_SERL_VIEWS = [
 ]
 
 
+PIXELS = Study(
+    "hil_pixels",
+    "PickCube-v1 from 64 px RGB",
+    PIXEL_COMMON,
+    PIXEL_ARMS,
+    50_000,
+    PIXEL_EVERY,
+    "hil.py's recipe (chosen on PushCube from state, seed 1; nothing tuned on this task), with 20 scripted "
+    "demos in both arms, a frozen EfficientNet-Lite0 per camera, and the scripted expert (privileged state) "
+    "as the operator",
+    # PickCube's grasping physics depends on its history: an interrupted run continues with new episodes
+    resume_with=("env_resume=fresh",),
+    scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
+)
 PICKCUBE_STATE = Study(
     "hil_pickcube_state",
     "PickCube-v1 from state",
@@ -267,20 +281,7 @@ STUDIES = {
         1_000,
         "The recipe of [hil.md](hil.md), unchanged (its settings were chosen on seed 1)",
     ),
-    "pixels": Study(
-        "hil_pixels",
-        "PickCube-v1 from 64 px RGB",
-        PIXEL_COMMON,
-        PIXEL_ARMS,
-        50_000,
-        PIXEL_EVERY,
-        "hil.py's recipe (chosen on PushCube from state, seed 1; nothing tuned on this task), with 20 scripted "
-        "demos in both arms, a frozen EfficientNet-Lite0 per camera, and the scripted expert (privileged state) "
-        "as the operator",
-        # PickCube's grasping physics depends on its history: an interrupted run continues with new episodes
-        resume_with=("env_resume=fresh",),
-        scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
-    ),
+    "pixels": PIXELS,
     "pickcube-state": PICKCUBE_STATE,
     # The same two arms with what tuning on seed 1 chose (`hil.py tune pickcube-state`): SERL's
     # temperature, on demos recorded with `next.terminated`
@@ -303,17 +304,14 @@ STUDIES = {
     ),
     # The pixel study with what the state study's tuning chose: SERL's temperature and the stall
     # operator; its tuning arms add HIL-SERL's views and features (TUNING_ARMS["pixels-serl"])
-    "pixels-serl": Study(
-        "hil_pixels_serl",
-        "PickCube-v1 from 64 px RGB, SERL's temperature",
-        [*PIXEL_COMMON, *SERL_TEMPERATURE],
-        {"pixels-serl-rlpd": [], "pixels-serl-rlpd-stall-corrections": STALL_CORRECTIONS},
-        50_000,
-        PIXEL_EVERY,
-        "The pixel study's recipe with SERL's temperature (1e-2 at the start, no entropy term in the target) and, "
-        "in the second arm, the stall operator, as tuning the state study on seed 1 chose them",
-        resume_with=("env_resume=fresh",),
-        scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
+    "pixels-serl": replace(
+        PIXELS,
+        name="hil_pixels_serl",
+        task="PickCube-v1 from 64 px RGB, SERL's temperature",
+        common=[*PIXEL_COMMON, *SERL_TEMPERATURE],
+        arms={"pixels-serl-rlpd": [], "pixels-serl-rlpd-stall-corrections": STALL_CORRECTIONS},
+        recipe="The pixel study's recipe with SERL's temperature (1e-2 at the start, no entropy term in the target) "
+        "and, in the second arm, the stall operator, as tuning the state study on seed 1 chose them",
     ),
 }
 
