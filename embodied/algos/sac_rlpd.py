@@ -44,7 +44,7 @@ import copy
 import hashlib
 import logging
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
@@ -163,6 +163,14 @@ def frozen(module: torch.nn.Module) -> Iterator[None]:
             parameter.requires_grad_(True)
 
 
+def adam(parameters: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
+    """Adam with its fused kernel: the same update in one pass over every tensor, where the
+    default steps each tensor with a chain of small ops. For these small networks on a CPU
+    that is about a third of the optimizer's time, and the optimizers step several times per
+    env step (the critics `utd_ratio` times)."""
+    return torch.optim.Adam(parameters, lr=lr, fused=True)
+
+
 def polyak(target: torch.nn.Module, source: torch.nn.Module, tau: float) -> None:
     with torch.no_grad():
         # one call for every parameter, not one each
@@ -222,14 +230,12 @@ class SACRLPD:
         self.log_temperature = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -self.arm_dim / 2
         gripper_parameters = set(self.gripper.parameters()) if self.gripper is not None else set()
-        self.actor_optimizer = torch.optim.Adam(
-            [p for p in policy.parameters() if p not in gripper_parameters], lr=cfg.actor_lr
-        )
+        self.actor_optimizer = adam([p for p in policy.parameters() if p not in gripper_parameters], lr=cfg.actor_lr)
         if self.gripper is not None:
             self.target_gripper = copy.deepcopy(self.gripper).requires_grad_(False)
-            self.gripper_optimizer = torch.optim.Adam(self.gripper.parameters(), lr=cfg.critic_lr)
-        self.critic_optimizer = torch.optim.Adam(self.critics.parameters(), lr=cfg.critic_lr)
-        self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=cfg.temperature_lr)
+            self.gripper_optimizer = adam(self.gripper.parameters(), lr=cfg.critic_lr)
+        self.critic_optimizer = adam(self.critics.parameters(), lr=cfg.critic_lr)
+        self.temperature_optimizer = adam([self.log_temperature], lr=cfg.temperature_lr)
         self.image_shapes = {camera: tuple(spec.image_shapes[camera]) for camera in policy.cameras}
         # frozen features are cached per stored frame unless each batch's frames are shifted
         self.caches_features = bool(self.image_shapes) and cfg.image_augmentation != "shift"
@@ -399,7 +405,7 @@ class SACRLPD:
         if self.cfg.online_temperature is not None:
             with torch.no_grad():
                 self.log_temperature.fill_(math.log(self.cfg.online_temperature))
-            self.temperature_optimizer = torch.optim.Adam([self.log_temperature], lr=self.cfg.temperature_lr)
+            self.temperature_optimizer = adam([self.log_temperature], lr=self.cfg.temperature_lr)
             logger.info("online learning starts: temperature set to %g", self.cfg.online_temperature)
 
     def drop_offline_data(self) -> None:
