@@ -21,6 +21,11 @@ from harness.gpu_steps import Scale, StepResult, embodied, log, measure
 VLA_ENV = ["env=maniskill_pickcube", "env.obs_mode=rgb", "env.control_mode=pd_ee_delta_pos"]
 
 
+# --smoke: the SFT and RL runs' evaluation episodes cut short (the demos keep PickCube's own
+# limit, so the expert finishes them): each step of flow_vla on a CPU takes about half a second
+SMOKE_EPISODES = ["env.max_episode_steps=10"]
+
+
 def vla_sft(work: str, smoke: bool, device: str) -> dict[str, Any]:
     """Scripted demos and the SFT run the `vla` step starts RL from, in `work`/vla-sft. Run on
     a CPU before a GPU visit (`tools/gpu/kit.py prepare-vla`): the GPU machine has no
@@ -48,6 +53,7 @@ def vla_sft(work: str, smoke: bool, device: str) -> dict[str, Any]:
             f"dataset={demos}",
             *VLA_ENV,
             *small,
+            *(SMOKE_EPISODES if smoke else []),
             "policy=flow_vla",
             f"runtime.device={device}",
             f"steps={2 if smoke else 4000}",
@@ -105,6 +111,7 @@ def vla(scale: Scale, work: Path) -> StepResult:
             f"init={sft}",
             *VLA_ENV,
             *small,
+            *(SMOKE_EPISODES if scale.smoke else []),
             "policy=flow_vla",
             "policy.sampler=flow_sde",
             "algo=ppo",
