@@ -165,8 +165,8 @@ def frozen(module: torch.nn.Module) -> Iterator[None]:
 
 def adam(parameters: Iterable[torch.Tensor], lr: float) -> torch.optim.Adam:
     """Adam with its fused kernel: the same update in one pass over every tensor, where the
-    default steps each tensor with a chain of small ops. For these small networks on a CPU
-    that is about a third of the optimizer's time, and the optimizers step several times per
+    default steps each tensor with a chain of small ops. For these small networks on a CPU a
+    step takes about a third of the default's time, and the optimizers step several times per
     env step (the critics `utd_ratio` times)."""
     return torch.optim.Adam(parameters, lr=lr, fused=True)
 
