@@ -107,6 +107,51 @@ def test_same_init_state_gives_the_same_first_observation_and_images_are_upright
 
 
 @pytest.mark.slow
+def test_a_reset_on_the_reused_scene_gives_exactly_what_a_recompiled_one_gives():
+    """The worker compiles a scene once and resets on copies of it; robosuite compiles it on
+    every reset. Both give the same observations, frames included, bit for bit, also after
+    another episode has run on the same env."""
+    found = run_in_libero("""
+        import json
+        import numpy as np
+        from robosuite.utils import binding_utils
+
+        compile_every_time = binding_utils.MjSim.from_xml_string
+        from embodied.sim.libero import SCENES, LiberoConfig, LiberoEnv
+
+        env = LiberoEnv(LiberoConfig(suite="libero_goal", task_ids=[0], settle_steps=2))
+        actions = np.random.default_rng(0).uniform(-1, 1, (6, 7))
+
+        def episode(seed):
+            return [env.reset(seed), *(env.step(action).observation for action in actions)]
+
+        def same(a, b):
+            return all(
+                np.array_equal(x.state, y.state) and all(np.array_equal(x.images[c], y.images[c]) for c in x.images)
+                for x, y in zip(a, b)
+            )
+
+        reused = episode(7)
+        episode(3)
+        after_another = episode(7)
+        compiles = SCENES.compiles
+        binding_utils.MjSim.from_xml_string = compile_every_time
+        compiled = episode(7)
+        env.close()
+        print(json.dumps({"compiles": compiles, "reused": same(reused, compiled),
+                          "after_another": same(after_another, compiled), "cameras": sorted(compiled[0].images),
+                          "moved": not np.array_equal(compiled[0].state, compiled[-1].state)}))
+    """)
+    assert found == {
+        "compiles": 1,  # the env's construction; its three resets reused that scene
+        "reused": True,
+        "after_another": True,
+        "cameras": ["agentview", "wrist"],
+        "moved": True,
+    }
+
+
+@pytest.mark.slow
 def test_episodes_are_truncated_at_the_step_limit():
     env = make_libero(
         LiberoConfig(
