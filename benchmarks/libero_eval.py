@@ -4,7 +4,9 @@ Runs `embodied eval suite=...` (the real harness: env workers under .venv-libero
 from init state k, trials logged) on a few tasks of one suite with an MLP policy on proprio
 state, trained for one iteration: it fails, so every episode runs to the suite's step limit,
 the worst case for throughput. Raw env stepping with the two standard 128 px cameras is
-measured beside it, since a vision policy's evaluation pays for rendering.
+measured beside it, since a vision policy's evaluation pays for rendering, and so is an
+episode's reset on the scene the worker compiled once against robosuite's compile on every
+reset, taken in turns on one env.
 
     python benchmarks/libero_eval.py [--suite libero_goal] [--tasks 2] [--trials 4] [--workers 1 2]
 
@@ -23,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.reports import bar_chart
+from harness.reports import bar_chart, provenance, provenance_line
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -73,6 +75,42 @@ def raw_camera_rate(args: argparse.Namespace, workers: int, steps: int = 60) -> 
         env.close()
 
 
+RESET_TIMES = """
+import json, time
+from robosuite.utils import binding_utils
+
+compile_every_time = binding_utils.MjSim.from_xml_string
+from embodied.sim.libero import SCENES, LiberoConfig, LiberoEnv
+
+env = LiberoEnv(LiberoConfig(suite={suite!r}, task_ids=[0], cameras=[], settle_steps=0))
+times = {{"reused": [], "compiled": []}}
+for trial in range({resets}):
+    for way, build in (("reused", SCENES.sim), ("compiled", compile_every_time)):
+        binding_utils.MjSim.from_xml_string = build
+        started = time.perf_counter()
+        env.reset(trial)
+        times[way].append(time.perf_counter() - started)
+env.close()
+print(json.dumps(times))
+"""
+
+
+def reset_seconds(args: argparse.Namespace, resets: int = 5) -> dict[str, float]:
+    """Median seconds of an episode's reset, on the reused scene and compiled anew, in turns."""
+    from embodied.sim.libero import LiberoConfig, libero_python
+
+    found = subprocess.run(
+        [libero_python(LiberoConfig()), "-c", RESET_TIMES.format(suite=args.suite, resets=resets)],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "MUJOCO_GL": "egl"},
+    )
+    times = json.loads(found.stdout.strip().splitlines()[-1])
+    return {way: float(np.median(values)) for way, values in times.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="libero_goal")
@@ -99,8 +137,10 @@ def main() -> None:
         )
         episodes_per_hour = {w: eval_rate(args, checkpoint, w, Path(scratch) / f"eval{w}") for w in args.workers}
     camera_steps = {w: raw_camera_rate(args, w) for w in args.workers}
+    resets = reset_seconds(args)
     base = args.workers[0]
     result = {
+        **provenance("libero_eval.py"),
         "suite": args.suite,
         "tasks": args.tasks,
         "trials": args.trials,
@@ -108,11 +148,14 @@ def main() -> None:
         "episodes_per_hour_state_policy": episodes_per_hour,
         "camera_env_steps_per_s": camera_steps,
         "speedup": {w: episodes_per_hour[w] / episodes_per_hour[base] for w in args.workers},
+        "reset_s": resets,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "libero_eval.json").write_text(json.dumps(result, indent=2))
     lines = [
         f"# LIBERO evaluation throughput: {args.suite}, {os.cpu_count()} cores",
+        "",
+        provenance_line(result),
         "",
         f"`embodied eval suite={args.suite}` on {args.tasks} tasks x {args.trials} trials, every episode to the "
         f"step limit (a failing state-only MLP), 2 envs per worker. Camera column: raw env stepping with "
@@ -124,6 +167,10 @@ def main() -> None:
             f"| {w} | {episodes_per_hour[w]:.0f} | {result['speedup'][w]:.2f}x | {camera_steps[w]:.1f} |"
             for w in args.workers
         ),
+        "",
+        f"An episode's reset (median of 5, in turns on one env, no cameras): {resets['reused']:.2f} s on the "
+        f"scene the worker compiled once, {resets['compiled']:.2f} s compiling it anew as robosuite does "
+        f"({resets['compiled'] / resets['reused']:.1f}x).",
     ]
     (RESULTS / "libero_eval.md").write_text("\n".join(lines) + "\n\n![libero eval](libero_eval.png)\n")
     bar_chart(
