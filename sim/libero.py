@@ -191,7 +191,7 @@ class LiberoEnv(SingleEnv):
         os.environ.setdefault("MUJOCO_GL", cfg.mujoco_gl)
         os.environ.setdefault("PYOPENGL_PLATFORM", cfg.mujoco_gl)
         from libero.libero import benchmark, get_libero_path
-        from libero.libero.envs import OffScreenRenderEnv
+        from libero.libero.envs.env_wrapper import ControlEnv
 
         check_config(cfg)
         SCENES.install()
@@ -214,11 +214,14 @@ class LiberoEnv(SingleEnv):
         self.cfg = cfg
         self.cameras = list(cfg.cameras)
         size = cfg.image_size
-        self.env = OffScreenRenderEnv(
+        # LIBERO's OffScreenRenderEnv, whose offscreen renderer (a GL context made anew on every
+        # reset, about 1 s on a CPU) a state-only env makes only when a video asks for a frame
+        self.env = ControlEnv(
             bddl_file_name=bddl,
             camera_heights=size,
             camera_widths=size,
-            has_offscreen_renderer=True,
+            has_renderer=False,
+            has_offscreen_renderer=bool(self.cameras),
             use_camera_obs=bool(self.cameras),
         )
         self.limit = cfg.max_episode_steps or SUITE_STEP_LIMITS[cfg.suite]
@@ -263,7 +266,17 @@ class LiberoEnv(SingleEnv):
         )
 
     def render(self) -> np.ndarray:
-        frame = self.env.env.sim.render(
+        robosuite_env = self.env.env
+        if robosuite_env.sim._render_context_offscreen is None:
+            from robosuite.utils.binding_utils import MjRenderContextOffscreen
+
+            # the renderer robosuite's reset makes for an env with cameras, set up as it sets it
+            # up; making it runs the model forward, so this first frame shows the poses of the
+            # current state, where robosuite's show them as of the last physics substep
+            context = MjRenderContextOffscreen(robosuite_env.sim, device_id=robosuite_env.render_gpu_device_id)
+            context.vopt.geomgroup[0] = 1 if robosuite_env.render_collision_mesh else 0
+            context.vopt.geomgroup[1] = 1 if robosuite_env.render_visual_mesh else 0
+        frame = robosuite_env.sim.render(
             height=self.cfg.render_size, width=self.cfg.render_size, camera_name="agentview"
         )
         return np.ascontiguousarray(frame[::-1, ::-1])

@@ -152,6 +152,46 @@ def test_a_reset_on_the_reused_scene_gives_exactly_what_a_recompiled_one_gives()
 
 
 @pytest.mark.slow
+def test_a_state_only_env_makes_its_renderer_for_videos_alone_and_films_as_before():
+    """Without cameras the env makes its renderer only when a video asks for a frame, not on
+    every reset as robosuite does; its states and its frames are what they were with
+    robosuite's renderer, but for the first frame: making the renderer brings the scene's
+    poses up to the current state, where robosuite draws them as of the last physics substep."""
+    found = run_in_libero("""
+        import json
+        import numpy as np
+        from embodied.sim.libero import LiberoConfig, LiberoEnv
+
+        actions = np.random.default_rng(1).uniform(-1, 1, (4, 7))
+
+        def episode(renderer_at_reset):
+            env = LiberoEnv(LiberoConfig(suite="libero_spatial", task_ids=[1], cameras=[], settle_steps=1))
+            env.env.env.has_offscreen_renderer = renderer_at_reset  # robosuite's reset makes it
+            env.reset(5)
+            made = env.env.env.sim._render_context_offscreen is not None
+            states, frames = [], []
+            for action in actions:
+                states.append(env.step(action).observation.state)
+                frames.append(env.render())
+            env.close()
+            return made, np.stack(states), np.stack(frames)
+
+        lazily, states, frames = episode(False)
+        at_reset, reset_states, reset_frames = episode(True)
+        print(json.dumps({"made_at_reset": [lazily, at_reset], "states": bool(np.array_equal(states, reset_states)),
+                          "frames": bool(np.array_equal(frames[1:], reset_frames[1:])), "shape": list(frames.shape),
+                          "lit": bool(frames.mean() > 20)}))
+    """)
+    assert found == {
+        "made_at_reset": [False, True],
+        "states": True,
+        "frames": True,
+        "shape": [4, 256, 256, 3],
+        "lit": True,
+    }
+
+
+@pytest.mark.slow
 def test_episodes_are_truncated_at_the_step_limit():
     env = make_libero(
         LiberoConfig(
