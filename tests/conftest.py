@@ -27,7 +27,8 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_collection_modifyitems(config, items):
     """Files with learning regressions first, then those with the most slow tests: pytest-xdist
-    hands out whole files in this order (`--dist loadfile`), so the long ones start early and
+    hands out whole files in this order (`--dist loadfile --no-loadscope-reorder`; without the
+    latter it would hand out the files with the most tests first), so the long ones start early and
     the run does not end with one worker busy on a long file while the others wait. Within a
     file the order stays as written."""
     weight = {}
