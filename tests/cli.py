@@ -4,9 +4,15 @@ process a test watches or stops, and the overrides that every tiny run repeats."
 from __future__ import annotations
 
 import os
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import threading
 from pathlib import Path
+
+from tests import cli_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,19 +35,87 @@ def embodied(
 ) -> subprocess.CompletedProcess:
     """`embodied <args>` run to its end; with `check`, a non-zero exit fails the test with the
     command's last output. `env` adds to this process's environment, or with `inherit_env=False`
-    is the whole of it."""
-    result = subprocess.run(
-        [python, "-m", "embodied.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=timeout,
-        env={**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})},
-    )
+    is the whole of it. Forked from the worker's command server where it can be (tests/cli_server.py:
+    the same interpreter and exactly the server's environment), else a fresh process."""
+    environment = {**(os.environ if inherit_env else {}), "PYTHONUNBUFFERED": "1", **(env or {})}
+    server = CommandServer.shared() if python == sys.executable else None
+    if server is not None and server.serves(environment):
+        result = server.run(list(args), cwd, environment, timeout)
+    else:
+        result = subprocess.run(
+            [python, "-m", "embodied.cli", *args],
+            capture_output=True,
+            text=True,
+            cwd=cwd,
+            timeout=timeout,
+            env=environment,
+        )
     assert not check or result.returncode == 0, (
         f"embodied {' '.join(args)} exited with {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     )
     return result
+
+
+class CommandServer:
+    """This test worker's tests/cli_server.py process: started at the first command that can
+    use it, with this process's environment at that moment."""
+
+    _shared: CommandServer | None = None
+    _disabled = os.environ.get("EMBODIED_TEST_FORK", "1") == "0"  # 0: every command in a fresh process
+
+    @classmethod
+    def shared(cls) -> CommandServer | None:
+        if cls._disabled:
+            return None
+        if cls._shared is None or cls._shared.process.poll() is not None:
+            cls._shared = cls()
+        return cls._shared
+
+    def __init__(self):
+        self.environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        requests_read, self.requests = os.pipe()
+        self.replies, replies_write = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.cli_server", str(requests_read), str(replies_write)],
+            pass_fds=(requests_read, replies_write),
+            cwd=ROOT,
+            env=self.environment,
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(requests_read)
+        os.close(replies_write)
+        self.lock = threading.Lock()
+        assert self.reply(timeout=300) == {"ready": True}, "the command server did not start"
+
+    def serves(self, environment: dict[str, str]) -> bool:
+        return environment == self.environment
+
+    def reply(self, timeout: float | None = None):
+        if not select.select([self.replies], [], [], timeout)[0]:
+            return None
+        return cli_server.read_message(self.replies)
+
+    def run(
+        self, args: list[str], cwd: Path, environment: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "embodied.cli", *args]
+        with self.lock, tempfile.TemporaryDirectory() as tmp:
+            out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+            request = {"args": args, "cwd": str(cwd), "env": environment, "stdout": str(out), "stderr": str(err)}
+            cli_server.write_message(self.requests, request)
+            pid = self.reply(timeout=60)["pid"]
+            answer = self.reply(timeout)
+            if answer is None:  # as subprocess.run's timeout: the command is killed
+                os.kill(pid, signal.SIGKILL)
+                self.reply()
+                raise subprocess.TimeoutExpired(
+                    command, timeout, out.read_text(errors="replace"), err.read_text(errors="replace")
+                )
+            status = answer["status"]
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            return subprocess.CompletedProcess(
+                command, code, out.read_text(errors="replace"), err.read_text(errors="replace")
+            )
 
 
 def start(
