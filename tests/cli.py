@@ -4,15 +4,13 @@ process a test watches or stops, and the overrides that every tiny run repeats."
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
+from multiprocessing.connection import Connection
 from pathlib import Path
-
-from tests import cli_server
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,8 +71,8 @@ class CommandServer:
 
     def __init__(self):
         self.environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        requests_read, self.requests = os.pipe()
-        self.replies, replies_write = os.pipe()
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.cli_server", str(requests_read), str(replies_write)],
             pass_fds=(requests_read, replies_write),
@@ -84,6 +82,8 @@ class CommandServer:
         )
         os.close(requests_read)
         os.close(replies_write)
+        self.requests = Connection(requests_write, readable=False)
+        self.replies = Connection(replies_read, writable=False)
         self.lock = threading.Lock()
         assert self.reply(timeout=300) == {"ready": True}, "the command server did not start"
 
@@ -91,9 +91,8 @@ class CommandServer:
         return environment == self.environment
 
     def reply(self, timeout: float | None = None):
-        if not select.select([self.replies], [], [], timeout)[0]:
-            return None
-        return cli_server.read_message(self.replies)
+        """The server's next message, or None if none came within `timeout`."""
+        return self.replies.recv() if self.replies.poll(timeout) else None
 
     def run(
         self, args: list[str], cwd: Path, environment: dict[str, str], timeout: float
@@ -102,7 +101,7 @@ class CommandServer:
         with self.lock, tempfile.TemporaryDirectory() as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             request = {"args": args, "cwd": str(cwd), "env": environment, "stdout": str(out), "stderr": str(err)}
-            cli_server.write_message(self.requests, request)
+            self.requests.send(request)
             pid = self.reply(timeout=60)["pid"]
             answer = self.reply(timeout)
             if answer is None:  # as subprocess.run's timeout: the command is killed
