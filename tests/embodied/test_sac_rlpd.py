@@ -340,6 +340,81 @@ def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(
     assert len(algo.offline) == 0 and algo.critic_steps == 5 + 2  # online from now on, offline data gone
 
 
+def learner_state(algo):
+    """Everything a SAC/RLPD learner has learned, as tensors: the policy, the critics and
+    their targets, the temperature and the three optimizers' moments."""
+    state = algo.state_dict()
+    tensors = {f"policy.{k}": v for k, v in algo.policy.state_dict().items()}
+    tensors.update({f"critics.{k}": v for k, v in state["critics"].items()})
+    tensors.update({f"target_critics.{k}": v for k, v in state["target_critics"].items()})
+    tensors["log_temperature"] = state["log_temperature"]
+    for name in ("actor_optimizer", "critic_optimizer", "temperature_optimizer"):
+        for index, moments in state[name]["state"].items():
+            tensors.update({f"{name}.{index}.{k}": v for k, v in moments.items()})
+    return {k: v.detach().clone() for k, v in tensors.items()}
+
+
+def greedy_returns(policy, seed=5):
+    """The policy's deterministic returns on three fixed Pendulum episodes."""
+    from embodied.eval.episodes import run_episodes
+
+    env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), seed, 1)
+    try:
+        episodes, _ = run_episodes(env, policy, 3, seed, progress=False)
+    finally:
+        env.close()
+    return [episode.episode_return for episode in episodes]
+
+
+@pytest.mark.slow
+def test_wsrl_hands_over_exactly_what_pretraining_learned(tmp_path, monkeypatch):
+    """WSRL's hand-over, the step where its published collapse would come from a bug: through
+    the warm-up nothing learned moves (policy, critics, targets, temperature, optimizer
+    moments), so the frozen policy scores exactly what the pretrained one scored; a run
+    checkpointed and resumed at the switch takes the same first online update as one that
+    was not; and that update learns from online data only, at the temperature pretraining
+    left."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    spec = record_pendulum_demo(tmp_path / "demos", 12)
+    config = SACConfig(
+        **SMALL,
+        demos=str(tmp_path / "demos"),
+        offline_pretrain_steps=6,
+        calql_alpha=1.0,
+        warmup_steps=4,
+        init_temperature=0.3,
+        retain_offline=False,
+    )
+    algo = SACRLPD(config, policy := small_policy(spec))
+    algo.before_training()
+    pretrained, pretrained_returns = learner_state(algo), greedy_returns(policy)
+    assert len(pretrained_returns) == 3
+    batches = collect(policy, 5, seed=2)
+    for batch in batches[:4]:
+        assert algo.update(batch, 0.0)["train/warming_up"] == 1.0
+    after_warmup = learner_state(algo)
+    assert after_warmup.keys() == pretrained.keys()
+    assert [k for k in pretrained if not torch.equal(pretrained[k], after_warmup[k])] == []
+    assert greedy_returns(policy) == pretrained_returns  # zero online updates: the pretrained score
+
+    path = save_checkpoint(tmp_path / "ckpt", "warm", policy.state_dict(), {"algo": algo.state_dict()}, "")
+    weights, state = load_checkpoint(path)
+    resumed = SACRLPD(config, resumed_policy := small_policy(spec))
+    resumed_policy.load_state_dict(weights)
+    resumed.load_state_dict(state["algo"])
+    restored = learner_state(resumed)
+    assert [k for k in pretrained if not torch.equal(pretrained[k], restored[k])] == []
+    assert (resumed.pretrained, resumed.online_started, resumed.env_steps) == (True, False, 4)
+
+    temperature = algo.temperature.item()
+    torch.manual_seed(3)
+    first = algo.update(batches[4], 0.0)
+    torch.manual_seed(3)
+    assert resumed.update(batches[4], 0.0) == first  # the same first online update, resumed or not
+    assert (len(algo.offline), len(algo.online)) == (0, 5)  # online data only from here
+    assert first["train/temperature"] == pytest.approx(temperature, rel=1e-2)  # one small step from it
+
+
 def test_online_bc_keeps_the_demos_for_the_actor_alone_after_the_hand_over(tmp_path, monkeypatch):
     """Without online_bc the BC term goes with the offline data at WSRL's hand-over; with it
     the actor keeps regressing onto the demos while the critics' batches are online only."""
