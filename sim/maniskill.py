@@ -33,6 +33,7 @@ from embodied.sim.maniskill_common import (
     env_spec,
     flatten_state,
     make_gym_env,
+    scene_collections,
 )
 
 
@@ -128,7 +129,8 @@ class ManiSkillEnv(SingleEnv):
         return self.expert.act(self.env.unwrapped)
 
     def close(self) -> None:
-        self.env.close()
+        with scene_collections("physx_cpu"):
+            self.env.close()
 
 
 @ENVS.register("maniskill", ManiSkillConfig)

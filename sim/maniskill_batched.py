@@ -25,6 +25,7 @@ from embodied.sim.maniskill_common import (
     env_spec,
     flatten_state,
     make_gym_env,
+    scene_collections,
 )
 
 
@@ -43,6 +44,7 @@ class ManiSkillBatchedEnv(BatchedEnv):
         self.cfg = cfg
         self.env_ids = list(range(cfg.num_envs)) if env_ids is None else [int(i) for i in env_ids]
         self.num_envs = len(self.env_ids)
+        self.sim_backend = sim_backend
         self.env = make_gym_env(cfg, self.num_envs, sim_backend, enhanced_determinism=True)
         self.device = self.env.unwrapped.device
         # A rollout holding a share of the envs seeds its scene from its first env's id.
@@ -158,4 +160,5 @@ class ManiSkillBatchedEnv(BatchedEnv):
         return self.env.render()[env_idx].cpu().numpy()
 
     def close(self) -> None:
-        self.env.close()
+        with scene_collections(self.sim_backend):
+            self.env.close()
