@@ -16,6 +16,7 @@ which frames and pickles the messages): the server answers
 
 from __future__ import annotations
 
+import gc
 import os
 import runpy
 import sys
@@ -48,6 +49,10 @@ def serve(requests: Connection, replies: Connection) -> None:
     # the imports above leave native threads behind (torch's, SAPIEN's), idle ones: a fork
     # copies only this thread, as DataLoader workers are forked after importing torch
     warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks", category=DeprecationWarning)
+    # what the imports made lives as long as any command: frozen out of the collector, as
+    # Python's docs advise before forking, so a command's full collections (ManiSkill runs one
+    # per scene it builds or clears) walk only the objects the command made itself
+    gc.freeze()
     replies.send({"ready": True})
     while True:
         try:
