@@ -259,6 +259,22 @@ COLLAPSE_VARIANTS = {
     "critic warm-up": [f"algo.critic_warmup_steps={WARMUP}"],
     # the same, with the temperature restarted low at the hand-over (the other cause found)
     "critic warm-up, online_temperature=0.01": [f"algo.critic_warmup_steps={WARMUP}", "algo.online_temperature=0.01"],
+    # SERL's temperature (1e-2 at the start, learned; no entropy in the target) from pretraining on,
+    # as the PickCube state study chose it: whether a sampled policy that stays near its mode
+    # hands over without the collapse (the reported hand-over finds it near uniform)
+    "SERL temperature": ["algo.init_temperature=0.01", "algo.backup_entropy=false"],
+    # the same with the BC anchor kept for the actor after the hand-over
+    "SERL temperature, online_bc": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.online_bc=true"],
+    # both causes the variants above point at, together: the BC anchor kept for the actor and
+    # the temperature restarted low, so entropy cannot pull the policy off the demos' actions
+    "online_bc, online_temperature=0.01": ["algo.online_bc=true", "algo.online_temperature=0.01"],
+    # the same with a milder conservative term: Cal-QL at alpha 5 pushes the critics' values of
+    # actions away from the data far down, a steep landscape for an actor leaving the data
+    "online_bc, online_temperature=0.01, calql_alpha=1": [
+        "algo.online_bc=true",
+        "algo.online_temperature=0.01",
+        "algo.calql_alpha=1",
+    ],
 }
 
 
