@@ -62,7 +62,17 @@ WARMUP = 2_000  # env steps the frozen pretrained policy collects before WSRL le
 ARMS = {
     "wsrl": [f"algo.warmup_steps={WARMUP}", "algo.retain_offline=false"],
     "naive": ["algo.retain_offline=false"],
+    # wsrl with the hand-over the collapse study found (seed 1, `collapse` below): the BC term
+    # kept for the actor on the demos and the temperature restarted at 0.01 once online learning
+    # starts; the same pretraining as the other two arms
+    "wsrl-anchored": [
+        f"algo.warmup_steps={WARMUP}",
+        "algo.retain_offline=false",
+        "algo.online_bc=true",
+        "algo.online_temperature=0.01",
+    ],
 }
+WARMS_UP = ("wsrl", "wsrl-anchored")  # the arms whose frozen policy collects the warm-up
 SEEDS = (101, 102, 103)
 ENV_STEPS = 20_000  # per run, as hil.py
 DIP_WINDOW = 5_000  # env steps of online learning in which the dip is looked for
@@ -110,7 +120,7 @@ def pretrained_success(record: dict) -> float:
     return float(np.mean(values))
 
 
-def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS) -> None:
+def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS, arms: tuple[str, ...] = tuple(ARMS)) -> None:
     if PRETRAIN is None:
         raise SystemExit("no pretraining chosen yet: run `wsrl.py tune` and set PRETRAIN from its table")
     prepare([PRETRAIN])
@@ -124,7 +134,7 @@ def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS) -> None:
         evaluate_heldout(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides)
 
     with ThreadPoolExecutor(parallel) as pool:
-        for job in [pool.submit(one, arm, seed) for seed in seeds for arm in ARMS]:
+        for job in [pool.submit(one, arm, seed) for seed in seeds for arm in arms]:
             job.result()
 
 
@@ -154,14 +164,16 @@ def report() -> None:
     ]
     rows, heldout_rows = [], []
     fig, ax = plt.subplots(figsize=(7, 4))
-    colours = {"wsrl": "tab:blue", "naive": "tab:orange"}
-    s0 = {r["seed"]: pretrained_success(r) for r in runs if r["arm"] == "wsrl"}
+    colours = {"wsrl": "tab:blue", "naive": "tab:orange", "wsrl-anchored": "tab:green"}
+    # the frozen pretrained policy, as each warming-up arm's run measured it (the same pretraining)
+    s0 = {(r["arm"], r["seed"]): pretrained_success(r) for r in runs if r["arm"] in WARMS_UP}
     for arm in ARMS:
         members = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
         if not members:
             continue
-        start = WARMUP if arm == "wsrl" else 0  # where online learning starts
-        entry: dict = {"seeds": [r["seed"] for r in members], "s0": [s0.get(r["seed"]) for r in members]}
+        start = WARMUP if arm in WARMS_UP else 0  # where online learning starts
+        measured_by = arm if arm in WARMS_UP else "wsrl"
+        entry: dict = {"seeds": [r["seed"] for r in members], "s0": [s0.get((measured_by, r["seed"])) for r in members]}
         curves = [[p for p in r["curve"] if "eval/success_rate" in p] for r in members]
         entry["dip"] = [
             min(p["eval/success_rate"] for p in c if start < p["env_steps"] <= start + DIP_WINDOW) for c in curves
@@ -384,6 +396,7 @@ def main() -> None:
     parser.add_argument("command", choices=("tune", "heldout", "report", "collapse"))
     parser.add_argument("--parallel", type=int, default=2, help="heldout or collapse runs at a time")
     parser.add_argument("--seeds", type=int, nargs="*", default=SEEDS, help="heldout: these of the seeds only")
+    parser.add_argument("--arms", nargs="*", choices=list(ARMS), default=list(ARMS), help="heldout: these arms only")
     parser.add_argument(
         "--variants", nargs="*", choices=list(COLLAPSE_VARIANTS), help="collapse: these variants only (default: all)"
     )
@@ -392,7 +405,7 @@ def main() -> None:
     if args.command == "tune":
         tune()
     elif args.command == "heldout":
-        heldout(args.parallel, tuple(args.seeds))
+        heldout(args.parallel, tuple(args.seeds), tuple(args.arms))
     elif args.command == "collapse":
         collapse(args.parallel, args.variants)
         collapse_report()
