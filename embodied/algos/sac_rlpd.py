@@ -62,6 +62,8 @@ from embodied.core.registry import ALGOS
 
 logger = logging.getLogger(__name__)
 
+PRETRAIN_REPORTS = 10  # log lines over an offline pretraining
+
 
 @dataclass
 class SACConfig:
@@ -345,11 +347,22 @@ class SACRLPD:
             "pretraining on %d offline transitions for %d steps", len(self.offline), self.cfg.offline_pretrain_steps
         )
         metrics: dict[str, float] = {}
-        for _ in range(self.cfg.offline_pretrain_steps):
+        steps = self.cfg.offline_pretrain_steps
+        every = max(1, steps // PRETRAIN_REPORTS)
+        for step in range(1, steps + 1):
             batch = self.offline.sample(self.cfg.batch_size, frames=not self.caches_features)
             batch = self.inputs(batch.to(self.policy.device))
             metrics = self.critic_step(batch, offline_rows=len(batch))
             metrics.update(self.actor_step(batch, offline_rows=len(batch)))
+            if step % every == 0 and step < steps:  # the last step's metrics are the learner's to log
+                # progress, and what tells a hand-over that will go wrong: the critics' values on
+                # the data against their targets, the policy's entropy against the temperature
+                logger.info(
+                    "pretraining step %d/%d: %s",
+                    step,
+                    steps,
+                    ", ".join(f"{k.split('/')[-1]}={v:.4g}" for k, v in metrics.items()),
+                )
         self.pretrained = True
         return {f"pretrain/{k.split('/')[-1]}": v for k, v in metrics.items()}
 

@@ -367,7 +367,7 @@ def greedy_returns(policy, seed=5):
 
 
 @pytest.mark.slow
-def test_wsrl_hands_over_exactly_what_pretraining_learned(tmp_path, monkeypatch):
+def test_wsrl_hands_over_exactly_what_pretraining_learned(tmp_path, monkeypatch, caplog):
     """WSRL's hand-over, the step where its published collapse would come from a bug: through
     the warm-up nothing learned moves (policy, critics, targets, temperature, optimizer
     moments), so the frozen policy scores exactly what the pretrained one scored; a run
@@ -386,7 +386,13 @@ def test_wsrl_hands_over_exactly_what_pretraining_learned(tmp_path, monkeypatch)
         retain_offline=False,
     )
     algo = SACRLPD(config, policy := small_policy(spec))
-    algo.before_training()
+    with caplog.at_level("INFO", logger="embodied.algos.sac_rlpd"):
+        algo.before_training()
+    progress = [r.getMessage() for r in caplog.records if r.getMessage().startswith("pretraining step")]
+    assert [line.split(":")[0] for line in progress] == [f"pretraining step {i}/6" for i in range(1, 6)]
+    assert all(
+        f"{key}=" in progress[-1] for key in ("q_mean", "target_mean", "calql_penalty", "entropy", "temperature")
+    )
     pretrained, pretrained_returns = learner_state(algo), greedy_returns(policy)
     assert len(pretrained_returns) == 3
     batches = collect(policy, 5, seed=2)
