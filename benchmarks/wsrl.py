@@ -9,18 +9,20 @@ never succeeded, so there was little for WSRL's warm-up to keep. Here:
             evaluation (16 fixed episodes of seed 1's evaluation stream) measures it. PRETRAIN
             names the variant chosen from that table: the cheapest whose pretrained policy
             succeeds at least MIN_PRETRAINED of the time.
-  heldout   wsrl and naive from that pretraining on training seeds 101-103 (never used for
-            tuning), ENV_STEPS each: S0 (the frozen pretrained policy during wsrl's warm-up,
+  heldout   the arms (wsrl, naive, and wsrl-anchored: wsrl with the hand-over the collapse
+            study found) from that pretraining on training seeds 101-103 (never used for
+            tuning), ENV_STEPS each: S0 (the frozen pretrained policy during the warm-up,
             16 fixed episodes of the run's own seed), the dip (the lowest periodic success in the
             first DIP_WINDOW env steps of online learning, where naive fine-tuning is known
             to unlearn), env steps to 90%, and each final policy on 100 episodes of the
             held-out evaluation seed, greedy and sampled.
   report    rebuild results/wsrl.{json,md,png} from the committed per-run records in
             results/runs/wsrl_tuning/ and results/runs/wsrl_heldout/.
-  collapse  why both arms fall to 0 once online learning starts: on the tuning seed, wsrl as
-            reported, with other SAC temperatures, with the BC term kept for the actor
-            online (online_bc), pretrained without BC, without the entropy in the TD
-            target and with a critic warm-up after the hand-over, through the warm-up and
+  collapse  why wsrl and naive fall to 0 once online learning starts: on the tuning seed,
+            wsrl as reported, with other SAC temperatures, with the BC term kept for the
+            actor online (online_bc), pretrained without BC, without the entropy in the TD
+            target, with a critic warm-up after the hand-over, and with the BC term kept
+            and the temperature restarted low together, through the warm-up and
             DIP_WINDOW env steps of online learning, with the actor's entropy and the
             temperature beside success (results/wsrl_collapse.{json,md,png})
 
@@ -64,7 +66,7 @@ ARMS = {
     "naive": ["algo.retain_offline=false"],
     # wsrl with the hand-over the collapse study found (seed 1, `collapse` below): the BC term
     # kept for the actor on the demos and the temperature restarted at 0.01 once online learning
-    # starts; the same pretraining as the other two arms
+    # starts; the other arms' pretraining settings
     "wsrl-anchored": [
         f"algo.warmup_steps={WARMUP}",
         "algo.retain_offline=false",
@@ -72,7 +74,7 @@ ARMS = {
         "algo.online_temperature=0.01",
     ],
 }
-WARMS_UP = ("wsrl", "wsrl-anchored")  # the arms whose frozen policy collects the warm-up
+WARMUP_ARMS = tuple(arm for arm, overrides in ARMS.items() if f"algo.warmup_steps={WARMUP}" in overrides)
 SEEDS = (101, 102, 103)
 ENV_STEPS = 20_000  # per run, as hil.py
 DIP_WINDOW = 5_000  # env steps of online learning in which the dip is looked for
@@ -166,13 +168,13 @@ def report() -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     colours = {"wsrl": "tab:blue", "naive": "tab:orange", "wsrl-anchored": "tab:green"}
     # the frozen pretrained policy, as each warming-up arm's run measured it (the same pretraining)
-    s0 = {(r["arm"], r["seed"]): pretrained_success(r) for r in runs if r["arm"] in WARMS_UP}
+    s0 = {(r["arm"], r["seed"]): pretrained_success(r) for r in runs if r["arm"] in WARMUP_ARMS}
     for arm in ARMS:
         members = sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
         if not members:
             continue
-        start = WARMUP if arm in WARMS_UP else 0  # where online learning starts
-        measured_by = arm if arm in WARMS_UP else "wsrl"
+        start = WARMUP if arm in WARMUP_ARMS else 0  # where online learning starts
+        measured_by = arm if arm in WARMUP_ARMS else "wsrl"
         entry: dict = {"seeds": [r["seed"] for r in members], "s0": [s0.get((measured_by, r["seed"])) for r in members]}
         curves = [[p for p in r["curve"] if "eval/success_rate" in p] for r in members]
         entry["dip"] = [
@@ -202,11 +204,11 @@ def report() -> None:
                 alpha=0.8,
                 label=f"{arm} (seeds {', '.join(map(str, entry['seeds']))})" if record is members[0] else None,
             )
-    ax.axvline(WARMUP, color="tab:blue", linestyle=":", linewidth=1, label="wsrl: warm-up ends")
+    ax.axvline(WARMUP, color="tab:blue", linestyle=":", linewidth=1, label="warm-up ends")
     ax.axhline(GOAL, color="grey", linestyle="--", linewidth=1)
     ax.set_xlabel("env steps (pretraining not counted)")
     ax.set_ylabel("periodic eval success (16 episodes)")
-    ax.set_title(f"PushCube-v1: WSRL vs naive after Cal-QL pretraining ({PRETRAIN})")
+    ax.set_title(f"PushCube-v1: WSRL and naive after Cal-QL pretraining ({PRETRAIN})")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     commits = sorted({r["provenance"]["commit"] for r in [*tuning.values(), *runs]})
@@ -231,10 +233,13 @@ def report() -> None:
         "",
         f"## Reported (seeds {', '.join(map(str, SEEDS))}, never used for tuning)",
         "",
-        f"Both arms pretrain on {count} demos for {steps:,} Cal-QL steps, then learn online without the offline data "
-        f"for {ENV_STEPS:,} env steps; wsrl first lets the frozen policy collect {WARMUP:,} of them. S0: wsrl's "
-        f"warm-up evaluation (16 fixed episodes of the run's seed). Dip: the lowest periodic success in the first "
-        f"{DIP_WINDOW:,} env steps of online learning.",
+        f"Every arm pretrains on {count} demos for {steps:,} Cal-QL steps, then learns online without the offline "
+        f"data for {ENV_STEPS:,} env steps; {' and '.join(WARMUP_ARMS)} first let the frozen policy collect "
+        f"{WARMUP:,} of them, and wsrl-anchored keeps the BC term for the actor on the demos and restarts the "
+        "temperature at 0.01 when online learning starts. The expert and its demos are made anew on each machine "
+        "(the commits tell the runs apart), so arms run at different commits compare only roughly. S0: the "
+        "warm-up's evaluation (16 fixed episodes of the run's seed; naive's is wsrl's, the same pretraining). Dip: "
+        f"the lowest periodic success in the first {DIP_WINDOW:,} env steps of online learning.",
         "",
         "| arm | seeds | S0 | dip | env steps to 90% | final periodic success |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -33,6 +33,7 @@ from embodied.sim.maniskill_common import (
     env_spec,
     flatten_state,
     make_gym_env,
+    reset_collections,
     scene_collections,
 )
 
@@ -96,7 +97,8 @@ class ManiSkillEnv(SingleEnv):
         return SingleObservation(state=state, images={name: image[0] for name, image in camera_images(raw).items()})
 
     def reset(self, seed: int) -> SingleObservation:
-        raw, _ = self.env.reset(seed=seed)
+        with reset_collections(self.env, "physx_cpu"):
+            raw, _ = self.env.reset(seed=seed)
         if self.expert is not None:
             self.expert.reset()
         return self._observation(raw)

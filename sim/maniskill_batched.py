@@ -25,6 +25,7 @@ from embodied.sim.maniskill_common import (
     env_spec,
     flatten_state,
     make_gym_env,
+    reset_collections,
     scene_collections,
 )
 
@@ -75,7 +76,8 @@ class ManiSkillBatchedEnv(BatchedEnv):
         if seeds is None and not self._seeded:
             seeds = [self.first_seed]
         self._seeded = True
-        raw, _ = self.env.reset(seed=None if seeds is None else [int(s) for s in seeds], options=options)
+        with reset_collections(self.env, self.sim_backend):
+            raw, _ = self.env.reset(seed=None if seeds is None else [int(s) for s in seeds], options=options)
         rows = slice(None) if env_idx is None else np.asarray(env_idx)
         self.episode_return[rows], self.episode_length[rows], self.episode_success[rows] = 0.0, 0, False
         return self._observation(raw)

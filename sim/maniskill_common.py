@@ -4,10 +4,10 @@ instructions, building ManiSkill's gym env, and reading its observations and spe
 from __future__ import annotations
 
 import gc
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import numpy as np
 
@@ -129,12 +129,16 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
 def scene_collections(sim_backend: str) -> Iterator[None]:
     """ManiSkill runs a full `gc.collect()` whenever it builds or clears a scene, to hand GPU
     memory back at once. In a process that has imported torch that walks some 300,000 objects,
-    0.2-1 s a time, twice per env of a CPU vector (16 envs: up to half a minute). On physx_cpu
-    no GPU memory waits on it, so the objects that existed before are frozen out of those
-    collections for the call and given back to the collector after: the old scene's cycles go
-    at the next regular collection and nothing is kept for good. Where something else froze
-    objects already (a server about to fork) its freeze is left as it is."""
-    spare = sim_backend == "physx_cpu" and gc.get_freeze_count() == 0
+    0.2-1 s a time, twice per env of a CPU vector (16 envs: up to half a minute). Where no GPU
+    memory can wait on it (physx_cpu on a machine without CUDA; with CUDA, scenes render on
+    the GPU), the objects that existed before are frozen out of those collections for the call
+    and given back to the collector after: the old scene's cycles go at the next regular
+    collection and nothing is kept for good. Where something else froze objects already (a
+    server about to fork) its freeze is left as it is. The freeze is process-wide: envs are
+    built one at a time in a process (vector workers are processes of their own)."""
+    import torch
+
+    spare = sim_backend == "physx_cpu" and not torch.cuda.is_available() and gc.get_freeze_count() == 0
     if spare:
         gc.freeze()
     try:
@@ -142,6 +146,13 @@ def scene_collections(sim_backend: str) -> Iterator[None]:
     finally:
         if spare:
             gc.unfreeze()
+
+
+def reset_collections(env: Any, sim_backend: str) -> ContextManager[None]:
+    """`scene_collections` for a reset that rebuilds the scene (a task with a reconfiguration
+    frequency, such as PegInsertionSide with one env per scene, rebuilds it at every reset). An
+    ordinary reset collects nothing, and freezing then would only age the young objects."""
+    return scene_collections(sim_backend) if env.unwrapped.reconfiguration_freq else nullcontext()
 
 
 PHYSX_GPU_RELEASES = "https://github.com/sapien-sim/physx-precompiled/releases"

@@ -6,7 +6,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 # One intra-op thread per process (set before torch is imported; every process a test starts
-# inherits it). There is one pytest worker per core already, and each test starts learners and
+# inherits it). There is at least one pytest worker per core already, and each test starts learners and
 # env workers of its own: with torch's default of one thread per core, the threads outnumber the
 # cores several times over, and tiny-tensor work slowed down about fivefold under that contention.
 # A test that needs more threads sets runtime.torch_threads.

@@ -62,7 +62,7 @@ from embodied.core.registry import ALGOS
 
 logger = logging.getLogger(__name__)
 
-PRETRAIN_REPORTS = 10  # log lines over an offline pretraining
+PRETRAIN_LOG_LINES = 10  # at most, over an offline pretraining (its last step's metrics the learner logs)
 
 
 @dataclass
@@ -348,7 +348,7 @@ class SACRLPD:
         )
         metrics: dict[str, float] = {}
         steps = self.cfg.offline_pretrain_steps
-        every = max(1, steps // PRETRAIN_REPORTS)
+        every = math.ceil(steps / PRETRAIN_LOG_LINES)
         for step in range(1, steps + 1):
             batch = self.offline.sample(self.cfg.batch_size, frames=not self.caches_features)
             batch = self.inputs(batch.to(self.policy.device))

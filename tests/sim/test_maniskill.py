@@ -272,10 +272,12 @@ def test_several_tasks_run_in_blocks_of_envs_with_padded_states_and_their_own_in
         make_maniskill(ManiSkillConfig(tasks=["PushCube-v1", "Nope-v1"]), seed=0)
 
 
-def test_maniskills_collections_while_building_and_closing_cpu_scenes_skip_older_objects(monkeypatch):
-    """ManiSkill collects garbage whenever it builds or clears a scene; on physx_cpu the
-    objects that existed before are frozen out of those collections (0.2-1 s each in a process
-    that imported torch) and given back afterwards, so garbage made before is still freed."""
+@pytest.mark.parametrize("task, collections", [("PushCube-v1", 2), ("PegInsertionSide-v1", 4)])
+def test_maniskills_collections_on_cpu_scenes_skip_older_objects(task, collections, monkeypatch):
+    """ManiSkill collects garbage whenever it builds or clears a scene (PegInsertionSide with one
+    env rebuilds its scene at every reset as well); on physx_cpu the objects that existed before
+    are frozen out of those collections (0.2-1 s each in a process that imported torch) and given
+    back afterwards, so garbage made before is still freed."""
     import gc
     import weakref
 
@@ -286,17 +288,20 @@ def test_maniskills_collections_while_building_and_closing_cpu_scenes_skip_older
     class Node:
         pass
 
-    garbage = Node()
-    garbage.itself = garbage  # a cycle: only a collection frees it
-    alive = weakref.ref(garbage)
-    del garbage
-    gc.disable()  # no automatic collection between here and the last line: only ManiSkill's and ours
+    enabled = gc.isenabled()
+    gc.disable()  # no automatic collection from here to the last one: only ManiSkill's and ours
     try:
-        env = ManiSkillEnv(ManiSkillConfig(task="PushCube-v1", num_envs=1))
+        garbage = Node()
+        garbage.itself = garbage  # a cycle: only a collection frees it
+        alive = weakref.ref(garbage)
+        del garbage
+        env = ManiSkillEnv(ManiSkillConfig(task=task, num_envs=1))  # builds, then resets once
+        env.reset(1)
         env.close()
-        assert len(seen) == 2 and min(seen) > 0  # ManiSkill's collections, while older objects were frozen
+        assert len(seen) == collections and min(seen) > 0  # ManiSkill's, while older objects were frozen
         assert gc.get_freeze_count() == 0 and alive() is not None  # nothing kept frozen; the cycle waits
         collect()
         assert alive() is None  # ... for the next regular collection
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()
