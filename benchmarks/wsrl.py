@@ -248,7 +248,7 @@ def report() -> None:
         f"## Reported (seeds {', '.join(map(str, SEEDS))}, never used for tuning)",
         "",
         f"Every arm pretrains on {count} demos for {steps:,} Cal-QL steps, then learns online without the offline "
-        f"data for {ENV_STEPS:,} env steps; {' and '.join(WARMUP_ARMS)} first let the frozen policy collect "
+        f"data for {ENV_STEPS:,} env steps; {', '.join(WARMUP_ARMS)} first let the frozen policy collect "
         f"{WARMUP:,} of them, and wsrl-anchored keeps the BC term for the actor on the demos and restarts the "
         "temperature at 0.01 when online learning starts (wsrl-anchored-critic-warmup as well, its critics learning "
         f"alone for the first {WARMUP:,} online steps). The expert and its demos are made anew on each machine "
