@@ -61,27 +61,17 @@ VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
 MIN_PRETRAINED = 0.5
 PRETRAIN: str | None = "d20-p10k"  # chosen from the tuning table (see the report): 0.69 on seed 1
 WARMUP = 2_000  # env steps the frozen pretrained policy collects before WSRL learns online
+WSRL = [f"algo.warmup_steps={WARMUP}", "algo.retain_offline=false"]
+# the hand-over the collapse study found (seed 1, `collapse` below): the BC term kept for the
+# actor on the demos and the temperature restarted at 0.01 once online learning starts
+ANCHORED = ["algo.online_bc=true", "algo.online_temperature=0.01"]
+CRITIC_WARMUP = f"algo.critic_warmup_steps={WARMUP}"  # the critics learn alone first, as long as the warm-up
 ARMS = {
-    "wsrl": [f"algo.warmup_steps={WARMUP}", "algo.retain_offline=false"],
+    "wsrl": WSRL,
     "naive": ["algo.retain_offline=false"],
-    # wsrl with the hand-over the collapse study found (seed 1, `collapse` below): the BC term
-    # kept for the actor on the demos and the temperature restarted at 0.01 once online learning
-    # starts; the other arms' pretraining settings
-    "wsrl-anchored": [
-        f"algo.warmup_steps={WARMUP}",
-        "algo.retain_offline=false",
-        "algo.online_bc=true",
-        "algo.online_temperature=0.01",
-    ],
-    # the same, the critics learning alone for the warm-up's length after the hand-over, as the
-    # collapse study's last variant on seed 1 (the dip 0.56 against 0.69 pretrained)
-    "wsrl-anchored-critic-warmup": [
-        f"algo.warmup_steps={WARMUP}",
-        "algo.retain_offline=false",
-        "algo.online_bc=true",
-        "algo.online_temperature=0.01",
-        f"algo.critic_warmup_steps={WARMUP}",
-    ],
+    "wsrl-anchored": [*WSRL, *ANCHORED],  # the other arms' pretraining settings
+    # the collapse study's last variant on seed 1 (the dip 0.56 against 0.69 pretrained)
+    "wsrl-anchored-critic-warmup": [*WSRL, *ANCHORED, CRITIC_WARMUP],
 }
 WARMUP_ARMS = tuple(arm for arm, overrides in ARMS.items() if f"algo.warmup_steps={WARMUP}" in overrides)
 SEEDS = (101, 102, 103)
@@ -288,9 +278,9 @@ COLLAPSE_VARIANTS = {
     "pretrained without BC": ["algo.bc_weight=0"],
     # the critics alone learn for the first 2,000 online steps: whether the actor collapses by
     # following critics that just lost their conservative term and their offline rows
-    "critic warm-up": [f"algo.critic_warmup_steps={WARMUP}"],
+    "critic warm-up": [CRITIC_WARMUP],
     # the same, with the temperature restarted low at the hand-over (the other cause found)
-    "critic warm-up, online_temperature=0.01": [f"algo.critic_warmup_steps={WARMUP}", "algo.online_temperature=0.01"],
+    "critic warm-up, online_temperature=0.01": [CRITIC_WARMUP, "algo.online_temperature=0.01"],
     # SERL's temperature (1e-2 at the start, learned; no entropy in the target) from pretraining on,
     # as the PickCube state study chose it: whether a sampled policy that stays near its mode
     # hands over without the collapse (the reported hand-over finds it near uniform)
@@ -299,21 +289,13 @@ COLLAPSE_VARIANTS = {
     "SERL temperature, online_bc": ["algo.init_temperature=0.01", "algo.backup_entropy=false", "algo.online_bc=true"],
     # both causes the variants above point at, together: the BC anchor kept for the actor and
     # the temperature restarted low, so entropy cannot pull the policy off the demos' actions
-    "online_bc, online_temperature=0.01": ["algo.online_bc=true", "algo.online_temperature=0.01"],
+    "online_bc, online_temperature=0.01": ANCHORED,
     # the same with a milder conservative term: Cal-QL at alpha 5 pushes the critics' values of
     # actions away from the data far down, a steep landscape for an actor leaving the data
-    "online_bc, online_temperature=0.01, calql_alpha=1": [
-        "algo.online_bc=true",
-        "algo.online_temperature=0.01",
-        "algo.calql_alpha=1",
-    ],
+    "online_bc, online_temperature=0.01, calql_alpha=1": [*ANCHORED, "algo.calql_alpha=1"],
     # the anchored hand-over with the critics learning alone first: whether the dip that remains
     # one evaluation after the hand-over is the actor following critics still recalibrating
-    "online_bc, online_temperature=0.01, critic warm-up": [
-        "algo.online_bc=true",
-        "algo.online_temperature=0.01",
-        f"algo.critic_warmup_steps={WARMUP}",
-    ],
+    "online_bc, online_temperature=0.01, critic warm-up": [*ANCHORED, CRITIC_WARMUP],
 }
 
 
