@@ -72,7 +72,11 @@ ARMS = {
     "wsrl-anchored": [*WSRL, *ANCHORED],  # the other arms' pretraining settings
     # the collapse study's last variant on seed 1 (the dip 0.56 against 0.69 pretrained)
     "wsrl-anchored-critic-warmup": [*WSRL, *ANCHORED, CRITIC_WARMUP],
+    # the yardstick WSRL must reach at equal env steps: RLPD from scratch on the same demos (hil.py's
+    # recipe: no pretraining, the demos kept in every batch), at the same commit as the other arms
+    "rlpd": [],
 }
+FROM_SCRATCH = ("rlpd",)  # arms without pretraining: no S0, no hand-over
 WARMUP_ARMS = tuple(arm for arm, overrides in ARMS.items() if f"algo.warmup_steps={WARMUP}" in overrides)
 SEEDS = (101, 102, 103)
 ENV_STEPS = 20_000  # per run, as hil.py
@@ -87,6 +91,13 @@ def demos(count: int) -> Path:
 def pretraining(variant: str) -> list[str]:
     count, steps = VARIANTS[variant]
     return [f"algo.demos={demos(count)}", f"algo.offline_pretrain_steps={steps}", "algo.calql_alpha=5"]
+
+
+def arm_data(arm: str) -> list[str]:
+    """The chosen pretraining's demos, and its Cal-QL pretraining unless the arm starts from scratch."""
+    if arm in FROM_SCRATCH:
+        return [f"algo.demos={demos(VARIANTS[PRETRAIN][0])}"]
+    return pretraining(PRETRAIN)
 
 
 def settings(seed: int, extra: list[str]) -> list[str]:
@@ -130,7 +141,7 @@ def heldout(parallel: int, seeds: tuple[int, ...] = SEEDS, arms: tuple[str, ...]
         name = f"{HELDOUT}/{arm}-s{seed}"
         if has_heldout(name):
             return
-        overrides = settings(seed, [*pretraining(PRETRAIN), *ARMS[arm]])
+        overrides = settings(seed, [*arm_data(arm), *ARMS[arm]])
         train(name, overrides, ENV_STEPS)
         evaluate_heldout(name, arm=arm, seed=seed, pretraining=PRETRAIN, overrides=overrides)
 
@@ -170,6 +181,7 @@ def report() -> None:
         "naive": "tab:orange",
         "wsrl-anchored": "tab:green",
         "wsrl-anchored-critic-warmup": "tab:red",
+        "rlpd": "tab:grey",
     }
     # the frozen pretrained policy, as each warming-up arm's run measured it (the same pretraining)
     s0 = {(r["arm"], r["seed"]): pretrained_success(r) for r in runs if r["arm"] in WARMUP_ARMS}
@@ -179,10 +191,24 @@ def report() -> None:
             continue
         start = WARMUP if arm in WARMUP_ARMS else 0  # where online learning starts
         measured_by = arm if arm in WARMUP_ARMS else "wsrl"
-        entry: dict = {"seeds": [r["seed"] for r in members], "s0": [s0.get((measured_by, r["seed"])) for r in members]}
+        scratch = arm in FROM_SCRATCH
+        entry: dict = {
+            "seeds": [r["seed"] for r in members],
+            "s0": [None if scratch else s0.get((measured_by, r["seed"])) for r in members],
+        }
         curves = [[p for p in r["curve"] if "eval/success_rate" in p] for r in members]
+        # the actor's first online update: after the critics' own warm-up where the arm has one, so
+        # an evaluation of the still-frozen actor does not count as online
+        actor_start = start + (WARMUP if CRITIC_WARMUP in ARMS[arm] else 0)
+        online = [[p["eval/success_rate"] for p in c if p["env_steps"] > actor_start] for c in curves]
+        entry["first_online"] = [None if scratch else values[0] for values in online]
+        # the issue's hand-over goal: the first online evaluation at >= 0.8x the pretrained success
+        entry["first_online_over_s0"] = [
+            None if first is None or not s0_ else first / s0_ for first, s0_ in zip(entry["first_online"], entry["s0"])
+        ]
         entry["dip"] = [
-            min(p["eval/success_rate"] for p in c if start < p["env_steps"] <= start + DIP_WINDOW) for c in curves
+            None if scratch else min(p["eval/success_rate"] for p in c if start < p["env_steps"] <= start + DIP_WINDOW)
+            for c in curves
         ]
         entry["env_steps_to_goal"] = [first_reaching(c, "eval/success_rate", GOAL) for c in curves]
         entry["held_from"] = [held_from(c, GOAL) for c in curves]
@@ -196,7 +222,9 @@ def report() -> None:
         summary["arms"][arm] = entry
         listed = lambda values, fmt="{:.2f}": ", ".join("-" if v is None else fmt.format(v) for v in values)  # noqa: E731
         rows.append(
-            f"| {arm} | {', '.join(map(str, entry['seeds']))} | {listed(entry['s0'])} | {listed(entry['dip'])} | "
+            f"| {arm} | {', '.join(map(str, entry['seeds']))} | {listed(entry['s0'])} | "
+            f"{listed(entry['first_online'])} ({listed(entry['first_online_over_s0'], '{:.2f}x')}) | "
+            f"{listed(entry['dip'])} | "
             f"{', '.join(f'{s:,}' if s else f'not within {ENV_STEPS:,}' for s in entry['env_steps_to_goal'])} | "
             f"{listed(entry['final_periodic_success'])} |"
         )
@@ -237,17 +265,22 @@ def report() -> None:
         "",
         f"## Reported (seeds {', '.join(map(str, SEEDS))}, never used for tuning)",
         "",
-        f"Every arm pretrains on {count} demos for {steps:,} Cal-QL steps, then learns online without the offline "
-        f"data for {ENV_STEPS:,} env steps; {', '.join(WARMUP_ARMS)} first let the frozen policy collect "
+        f"Every arm but {', '.join(FROM_SCRATCH)} pretrains on {count} demos for {steps:,} Cal-QL steps, then learns "
+        f"online without the offline data for {ENV_STEPS:,} env steps; {', '.join(FROM_SCRATCH)} is RLPD from "
+        f"scratch on the same {count} demos for the same env steps (hil.py's recipe: no pretraining, the demos in "
+        f"every batch), the yardstick WSRL's final policy must reach. {', '.join(WARMUP_ARMS)} first let the frozen "
+        "policy collect "
         f"{WARMUP:,} of them, and wsrl-anchored keeps the BC term for the actor on the demos and restarts the "
         "temperature at 0.01 when online learning starts (wsrl-anchored-critic-warmup as well, its critics learning "
         f"alone for the first {WARMUP:,} online steps). The expert and its demos are made anew on each machine "
         "(the commits tell the runs apart), so arms run at different commits compare only roughly. S0: the "
-        "warm-up's evaluation (16 fixed episodes of the run's seed; naive's is wsrl's, the same pretraining). Dip: "
-        f"the lowest periodic success in the first {DIP_WINDOW:,} env steps of online learning.",
+        "warm-up's evaluation (16 fixed episodes of the run's seed; naive's is wsrl's, the same pretraining). The "
+        "first online evaluation: the first periodic evaluation after the actor's first online update, which "
+        "wsrl-anchored-critic-warmup holds back until its critics' warm-up ends (goal: >= 0.8x S0). "
+        f"Dip: the lowest periodic success in the first {DIP_WINDOW:,} env steps of online learning.",
         "",
-        "| arm | seeds | S0 | dip | env steps to 90% | final periodic success |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| arm | seeds | S0 | first online evaluation (/ S0) | dip | env steps to 90% | final periodic success |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
         *rows,
         "",
         f"Final policies on {HELDOUT_EPISODES} episodes of the held-out evaluation seed {HELDOUT_SEED} (interval: "

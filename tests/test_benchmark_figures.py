@@ -117,6 +117,11 @@ def benchmark_settings() -> dict[str, list[str]]:
         study = hil.STUDIES[key]
         plain = study.arms[next(iter(study.arms))]
         settings.update({f"hil tune {key} {arm}": [*study.common, *plain, *extra] for arm, extra in arms.items()})
+    import wsrl  # noqa: PLC0415  (benchmarks/wsrl.py, a study)
+
+    settings.update(
+        {f"wsrl {arm}": wsrl.settings(101, [*wsrl.arm_data(arm), *extra]) for arm, extra in wsrl.ARMS.items()}
+    )
     settings["dsrl flow-sde"] = dsrl.arm_settings("flow-sde", 101)
     settings["dsrl dsrl"] = [*dsrl.DSRL, "seed=101"]
     return settings
@@ -141,6 +146,12 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
         assert (config.operator.policy == "scripted") == ("corrections" in name or "-stall-" in name)
     if name.startswith("dsrl"):
         assert config.init.endswith("flow-sft") and config.keep_checkpoints >= 6
+    if name.startswith("wsrl"):
+        # every arm learns from the same 20 demos; only RLPD from scratch skips Cal-QL pretraining
+        # and keeps the demos in the critics' batches
+        scratch = name == "wsrl rlpd"
+        assert config.algo.demos.endswith("hil-demos-20") and config.seed == 101
+        assert (config.algo.offline_pretrain_steps == 0) == scratch and config.algo.retain_offline == scratch
 
 
 def test_the_pickcube_state_check_differs_from_the_pixel_study_only_in_observations_and_demos():
