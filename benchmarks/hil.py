@@ -229,6 +229,9 @@ STALL_CORRECTIONS = [
     "operator.patience=10",
     "operator.max_takeover=10",
 ]
+# Cal-QL pretraining on the demos before online learning (wsrl.py's chosen 10k steps), the
+# temperature restarted low at the hand-over
+CALQL_PRETRAINING = ["algo.offline_pretrain_steps=10000", "algo.calql_alpha=5", "algo.online_temperature=0.01"]
 # the same operator with twice the critic updates per transition
 STALL_CORRECTIONS_UTD4 = [*STALL_CORRECTIONS, "algo.utd_ratio=4"]
 # HIL-SERL's views and features: a wrist camera beside the base camera (demos recorded with
@@ -382,6 +385,20 @@ TUNING_ARMS = {
             *SERL_TEMPERATURE,
             *STALL_CORRECTIONS,
             "policy.gripper_commands=[-1.0,1.0]",
+        ],
+        # the stall arm starting from a Cal-QL policy pretrained on the 20 demos (wsrl.py's
+        # pretraining: 10k steps, alpha 5), with the temperature restarted at 0.01 where online
+        # learning starts, as wsrl.py's collapse study found it must be; RLPD's 50/50 batches go on
+        "rlpd-serl-stall-calql": [*SERL_TEMPERATURE, *STALL_CORRECTIONS, *CALQL_PRETRAINING],
+        # the same hand-over as wsrl.py's wsrl-anchored arm (0.98 held out on PushCube): 2,000
+        # steps of the frozen policy, then the demos kept for the actor's BC term alone
+        "rlpd-serl-stall-wsrl-anchored": [
+            *SERL_TEMPERATURE,
+            *STALL_CORRECTIONS,
+            *CALQL_PRETRAINING,
+            "algo.warmup_steps=2000",
+            "algo.retain_offline=false",
+            "algo.online_bc=true",
         ],
     },
     "pixels-serl": {
