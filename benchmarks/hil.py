@@ -232,6 +232,15 @@ STALL_CORRECTIONS = [
 # Cal-QL pretraining on the demos before online learning (wsrl.py's chosen 10k steps), the
 # temperature restarted low at the hand-over
 CALQL_PRETRAINING = ["algo.offline_pretrain_steps=10000", "algo.calql_alpha=5", "algo.online_temperature=0.01"]
+# the stall operator's arm from that pretraining, handed over as wsrl.py's wsrl-anchored arm:
+# 2,000 steps of the frozen policy, then the demos kept for the actor's BC term alone
+STALL_WSRL_ANCHORED = [
+    *STALL_CORRECTIONS,
+    *CALQL_PRETRAINING,
+    "algo.warmup_steps=2000",
+    "algo.retain_offline=false",
+    "algo.online_bc=true",
+]
 # the same operator with twice the critic updates per transition
 STALL_CORRECTIONS_UTD4 = [*STALL_CORRECTIONS, "algo.utd_ratio=4"]
 # HIL-SERL's views and features: a wrist camera beside the base camera (demos recorded with
@@ -299,6 +308,9 @@ STUDIES = {
             # the stall operator with twice the critic updates per transition, as tuning on seed 1
             # chose it (0.88 final, last-five mean 0.85 against 0.81 and 0.71 without)
             "state-serl-rlpd-stall-corrections-utd4": STALL_CORRECTIONS_UTD4,
+            # the stall arm from a Cal-QL policy pretrained on the demos, handed over as wsrl.py's
+            # wsrl-anchored arm, as tuning on seed 1 chose it (TUNING_ARMS: rlpd-serl-stall-wsrl-anchored)
+            "state-serl-stall-wsrl-anchored": STALL_WSRL_ANCHORED,
         },
         recipe="The pickcube-state study's recipe with SERL's temperature (1e-2 at the start, no entropy term in "
         "the target), as tuning on seed 1 chose it, and demos whose time-limited last frames are not terminal; "
@@ -392,14 +404,7 @@ TUNING_ARMS = {
         "rlpd-serl-stall-calql": [*SERL_TEMPERATURE, *STALL_CORRECTIONS, *CALQL_PRETRAINING],
         # the same hand-over as wsrl.py's wsrl-anchored arm (0.98 held out on PushCube): 2,000
         # steps of the frozen policy, then the demos kept for the actor's BC term alone
-        "rlpd-serl-stall-wsrl-anchored": [
-            *SERL_TEMPERATURE,
-            *STALL_CORRECTIONS,
-            *CALQL_PRETRAINING,
-            "algo.warmup_steps=2000",
-            "algo.retain_offline=false",
-            "algo.online_bc=true",
-        ],
+        "rlpd-serl-stall-wsrl-anchored": [*SERL_TEMPERATURE, *STALL_WSRL_ANCHORED],
     },
     "pixels-serl": {
         "rlpd": [],

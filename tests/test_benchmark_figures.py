@@ -167,11 +167,14 @@ def test_the_pickcube_state_check_differs_from_the_pixel_study_only_in_observati
 def test_the_serl_study_is_the_state_study_with_the_temperature_tuning_chose():
     state, serl = hil.STUDIES["pickcube-state"], hil.STUDIES["pickcube-state-serl"]
     assert serl.common == [*state.common, *hil.SERL_TEMPERATURE]
-    # the state study's arms, then corrections by the stall operator, alone and at UTD 4
-    *same, stall, stall_utd4 = serl.arms.values()
+    # the state study's arms, then corrections by the stall operator, alone, at UTD 4 and from a
+    # Cal-QL policy handed over as WSRL's anchored arm
+    *same, stall, stall_utd4, stall_wsrl = serl.arms.values()
     assert same == list(state.arms.values())
-    assert [*hil.SERL_TEMPERATURE, *stall] == hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-stall-corrections"]
-    assert [*hil.SERL_TEMPERATURE, *stall_utd4] == hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-stall-utd4"]
+    tuned = hil.TUNING_ARMS["pickcube-state"]
+    assert [*hil.SERL_TEMPERATURE, *stall] == tuned["rlpd-serl-stall-corrections"]
+    assert [*hil.SERL_TEMPERATURE, *stall_utd4] == tuned["rlpd-serl-stall-utd4"]
+    assert [*hil.SERL_TEMPERATURE, *stall_wsrl] == tuned["rlpd-serl-stall-wsrl-anchored"]
     assert (serl.steps, serl.eval_every, serl.scripted_demos) == (state.steps, state.eval_every, state.scripted_demos)
     assert hil.TUNING_ARMS["pickcube-state"]["rlpd-serl-time-limit-demos"] == hil.SERL_TEMPERATURE
 
