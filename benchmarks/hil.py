@@ -492,9 +492,11 @@ def tune_report(key: str) -> None:
         }
         summary["arms"][arm] = entry
         reached = entry["env_steps_to_goal"]
+        # a run stopped by hand before its budget (its record says where): its last evaluation is its final
+        stopped = f" (stopped at {record['stopped_at']:,})" if "stopped_at" in record else ""
         rows.append(
             f"| {arm} | {checkout_free(' '.join(record['extra'])) or '-'} | "
-            f"{f'{reached:,}' if reached else 'not within ' + format(curve[-1]['env_steps'], ',')} | "
+            f"{f'{reached:,}' if reached else 'not within ' + format(curve[-1]['env_steps'], ',') + stopped} | "
             f"{entry['best_periodic_success']:.2f} | {entry['final_periodic_success']:.2f} | "
             f"{entry['mean_last_5']:.2f} | {entry['final_temperature']:.3g} | {entry['operator_share']:.0%} | "
             f"{entry['wall_time_s'] / 60:.0f} min |"
