@@ -420,6 +420,11 @@ TUNING_ARMS = {
         # the wrist camera alone (the goal is in the state): about two thirds of the learner's
         # cost of both cameras (benchmarks/sac_learner.py)
         "wrist-view-stall-corrections": [*HIL_SERL_VIEWS, "policy.cameras=[hand_camera]", *STALL_CORRECTIONS],
+        # what took the state study to 1.00 on seed 1 (rlpd-serl-stall-wsrl-anchored): the stall
+        # operator's arm from a Cal-QL policy pretrained on the demos, handed over as WSRL's anchored
+        # arm; on the random shifts' arm and on HIL-SERL's views
+        "shifts-wsrl-anchored-stall-corrections": ["algo.image_augmentation=cached_shifts", *STALL_WSRL_ANCHORED],
+        "views-wsrl-anchored-stall-corrections": [*HIL_SERL_VIEWS, *STALL_WSRL_ANCHORED],
     },
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
