@@ -54,13 +54,14 @@ from dataclasses import replace
 
 import numpy as np
 
+from harness.handover import ANCHORED, ONLINE_TEMPERATURE, WSRL, calql_pretraining
 from harness.intervention_study import Study, heldout, heldout_report, record_scripted_demos
 from harness.pushcube_sac import DEMOS, EXPERT, GOAL, RECIPE, ensure_expert, record_demos
 from harness.reports import save_with_summary, write_report
 from harness.runs import RESULTS, RUNS, annotate, learner_curve, load, load_records, record_path, train
 from harness.stats import first_reaching, held_from
 
-PRETRAIN = [f"algo.demos={DEMOS}", "algo.offline_pretrain_steps=2000", "algo.calql_alpha=5"]
+PRETRAIN = [f"algo.demos={DEMOS}", *calql_pretraining(2_000)]
 ARMS = {
     "hil-rlpd": [],
     "hil-rlpd-oracle": [
@@ -75,7 +76,7 @@ ARMS = {
         "operator.patience=5",
         "operator.max_takeover=5",
     ],
-    "hil-wsrl": [*PRETRAIN, "algo.warmup_steps=2000", "algo.retain_offline=false"],
+    "hil-wsrl": [*PRETRAIN, *WSRL],
     "hil-naive": [*PRETRAIN, "algo.retain_offline=false"],
 }
 
@@ -231,16 +232,10 @@ STALL_CORRECTIONS = [
 ]
 # Cal-QL pretraining on the demos before online learning (wsrl.py's chosen 10k steps), the
 # temperature restarted low at the hand-over
-CALQL_PRETRAINING = ["algo.offline_pretrain_steps=10000", "algo.calql_alpha=5", "algo.online_temperature=0.01"]
+CALQL_PRETRAINING = [*calql_pretraining(10_000), ONLINE_TEMPERATURE]
 # the stall operator's arm from that pretraining, handed over as wsrl.py's wsrl-anchored arm:
 # 2,000 steps of the frozen policy, then the demos kept for the actor's BC term alone
-STALL_WSRL_ANCHORED = [
-    *STALL_CORRECTIONS,
-    *CALQL_PRETRAINING,
-    "algo.warmup_steps=2000",
-    "algo.retain_offline=false",
-    "algo.online_bc=true",
-]
+STALL_WSRL_ANCHORED = [*STALL_CORRECTIONS, *calql_pretraining(10_000), *WSRL, *ANCHORED]
 # the same operator with twice the critic updates per transition
 STALL_CORRECTIONS_UTD4 = [*STALL_CORRECTIONS, "algo.utd_ratio=4"]
 # HIL-SERL's views and features: a wrist camera beside the base camera (demos recorded with

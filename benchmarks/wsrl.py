@@ -45,6 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.handover import ANCHORED, WARMUP, WSRL, calql_pretraining
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
 from harness.pushcube_sac import GOAL, RECIPE, ensure_expert, record_demos
 from harness.reports import save_with_summary, write_report
@@ -60,11 +61,6 @@ VARIANTS = {  # name: (expert demos, Cal-QL pretraining steps)
 # quarter of the time leaves little to keep, so the chosen one succeeds about half the time
 MIN_PRETRAINED = 0.5
 PRETRAIN: str | None = "d20-p10k"  # chosen from the tuning table (see the report): 0.69 on seed 1
-WARMUP = 2_000  # env steps the frozen pretrained policy collects before WSRL learns online
-WSRL = [f"algo.warmup_steps={WARMUP}", "algo.retain_offline=false"]
-# the hand-over the collapse study found (seed 1, `collapse` below): the BC term kept for the
-# actor on the demos and the temperature restarted at 0.01 once online learning starts
-ANCHORED = ["algo.online_bc=true", "algo.online_temperature=0.01"]
 CRITIC_WARMUP = f"algo.critic_warmup_steps={WARMUP}"  # the critics learn alone first, as long as the warm-up
 ARMS = {
     "wsrl": WSRL,
@@ -90,7 +86,7 @@ def demos(count: int) -> Path:
 
 def pretraining(variant: str) -> list[str]:
     count, steps = VARIANTS[variant]
-    return [f"algo.demos={demos(count)}", f"algo.offline_pretrain_steps={steps}", "algo.calql_alpha=5"]
+    return [f"algo.demos={demos(count)}", *calql_pretraining(steps)]
 
 
 def arm_data(arm: str) -> list[str]:
