@@ -59,6 +59,7 @@ class CommandServer:
     use it, with this process's environment at that moment."""
 
     _shared: CommandServer | None = None
+    cpu_s = 0.0  # CPU time of every command the servers of this process have run (tests/conftest.py)
     _disabled = os.environ.get("EMBODIED_TEST_FORK", "1") == "0"  # 0: every command in a fresh process
 
     @classmethod
@@ -111,6 +112,7 @@ class CommandServer:
                     command, timeout, out.read_text(errors="replace"), err.read_text(errors="replace")
                 )
             status = answer["status"]
+            CommandServer.cpu_s += answer["cpu_s"]
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             return subprocess.CompletedProcess(
                 command, code, out.read_text(errors="replace"), err.read_text(errors="replace")

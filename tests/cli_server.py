@@ -11,8 +11,9 @@ server's, so nothing an import read from the environment can differ.
 Protocol (over two pipes the client opens, each end a `multiprocessing.connection.Connection`,
 which frames and pickles the messages): the server answers
 `{"ready": True}` once its imports are done; for each request `{"args", "cwd", "env",
-"stdout", "stderr"}` it answers `{"pid": ...}` as soon as it has forked and `{"status": ...}`
-(`os.waitpid`'s) once the child has ended."""
+"stdout", "stderr"}` it answers `{"pid": ...}` as soon as it has forked and `{"status": ...,
+"cpu_s": ...}` (`os.wait4`'s status, and the CPU time of the child and of the processes it
+waited for) once the child has ended."""
 
 from __future__ import annotations
 
@@ -65,8 +66,8 @@ def serve(requests: Connection, replies: Connection) -> None:
             replies.close()
             run_command(request)
         replies.send({"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        replies.send({"status": status})
+        _, status, usage = os.wait4(pid, 0)
+        replies.send({"status": status, "cpu_s": usage.ru_utime + usage.ru_stime})
 
 
 if __name__ == "__main__":

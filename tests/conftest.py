@@ -1,4 +1,5 @@
 import os
+import resource
 
 import pytest
 
@@ -48,3 +49,65 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _hermetic_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+
+
+# ---- --cpu-durations: which tests cost the most CPU time ---------------------------------------
+# On a machine with fewer cores than busy processes the suite's wall time follows its CPU time,
+# which a test's duration hides: a test may wait a minute on processes that use little.
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-durations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="show the N tests that used the most CPU time (0: all): the test's own process and "
+        "every process it waited for, the commands forked for it included",
+    )
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process, of the children it has waited for, and of the commands its
+    command servers forked (tests/cli.py)."""
+    from tests.cli import CommandServer
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + CommandServer.cpu_s
+
+
+CPU_AT_START = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[CPU_AT_START] = cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The teardown report carries the test's CPU time (setup, call and teardown) as a user
+    property, which pytest-xdist hands to the controller and --junitxml writes."""
+    if call.when == "teardown" and CPU_AT_START in item.stash:
+        item.user_properties.append(("cpu_s", round(cpu_seconds() - item.stash[CPU_AT_START], 2)))
+    yield
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    count = config.getoption("--cpu-durations")
+    if count is None:
+        return
+    used = [
+        (dict(report.user_properties)["cpu_s"], report.nodeid)
+        for report in terminalreporter.stats.get("", [])
+        + terminalreporter.stats.get("passed", [])
+        + terminalreporter.stats.get("failed", [])
+        + terminalreporter.stats.get("error", [])
+        if report.when == "teardown" and "cpu_s" in dict(report.user_properties)
+    ]
+    used.sort(reverse=True)
+    terminalreporter.write_sep(
+        "=", f"{'all' if not count else count} tests by CPU time ({sum(c for c, _ in used):.0f} s in all)"
+    )
+    for seconds, nodeid in used[: count or None]:
+        terminalreporter.write_line(f"{seconds:8.1f}s  {nodeid}")
