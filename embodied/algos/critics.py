@@ -65,10 +65,16 @@ class CriticEnsemble(nn.Module):
                 layers.append(nn.ReLU())
         self.net = nn.Sequential(*layers)
 
-    def forward(self, state: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, state: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None, repeats: int = 1
+    ) -> torch.Tensor:
         """(N, B, bins) outputs of every critic for the same (B) state-action pairs, or (M, B,
-        bins) of the `members` chosen (indices), computing only theirs."""
-        x = torch.cat([self.projection(state), action], dim=-1)
+        bins) of the `members` chosen (indices), computing only theirs. With `repeats` > 1 each
+        state goes with `repeats` consecutive actions (B = states x repeats), projected once."""
+        projected = self.projection(state)
+        if repeats > 1:
+            projected = projected.repeat_interleave(repeats, dim=0)
+        x = torch.cat([projected, action], dim=-1)
         x = x.unsqueeze(0).expand(self.members if members is None else len(members), *x.shape)
         for layer in self.net:
             x = layer(x, members) if isinstance(layer, (EnsembleLinear, EnsembleLayerNorm)) else layer(x)

@@ -72,9 +72,13 @@ class LatentActor:
         return self.flow.latent_actor.parameters()
 
     def sample(
-        self, inputs: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        inputs: torch.Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        samples: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.flow.latent_actor.sample(inputs, deterministic, generator)
+        return self.flow.latent_actor.sample(inputs, deterministic, generator, samples)
 
     def log_prob(self, inputs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
         return self.flow.latent_actor.log_prob(inputs, squashed)

@@ -440,9 +440,14 @@ class SACRLPD:
         return self.inputs(concat(parts).to(self.policy.device)), offline_rows
 
     def q_values(
-        self, critics: CriticEnsemble, state: torch.Tensor, action: torch.Tensor, members: torch.Tensor | None = None
+        self,
+        critics: CriticEnsemble,
+        state: torch.Tensor,
+        action: torch.Tensor,
+        members: torch.Tensor | None = None,
+        repeats: int = 1,
     ) -> torch.Tensor:
-        out = critics(state, action, members)  # (N, B, bins), or (M, B, bins) of the members chosen
+        out = critics(state, action, members, repeats)  # (N, B, bins), or (M, B, bins) of the members chosen
         return self.hl_gauss.value(out) if self.hl_gauss is not None else out.squeeze(-1)
 
     def td_target(self, batch: Transitions) -> torch.Tensor:
@@ -507,12 +512,13 @@ class SACRLPD:
         rows; policy actions' Q-values floored at the Monte-Carlo return (Cal-QL)."""
         state, mc_return = batch.state[:offline_rows], batch.mc_return[:offline_rows]
         k, rows, action_dim = self.cfg.calql_actions, offline_rows, self.arm_dim
-        repeated = state.repeat_interleave(k, dim=0)  # (rows * k, S)
+        # k actions per state, each state projected once (from pixels the projection of its
+        # frozen features costs more than the critics' layers)
         with torch.no_grad():
-            policy_action, policy_log_prob = self.policy.sample(repeated)
+            policy_action, policy_log_prob = self.policy.sample(state, samples=k)  # (rows * k, A)
         uniform = torch.rand(rows * k, action_dim, device=state.device) * 2 - 1
-        q_policy = self.q_values(self.critics, repeated, policy_action).view(-1, rows, k)
-        q_uniform = self.q_values(self.critics, repeated, uniform).view(-1, rows, k)
+        q_policy = self.q_values(self.critics, state, policy_action, repeats=k).view(-1, rows, k)
+        q_uniform = self.q_values(self.critics, state, uniform, repeats=k).view(-1, rows, k)
         q_policy = torch.maximum(q_policy, mc_return.view(1, rows, 1))  # the calibration
         # importance weights: log-densities of the proposals (uniform on [-1, 1]^A: -A log 2)
         scores = torch.cat([q_uniform + action_dim * math.log(2), q_policy - policy_log_prob.view(1, rows, k)], dim=-1)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from embodied.core.types import ActionChunk, Observation
-from embodied.policies.gaussian.squashed_gaussian import EDGE, layer_norm_mlp, squash_log_prob
+from embodied.policies.gaussian.squashed_gaussian import EDGE, layer_norm_mlp, squash_log_prob, squashed_sample
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -29,16 +29,15 @@ class LatentNoiseActor(nn.Module):
         return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(log_std) + 1)
 
     def sample(
-        self, context: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        context: torch.Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        samples: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterised squashed noise in [-1, 1]^D and its log-probability."""
-        mean, log_std = self.distribution(context)
-        u = mean
-        if not deterministic:
-            u = mean + log_std.exp() * torch.randn(
-                mean.shape, generator=generator, dtype=mean.dtype, device=mean.device
-            )
-        return torch.tanh(u), squash_log_prob(u, mean, log_std)
+        """A reparameterised squashed noise in [-1, 1]^D and its log-probability (see
+        `squashed_sample` for `samples`)."""
+        return squashed_sample(*self.distribution(context), deterministic, generator, samples)
 
     def log_prob(self, context: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
         mean, log_std = self.distribution(context)

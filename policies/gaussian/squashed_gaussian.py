@@ -87,6 +87,27 @@ def squash_log_prob(u: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) 
     return (gaussian - jacobian).sum(-1)
 
 
+def squashed_sample(
+    mean: torch.Tensor,
+    log_std: torch.Tensor,
+    deterministic: bool = False,
+    generator: torch.Generator | None = None,
+    samples: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tanh of a reparameterised Normal(mean, exp(log_std)) draw (of the mean where
+    `deterministic`), and its log-probability. With `samples` > 1, that many draws per row,
+    row i's at i * samples onwards: what the rows repeated in place would give, with whatever
+    computed `mean` and `log_std` run once per row."""
+    if samples > 1:
+        mean, log_std = mean.repeat_interleave(samples, dim=0), log_std.repeat_interleave(samples, dim=0)
+    u = mean
+    if not deterministic:
+        u = mean + torch.exp(log_std) * torch.randn(
+            mean.shape, generator=generator, dtype=mean.dtype, device=mean.device
+        )
+    return torch.tanh(u), squash_log_prob(u, mean, log_std)
+
+
 class SpatialEmbeddings(nn.Module):
     """A (C, H, W) feature map, flattened -> (C x K): for each channel, K learned weighted sums
     over the map's positions (HIL-SERL's learned spatial embeddings). Where a feature fires
@@ -268,17 +289,15 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         return mean, log_std
 
     def sample(
-        self, inputs: torch.Tensor, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        inputs: torch.Tensor,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        samples: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterised squashed action in [-1, 1]^A and its log-probability."""
-        mean, log_std = self.distribution(inputs)
-        if deterministic:
-            u = mean
-        else:
-            u = mean + torch.exp(log_std) * torch.randn(
-                mean.shape, generator=generator, dtype=mean.dtype, device=mean.device
-            )
-        return torch.tanh(u), squash_log_prob(u, mean, log_std)
+        """A reparameterised squashed action in [-1, 1]^A and its log-probability (see
+        `squashed_sample` for `samples`)."""
+        return squashed_sample(*self.distribution(inputs), deterministic, generator, samples)
 
     def log_prob(self, inputs: torch.Tensor, squashed: torch.Tensor) -> torch.Tensor:
         """Of the arm's part of a squashed action (all of it with a continuous gripper)."""

@@ -4,6 +4,7 @@ and training on real ManiSkill frames under both runtimes."""
 
 import copy
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -340,6 +341,43 @@ def test_pixel_critic_targets_and_loss_match_a_float64_recomputation():
     assert metrics["train/target_mean"] == pytest.approx(float(target.mean()), rel=1e-5, abs=1e-5)
     assert metrics["train/critic_loss"] == pytest.approx(float(loss), rel=1e-5)
     assert metrics["train/q_mean"] == pytest.approx(float(q.mean()), rel=1e-5, abs=1e-5)
+
+
+def test_calql_projects_each_state_once_for_its_sampled_actions_as_repeated_states_would_give():
+    """The conservative term's k actions per state share one projection of its frozen
+    features: penalty and gradients equal those computed on the states repeated k times."""
+    policy = pixel_policy()
+    algo = SACRLPD(SACConfig(**SMALL, calql_actions=3), policy)
+    batch = algo.with_features(pixel_transitions(6, seed=2))
+    inputs = replace(algo.inputs(batch), mc_return=torch.linspace(-1.0, 1.0, 6))
+    q_data = algo.q_values(algo.critics, inputs.state, inputs.action)
+
+    def penalty_and_gradients(penalty_of):
+        algo.critics.zero_grad()
+        torch.manual_seed(11)
+        penalty = penalty_of()
+        penalty.backward(retain_graph=True)
+        return penalty.detach(), [p.grad.clone() for p in algo.critics.parameters() if p.grad is not None]
+
+    once, once_grads = penalty_and_gradients(lambda: algo.calql_penalty(inputs, q_data, offline_rows=6))
+
+    def on_repeated_states():
+        k, rows = 3, 6
+        repeated = inputs.state.repeat_interleave(k, dim=0)
+        with torch.no_grad():
+            action, log_prob = policy.sample(repeated)
+        uniform = torch.rand(rows * k, 2) * 2 - 1
+        q_policy = algo.critics(repeated, action).squeeze(-1).view(-1, rows, k)
+        q_uniform = algo.critics(repeated, uniform).squeeze(-1).view(-1, rows, k)
+        q_policy = torch.maximum(q_policy, inputs.mc_return.view(1, rows, 1))
+        scores = torch.cat([q_uniform + 2 * math.log(2), q_policy - log_prob.view(1, rows, k)], dim=-1)
+        return (torch.logsumexp(scores, dim=-1) - q_data).mean(1).sum()
+
+    repeated, repeated_grads = penalty_and_gradients(on_repeated_states)
+    torch.testing.assert_close(once, repeated, rtol=1e-6, atol=1e-6)
+    assert len(once_grads) == len(repeated_grads) == len(list(algo.critics.parameters()))
+    for one, other in zip(once_grads, repeated_grads):
+        torch.testing.assert_close(one, other, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("augmentation", ["none", "shift", "cached_shifts"])
