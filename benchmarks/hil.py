@@ -34,6 +34,7 @@ drives the simulated robot through `embodied robot ... record.dataset=...`.
     python benchmarks/hil.py tune pickcube-state  # settings tried on tuning seed 1 (TUNING_ARMS)
     python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
     python benchmarks/hil.py tune pixels-serl views-stall-corrections  # HIL-SERL's views from pixels
+    python benchmarks/hil.py tune pixels-dsrl  # DSRL over the built-in VLA SFT'd on the pixel demos
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -47,19 +48,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-import numpy as np
-
 from harness.handover import ANCHORED, ONLINE_TEMPERATURE, WSRL, calql_pretraining
-from harness.intervention_study import Study, heldout, heldout_report, record_scripted_demos
+from harness.intervention_study import Study, heldout, heldout_report
 from harness.pushcube_sac import DEMOS, EXPERT, GOAL, RECIPE, ensure_expert, record_demos
 from harness.reports import save_with_summary, write_report
-from harness.runs import RESULTS, RUNS, annotate, learner_curve, load, load_records, record_path, train
+from harness.runs import RESULTS, RUNS, load, train
 from harness.stats import first_reaching, held_from
+from harness.tuning import tune, tune_report
 
 PRETRAIN = [f"algo.demos={DEMOS}", *calql_pretraining(2_000)]
 ARMS = {
@@ -251,6 +250,31 @@ HIL_SERL_VIEWS = [
     f"algo.demos={WRIST_PIXEL_DEMOS}",
 ]
 
+# The VLA route from the same cameras: the built-in VLA (policy=flow_vla: the same frozen
+# EfficientNet-Lite0, a flow-matching action expert) SFT'd on the 20 pixel demos, then frozen while
+# DSRL's actor picks each chunk's initial noise; sized as dsrl.py's state runs (gamma 0.9, as
+# its tuning chose), 30k env steps as the goal asks
+FLOW_VLA_SFT = RUNS / "flow-vla-pixel-sft"
+FLOW_VLA = [*PIXEL_ENV, "policy=flow_vla"]
+DSRL_PIXEL_COMMON = [
+    *FLOW_VLA,
+    "env.num_envs=4",
+    "env.num_workers=0",
+    "policy.latent_actor=true",
+    "policy.latent_hidden=[128,128]",
+    "algo=dsrl",
+    "algo.critic_hidden=[128,128]",
+    "algo.batch_size=128",
+    "algo.utd_ratio=2",
+    "algo.gamma=0.9",
+    f"eval_every={PIXEL_EVERY // 4}",
+    "periodic_eval_episodes=16",
+    f"checkpoint_every={PIXEL_EVERY // 4}",
+    "runtime.torch_threads=1",
+    "seed=1",
+    f"init={FLOW_VLA_SFT}",
+]
+
 
 PIXELS = Study(
     "hil_pixels",
@@ -323,11 +347,24 @@ STUDIES = {
         recipe="The pixel study's recipe with SERL's temperature (1e-2 at the start, no entropy term in the target) "
         "and, in the second arm, the stall operator, as tuning the state study on seed 1 chose them",
     ),
+    "pixels-dsrl": Study(
+        "hil_pixels_dsrl",
+        "PickCube-v1 from 64 px RGB, DSRL over the built-in VLA",
+        DSRL_PIXEL_COMMON,
+        {"pixels-dsrl": [], "pixels-dsrl-stall-corrections": STALL_CORRECTIONS},
+        30_000,
+        PIXEL_EVERY,
+        "The built-in VLA (policy=flow_vla) SFT'd for 3,000 steps on the pixel study's 20 demos, frozen; DSRL's "
+        "actor picks each chunk's initial noise (dsrl.py's settings: gamma 0.9, 128-wide networks, UTD 2); the "
+        "second arm's stall operator's corrections become the noise whose chunk they are",
+        resume_with=("env_resume=fresh",),
+        scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
+        sft=(FLOW_VLA_SFT, [*FLOW_VLA, f"dataset={PIXEL_DEMOS}"], 3_000),
+    ),
 }
 
 # Tuning on seed 1 (its periodic evaluations only; the held-out seed stays unseen): each arm is
-# the study's plain arm with these overrides added.
-TUNING_SEED = 1
+# the study's plain arm with these overrides added (harness.tuning).
 TUNING_ARMS = {
     "pickcube-state": {
         "rlpd": [],
@@ -421,6 +458,7 @@ TUNING_ARMS = {
         "shifts-wsrl-anchored-stall-corrections": ["algo.image_augmentation=cached_shifts", *STALL_WSRL_ANCHORED],
         "views-wsrl-anchored-stall-corrections": [*HIL_SERL_VIEWS, *STALL_WSRL_ANCHORED],
     },
+    "pixels-dsrl": {"dsrl": [], "dsrl-stall-corrections": STALL_CORRECTIONS},
 }
 # demo sets some tuning arms use beside their study's own: folder -> (env overrides, episodes)
 TUNING_DEMOS = {
@@ -428,114 +466,6 @@ TUNING_DEMOS = {
     SPARSE_STATE_DEMOS: ([*PICKCUBE, *SPARSE], 20),
     WRIST_PIXEL_DEMOS: ([*PIXEL_ENV, *WRIST_CAMERA], 20),
 }
-
-
-def tuning_folder(study: Study) -> str:
-    return f"{study.name}_tuning"
-
-
-def tuning_run(study: Study, arm: str) -> str:
-    return f"{tuning_folder(study)}/{arm}-s{TUNING_SEED}"
-
-
-def tune(key: str, parallel: int, only: list[str] | None = None) -> None:
-    """The study's tuning arms on seed 1 (`only`: these), each record with its learner's entropy and temperature."""
-    study = STUDIES[key]
-    plain = study.arms[next(iter(study.arms))]
-
-    def one(arm: str) -> None:
-        name = tuning_run(study, arm)
-        extra = TUNING_ARMS[key][arm]
-        overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
-        train(name, overrides, study.steps, study.resume_with)
-        annotate(name, arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner_curve(name, 500))
-
-    if study.scripted_demos:
-        record_scripted_demos(*study.scripted_demos)
-    wanted = only or list(TUNING_ARMS[key])
-    arms = [arm for arm in wanted if not record_path(tuning_run(study, arm)).is_file()]
-    for root, (env, episodes) in TUNING_DEMOS.items():
-        if any(f"algo.demos={root}" in TUNING_ARMS[key][arm] for arm in arms):
-            record_scripted_demos(root, env, episodes)
-    with ThreadPoolExecutor(parallel) as pool:
-        for job in [pool.submit(one, arm) for arm in arms]:
-            job.result()
-
-
-def tune_report(key: str) -> None:
-    """results/<study>_tuning.{json,md,png}, rebuilt from results/runs/<study>_tuning/."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    study = STUDIES[key]
-    records = {r["arm"]: r for r in load_records(tuning_folder(study))}
-    if not records:
-        print(f"no {tuning_folder(study)} runs collected")
-        return
-    summary: dict = {"task": study.task, "seed": TUNING_SEED, "goal": GOAL, "arms": {}}
-    rows = []
-    fig, (success, entropy) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for arm, record in records.items():
-        curve = [p for p in record["curve"] if "eval/success_rate" in p]
-        values = [p["eval/success_rate"] for p in curve]
-        entry = {
-            "extra": record["extra"],
-            "env_steps_to_goal": first_reaching(curve, "eval/success_rate", GOAL),
-            "best_periodic_success": max(values),
-            "final_periodic_success": values[-1],
-            "mean_last_5": float(np.mean(values[-5:])),
-            "final_temperature": record["learner"][-1]["temperature"],
-            "operator_share": record["intervened_mean"],  # of all env steps, the operator's
-            "wall_time_s": record["wall_time_s"],
-        }
-        summary["arms"][arm] = entry
-        reached = entry["env_steps_to_goal"]
-        # a run stopped by hand before its budget (its record says where): its last evaluation is its final
-        stopped = f" (stopped at {record['stopped_at']:,})" if "stopped_at" in record else ""
-        rows.append(
-            f"| {arm} | {checkout_free(' '.join(record['extra'])) or '-'} | "
-            f"{f'{reached:,}' if reached else 'not within ' + format(curve[-1]['env_steps'], ',') + stopped} | "
-            f"{entry['best_periodic_success']:.2f} | {entry['final_periodic_success']:.2f} | "
-            f"{entry['mean_last_5']:.2f} | {entry['final_temperature']:.3g} | {entry['operator_share']:.0%} | "
-            f"{entry['wall_time_s'] / 60:.0f} min |"
-        )
-        success.plot([p["env_steps"] for p in curve], values, label=arm)
-        entropy.plot([p["env_steps"] for p in record["learner"]], [p["entropy"] for p in record["learner"]], label=arm)
-    success.axhline(GOAL, color="grey", linestyle="--", linewidth=1)
-    success.set(xlabel="env steps", ylabel="periodic eval success (16 episodes)", title=f"{study.task}, seed 1")
-    entropy.set(xlabel="env steps", ylabel="policy entropy (nats)", title="the actor's entropy")
-    for ax in (success, entropy):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    commits = sorted({r["provenance"]["commit"] for r in records.values()})
-    summary.update({"commits": commits, "machine": next(iter(records.values()))["provenance"]["machine"]})
-    name = tuning_folder(study)
-    save_with_summary(fig, RESULTS, name, summary)
-    lines = [
-        f"# Tuning {study.task} (seed {TUNING_SEED})",
-        "",
-        f"Commits {', '.join(commits)}; {summary['machine']}; `python benchmarks/hil.py tune {key}`.",
-        "",
-        f"{study.recipe}. Each arm adds its overrides to the study's plain arm and trains on seed "
-        f"{TUNING_SEED}, the tuning seed: these figures chose settings, so they are not held-out results. "
-        f"Periodic evaluations: 16 episodes of the run's own seed every {study.eval_every:,} env steps.",
-        "",
-        "| arm | overrides | env steps to 90% | best | final | mean of last 5 | final temperature | "
-        "steps the operator drove | wall time |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
-        *rows,
-        "",
-        f"![tuning runs]({name}.png)",
-    ]
-    write_report(RESULTS, name, lines)
-
-
-def checkout_free(text: str) -> str:
-    """`text` with the run folders' absolute paths (which name the checkout the run came from)
-    cut to benchmarks/runs/..."""
-    return re.sub(r"/\S*?/benchmarks/runs/", "benchmarks/runs/", text)
 
 
 def main() -> None:
@@ -560,8 +490,8 @@ def main() -> None:
         if unknown:
             parser.error(f"{key} has no tuning arm {', '.join(unknown)}; its arms: {', '.join(TUNING_ARMS[key])}")
         if then != ["report"]:
-            tune(key, args.parallel, [arm for arm in then if arm != "report"])
-        tune_report(key)
+            tune(STUDIES[key], TUNING_ARMS[key], args.parallel, [arm for arm in then if arm != "report"], TUNING_DEMOS)
+        tune_report(STUDIES[key], key)
         return
     if args.command in STUDIES:
         study = STUDIES[args.command]

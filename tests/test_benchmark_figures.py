@@ -19,7 +19,7 @@ import hil  # noqa: E402  (benchmarks/hil.py, a study)
 import placement  # noqa: E402  (benchmarks/placement.py, a study)
 import sac_learner  # noqa: E402  (benchmarks/sac_learner.py, a study)
 
-from harness import intervention_study, runs, stats  # noqa: E402  (benchmarks/harness/, what the studies share)
+from harness import intervention_study, runs, stats, tuning  # noqa: E402  (benchmarks/harness/, what the studies share)
 
 
 def row(name: str, seconds: float, copies: float = 0.0) -> dict:
@@ -137,9 +137,19 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
     if "pixels" in name:
         wrist = config.env.robot == "panda_wristcam"
         assert config.env.obs_mode == "rgb"
+        assert (config.operator.policy == "scripted") == name.endswith("corrections")
+    if "pixels" in name and "dsrl" not in name:
         # demos recorded with the cameras the arm's policy reads
         assert config.algo.demos.endswith("pixel-demos-20-wristcam" if wrist else "pixel-demos-20")
-        assert (config.operator.policy == "scripted") == name.endswith("corrections")
+    if "pixels-dsrl" in name:
+        # DSRL steers the VLA SFT'd on the pixel study's demos (the SFT the study runs first)
+        assert config.policy.name == "flow_vla" and config.policy.latent_actor and config.algo.name == "dsrl"
+        sft_dir, sft_settings, _ = hil.STUDIES["pixels-dsrl"].sft
+        assert config.init == str(sft_dir) and f"dataset={hil.PIXEL_DEMOS}" in sft_settings
+        from embodied.config import SFTConfig
+
+        sft = to_schema(SFTConfig, compose("sft", sft_settings))
+        assert sft.policy.name == "flow_vla" and sft.env.obs_mode == "rgb"
     if "pickcube-state" in name:
         assert config.env.obs_mode == "state" and "pickcube-state-demos-" in config.algo.demos
         # an arm with an operator names it: its corrections, or the stall operator's arms built on it
@@ -240,8 +250,8 @@ def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeyp
     committed = runs.RESULTS
     shutil.copytree(committed / "runs" / "hil_pickcube_state_tuning", tmp_path / "runs" / "hil_pickcube_state_tuning")
     monkeypatch.setattr(runs, "RESULTS", tmp_path)
-    monkeypatch.setattr(hil, "RESULTS", tmp_path)
-    hil.tune_report("pickcube-state")
+    monkeypatch.setattr(tuning, "RESULTS", tmp_path)
+    tuning.tune_report(hil.STUDIES["pickcube-state"], "pickcube-state")
     name = "hil_pickcube_state_tuning.md"
     assert (tmp_path / name).read_text() == (committed / name).read_text()
     assert (

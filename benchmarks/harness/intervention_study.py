@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.commands import sft_or_resume
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout
 from harness.pushcube_sac import GOAL, ensure_expert
 from harness.reports import save_with_summary, write_report
@@ -36,9 +37,20 @@ class Study:
     resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (runs.train)
     # (where, the env overrides) of the scripted expert's demos it records; none: the PPO expert's
     scripted_demos: tuple[Path, list[str]] | None = None
+    # (run folder, settings, gradient steps) of an SFT run on those demos that the arms start from
+    sft: tuple[Path, list[str], int] | None = None
 
     def run_name(self, arm: str, seed: int) -> str:
         return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
+
+    def prepare(self) -> None:
+        """What every arm needs before it trains: the demos (or the expert), then the SFT run."""
+        if self.scripted_demos:
+            record_scripted_demos(*self.scripted_demos)
+        else:
+            ensure_expert()
+        if self.sft:
+            sft_or_resume(*self.sft)
 
 
 def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
@@ -70,10 +82,7 @@ def heldout(study: Study, parallel: int, seeds: tuple[int, ...], arms: tuple[str
         train(name, overrides, study.steps, study.resume_with)
         evaluate_heldout(name, arm=arm, seed=seed, overrides=overrides)
 
-    if study.scripted_demos:
-        record_scripted_demos(*study.scripted_demos)
-    else:
-        ensure_expert()
+    study.prepare()
     with ThreadPoolExecutor(parallel) as pool:
         jobs = [pool.submit(one, arm, seed) for seed in seeds for arm in arms or study.arms]
         for job in jobs:
