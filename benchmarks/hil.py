@@ -457,6 +457,14 @@ TUNING_ARMS = {
         # arm; on the random shifts' arm and on HIL-SERL's views
         "shifts-wsrl-anchored-stall-corrections": ["algo.image_augmentation=cached_shifts", *STALL_WSRL_ANCHORED],
         "views-wsrl-anchored-stall-corrections": [*HIL_SERL_VIEWS, *STALL_WSRL_ANCHORED],
+        # HIL-SERL's actor reads the critics' image encoder with its gradient stopped: the critics'
+        # TD loss alone shapes the projection, so the actor's BC and Q terms cannot fit it to the 20
+        # demos' frames (here each of actor and critics trains a projection of its own)
+        "shifts-critics-projection-wsrl-anchored-stall-corrections": [
+            "algo.image_augmentation=cached_shifts",
+            "algo.actor_projection=critics",
+            *STALL_WSRL_ANCHORED,
+        ],
     },
     "pixels-dsrl": {"dsrl": [], "dsrl-stall-corrections": STALL_CORRECTIONS},
 }

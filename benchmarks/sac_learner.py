@@ -69,7 +69,8 @@ class Stream:
     def __init__(self, spec, policy_overrides: dict, algo_overrides: dict):
         import torch
 
-        from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+        from embodied.algos.sac_config import SACConfig
+        from embodied.algos.sac_rlpd import SACRLPD
         from embodied.policies.gaussian.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy
 
         torch.manual_seed(0)

@@ -26,7 +26,8 @@ from torch import nn
 
 from embodied.algos.buffers import Trajectory
 from embodied.algos.replay import Transitions
-from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+from embodied.algos.sac_config import SACConfig
+from embodied.algos.sac_rlpd import SACRLPD
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.registry import ALGOS

@@ -24,7 +24,9 @@
   onto the data's actions on the offline rows, demonstrations and the operator's corrections,
   so a correction shapes the policy at once instead of only through the critic.
 - From pixels (HIL-SERL): the policy's frozen backbone encodes each camera; actor and critics
-  each project its features with their own trainable head. Without augmentation the
+  each project its features with their own trainable head, or with `actor_projection:
+  critics` the actor reads the critics' projection detached, as HIL-SERL's actor reads its
+  shared encoder (only the critics' loss shapes it). Without augmentation the
   features of every stored frame are computed once, when it is stored, so many updates per
   transition cost no backbone passes; `image_augmentation: shift` (DrQ) shifts the frames of
   each sampled batch instead, one shift per sample shared by its critic and actor steps, and
@@ -46,7 +48,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Optional
 
 import numpy as np
@@ -56,6 +58,7 @@ from embodied.algos.augment import random_shift
 from embodied.algos.buffers import Trajectory
 from embodied.algos.critics import CriticEnsemble, HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, concat, from_dataset, from_trajectory
+from embodied.algos.sac_config import SACConfig, check_sac_config
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
 from embodied.core.registry import ALGOS
@@ -63,92 +66,6 @@ from embodied.core.registry import ALGOS
 logger = logging.getLogger(__name__)
 
 PRETRAIN_LOG_LINES = 10  # at most, over an offline pretraining (its last step's metrics the learner logs)
-
-
-@dataclass
-class SACConfig:
-    name: str = "sac_rlpd"
-    rollout_steps: int = 1  # env steps per batch handed to the learner
-    gamma: float = 0.99
-    tau: float = 0.005  # Polyak rate of the target critics
-    batch_size: int = 256
-    utd_ratio: int = 4  # critic updates per collected transition
-    # critic updates per actor update (SERL's critic_actor_ratio), counted over the run's critic
-    # updates; None: one actor update per collected transition
-    actor_every: Optional[int] = None
-    num_critics: int = 10
-    critic_subset: int = 2  # the target takes the min over this many randomly chosen critics
-    critic_hidden: list[int] = field(default_factory=lambda: [256, 256])
-    critic_layer_norm: bool = True
-    actor_lr: float = 3e-4
-    critic_lr: float = 3e-4
-    temperature_lr: float = 3e-4
-    init_temperature: float = 1.0
-    target_entropy: Optional[float] = None  # default: -action_dim / 2
-    backup_entropy: bool = True  # the target subtracts alpha * log pi(a'|s')
-    replay_capacity: int = 200_000
-    demos: Optional[str] = None  # a LeRobotDataset of demonstrations/corrections (robots/recording.py)
-    offline_fraction: float = 0.5  # of each batch from demos + interventions, while there are any
-    retain_offline: bool = True  # WSRL: false drops the offline data once online learning starts
-    online_bc: bool = False  # with retain_offline=false and bc_weight > 0: the actor's BC term keeps the demos
-    warmup_steps: int = 0  # WSRL: env steps collected by the frozen policy before online updates
-    online_temperature: Optional[float] = None  # the temperature online learning starts from (None: as it is)
-    # env steps after the hand-over in which only the critics learn (the actor and temperature
-    # wait): the critics fit the online data before the actor follows them
-    critic_warmup_steps: int = 0
-    offline_pretrain_steps: int = 0  # gradient steps on the offline data before any env step
-    critic_loss: str = "mse"  # mse | hl_gauss
-    hl_gauss_bins: int = 101
-    hl_gauss_low: float = -100.0
-    hl_gauss_high: float = 100.0
-    hl_gauss_sigma_ratio: float = 0.75  # sigma as a multiple of the bin width
-    calql_alpha: float = 0.0  # > 0: the Cal-QL conservative term on offline batches
-    calql_actions: int = 4  # sampled actions per state (each: policy and uniform) in that term
-    bc_weight: float = 0.0  # > 0: the actor mode's squared error to the offline rows' actions, weighted
-    # from pixels: none (features cached per frame) | shift (DrQ, every batch through the backbone) |
-    # cached_shifts (the features of `cached_shifts` shifted views cached per frame, one drawn per sample)
-    image_augmentation: str = "none"
-    cached_shifts: int = 4
-    shift_pad: int = 4  # pixels of DrQ's random shift
-    feature_batch: int = 256  # frames per backbone pass when caching features
-    seed: int = 0  # seeds critics, replay sampling and target subsets; configs/algo sets the run's seed
-
-
-def check_sac_config(cfg: SACConfig) -> None:
-    if cfg.critic_loss not in ("mse", "hl_gauss"):
-        raise ConfigError(f"algo.critic_loss must be mse or hl_gauss, got '{cfg.critic_loss}'")
-    if not 1 <= cfg.critic_subset <= cfg.num_critics:
-        raise ConfigError(f"algo.critic_subset must be in [1, num_critics={cfg.num_critics}], got {cfg.critic_subset}")
-    if not 0 <= cfg.offline_fraction < 1:
-        raise ConfigError(f"algo.offline_fraction must be in [0, 1), got {cfg.offline_fraction}")
-    for key in ("utd_ratio", "batch_size", "rollout_steps", "calql_actions"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"algo.{key} must be >= 1, got {getattr(cfg, key)}")
-    if cfg.actor_every is not None and cfg.actor_every < 1:
-        raise ConfigError(f"algo.actor_every must be >= 1 (or null: one per transition), got {cfg.actor_every}")
-    for key in ("warmup_steps", "critic_warmup_steps", "offline_pretrain_steps", "calql_alpha", "bc_weight"):
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"algo.{key} must be >= 0, got {getattr(cfg, key)}")
-    if cfg.online_temperature is not None and cfg.online_temperature <= 0:
-        raise ConfigError(f"algo.online_temperature must be > 0 (or null), got {cfg.online_temperature}")
-    if cfg.image_augmentation not in ("none", "shift", "cached_shifts"):
-        raise ConfigError(
-            f"algo.image_augmentation must be none, shift or cached_shifts, got '{cfg.image_augmentation}'"
-        )
-    if cfg.cached_shifts < 1:
-        raise ConfigError(f"algo.cached_shifts must be >= 1, got {cfg.cached_shifts}")
-    if cfg.shift_pad < 0 or cfg.feature_batch < 1:
-        raise ConfigError(
-            f"algo.shift_pad must be >= 0 and algo.feature_batch >= 1, got {cfg.shift_pad}, {cfg.feature_batch}"
-        )
-    if cfg.online_bc and (cfg.retain_offline or not cfg.bc_weight):
-        raise ConfigError(
-            "algo.online_bc keeps the demos for the actor's BC term once retain_offline=false drops them from "
-            f"the critics' batches: it needs algo.retain_offline=false and algo.bc_weight > 0 (got "
-            f"retain_offline={cfg.retain_offline}, bc_weight={cfg.bc_weight})"
-        )
-    if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.demos:
-        raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.demos=<LeRobotDataset folder>")
 
 
 @contextmanager
@@ -214,7 +131,15 @@ class SACRLPD:
         )
         bins = cfg.hl_gauss_bins if self.hl_gauss is not None else 1
         torch.manual_seed(cfg.seed)
-        projection = policy.new_projection()
+        shared = cfg.actor_projection == "critics"
+        if shared and not policy.cameras:
+            raise ConfigError(
+                "algo.actor_projection=critics shares the critics' projection of camera features with the actor; "
+                "this policy reads no cameras (use an rgb env, or actor_projection=own)"
+            )
+        projection = policy.projection if shared else policy.new_projection()
+        if shared:
+            policy.detach_projection = True  # the critics' loss trains it, never the actor's
         # HIL-SERL's grasp critic: a policy with a discrete gripper has Q-values of its own for it,
         # and the ensemble sees the arm's action dimensions only
         self.gripper = getattr(policy, "gripper_critic", None)
@@ -231,8 +156,10 @@ class SACRLPD:
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_temperature = torch.tensor(math.log(cfg.init_temperature), device=device, requires_grad=True)
         self.target_entropy = cfg.target_entropy if cfg.target_entropy is not None else -self.arm_dim / 2
-        gripper_parameters = set(self.gripper.parameters()) if self.gripper is not None else set()
-        self.actor_optimizer = adam([p for p in policy.parameters() if p not in gripper_parameters], lr=cfg.actor_lr)
+        not_the_actors = set(self.gripper.parameters()) if self.gripper is not None else set()
+        if shared:
+            not_the_actors |= set(projection.parameters())
+        self.actor_optimizer = adam([p for p in policy.parameters() if p not in not_the_actors], lr=cfg.actor_lr)
         if self.gripper is not None:
             self.target_gripper = copy.deepcopy(self.gripper).requires_grad_(False)
             self.gripper_optimizer = adam(self.gripper.parameters(), lr=cfg.critic_lr)

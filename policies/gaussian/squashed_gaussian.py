@@ -12,7 +12,9 @@ From pixels (HIL-SERL's recipe) each camera goes through a frozen pretrained bac
 (`policies/image_backbones.py`) and a small trainable projection (Linear, LayerNorm, tanh).
 The learner works on the *input* vector [state, frozen features of each camera]: its frozen
 part can be computed once per stored frame, and the actor and each critic project it with
-their own trainable heads (`PixelProjection`; `new_projection` gives the critics theirs).
+their own trainable heads (`PixelProjection`; `new_projection` gives the critics theirs), or
+the critics train the actor's head and the actor reads it detached (`detach_projection`, set
+by algo=sac_rlpd's `actor_projection: critics`, as HIL-SERL's actor reads its encoder).
 With spatial features, `spatial_embeddings` puts HIL-SERL's learned spatial embeddings in
 front of each head (`SpatialEmbeddings`).
 
@@ -220,6 +222,9 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         self.discrete_gripper = bool(cfg.gripper_commands)
         self.arm_dim = spec.action_dim - 1 if self.discrete_gripper else spec.action_dim  # the Gaussian's
         self.projection = self.new_projection()
+        # set by algo=sac_rlpd with actor_projection=critics: the critics train the projection
+        # and the actor's gradient stops at it
+        self.detach_projection = False
         self.net = layer_norm_mlp(
             [self.projection.output_dim, *cfg.hidden, 2 * self.arm_dim], ACTIVATIONS[cfg.activation], cfg.layer_norm
         )
@@ -284,6 +289,8 @@ class SquashedGaussianPolicy(nn.Module, Policy):
     # ---- the squashed space the critics see (on input vectors) ---------------------------------
     def distribution(self, inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         projected = self.projection(inputs.to(self.action_scale.device, torch.float32))
+        if self.detach_projection:
+            projected = projected.detach()
         mean, log_std = self.net(projected).chunk(2, dim=-1)
         log_std = self.cfg.log_std_min + 0.5 * (self.cfg.log_std_max - self.cfg.log_std_min) * (torch.tanh(log_std) + 1)
         return mean, log_std

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+from embodied.algos.sac_config import SACConfig
+from embodied.algos.sac_rlpd import SACRLPD
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.gaussian.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from embodied.algos.augment import random_shift
 from embodied.algos.replay import Transitions
-from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+from embodied.algos.sac_config import SACConfig
+from embodied.algos.sac_rlpd import SACRLPD
 from embodied.build import build_env
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
@@ -238,6 +239,47 @@ def test_one_shift_per_sample_reaches_both_its_critic_and_actor_steps(monkeypatc
     plain = policy.image_features(unshifted.images)
     torch.testing.assert_close(c1.state[:, :3], unshifted.state)
     assert not torch.allclose(c1.state[:, 3:], plain)  # the frames were shifted before the backbone
+
+
+def test_the_actor_can_read_the_critics_projection_which_only_the_critics_loss_trains(tmp_path):
+    """actor_projection=critics (HIL-SERL's shared encoder with the actor's gradient stopped):
+    one projection module, in the critics' optimizer alone; an actor step gives it no gradient
+    and leaves it as it was, a critic step moves it, and a resumed learner shares it again."""
+    config = SACConfig(**SMALL, actor_projection="critics")
+    algo = SACRLPD(config, policy := pixel_policy())
+    assert algo.critics.projection is policy.projection
+    shared = {id(p) for p in policy.projection.parameters()}
+    assert not shared & {id(p) for group in algo.actor_optimizer.param_groups for p in group["params"]}
+    assert shared <= {id(p) for group in algo.critic_optimizer.param_groups for p in group["params"]}
+    algo.online.add(algo.with_features(pixel_transitions(16)))
+    before = copy.deepcopy(policy.projection.state_dict())
+    batch, rows = algo.sample()
+    algo.critic_optimizer.zero_grad()
+    net_before = [p.detach().clone() for p in policy.net.parameters()]
+    algo.actor_step(batch, rows)
+    assert all(p.grad is None or not p.grad.any() for p in policy.projection.parameters())
+    assert all(torch.equal(before[k], v) for k, v in policy.projection.state_dict().items())
+    assert any(not torch.equal(a, b) for a, b in zip(net_before, policy.net.parameters()))  # the actor did learn
+    algo.critic_step(batch, rows)
+    assert any(not torch.equal(before[k], v) for k, v in policy.projection.state_dict().items())
+    # the target critics keep a copy of their own, moved by Polyak averaging
+    assert algo.target_critics.projection is not policy.projection
+    path = save_checkpoint(tmp_path, "iter_000001", policy.state_dict(), {"algo": algo.state_dict()}, "")
+    weights, state = load_checkpoint(path)
+    resumed = SACRLPD(config, resumed_policy := pixel_policy())
+    resumed_policy.load_state_dict(weights)
+    resumed.load_state_dict(state["algo"])
+    assert resumed.critics.projection is resumed_policy.projection and resumed_policy.detach_projection
+    for (name, x), y in zip(policy.projection.state_dict().items(), resumed_policy.projection.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+def test_sharing_the_critics_projection_needs_cameras_and_a_known_mode():
+    state_spec = replace(SPEC, image_shapes={})
+    with pytest.raises(ConfigError, match="actor_projection=critics .* reads no cameras"):
+        SACRLPD(SACConfig(**SMALL, actor_projection="critics"), pixel_policy(state_spec))
+    with pytest.raises(ConfigError, match="actor_projection must be own or critics, got 'shared'"):
+        SACRLPD(SACConfig(**SMALL, actor_projection="shared"), pixel_policy())
 
 
 def test_cached_shifts_store_shifted_views_once_and_each_sample_reads_one_of_them():

@@ -13,7 +13,8 @@ from scipy.stats import norm
 from embodied.algos import replay
 from embodied.algos.critics import HLGauss
 from embodied.algos.replay import ReplayBuffer, Transitions, discounted_returns, from_dataset
-from embodied.algos.sac_rlpd import SACRLPD, SACConfig
+from embodied.algos.sac_config import SACConfig
+from embodied.algos.sac_rlpd import SACRLPD
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.gaussian.squashed_gaussian import SquashedGaussianConfig, SquashedGaussianPolicy, squash_log_prob
