@@ -242,6 +242,16 @@ def test_a_run_trained_again_from_scratch_drops_the_earlier_records_provenance_a
     assert collected["provenance"]["commit"] != "0000000" and collected["wall_time_s"] == 7.0
 
 
+def test_a_study_prepares_its_demos_then_the_sft_run_its_arms_start_from(monkeypatch):
+    calls = []
+    monkeypatch.setattr(intervention_study, "record_scripted_demos", lambda *args: calls.append(("demos", args)))
+    monkeypatch.setattr(intervention_study, "sft_or_resume", lambda *args: calls.append(("sft", args)))
+    study = hil.STUDIES["pixels-dsrl"]
+    study.prepare()
+    folder, settings, steps = study.sft
+    assert calls == [("demos", study.scripted_demos), ("sft", (folder, steps, settings))]
+
+
 def test_the_tuning_report_rebuilds_from_its_committed_records(tmp_path, monkeypatch):
     """`hil.py tune pickcube-state report` writes the committed summary again, byte for byte,
     from results/runs/ alone (no run directory)."""

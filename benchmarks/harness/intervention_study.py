@@ -50,7 +50,8 @@ class Study:
         else:
             ensure_expert()
         if self.sft:
-            sft_or_resume(*self.sft)
+            folder, settings, steps = self.sft
+            sft_or_resume(folder, steps, settings)
 
 
 def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
