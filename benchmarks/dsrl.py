@@ -35,7 +35,17 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.flow_recipe import DEMO_EPISODES, ENV, FLOW_SDE_SAMPLER, POLICIES, RL, SFT_STEPS, demos_and_sft, sft_dir
+from harness.flow_recipe import (
+    DEMO_EPISODES,
+    DSRL_LEARNER,
+    ENV,
+    FLOW_SDE_SAMPLER,
+    POLICIES,
+    RL,
+    SFT_STEPS,
+    demos_and_sft,
+    sft_dir,
+)
 from harness.heldout import HELDOUT_EPISODES, HELDOUT_SEED, evaluate_heldout, heldout_eval
 from harness.reports import save_with_summary, write_report
 from harness.runs import RESULTS, RUNS, has_heldout, load_records, record_path, train
@@ -55,12 +65,7 @@ DSRL = [
     f"env.num_envs={DSRL_ENVS}",
     "env.num_workers=0",
     *POLICIES["flow"],
-    "policy.latent_actor=true",
-    "policy.latent_hidden=[128,128]",
-    "algo=dsrl",
-    "algo.critic_hidden=[128,128]",
-    "algo.batch_size=128",
-    "algo.utd_ratio=2",
+    *DSRL_LEARNER,
     f"eval_every={5_000 // DSRL_ENVS}",
     "periodic_eval_episodes=32",
     f"checkpoint_every={GRID // DSRL_ENVS}",

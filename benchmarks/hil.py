@@ -52,6 +52,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from harness.flow_recipe import DSRL_LEARNER
 from harness.handover import ANCHORED, ONLINE_TEMPERATURE, WSRL, calql_pretraining
 from harness.intervention_study import Study, heldout, heldout_report
 from harness.pushcube_sac import DEMOS, EXPERT, GOAL, RECIPE, ensure_expert, record_demos
@@ -260,12 +261,7 @@ DSRL_PIXEL_COMMON = [
     *FLOW_VLA,
     "env.num_envs=4",
     "env.num_workers=0",
-    "policy.latent_actor=true",
-    "policy.latent_hidden=[128,128]",
-    "algo=dsrl",
-    "algo.critic_hidden=[128,128]",
-    "algo.batch_size=128",
-    "algo.utd_ratio=2",
+    *DSRL_LEARNER,
     "algo.gamma=0.9",
     f"eval_every={PIXEL_EVERY // 4}",
     "periodic_eval_episodes=16",

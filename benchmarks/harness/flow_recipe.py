@@ -23,6 +23,15 @@ RL = [
     "seed=1",
 ]
 FLOW_SDE_SAMPLER = ["policy.sampler=flow_sde"]  # one stochastic denoising step per chunk
+# DSRL's latent actor and critics, sized for a CPU core per run (DSRL's paper uses 256-wide networks)
+DSRL_LEARNER = [
+    "policy.latent_actor=true",
+    "policy.latent_hidden=[128,128]",
+    "algo=dsrl",
+    "algo.critic_hidden=[128,128]",
+    "algo.batch_size=128",
+    "algo.utd_ratio=2",
+]
 
 
 def sft_dir(policy: str) -> Path:
