@@ -99,11 +99,9 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     used = [
         (dict(report.user_properties)["cpu_s"], report.nodeid)
-        for report in terminalreporter.stats.get("", [])
-        + terminalreporter.stats.get("passed", [])
-        + terminalreporter.stats.get("failed", [])
-        + terminalreporter.stats.get("error", [])
-        if report.when == "teardown" and "cpu_s" in dict(report.user_properties)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        if getattr(report, "when", None) == "teardown" and "cpu_s" in dict(report.user_properties)
     ]
     used.sort(reverse=True)
     terminalreporter.write_sep(
