@@ -355,7 +355,7 @@ STUDIES = {
         "second arm's stall operator's corrections become the noise whose chunk they are",
         resume_with=("env_resume=fresh",),
         scripted_demos=(PIXEL_DEMOS, PIXEL_ENV),
-        sft=(FLOW_VLA_SFT, [*FLOW_VLA, f"dataset={PIXEL_DEMOS}"], 3_000),
+        sft=(FLOW_VLA_SFT, 3_000, [*FLOW_VLA, f"dataset={PIXEL_DEMOS}"]),
     ),
 }
 

@@ -144,7 +144,7 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
     if "pixels-dsrl" in name:
         # DSRL steers the VLA SFT'd on the pixel study's demos (the SFT the study runs first)
         assert config.policy.name == "flow_vla" and config.policy.latent_actor and config.algo.name == "dsrl"
-        sft_dir, sft_settings, _ = hil.STUDIES["pixels-dsrl"].sft
+        sft_dir, _, sft_settings = hil.STUDIES["pixels-dsrl"].sft
         assert config.init == str(sft_dir) and f"dataset={hil.PIXEL_DEMOS}" in sft_settings
         from embodied.config import SFTConfig
 
@@ -248,7 +248,7 @@ def test_a_study_prepares_its_demos_then_the_sft_run_its_arms_start_from(monkeyp
     monkeypatch.setattr(intervention_study, "sft_or_resume", lambda *args: calls.append(("sft", args)))
     study = hil.STUDIES["pixels-dsrl"]
     study.prepare()
-    folder, settings, steps = study.sft
+    folder, steps, settings = study.sft
     assert calls == [("demos", study.scripted_demos), ("sft", (folder, steps, settings))]
 
 

@@ -37,8 +37,9 @@ class Study:
     resume_with: tuple[str, ...] = ()  # added when an interrupted run continues (runs.train)
     # (where, the env overrides) of the scripted expert's demos it records; none: the PPO expert's
     scripted_demos: tuple[Path, list[str]] | None = None
-    # (run folder, settings, gradient steps) of an SFT run on those demos that the arms start from
-    sft: tuple[Path, list[str], int] | None = None
+    # (run folder, gradient steps, settings) of an SFT run on those demos that the arms start
+    # from, as harness.commands.sft_or_resume takes them
+    sft: tuple[Path, int, list[str]] | None = None
 
     def run_name(self, arm: str, seed: int) -> str:
         return f"{self.name}/{arm.removeprefix('hil-')}-s{seed}"
@@ -50,8 +51,7 @@ class Study:
         else:
             ensure_expert()
         if self.sft:
-            folder, settings, steps = self.sft
-            sft_or_resume(folder, steps, settings)
+            sft_or_resume(*self.sft)
 
 
 def record_scripted_demos(root: Path, env: list[str], episodes: int = 20) -> None:
