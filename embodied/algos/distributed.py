@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import socket
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -197,17 +198,60 @@ def by_index(state: dict, names: list[str]) -> dict:
 def full_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole state dict, gathered on rank 0 (on the CPU); other ranks get {}. Every rank
     must call it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    rank0 = dist.get_rank() == 0
+    whole = {}
+    for name, value in policy.state_dict().items():
+        value = gather_whole(value.detach())
+        if rank0:
+            whole[name] = value
+    return whole
 
 
 def full_optimizer_state(policy: torch.nn.Module, optimizer: torch.optim.Optimizer, names: list[str]) -> dict:
     """The whole optimizer state, keyed by index as an unsharded optimizer's, on rank 0; other
-    ranks get {}. Every rank must call it."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    ranks get {}. Every rank must call it. `optimizer` holds the parameters in `names`' order
+    (`shard_with_optimizer`), so index i is names[i]'s, as in the unsharded optimizer."""
+    (group,) = optimizer.param_groups
+    if len(group["params"]) != len(names):
+        raise ValueError(f"the sharded optimizer holds {len(group['params'])} parameters, not the {len(names)} named")
+    rank0 = dist.get_rank() == 0
+    state = {}
+    for index, parameter in enumerate(group["params"]):
+        if parameter in optimizer.state:
+            moments = {key: gather_whole(value) for key, value in optimizer.state[parameter].items()}
+            if rank0:
+                state[index] = moments
+    if not rank0:
+        return {}
+    settings = {key: value for key, value in group.items() if key != "params"}
+    return {"state": state, "param_groups": [{**settings, "params": list(range(len(names)))}]}
 
-    state = get_optimizer_state_dict(
-        policy, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
-    return by_index(state, names) if state else {}
+
+def gather_whole(value: Any) -> Any:
+    """An FSDP2 shard (a DTensor sharded on dim 0 over the 1-D mesh) gathered whole, on the CPU;
+    anything else as it is (buffers, Adam's step), on the CPU. Every rank must call it for
+    the same values in the same order.
+
+    Plain blocking all-gathers of the padded local shards: DTensor's own `full_tensor` goes
+    through asynchronous functional collectives, and a gloo run crashed (SIGSEGV) waiting on
+    one of those while gathering a checkpoint."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    if not isinstance(value, DTensor):
+        return value.cpu() if isinstance(value, torch.Tensor) else value
+    if tuple(value.placements) == (Replicate(),):
+        return value.to_local().cpu()
+    if value.device_mesh.ndim != 1 or tuple(value.placements) != (Shard(0),):
+        raise ValueError(f"cannot gather a DTensor placed as {value.placements} on a {value.device_mesh.ndim}-D mesh")
+    world = value.device_mesh.size()
+    group = value.device_mesh.get_group()
+    rows = value.shape[0]
+    chunk = -(-rows // world)  # torch.chunk's split: rank r holds rows [r * chunk, (r + 1) * chunk)
+    local = value.to_local()
+    padded = local.new_zeros((chunk, *value.shape[1:]))
+    padded[: local.shape[0]] = local
+    pieces = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(pieces, padded, group=group)
+    whole = torch.cat(pieces)
+    # a slice would keep the padding's storage, which torch.save writes out with it
+    return (whole if whole.shape[0] == rows else whole[:rows].clone()).cpu()

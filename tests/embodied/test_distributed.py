@@ -4,6 +4,7 @@ import json
 import multiprocessing
 import socket
 
+import numpy as np
 import pytest
 import torch
 
@@ -251,7 +252,12 @@ def test_learner_ranks_are_checked_before_any_process_starts():
 
 
 def fsdp_rank(rank: int, world: int, address: str, results) -> None:
-    from embodied.algos.distributed import full_optimizer_state, optimizer_parameter_names, shard_with_optimizer
+    from embodied.algos.distributed import (
+        full_optimizer_state,
+        full_weights,
+        optimizer_parameter_names,
+        shard_with_optimizer,
+    )
 
     torch.set_num_threads(1)
     policy, batch, ppo = pi0_batch_and_ppo()
@@ -270,7 +276,8 @@ def fsdp_rank(rank: int, world: int, address: str, results) -> None:
         weights = [p.full_tensor().detach().numpy().copy() for p in policy.parameters()]
         optimizer = full_optimizer_state(policy, ppo.optimizer, names)  # rank 0's, as an unsharded one's
         squares = {i: state["exp_avg_sq"].numpy().copy() for i, state in optimizer.get("state", {}).items()}
-        results.put((rank, grads, weights, held / whole, moments / whole, squares))
+        gathered = {name: value.numpy().copy() for name, value in full_weights(policy).items()}  # rank 0's
+        results.put((rank, grads, weights, held / whole, moments / whole, squares, gathered))
     finally:
         parallel.leave()
 
@@ -300,7 +307,7 @@ def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
     policy, batch, ppo = pi0_batch_and_ppo()
     ppo.update(batch, progress=0.0)
     ppo.update(batch, progress=0.5)
-    for rank, (grads, weights, held, moments, _squares) in outcome.items():
+    for rank, (grads, weights, held, moments, _squares, _gathered) in outcome.items():
         assert 0.45 < held < 0.55 and 0.45 < moments < 0.55, (rank, held, moments)
         for (name, parameter), grad, weight in zip(policy.named_parameters(), grads, weights):
             assert (grad is None) == (parameter.grad is None), name
@@ -308,6 +315,12 @@ def test_fsdp_ranks_hold_half_each_and_take_the_step_one_process_takes():
             if grad is not None:  # float sums in another order: close relative to the gradient's size
                 torch.testing.assert_close(torch.from_numpy(grad), parameter.grad, rtol=1e-4, atol=1e-5 * scale)
             torch.testing.assert_close(torch.from_numpy(weight), parameter.detach(), rtol=1e-4, atol=1e-6)
+    # the whole state dict gathered for checkpoints and publishing: every key, on rank 0 alone,
+    # each parameter exactly the DTensor's own gather of it (odd row counts included)
+    gathered = outcome[0][5]
+    assert outcome[1][5] == {} and sorted(gathered) == sorted(policy.state_dict())
+    for (name, _), weight in zip(policy.named_parameters(), outcome[0][1]):
+        assert gathered[name].shape == weight.shape and np.array_equal(gathered[name], weight), name
     single = ppo.optimizer.state_dict()["state"]
     assert outcome[1][4] == {} and sorted(outcome[0][4]) == sorted(single)
     for index, square in outcome[0][4].items():
