@@ -461,6 +461,12 @@ TUNING_ARMS = {
             "algo.actor_projection=critics",
             *STALL_WSRL_ANCHORED,
         ],
+        # the same wiring on the best pixel arm so far (shifts-stall-corrections, 0.25): one change
+        "shifts-critics-projection-stall-corrections": [
+            "algo.image_augmentation=cached_shifts",
+            "algo.actor_projection=critics",
+            *STALL_CORRECTIONS,
+        ],
     },
     "pixels-dsrl": {"dsrl": [], "dsrl-stall-corrections": STALL_CORRECTIONS},
 }
