@@ -71,6 +71,18 @@ class ActionChunk:
 
 
 @dataclass
+class ChunkPrefix:
+    """What real-time chunking conditions a new chunk on (policies/denoising/realtime.py): the
+    actions (B, P, A), in env units, that the chunk being executed still has when the new one
+    is asked for, and the delay in env steps until the new chunk takes over. The new chunk's
+    first `delay` actions are executed from these whatever it says, so it is sampled to agree
+    with them."""
+
+    actions: Array
+    delay: int
+
+
+@dataclass
 class EpisodeStats:
     env_id: int
     task: str

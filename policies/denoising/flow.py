@@ -37,7 +37,7 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
-from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.types import ActionChunk, ChunkPrefix, EnvSpec, Observation
 from embodied.policies.denoising.common import (
     HALF_LOG_2PI,
     from_unit,
@@ -47,6 +47,7 @@ from embodied.policies.denoising.common import (
     time_frequencies,
     to_unit,
 )
+from embodied.policies.denoising.realtime import SCHEDULES, guided_velocity, prefix_weights
 from embodied.policies.gaussian.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -82,6 +83,11 @@ class FlowPolicyConfig:
     latent_actor: bool = False
     latent_hidden: list[int] = field(default_factory=lambda: [256, 256])
     latent_bound: float = 1.5
+    # Real-time chunking (policies/denoising/realtime.py), used where a chunk is asked for with
+    # the actions still pending from the last one: the cap on the guidance weight (the paper's
+    # beta) and the decay of the weights over the overlap after the delay (exp or linear)
+    rtc_beta: float = 5.0
+    rtc_schedule: str = "exp"
 
 
 def sde_step(
@@ -128,6 +134,11 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
             raise ConfigError(
                 f"policy '{cfg.name}' has no policy.latent_actor (DSRL) yet. DSRL runs on policy=flow, "
                 "flow_vla, pi0, pi05, smolvla and diffusion"
+            )
+        if cfg.rtc_beta < 0 or cfg.rtc_schedule not in SCHEDULES:
+            raise ConfigError(
+                f"policy.rtc_beta must be >= 0 and policy.rtc_schedule one of {SCHEDULES}, "
+                f"got {cfg.rtc_beta} and '{cfg.rtc_schedule}'"
             )
         if cfg.latent_actor and cfg.latent_bound <= 0:
             raise ConfigError(f"policy.latent_bound must be > 0, got {cfg.latent_bound}")
@@ -233,20 +244,41 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
 
     # ---- the policy contract ----------------------------------------------------------------
     def act(
-        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        observation: Observation,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        prefix: ChunkPrefix | None = None,
     ) -> ActionChunk:
-        return self._act_on(self._state(observation), deterministic, generator)
+        """`prefix`: sample the chunk by real-time chunking to agree with the actions still
+        pending from the last one (deterministic, the guided ODE)."""
+        return self._act_on(self._state(observation), deterministic, generator, prefix)
 
-    def _act_on(self, state: torch.Tensor, deterministic: bool, generator: torch.Generator | None) -> ActionChunk:
+    def _act_on(
+        self,
+        state: torch.Tensor,
+        deterministic: bool,
+        generator: torch.Generator | None,
+        prefix: ChunkPrefix | None = None,
+    ) -> ActionChunk:
         """Sample a chunk conditioned on `state` (the context the flow reads)."""
+        if prefix is not None and (self.latent_actor is not None or not (deterministic or self.cfg.sampler == "ode")):
+            raise ValueError(
+                "real-time chunking samples the guided ODE: ask for deterministic chunks, without DSRL's latent actor"
+            )
         if self.latent_actor is not None:
             return self._act_from_latent(state, deterministic, generator)
         batch, device = state.shape[0], state.device
+        guide = self._prefix_guide(prefix, batch) if prefix is not None else None
         x = torch.randn(batch, self.dim, generator=generator, device=device)
         chain = [x]
         steps = self.cfg.denoise_steps
         sde_step_index = torch.randint(0, steps, (batch,), generator=generator, device=device)
         for step in range(steps):
+            if guide is not None:
+                x = self._guided_step(state, x, step, *guide)
+                chain.append(x)
+                continue
             stochastic = (sde_step_index == step) & (not deterministic)  # deterministic: the plain ODE
             mean, std = self._transition(state, x, step, stochastic)
             noise = torch.randn(batch, self.dim, generator=generator, device=device)
@@ -257,6 +289,34 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
         if terms is not None:
             record["term_log_prob"] = terms
         return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self._value(state), record=record)
+
+    # ---- real-time chunking ------------------------------------------------------------------
+    def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pending actions as a target chunk (B, D) in the model's units, and their weights
+        (B, D): zero on the padding of the horizon and of pi0's wider actions."""
+        actions = torch.as_tensor(prefix.actions, dtype=torch.float32, device=self.low.device)
+        if actions.ndim != 3 or actions.shape[0] != batch or actions.shape[2] != self.spec.action_dim:
+            raise ValueError(
+                f"pending actions must be (batch={batch}, P, action_dim={self.spec.action_dim}), "
+                f"got {tuple(actions.shape)}"
+            )
+        horizon = self.cfg.horizon
+        pending = min(actions.shape[1], horizon)
+        per_action = prefix_weights(horizon, pending, prefix.delay, self.cfg.rtc_schedule).to(actions.device)
+        weights = per_action[:, None].expand(horizon, self.action_width).clone()
+        weights[:, self.spec.action_dim :] = 0.0
+        return self._chunk_vector(actions[:, :pending]), weights.flatten().expand(batch, -1)
+
+    def _guided_step(
+        self, state: torch.Tensor, x: torch.Tensor, step: int, target: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """One Euler step of the ODE with real-time chunking's guided velocity."""
+        t, dt = self.times[step], self._dt(step)
+        t_batch = torch.full((x.shape[0],), t, device=x.device)
+        velocity = guided_velocity(
+            lambda point: self._field(state, point, t_batch, noise=False)[0], x, t, target, weights, self.cfg.rtc_beta
+        )
+        return x - dt * velocity
 
     # ---- DSRL (NoiseSteering): the frozen flow steered through its initial noise -----------
     def _deterministic_step(self, context: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:

@@ -20,7 +20,7 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Recomputed
 from embodied.core.registry import POLICIES
-from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.types import ActionChunk, ChunkPrefix, EnvSpec, Observation
 from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.encoders import EfficientNetLite0, SentenceEncoder
 
@@ -81,10 +81,14 @@ class FlowVLA(FlowPolicy):
         return self._context(observation, self._features(observation))
 
     def act(
-        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        observation: Observation,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        prefix: ChunkPrefix | None = None,
     ) -> ActionChunk:
         features = self._features(observation)
-        chunk = self._act_on(self._context(observation, features), deterministic, generator)
+        chunk = self._act_on(self._context(observation, features), deterministic, generator, prefix)
         chunk.record["features"] = features
         return chunk
 
