@@ -41,6 +41,8 @@ def load_checkpoint_policy(config: ServeConfig) -> tuple[Callable[[Observation],
         "chunk_size": int(policy.chunk_size),
         "normalization_id": normalization_id(policy),
         "deterministic": config.deterministic,
+        # whether requests may carry pending actions (robot client: broker.realtime)
+        "realtime_chunking": bool(getattr(policy, "accepts_prefix", lambda _: False)(config.deterministic)),
     }
     return numpy_infer(loaded, config.deterministic), loaded.spec, metadata
 

@@ -10,7 +10,11 @@ in: the actions whose tick has passed are skipped (and counted), never executed 
   of the current chunk while the answer is on its way.
 - ensemble mode (ACT's temporal ensembling): every stored chunk that has an action for this
   tick votes, weighted exp(-decay * i) with i = 0 for the oldest; the client asks every
-  `execute_steps` ticks (usually 1)."""
+  `execute_steps` ticks (usually 1).
+
+With real-time chunking (chunk mode) a query also carries what the newest chunk still has
+from its tick on (`pending`): the server samples the next chunk to agree with those actions,
+so the switch from one chunk to the next does not jump."""
 
 from __future__ import annotations
 
@@ -66,6 +70,14 @@ class ChunkBroker:
         weights = np.exp(-self.ensemble_decay * np.arange(len(live)))
         votes = np.stack([actions[tick - start] for start, actions in live])
         return (weights[:, None] * votes).sum(0) / weights.sum()
+
+    def pending(self, tick: int) -> np.ndarray | None:
+        """The newest chunk's actions from `tick` on (P, A), or None when no chunk covers it."""
+        live = [(start, actions) for start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
+        if not live:
+            return None
+        start, actions = live[-1]
+        return actions[tick - start :]
 
     def wants_query(self, tick: int) -> bool:
         """Whether to send a new observation at `tick` (if none is on its way already)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -42,6 +43,10 @@ class BrokerConfig:
     mode: str = "chunk"  # chunk | ensemble (temporal ensembling)
     execute_steps: Optional[int] = None  # ask for the next chunk after this many; default: half a chunk (ensemble: 1)
     ensemble_decay: float = 0.01
+    # real-time chunking (chunk mode, a server whose policy has it): each query carries the
+    # current chunk's remaining actions and the expected delay in ticks (from recent round
+    # trips), and the server samples the next chunk to agree with them
+    realtime: bool = False
 
 
 @dataclass
@@ -194,6 +199,11 @@ class RobotClient:
         ensemble = self.config.broker.mode == "ensemble"
         steps = self.config.broker.execute_steps or (1 if ensemble else max(1, (chunk_size + 1) // 2))
         self.broker = ChunkBroker(chunk_size, steps, self.config.broker.mode, self.config.broker.ensemble_decay)
+        if self.config.broker.realtime and not metadata.get("realtime_chunking"):
+            raise ConfigError(
+                f"broker.realtime needs a server whose policy samples with real-time chunking; policy "
+                f"'{metadata.get('policy')}' (deterministic={metadata.get('deterministic')}) does not"
+            )
         self.learning = bool(metadata.get("learning"))
         self.outcome_cameras = list(metadata.get("outcome_cameras") or []) if self.learning else []
         self.policy_cameras = list(metadata.get("policy_cameras") or []) if self.learning else []
@@ -440,13 +450,27 @@ class RobotClient:
             self._take(reply, tick, entry)
         if self.broker.wants_query(tick) and self.policy.in_flight is None and not self.safety.estopped:
             observation = observation if observation is not None else self.robot.get_observation()
-            entry["queried"] = self.policy.request(observation, tick, self.instruction, self.feedback)
+            pending = self._pending(tick)
+            entry["queried"] = self.policy.request(observation, tick, self.instruction, self.feedback, pending)
+            if entry["queried"] and pending is not None:
+                entry["rtc_delay"] = pending[1]
             if entry["queried"]:
                 self.feedback = {}
         if self.broker.action(tick) is None and self.policy.in_flight is not None:
             reply = self.policy.poll(max(target + self.config.latency_budget * self.period - time.monotonic(), 0.0))
             if reply is not None:
                 self._take(reply, tick, entry)
+
+    def _pending(self, tick: int) -> tuple[np.ndarray, int] | None:
+        """Real-time chunking's (pending actions, delay) for a query at `tick`: the delay is the
+        ticks the answer is expected to take, from the slowest of the last 10 round trips (at
+        least this tick, whose action the current chunk gives), at most the pending actions."""
+        assert self.broker is not None
+        actions = self.broker.pending(tick) if self.config.broker.realtime else None
+        if actions is None:
+            return None
+        slowest_s = max(self.round_trip_ms[-10:], default=0.0) / 1000
+        return actions, min(max(1, math.ceil(slowest_s / self.period)), len(actions))
 
     def _take(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
@@ -516,6 +540,8 @@ class RobotClient:
 def check_client_config(config: RobotClientConfig) -> None:
     """Values the types alone do not catch; checked before anything connects."""
     check_mode(config.broker.mode)
+    if config.broker.realtime and config.broker.mode != "chunk":
+        raise ConfigError("broker.realtime (real-time chunking) works in broker.mode=chunk, not ensemble")
     if config.broker.execute_steps is not None and config.broker.execute_steps < 1:
         raise ConfigError(f"broker.execute_steps must be >= 1, got {config.broker.execute_steps}")
     if not 0 <= config.latency_budget <= 1:

@@ -75,7 +75,12 @@ class NoPolicy:
         pass
 
     def request(
-        self, observation: RobotObservation, tick: int, instruction: str, feedback: dict[str, Any] | None = None
+        self,
+        observation: RobotObservation,
+        tick: int,
+        instruction: str,
+        feedback: dict[str, Any] | None = None,
+        pending: tuple[np.ndarray, int] | None = None,
     ) -> bool:
         return False
 
@@ -201,11 +206,17 @@ class PolicyClient:
 
     # ---- requests -------------------------------------------------------------------------
     def request(
-        self, observation: RobotObservation, tick: int, instruction: str, feedback: dict[str, Any] | None = None
+        self,
+        observation: RobotObservation,
+        tick: int,
+        instruction: str,
+        feedback: dict[str, Any] | None = None,
+        pending: tuple[np.ndarray, int] | None = None,
     ) -> bool:
         """Send an observation unless one is on its way or the server is not connected.
         `feedback`: what the robot did since the last request (reward, executed action,
-        intervened ticks), for a learner on the other side."""
+        intervened ticks), for a learner on the other side. `pending`: real-time chunking's
+        (actions (P, A) of the executing chunk from `tick` on, delay in ticks)."""
         if not self.connected or self.in_flight is not None:
             return False
         body = {
@@ -218,6 +229,8 @@ class PolicyClient:
         }
         if feedback:
             body["feedback"] = feedback
+        if pending is not None:
+            body["pending"], body["delay"] = np.asarray(pending[0], dtype=np.float32), int(pending[1])
         self.in_flight = (self._send("infer", body), tick, time.monotonic())
         return True
 

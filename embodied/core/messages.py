@@ -157,6 +157,12 @@ BODIES: tuple[Body, ...] = (
             _f("deterministic", "bool", "whether actions are the policy's mode"),
             _f("checkpoint", "str", "the checkpoint served (a fixed policy server)", required=False),
             _f("learning", "bool", "the server learns from episodes (runtime=robots)", required=False),
+            _f(
+                "realtime_chunking",
+                "bool",
+                "infer may carry pending actions (the policy samples with real-time chunking)",
+                required=False,
+            ),
             _f("run", "str", "the learning run's directory", required=False),
             _f("outcome_cameras", "list", "cameras whose outcome images episodes must carry", required=False),
             _f("policy_cameras", "list", "cameras whose frames episodes must carry, as states", required=False),
@@ -172,6 +178,20 @@ BODIES: tuple[Body, ...] = (
             _f("tick", "int", "the client's control tick"),
             _f("observation", "map", "{state: float32 (S,), images: {camera: uint8 (H, W, 3)}, instruction: str}"),
             _f("feedback", "map", "since the last request: reward, executed_action, intervened_ticks", required=False),
+            _f(
+                "pending",
+                "array",
+                "float32 (P, A), 1 <= P <= C: the actions of the executing chunk from this tick on "
+                "(real-time chunking; with delay)",
+                required=False,
+            ),
+            _f(
+                "delay",
+                "int",
+                "0..P: the ticks until this answer is expected to take over; its first `delay` actions "
+                "are held to the pending ones",
+                required=False,
+            ),
         ),
     ),
     Body(

@@ -19,7 +19,7 @@ from embodied.build import build_env, build_policy
 from embodied.config import TrainConfig, checkpoint_config
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy
-from embodied.core.types import EnvSpec, Observation
+from embodied.core.types import ChunkPrefix, EnvSpec, Observation
 from embodied.runs.checkpoint import (
     load_checkpoint,
     load_checkpoint_state,
@@ -168,9 +168,10 @@ def _load_keeping_a_fresh_value_function(
         raise ConfigError(f"{origin}: its weights do not fit {label}: {error}") from None
 
 
-def numpy_infer(run: RunPolicy, deterministic: bool = True, seed: int = 0) -> Callable[[Observation], np.ndarray]:
-    """`run`'s policy as `infer(observation) -> actions (B, C, A)` on numpy observations,
-    drawing from a generator of its own (`seed`) where it samples. Each action is clipped to
+def numpy_infer(run: RunPolicy, deterministic: bool = True, seed: int = 0) -> Callable[..., np.ndarray]:
+    """`run`'s policy as `infer(observation, prefix=None) -> actions (B, C, A)` on numpy
+    observations (`prefix`: real-time chunking's pending actions, for a policy that
+    `accepts_prefix`), drawing from a generator of its own (`seed`) where it samples. Each action is clipped to
     the env's bounds, as the env clipped it before executing it in training: what a robot or
     an env is sent is what the policy was trained to do, and a robot's safety layer counts
     only real anomalies."""
@@ -181,8 +182,13 @@ def numpy_infer(run: RunPolicy, deterministic: bool = True, seed: int = 0) -> Ca
     generator.manual_seed(seed)
 
     @torch.no_grad()
-    def infer(observation: Observation) -> np.ndarray:
-        chunk = policy.act(observation.to_torch(policy.device), deterministic=deterministic, generator=generator)
+    def infer(observation: Observation, prefix: ChunkPrefix | None = None) -> np.ndarray:
+        torch_observation = observation.to_torch(policy.device)
+        if prefix is None:
+            chunk = policy.act(torch_observation, deterministic=deterministic, generator=generator)
+        else:
+            pending = ChunkPrefix(torch.as_tensor(prefix.actions, device=policy.device), prefix.delay)
+            chunk = policy.act(torch_observation, deterministic=deterministic, generator=generator, prefix=pending)
         return np.clip(chunk.actions.float().cpu().numpy(), low, high)
 
     return infer

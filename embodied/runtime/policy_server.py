@@ -11,7 +11,9 @@ old registration.
     hello {spec, name}          ->       spec checked against the checkpoint's env
                                 <-       welcome {policy, version, chunk size, action space,
                                                   control rate, normalisation id}
-    infer {observation, tick}   ->       queued, batched with other clients' requests
+    infer {observation, tick    ->       queued, batched with other clients' requests
+           [, pending, delay]}           (real-time chunking: the chunk is sampled to agree
+                                          with the `pending` actions, the first `delay` held)
                                 <-       action {actions (C, A), policy_version, timing}
     heartbeat                   ->  <-   heartbeat {server time, clients, requests served}
     episode {transitions}       ->       only where the server learns (`runtime=robots`,
@@ -19,7 +21,9 @@ old registration.
 
 A malformed request, or a failed inference, is answered with a typed `error` for its
 senders alone; clients beyond `max_clients` are refused; a client silent for
-`client_timeout_s` loses its slot."""
+`client_timeout_s` loses its slot. A request with pending actions goes to a policy that
+samples with real-time chunking (welcome says `realtime_chunking`), batched with the requests
+that have as many pending actions and the same delay."""
 
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ from embodied.core.episodes import EpisodeNotTaken
 from embodied.core.errors import ConfigError
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, plain
 from embodied.core.sockets import bind, receive, send
-from embodied.core.types import EnvSpec, Observation
+from embodied.core.types import ChunkPrefix, EnvSpec, Observation
 from embodied.runtime.configs import DeviceConfig
 
 logger = logging.getLogger(__name__)
@@ -85,6 +89,7 @@ class Request:
     tick: int
     observation: Observation
     received: float
+    prefix: ChunkPrefix | None = None  # real-time chunking: the pending actions (1, P, A) and the delay
 
 
 @dataclass
@@ -121,7 +126,8 @@ def check_serve_config(config: ServeConfig) -> None:
 
 
 class PolicyServer:
-    """`infer` maps a batch `Observation` (numpy) to actions float32 (B, C, A). A learning
+    """`infer` maps a batch `Observation` (numpy) to actions float32 (B, C, A); where the
+    metadata says `realtime_chunking` it also takes a `ChunkPrefix` (numpy). A learning
     server also takes finished episodes: `on_episode(client, body)` stores one and returns
     the ack's body, or raises ValueError to refuse it; `max_message_bytes` then makes room
     for them on the wire."""
@@ -149,6 +155,7 @@ class PolicyServer:
             "client_timeout_s": config.client_timeout_s,
         }
         self.chunk_size = int(metadata["chunk_size"])
+        self.realtime = bool(metadata.get("realtime_chunking"))
         self.context = zmq.Context.instance()
         self.curve = None
         if config.keys_dir is not None:
@@ -274,6 +281,7 @@ class PolicyServer:
     def _queue(self, identity: bytes, client: ClientState, message: Message, now: float) -> None:
         try:
             tick, observation = self._parse_infer(message.body)
+            prefix = self._parse_prefix(message.body)
         except ValueError as error:
             self.stats.malformed += 1
             self._refuse(identity, message.seq, "malformed", str(error))
@@ -282,7 +290,7 @@ class PolicyServer:
             self._refuse(identity, message.seq, "busy", "one request at a time: wait for the answer to the last one")
             return
         client.requests += 1
-        self.pending.append(Request(identity, message.seq, tick, observation, now))
+        self.pending.append(Request(identity, message.seq, tick, observation, now, prefix))
 
     def _parse_infer(self, body: Any) -> tuple[int, Observation]:
         if not isinstance(body, dict) or not isinstance(body.get("observation"), dict):
@@ -311,6 +319,35 @@ class PolicyServer:
             state=state[None], images={k: v[None] for k, v in images.items()}, instruction=[instruction]
         )
 
+    def _parse_prefix(self, body: dict) -> ChunkPrefix | None:
+        """Real-time chunking's pending actions (P, A), 1 <= P <= the chunk size, and the delay
+        in ticks, 0 <= delay <= P; both or neither."""
+        if "pending" not in body and "delay" not in body:
+            return None
+        if not self.realtime:
+            raise ValueError(
+                f"pending actions sent to a policy without real-time chunking "
+                f"({self.metadata.get('policy')}, deterministic={self.metadata.get('deterministic')}): "
+                "turn broker.realtime off"
+            )
+        pending, delay = body.get("pending"), body.get("delay")
+        width = self.spec.action_dim
+        if (
+            not isinstance(pending, np.ndarray)
+            or pending.dtype != np.float32
+            or pending.ndim != 2
+            or not 1 <= pending.shape[0] <= self.chunk_size
+            or pending.shape[1] != width
+            or not np.all(np.isfinite(pending))
+        ):
+            raise ValueError(
+                f"pending must be finite float32 (P, {width}) with 1 <= P <= {self.chunk_size}, got "
+                f"{getattr(pending, 'dtype', type(pending).__name__)} {getattr(pending, 'shape', '')}"
+            )
+        if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= pending.shape[0]:
+            raise ValueError(f"delay must be an integer in [0, {pending.shape[0]}] (as many as pending), got {delay!r}")
+        return ChunkPrefix(actions=pending[None], delay=delay)
+
     # ---- batching -----------------------------------------------------------------------
     def _drain(self, timeout_s: float) -> None:
         """Take in every message that is ready, waiting up to `timeout_s` for the first."""
@@ -338,7 +375,17 @@ class PolicyServer:
         self._answer(batch)
         return len(batch)
 
-    def _answer(self, batch: list[Request]) -> None:
+    def _answer(self, requests: list[Request]) -> None:
+        """Answer the requests, one forward pass per group that can share one: no pending
+        actions, or as many pending actions and the same delay."""
+        groups: dict[tuple[int, int] | None, list[Request]] = {}
+        for request in requests:
+            key = None if request.prefix is None else (request.prefix.actions.shape[1], request.prefix.delay)
+            groups.setdefault(key, []).append(request)
+        for batch in groups.values():
+            self._answer_group(batch)
+
+    def _answer_group(self, batch: list[Request]) -> None:
         start = time.monotonic()
         observation = (
             batch[0].observation
@@ -352,8 +399,13 @@ class PolicyServer:
             )
         )
         expected = (len(batch), self.chunk_size, self.spec.action_dim)
+        prefix = batch[0].prefix
         try:
-            actions = np.asarray(self.infer(observation), dtype=np.float32)
+            if prefix is None:
+                actions = np.asarray(self.infer(observation), dtype=np.float32)
+            else:
+                pending = np.concatenate([r.prefix.actions for r in batch])
+                actions = np.asarray(self.infer(observation, ChunkPrefix(pending, prefix.delay)), dtype=np.float32)
             if actions.shape != expected or not np.all(np.isfinite(actions)):
                 raise ValueError(
                     f"the policy returned actions of shape {actions.shape} (expected {expected})"

@@ -262,7 +262,7 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
         prefix: ChunkPrefix | None = None,
     ) -> ActionChunk:
         """Sample a chunk conditioned on `state` (the context the flow reads)."""
-        if prefix is not None and (self.latent_actor is not None or not (deterministic or self.cfg.sampler == "ode")):
+        if prefix is not None and not self.accepts_prefix(deterministic):
             raise ValueError(
                 "real-time chunking samples the guided ODE: ask for deterministic chunks, without DSRL's latent actor"
             )
@@ -291,6 +291,11 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
         return ActionChunk(actions=self._actions(x), log_prob=log_prob, value=self._value(state), record=record)
 
     # ---- real-time chunking ------------------------------------------------------------------
+    def accepts_prefix(self, deterministic: bool) -> bool:
+        """Whether `act` takes real-time chunking's pending actions: it samples the guided ODE,
+        so deterministic chunks (or the ode sampler), and not through DSRL's latent actor."""
+        return self.latent_actor is None and (deterministic or self.cfg.sampler == "ode")
+
     def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The pending actions as a target chunk (B, D) in the model's units, and their weights
         (B, D): zero on the padding of the horizon and of pi0's wider actions."""

@@ -142,9 +142,10 @@ def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):
         from embodied.runtime.policy_server import PolicyServer, ServeConfig
 
         spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), control_hz=20.0)
-        infer = lambda observation: np.zeros((observation.batch_size, 4, 2), np.float32)
+        infer = lambda observation, prefix=None: np.zeros((observation.batch_size, 4, 2), np.float32)
         server = PolicyServer(infer, spec, {"policy": "zeros", "policy_version": 0, "chunk_size": 4,
-                                            "normalization_id": None, "deterministic": True, "checkpoint": "x"},
+                                            "normalization_id": None, "deterministic": True, "checkpoint": "x",
+                                            "realtime_chunking": True},
                               ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0))
         stop = threading.Event()
         thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
@@ -152,6 +153,12 @@ def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):
         client = PolicyClient(server.endpoint, spec)
         actions = client.infer({"state": np.zeros(3, np.float32)}, "hold", timeout_s=10)
         assert actions.shape == (4, 2)
+        from embodied.robots.base import RobotObservation
+        pending = (np.zeros((2, 2), np.float32), 1)  # real-time chunking's pending actions and delay
+        assert client.request(RobotObservation(state=np.zeros(3, np.float32)), 5, "hold", pending=pending)
+        reply = None
+        while reply is None:
+            reply = client.poll(5.0)
         client.ping()
         client.close()
         stop.set()
@@ -163,7 +170,9 @@ def test_the_recorder_sees_what_a_policy_server_and_its_client_send(recording):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     messages = recorded(log_dir)
-    assert [m["kind"] for m in messages if m["kind"] != "heartbeat"] == ["hello", "welcome", "infer", "action", "close"]
+    kinds = [m["kind"] for m in messages if m["kind"] != "heartbeat"]
+    assert kinds == ["hello", "welcome", "infer", "action", "infer", "action", "close"]
+    assert [{"pending", "delay"} <= set(m["fields"]) for m in messages if m["kind"] == "infer"] == [False, True]
     assert {m["kind"] for m in messages} == {"hello", "welcome", "infer", "action", "heartbeat", "close"}
     assert all(not fits_some_channel(m) for m in messages), [fits_some_channel(m) for m in messages]
 

@@ -1,0 +1,181 @@
+"""Real-time chunking over the wire: the robot client sends the executing chunk's remaining
+actions and its expected delay, the server batches such requests by shape and hands them to
+the policy, and a served flow policy answers chunks that agree with them."""
+
+import json
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from embodied.core.errors import ConfigError
+from embodied.core.protocol import Message
+from embodied.core.sockets import receive, send
+from embodied.core.types import ChunkPrefix, Observation
+from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
+from embodied.robots.client import BrokerConfig, RobotClient, check_client_config
+from embodied.robots.policy_client import PolicyClient
+from embodied.runs.loading import numpy_infer
+from embodied.runtime.policy_server import PolicyServer, ServeConfig
+from tests.robots.test_deploy import SPEC, client_config, observation, pendulum_robot
+
+CHUNK = 4
+
+
+def start(infer, spec=SPEC, realtime=True, **metadata):
+    server = PolicyServer(
+        infer,
+        spec,
+        {"policy": "probe", "policy_version": 1, "chunk_size": CHUNK, "realtime_chunking": realtime, **metadata},
+        ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, batch_window_ms=200.0),
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
+    thread.start()
+
+    def shutdown():
+        stop.set()
+        thread.join(5)
+        server.close()
+
+    return server, shutdown
+
+
+class Recorder:
+    """An infer that answers action[c] = state[:A] + c and records each call's batch and prefix."""
+
+    def __init__(self, action_dim: int = 2):
+        self.action_dim = action_dim
+        self.calls: list[tuple[np.ndarray, ChunkPrefix | None]] = []
+
+    def __call__(self, observation: Observation, prefix: ChunkPrefix | None = None) -> np.ndarray:
+        self.calls.append((observation.state.copy(), prefix))
+        base = observation.state[:, None, : self.action_dim]
+        return base + np.arange(CHUNK, dtype=np.float32)[None, :, None]
+
+
+def test_requests_with_pending_actions_are_batched_by_shape_and_reach_the_policy():
+    recorder = Recorder()
+    server, shutdown = start(recorder)
+    clients = [PolicyClient(server.endpoint, SPEC, name=f"robot{i}") for i in range(3)]
+    try:
+        for client in clients:
+            client.connect(timeout_s=5)
+        pending = [
+            (np.full((2, 2), 0.5, np.float32), 1),
+            (np.full((2, 2), -0.5, np.float32), 1),
+            (np.zeros((3, 2), np.float32), 2),
+        ]
+        for index, (client, prefix) in enumerate(zip(clients, pending)):
+            assert client.request(observation([index, 0, 0, 0]), 0, "", pending=prefix)
+        replies = []
+        for client in clients:
+            while (reply := client.poll(0.05)) is None:
+                pass
+            replies.append(reply)
+    finally:
+        shutdown()
+    # each client its own answer; two forward passes: the two of shape (2, 2) with delay 1, then the other
+    assert [reply.actions[0, 0] for reply in replies] == [0.0, 1.0, 2.0]
+    shapes = sorted((len(state), prefix.actions.shape, prefix.delay) for state, prefix in recorder.calls)
+    assert shapes == [(1, (1, 3, 2), 2), (2, (2, 2, 2), 1)]
+    state, paired = next((state, prefix) for state, prefix in recorder.calls if len(state) == 2)
+    # each row's pending actions are its own client's (robot0 sent 0.5, robot1 -0.5)
+    assert {int(row[0]): float(mine[0, 0]) for row, mine in zip(state, paired.actions)} == {0: 0.5, 1: -0.5}
+
+
+def hello(raw) -> None:
+    send(raw, Message("hello", 1, {"name": "raw", "spec": json.loads(json.dumps(SPEC.to_dict()))}))
+    assert raw.poll(5000) and receive(raw)[1].kind == "welcome"
+
+
+@pytest.mark.parametrize("realtime", [True, False])
+def test_malformed_pending_actions_get_a_typed_error(realtime):
+    server, shutdown = start(Recorder(), realtime=realtime)
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.setsockopt(zmq.LINGER, 0)
+    try:
+        raw.connect(server.endpoint)
+        hello(raw)
+        state = {"state": np.zeros(4, np.float32)}
+        bad = [
+            {"pending": np.zeros((2, 2), np.float32), "delay": 3},  # delay beyond the pending actions
+            {"pending": np.zeros((2, 3), np.float32), "delay": 1},  # not the action width
+            {"pending": np.zeros((5, 2), np.float32), "delay": 1},  # more than a chunk
+            {"pending": np.full((2, 2), np.nan, np.float32), "delay": 1},
+            {"pending": np.zeros((2, 2), np.float64), "delay": 1},
+            {"pending": np.zeros((2, 2), np.float32)},  # no delay
+        ]
+        for seq, extra in enumerate(bad if realtime else bad[:1], start=2):
+            send(raw, Message("infer", seq, {"tick": 0, "observation": state, **extra}))
+            assert raw.poll(5000)
+            reply = receive(raw)[1]
+            assert reply.kind == "error" and reply.body["code"] == "malformed", extra
+            if not realtime:
+                assert "without real-time chunking" in reply.body["message"]
+    finally:
+        raw.close()
+        shutdown()
+
+
+def test_the_client_refuses_realtime_chunking_a_server_cannot_do(tmp_path):
+    with pytest.raises(ConfigError, match="broker.mode=chunk"):
+        check_client_config(
+            client_config("tcp://127.0.0.1:1", tmp_path, broker=BrokerConfig(mode="ensemble", realtime=True))
+        )
+    robot = pendulum_robot()
+    server, shutdown = start(Recorder(robot.spec.action_dim), spec=robot.spec, realtime=False)
+    try:
+        config = client_config(server.endpoint, tmp_path, broker=BrokerConfig(realtime=True))
+        client = RobotClient(robot, PolicyClient(server.endpoint, robot.spec, request_timeout_s=1.0), config, tmp_path)
+        with pytest.raises(ConfigError, match="broker.realtime needs a server whose policy samples with real-time"):
+            client.run()
+    finally:
+        shutdown()
+
+
+def test_a_served_flow_policy_answers_chunks_that_agree_with_what_the_robot_still_executes(tmp_path):
+    """The pendulum robot under the client at 100 Hz, an untrained flow policy (its chunks
+    are near its initial noise, far from one another) served with real-time chunking: every
+    query after the first carries the executing chunk's remaining actions, and each answer
+    holds its first `delay` actions close to them."""
+    robot = pendulum_robot()
+    torch.manual_seed(0)
+    policy = FlowPolicy(
+        FlowPolicyConfig(
+            horizon=CHUNK, chunk_size=CHUNK, denoise_steps=10, sampler="ode", hidden=[32], critic_hidden=[8]
+        ),
+        robot.spec,
+    ).eval()
+    infer = numpy_infer(SimpleNamespace(policy=policy, spec=robot.spec))
+    served: list[tuple[ChunkPrefix | None, np.ndarray]] = []
+
+    def recorded(observation, prefix=None):
+        actions = infer(observation, prefix) if prefix is not None else infer(observation)
+        served.append((prefix, actions))
+        return actions
+
+    server, shutdown = start(recorded, spec=robot.spec, realtime=policy.accepts_prefix(True))
+    try:
+        config = client_config(
+            server.endpoint, tmp_path, episodes=1, broker=BrokerConfig(execute_steps=2, realtime=True)
+        )
+        summary = RobotClient(
+            robot, PolicyClient(server.endpoint, robot.spec, request_timeout_s=1.0), config, tmp_path
+        ).run()
+    finally:
+        shutdown()
+    assert summary["episodes"][0]["steps"] > 4
+    guided = [(prefix, actions) for prefix, actions in served if prefix is not None]
+    assert served[0][0] is None and guided  # an episode's first query has nothing pending
+    low, high = robot.spec.action_low[0], robot.spec.action_high[0]
+    for prefix, actions in guided:
+        delay = prefix.delay
+        assert 1 <= delay <= prefix.actions.shape[1] <= CHUNK - 2  # queried after 2 of the chunk's 4
+        held = np.abs(actions[0, :delay] - prefix.actions[0, :delay]).max()
+        assert held < 0.05 * (high - low), (held, prefix.actions, actions)
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert sum("rtc_delay" in line for line in lines) == len(guided)
