@@ -67,13 +67,20 @@ def serve_checkpoint(config: ServeConfig, should_stop: Callable[[], bool] = lamb
     start_process(seed=0, torch_threads=config.runtime.torch_threads)
     infer, spec, metadata = load_checkpoint_policy(config)
     server = PolicyServer(infer, spec, metadata, config)
-    print(
-        f"serving {metadata['policy']} (version {metadata['policy_version']}, {metadata['checkpoint']}) "
-        f"on {server.endpoint}; chunk {metadata['chunk_size']} x {spec.action_dim}, "
-        f"control {spec.control_hz} Hz; Ctrl-C stops",
-        flush=True,
-    )
+    openpi = None
     try:
+        if config.openpi.port is not None:
+            from embodied.runtime.openpi_endpoint import OpenpiEndpoint
+
+            openpi = OpenpiEndpoint(config.openpi, spec, server.metadata, server.endpoint, config.keys_dir)
+        print(
+            f"serving {metadata['policy']} (version {metadata['policy_version']}, {metadata['checkpoint']}) "
+            f"on {server.endpoint}{f' and to openpi clients on {openpi.address}' if openpi else ''}; "
+            f"chunk {metadata['chunk_size']} x {spec.action_dim}, control {spec.control_hz} Hz; Ctrl-C stops",
+            flush=True,
+        )
         server.serve_forever(should_stop)
     finally:
+        if openpi is not None:
+            openpi.close()
         server.close()

@@ -44,6 +44,7 @@ from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, err
 from embodied.core.sockets import bind, receive, send
 from embodied.core.types import ChunkPrefix, EnvSpec, Observation
 from embodied.runtime.configs import DeviceConfig
+from embodied.runtime.openpi_endpoint import OpenpiConfig
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class ServeConfig:
     batch_window_ms: float = 2.0  # after the first request, wait this long for the others
     client_timeout_s: float = 30.0  # a silent client loses its slot
     stats_every_s: float = 10.0  # log clients, requests/s and mean batch size; 0: never
+    # a second endpoint for openpi-client's protocol (openpi.port), bridged to this server
+    openpi: OpenpiConfig = field(default_factory=OpenpiConfig)
 
 
 @dataclass

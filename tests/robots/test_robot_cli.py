@@ -101,9 +101,13 @@ def trained(tmp_path_factory):
     return run_dir
 
 
+OPENPI = {}  # the served checkpoint's openpi endpoint: its port
+
+
 @pytest.fixture(scope="module")
 def server(trained):
     endpoint = free_endpoint()
+    OPENPI["port"] = int(free_endpoint().rsplit(":", 1)[1])
     process = subprocess.Popen(
         [
             sys.executable,
@@ -113,6 +117,8 @@ def server(trained):
             f"checkpoint={trained}",
             f"endpoint={endpoint}",
             "stats_every_s=0",
+            f"openpi.port={OPENPI['port']}",
+            "openpi.observation='observation/state=state'",  # the pendulum has no camera
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -157,6 +163,29 @@ def test_train_serve_and_drive_the_simulated_robot(trained, server, tmp_path):
     # chunk 1: every answer was executed, or arrived after its tick had passed and was skipped
     assert summary["round_trip_ms"]["n"] == summary["action_sources"]["policy"] + summary["skipped_actions"]
     assert "3 episodes" in result.stdout
+
+
+def test_an_openpi_client_is_answered_as_our_own_client_is(server):
+    """openpi-client's WebsocketClientPolicy against `embodied serve ... openpi.port=`: the
+    same chunk, through the same server, as our PolicyClient gets for the same state."""
+    import numpy as np
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    from embodied.core.types import EnvSpec
+    from embodied.robots.policy_client import PolicyClient
+
+    openpi = WebsocketClientPolicy(host="127.0.0.1", port=OPENPI["port"])
+    metadata = openpi.get_server_metadata()
+    assert metadata["policy"] == "mlp_gaussian" and metadata["deterministic"] is True
+    spec = EnvSpec.from_dict(metadata["spec"])
+    ours = PolicyClient(server, spec, name="ours")
+    try:
+        for state in ([0.0, 0.0, 0.0, 0.0], [0.1, -0.2, 0.3, 0.0]):
+            answer = openpi.infer({"observation/state": np.array(state)})["actions"]
+            assert answer.shape == (metadata["chunk_size"], 1) and np.abs(answer).max() <= 3.0
+            np.testing.assert_array_equal(answer, ours.infer({"state": np.array(state, np.float32)}))
+    finally:
+        ours.close()
 
 
 def test_a_served_checkpoint_sends_the_actions_its_training_env_executed(trained, tmp_path):
