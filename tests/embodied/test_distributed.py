@@ -14,6 +14,7 @@ from embodied.core.types import EnvSpec
 from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
 from tests.cli import GRPO_ANY_OUTCOME, embodied
 from tests.embodied.test_ppo import _batch
+from tests.policies.tiny import tiny_pi0
 
 SPEC = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
 CONFIG = dict(num_minibatches=2, update_epochs=2, max_grad_norm=100.0)
@@ -58,23 +59,8 @@ def policy_batch_and_grpo():
 
 def pi0_batch_and_ppo():
     """The tiny pi0 (state only): its vision tower, VLM and action expert are FSDP units."""
-    from embodied.policies.pretrained.pi0 import Pi0Config, Pi0Policy
-
     torch.manual_seed(0)
-    policy = Pi0Policy(
-        Pi0Config(
-            paligemma_variant="tiny",
-            expert_variant="tiny_expert",
-            vocab_size=300,
-            max_state_dim=4,
-            max_action_dim=2,
-            horizon=2,
-            denoise_steps=2,
-            sampler="flow_noise",
-            critic_hidden=[8],
-        ),
-        SPEC,
-    )
+    policy = tiny_pi0(SPEC, max_state_dim=4, max_action_dim=2, horizon=2, denoise_steps=2, sampler="flow_noise")
     return policy, _batch(policy), PPO(PPOConfig(**CONFIG), policy)
 
 

@@ -12,6 +12,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.types import ChunkPrefix, EnvSpec, Observation
 from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
 from embodied.policies.denoising.realtime import guidance_weight, guided_velocity, prefix_weights
+from tests.policies.tiny import tiny_pi0
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
 
@@ -93,25 +94,10 @@ def test_prefixes_the_sampler_cannot_honour_are_refused():
 
 def test_pi0_samples_guided_chunks_through_its_action_expert():
     """The guidance differentiates through pi0's expert, over its padded action width."""
-    from embodied.policies.pretrained.pi0 import Pi0Config, Pi0Policy
-
     torch.manual_seed(0)
     spec = EnvSpec(state_dim=3, action_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0))
-    policy = Pi0Policy(
-        Pi0Config(
-            paligemma_variant="tiny",
-            expert_variant="tiny_expert",
-            vocab_size=300,
-            max_state_dim=4,
-            max_action_dim=4,
-            horizon=4,
-            chunk_size=4,
-            denoise_steps=10,
-            sampler="ode",
-            critic_hidden=[8],
-        ),
-        spec,
-    )
+    settings = dict(max_state_dim=4, max_action_dim=4, horizon=4, chunk_size=4, denoise_steps=10, sampler="ode")
+    policy = tiny_pi0(spec, **settings)
     observation = Observation(state=torch.randn(2, 3))
     pending = torch.tensor([[0.6, -0.6], [0.5, -0.5], [0.4, -0.4]]).expand(2, 3, 2)
     plain = chunk(policy, observation)

@@ -41,12 +41,13 @@ def echo(chunk_size: int, action_dim: int):
     return infer
 
 
-def start_server(spec=SPEC, chunk_size=2, infer=None, policy="echo", **config):
-    """A policy server in a thread (default policy: `echo`); returns it and its shutdown."""
+def start_server(spec=SPEC, chunk_size=2, infer=None, policy="echo", metadata=None, **config):
+    """A policy server in a thread (default policy: `echo`); returns it and its shutdown.
+    `metadata` adds to the welcome's."""
     server = PolicyServer(
         infer or echo(chunk_size, spec.action_dim),
         spec,
-        {"policy": policy, "policy_version": 3, "chunk_size": chunk_size},
+        {"policy": policy, "policy_version": 3, "chunk_size": chunk_size, **(metadata or {})},
         ServeConfig(endpoint=config.pop("endpoint", "tcp://127.0.0.1:*"), stats_every_s=0, **config),
     )
     stop = threading.Event()

@@ -3,7 +3,6 @@ actions and its expected delay, the server batches such requests by shape and ha
 the policy, and a served flow policy answers chunks that agree with them."""
 
 import json
-import threading
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,29 +18,15 @@ from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
 from embodied.robots.client import BrokerConfig, RobotClient, check_client_config
 from embodied.robots.policy_client import PolicyClient
 from embodied.runs.loading import numpy_infer
-from embodied.runtime.policy_server import PolicyServer, ServeConfig
-from tests.robots.test_deploy import SPEC, client_config, observation, pendulum_robot
+from tests.robots.test_deploy import SPEC, client_config, observation, pendulum_robot, start_server
 
 CHUNK = 4
 
 
-def start(infer, spec=SPEC, realtime=True, **metadata):
-    server = PolicyServer(
-        infer,
-        spec,
-        {"policy": "probe", "policy_version": 1, "chunk_size": CHUNK, "realtime_chunking": realtime, **metadata},
-        ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, batch_window_ms=200.0),
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve_forever, args=(stop.is_set,), daemon=True)
-    thread.start()
-
-    def shutdown():
-        stop.set()
-        thread.join(5)
-        server.close()
-
-    return server, shutdown
+def start(infer, spec=SPEC, realtime=True):
+    """A policy server in a thread for `infer` (chunks of 4), with or without real-time chunking."""
+    metadata = {"realtime_chunking": realtime}
+    return start_server(spec, CHUNK, infer, "probe", metadata, batch_window_ms=200.0)
 
 
 class Recorder:
