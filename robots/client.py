@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import sys
 import time
@@ -132,6 +131,7 @@ class RobotClient:
         self.jitter_ms: list[float] = []  # tick start after its scheduled time
         self.act_ms: list[float] = []  # command sent after the tick's scheduled time
         self.round_trip_ms: list[float] = []
+        self.handoffs: list[int] = []  # per answer: ticks from its query to the first tick it acted
         self.server_ms: list[float] = []
         self.overrun_ticks = 0  # ticks dropped because the loop fell more than a tick behind
         self.sources: dict[str, int] = {
@@ -463,19 +463,20 @@ class RobotClient:
 
     def _pending(self, tick: int) -> tuple[np.ndarray, int] | None:
         """Real-time chunking's (pending actions, delay) for a query at `tick`: the delay is the
-        ticks the answer is expected to take, from the slowest of the last 10 round trips (at
-        least this tick, whose action the current chunk gives), at most the pending actions."""
+        number of the answer's first actions the robot will not execute, as the slowest of the
+        last 10 answers took over (at least 1: this tick's action comes from the current
+        chunk), at most the pending actions."""
         assert self.broker is not None
         actions = self.broker.pending(tick) if self.config.broker.realtime else None
         if actions is None:
             return None
-        slowest_s = max(self.round_trip_ms[-10:], default=0.0) / 1000
-        return actions, min(max(1, math.ceil(slowest_s / self.period)), len(actions))
+        return actions, min(max([1, *self.handoffs[-10:]]), len(actions))
 
     def _take(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
         self.broker.add(reply.actions, reply.tick, tick)
         self.round_trip_ms.append(reply.round_trip_ms)
+        self.handoffs.append(tick - reply.tick)  # the answer's actions for earlier ticks are skipped
         if "server_ms" in reply.timing:
             self.server_ms.append(reply.timing["server_ms"])
         entry.update(round_trip_ms=reply.round_trip_ms, policy_version=reply.policy_version, **reply.timing)

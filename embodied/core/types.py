@@ -76,10 +76,13 @@ class ChunkPrefix:
     actions (B, P, A), in env units, that the chunk being executed still has when the new one
     is asked for, and the delay in env steps until the new chunk takes over. The new chunk's
     first `delay` actions are executed from these whatever it says, so it is sampled to agree
-    with them."""
+    with them. Rows may differ (robots part way through their chunks): `delay` and `pending`
+    are then (B,) integers, `pending` the number of a row's P actions that are real (the rest
+    padding); an int applies to every row, and `pending=None` means all P."""
 
     actions: Array
-    delay: int
+    delay: Any  # int or (B,) ints
+    pending: Any = None  # None, int or (B,) ints
 
 
 @dataclass

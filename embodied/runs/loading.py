@@ -187,7 +187,8 @@ def numpy_infer(run: RunPolicy, deterministic: bool = True, seed: int = 0) -> Ca
         if prefix is None:
             chunk = policy.act(torch_observation, deterministic=deterministic, generator=generator)
         else:
-            pending = ChunkPrefix(torch.as_tensor(prefix.actions, device=policy.device), prefix.delay)
+            actions = torch.as_tensor(prefix.actions, device=policy.device)
+            pending = ChunkPrefix(actions, prefix.delay, prefix.pending)
             chunk = policy.act(torch_observation, deterministic=deterministic, generator=generator, prefix=pending)
         return np.clip(chunk.actions.float().cpu().numpy(), low, high)
 

@@ -55,6 +55,7 @@ class OpenpiConfig:
     # that TLS or a tunnel (ssh -L) stands in front of the endpoint
     allow_remote: bool = False
     observation: str = "libero"  # a preset (PRESETS) or `<openpi key>=<target>,...`
+    request_timeout_s: float = 10.0  # the policy server's answer to one observation (and the connect)
 
 
 def parse_mapping(text: str) -> dict[str, str]:
@@ -82,6 +83,8 @@ def check_openpi_config(config: OpenpiConfig, spec: EnvSpec) -> dict[str, str]:
         return {}
     if not 0 <= config.port <= 65535:
         raise ConfigError(f"openpi.port must be in [0, 65535], got {config.port}")
+    if not config.request_timeout_s > 0:
+        raise ConfigError(f"openpi.request_timeout_s must be > 0, got {config.request_timeout_s}")
     if not is_loopback(config.host) and not config.allow_remote:
         raise ConfigError(
             f"openpi.host={config.host} is not loopback and openpi's protocol has no authentication: put TLS or "
@@ -138,15 +141,20 @@ def pack(value: Any) -> bytes:
     return msgpack.packb(value, default=_encode)
 
 
-def flatten(observation: Any, prefix: str = "") -> dict[str, Any]:
+MAX_DEPTH = 8  # nested maps in an observation (ALOHA's has 2 levels)
+
+
+def flatten(observation: Any, prefix: str = "", depth: int = 0) -> dict[str, Any]:
     """Nested maps as `a/b` keys."""
     if not isinstance(observation, dict):
         raise ValueError("an observation must be a map")
+    if depth >= MAX_DEPTH:
+        raise ValueError(f"an observation nests maps at most {MAX_DEPTH} deep")
     flat = {}
     for key, value in observation.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}/"))
+            flat.update(flatten(value, f"{name}/", depth + 1))
         else:
             flat[name] = value
     return flat
@@ -197,12 +205,14 @@ class OpenpiEndpoint:
         from websockets.sync.server import serve
 
         self.mapping = check_openpi_config(config, spec)
+        self.request_timeout_s = config.request_timeout_s
         self.spec, self.metadata = spec, metadata
         self.server_endpoint, self.keys_dir = server_endpoint, keys_dir
         self._numbers = itertools.count(1)  # names the bridging clients
-        # nothing larger than an observation of this spec is read off the wire
+        # nothing much larger than an observation of this spec is read off the wire (clients
+        # may send more than is mapped: a few full-size frames)
         image_bytes = sum(math.prod(shape) for shape in spec.image_shapes.values())
-        limit = 2 * image_bytes + 8 * spec.state_dim + (1 << 20)
+        limit = 2 * image_bytes + 8 * spec.state_dim + (8 << 20)
         self._server = serve(self._handle, config.host, config.port, compression=None, max_size=limit)
         self.port = self._server.socket.getsockname()[1]
         self.address = f"ws://{config.host}:{self.port}"
@@ -212,35 +222,42 @@ class OpenpiEndpoint:
     def _handle(self, websocket: Any) -> None:
         from websockets.exceptions import ConnectionClosed
 
-        from embodied.robots.policy_client import PolicyClient, ServerError
+        from embodied.robots.policy_client import HEARTBEAT_S, PolicyClient
 
         name = f"openpi-{next(self._numbers)}"
-        client = PolicyClient(self.server_endpoint, self.spec, name=name, keys_dir=self.keys_dir)
+        client = PolicyClient(
+            self.server_endpoint, self.spec, name=name, keys_dir=self.keys_dir, request_timeout_s=self.request_timeout_s
+        )
         try:
             websocket.send(pack(self.metadata))
             while True:
                 try:
-                    message = websocket.recv()
-                except ConnectionClosed:
-                    return
-                if isinstance(message, str):
-                    websocket.send("an observation is a binary msgpack message, not text")
+                    message = websocket.recv(timeout=HEARTBEAT_S / 2)
+                except TimeoutError:  # an idle openpi client (a reset, a prompt): keep the slot
+                    client.maintain()
+                    client.poll(0.0)
                     continue
-                start = time.monotonic()
-                try:
-                    observation, instruction = to_observation(unpack(message), self.mapping, self.spec)
-                    actions = client.infer(observation, instruction)
-                except (ValueError, TypeError) as error:  # msgpack's own errors are ValueErrors
-                    websocket.send(f"malformed observation: {error}")
-                    continue
-                except ServerError as error:
-                    websocket.send(f"the policy server did not answer: {error}")
-                    continue
-                websocket.send(
-                    pack({"actions": actions, "server_timing": {"infer_ms": (time.monotonic() - start) * 1000}})
-                )
+                websocket.send(self._answer(client, message))
+        except ConnectionClosed:
+            return  # the openpi client went away
         finally:
             client.close()
+
+    def _answer(self, client: Any, message: str | bytes) -> str | bytes:
+        """The packed actions for one observation, or the text of what was wrong with it."""
+        from embodied.robots.policy_client import ServerError
+
+        if isinstance(message, str):
+            return "an observation is a binary msgpack message, not text"
+        start = time.monotonic()
+        try:
+            observation, instruction = to_observation(unpack(message), self.mapping, self.spec)
+            actions = client.infer(observation, instruction)
+        except (ValueError, TypeError) as error:  # msgpack's own errors are ValueErrors
+            return f"malformed observation: {error}"
+        except ServerError as error:
+            return f"the policy server did not answer: {error}"
+        return pack({"actions": actions, "server_timing": {"infer_ms": (time.monotonic() - start) * 1000}})
 
     def close(self) -> None:
         self._server.shutdown()

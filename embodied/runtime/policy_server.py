@@ -22,8 +22,8 @@ old registration.
 A malformed request, or a failed inference, is answered with a typed `error` for its
 senders alone; clients beyond `max_clients` are refused; a client silent for
 `client_timeout_s` loses its slot. A request with pending actions goes to a policy that
-samples with real-time chunking (welcome says `realtime_chunking`), batched with the requests
-that have as many pending actions and the same delay."""
+samples with real-time chunking (welcome says `realtime_chunking`), batched with the other
+requests that have some (padded to the longest, each row with its own count and delay)."""
 
 from __future__ import annotations
 
@@ -93,6 +93,19 @@ class Request:
     observation: Observation
     received: float
     prefix: ChunkPrefix | None = None  # real-time chunking: the pending actions (1, P, A) and the delay
+
+
+def padded_prefix(batch: list[Request]) -> ChunkPrefix:
+    """The requests' pending actions as one batch: each row padded with its last action to the
+    longest, with its own count and delay."""
+    pending = [r.prefix.actions[0] for r in batch]
+    longest = max(len(actions) for actions in pending)
+    rows = [np.concatenate([actions, np.repeat(actions[-1:], longest - len(actions), 0)]) for actions in pending]
+    return ChunkPrefix(
+        actions=np.stack(rows),
+        delay=np.array([r.prefix.delay for r in batch]),
+        pending=np.array([len(actions) for actions in pending]),
+    )
 
 
 @dataclass
@@ -379,14 +392,12 @@ class PolicyServer:
         return len(batch)
 
     def _answer(self, requests: list[Request]) -> None:
-        """Answer the requests, one forward pass per group that can share one: no pending
-        actions, or as many pending actions and the same delay."""
-        groups: dict[tuple[int, int] | None, list[Request]] = {}
-        for request in requests:
-            key = None if request.prefix is None else (request.prefix.actions.shape[1], request.prefix.delay)
-            groups.setdefault(key, []).append(request)
-        for batch in groups.values():
-            self._answer_group(batch)
+        """Answer the requests: one forward pass for those without pending actions, one for
+        those with."""
+        for guided in (False, True):
+            batch = [request for request in requests if (request.prefix is not None) == guided]
+            if batch:
+                self._answer_group(batch)
 
     def _answer_group(self, batch: list[Request]) -> None:
         start = time.monotonic()
@@ -402,13 +413,11 @@ class PolicyServer:
             )
         )
         expected = (len(batch), self.chunk_size, self.spec.action_dim)
-        prefix = batch[0].prefix
         try:
-            if prefix is None:
+            if batch[0].prefix is None:
                 actions = np.asarray(self.infer(observation), dtype=np.float32)
             else:
-                pending = np.concatenate([r.prefix.actions for r in batch])
-                actions = np.asarray(self.infer(observation, ChunkPrefix(pending, prefix.delay)), dtype=np.float32)
+                actions = np.asarray(self.infer(observation, padded_prefix(batch)), dtype=np.float32)
             if actions.shape != expected or not np.all(np.isfinite(actions)):
                 raise ValueError(
                     f"the policy returned actions of shape {actions.shape} (expected {expected})"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -298,20 +299,32 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
 
     def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The pending actions as a target chunk (B, D) in the model's units, and their weights
-        (B, D): zero on the padding of the horizon and of pi0's wider actions."""
+        (B, D), row by row: zero on padding (of the row's pending actions, of the horizon, of
+        pi0's wider actions)."""
         actions = torch.as_tensor(prefix.actions, dtype=torch.float32, device=self.low.device)
         if actions.ndim != 3 or actions.shape[0] != batch or actions.shape[2] != self.spec.action_dim:
             raise ValueError(
-                f"pending actions must be (batch={batch}, P, action_dim={self.spec.action_dim}), "
+                f"pending actions must be (batch={batch}, P >= 1, action_dim={self.spec.action_dim}), "
                 f"got {tuple(actions.shape)}"
             )
         horizon = self.cfg.horizon
-        pending = min(actions.shape[1], horizon)
-        per_action = prefix_weights(horizon, pending, prefix.delay, self.cfg.rtc_schedule).to(actions.device)
-        weights = per_action[:, None].expand(horizon, self.action_width).clone()
-        weights[:, self.spec.action_dim :] = 0.0
-        return self._chunk_vector(actions[:, :pending]), weights.flatten().expand(batch, -1)
+        width = min(actions.shape[1], horizon)
+        if width < 1:
+            raise ValueError("real-time chunking needs at least one pending action")
+        pending = np.broadcast_to(width if prefix.pending is None else np.asarray(prefix.pending), (batch,))
+        delay = np.broadcast_to(np.asarray(prefix.delay), (batch,))
+        per_action = torch.stack(
+            [
+                prefix_weights(horizon, min(int(p), horizon), min(int(d), horizon), self.cfg.rtc_schedule)
+                for p, d in zip(pending, delay)
+            ]
+        ).to(actions.device)
+        weights = per_action[:, :, None].expand(batch, horizon, self.action_width).clone()
+        weights[:, :, self.spec.action_dim :] = 0.0
+        return self._chunk_vector(actions[:, :width]), weights.flatten(1)
 
+    # The guided chain's log_prob is computed by `_act_on` under the unguided transitions: it
+    # means nothing, and nothing reads it (guided chunks are served, not trained on).
     def _guided_step(
         self, state: torch.Tensor, x: torch.Tensor, step: int, target: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:

@@ -79,15 +79,30 @@ def test_a_guided_chunk_agrees_with_the_pending_actions_where_they_execute():
     torch.testing.assert_close(unguided, plain, atol=1e-6, rtol=0)
 
 
+def test_rows_of_one_batch_are_guided_each_by_its_own_pending_actions_and_delay():
+    policy = flow()
+    observation = Observation(state=torch.randn(2, 4))
+    pending = torch.tensor([[[0.5, 1.0], [0.4, 0.8], [0.3, 0.6]], [[-0.5, -1.0], [-0.6, -1.2], [-0.6, -1.2]]])
+    prefix = ChunkPrefix(actions=pending, delay=np.array([3, 1]), pending=np.array([3, 2]))
+    _, weights = policy._prefix_guide(prefix, 2)
+    per_action = weights.view(2, 8, 2)[:, :, 0]
+    torch.testing.assert_close(per_action[0], prefix_weights(8, 3, 3))
+    torch.testing.assert_close(per_action[1], prefix_weights(8, 2, 1))  # its padded third action unweighted
+    guided = chunk(policy, observation, prefix)
+    assert (guided[0, :3] - pending[0]).abs().max() < 0.1 and (guided[1, :1] - pending[1, :1]).abs().max() < 0.1
+
+
 def test_prefixes_the_sampler_cannot_honour_are_refused():
     observation = Observation(state=torch.randn(2, 4))
     pending = ChunkPrefix(actions=torch.zeros(2, 4, 2), delay=1)
     with pytest.raises(ValueError, match="deterministic"):
         flow(sampler="flow_sde").act(observation, deterministic=False, prefix=pending)
-    with pytest.raises(ValueError, match=r"pending actions must be \(batch=2, P, action_dim=2\)"):
+    with pytest.raises(ValueError, match=r"pending actions must be \(batch=2, P >= 1, action_dim=2\)"):
         chunk(flow(), observation, ChunkPrefix(actions=torch.zeros(2, 4, 3), delay=1))
     with pytest.raises(ValueError, match="delay <= pending"):
         chunk(flow(), observation, ChunkPrefix(actions=torch.zeros(2, 2, 2), delay=3))
+    with pytest.raises(ValueError, match="at least one pending action"):
+        chunk(flow(), observation, ChunkPrefix(actions=torch.zeros(2, 0, 2), delay=0))
     with pytest.raises(ConfigError, match="rtc_beta"):
         flow(rtc_beta=-1.0)
 

@@ -2,6 +2,8 @@
 keys mapped onto the served env's, answered through the policy server's own batching, bad
 observations answered with an error its client raises, and a public address refused."""
 
+import time
+
 import msgpack
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from websockets.sync.client import connect
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.runtime.openpi_endpoint import OpenpiConfig, OpenpiEndpoint, check_openpi_config, pack, unpack
+from tests.robots.test_deploy import start_server
 from tests.robots.test_realtime_client import start
 
 SPEC = EnvSpec(
@@ -84,7 +87,31 @@ def test_a_bad_observation_is_answered_with_an_error_and_the_connection_goes_on(
         assert "dtypes" in raw.recv()
         raw.send(pack({"observation/image": np.zeros(3, np.uint8)})[:-1])  # cut short
         assert raw.recv().startswith("malformed observation")
+        nested: dict = {}
+        for _ in range(20):
+            nested = {"a": nested}
+        raw.send(pack(nested))
+        assert "at most 8 deep" in raw.recv()
     assert client.infer(libero_observation(1.0, "x"))["actions"][0].tolist() == [2.0, 1.0]
+
+
+def test_an_idle_openpi_client_keeps_its_slot():
+    """A reset or a prompt between episodes: the bridge keeps the server's slot with heartbeats."""
+    from openpi_client.websocket_client_policy import WebsocketClientPolicy
+
+    server, shutdown = start_server(SPEC, 4, infer, "probe", client_timeout_s=3.0)
+    bridge = OpenpiEndpoint(OpenpiConfig(port=0), SPEC, server.metadata, server.endpoint)
+    try:
+        client = WebsocketClientPolicy(host="127.0.0.1", port=bridge.port)
+        assert client.infer(libero_observation(1.0, "x"))["actions"][0].tolist() == [2.0, 1.0]
+        idle_until = time.monotonic() + 2 * server.config.client_timeout_s
+        while time.monotonic() < idle_until:  # silent for two of the server's timeouts
+            assert len(server.clients) == 1
+            time.sleep(0.1)
+        assert client.infer(libero_observation(2.0, "x"))["actions"][0].tolist() == [3.0, 1.0]
+    finally:
+        bridge.close()
+        shutdown()
 
 
 def test_a_public_address_or_a_mapping_that_does_not_fit_is_refused():

@@ -42,17 +42,18 @@ class Recorder:
         return base + np.arange(CHUNK, dtype=np.float32)[None, :, None]
 
 
-def test_requests_with_pending_actions_are_batched_by_shape_and_reach_the_policy():
+def test_requests_with_pending_actions_share_one_forward_pass_each_row_its_own():
     recorder = Recorder()
     server, shutdown = start(recorder)
-    clients = [PolicyClient(server.endpoint, SPEC, name=f"robot{i}") for i in range(3)]
+    clients = [PolicyClient(server.endpoint, SPEC, name=f"robot{i}") for i in range(4)]
     try:
         for client in clients:
             client.connect(timeout_s=5)
         pending = [
             (np.full((2, 2), 0.5, np.float32), 1),
-            (np.full((2, 2), -0.5, np.float32), 1),
+            (np.array([[-0.5, -0.5], [-0.7, -0.7]], np.float32), 2),
             (np.zeros((3, 2), np.float32), 2),
+            None,  # robot3 asks without: the plain pass
         ]
         for index, (client, prefix) in enumerate(zip(clients, pending)):
             assert client.request(observation([index, 0, 0, 0]), 0, "", pending=prefix)
@@ -63,13 +64,18 @@ def test_requests_with_pending_actions_are_batched_by_shape_and_reach_the_policy
             replies.append(reply)
     finally:
         shutdown()
-    # each client its own answer; two forward passes: the two of shape (2, 2) with delay 1, then the other
-    assert [reply.actions[0, 0] for reply in replies] == [0.0, 1.0, 2.0]
-    shapes = sorted((len(state), prefix.actions.shape, prefix.delay) for state, prefix in recorder.calls)
-    assert shapes == [(1, (1, 3, 2), 2), (2, (2, 2, 2), 1)]
-    state, paired = next((state, prefix) for state, prefix in recorder.calls if len(state) == 2)
-    # each row's pending actions are its own client's (robot0 sent 0.5, robot1 -0.5)
-    assert {int(row[0]): float(mine[0, 0]) for row, mine in zip(state, paired.actions)} == {0: 0.5, 1: -0.5}
+    assert [reply.actions[0, 0] for reply in replies] == [0.0, 1.0, 2.0, 3.0]  # each client its own answer
+    plain = [state for state, prefix in recorder.calls if prefix is None]
+    guided = [(state, prefix) for state, prefix in recorder.calls if prefix is not None]
+    assert [len(state) for state in plain] == [1] and len(guided) == 1  # two forward passes
+    state, prefix = guided[0]
+    rows = {int(row[0]): i for i, row in enumerate(state)}
+    assert sorted(rows) == [0, 1, 2] and prefix.actions.shape == (3, 3, 2)
+    assert [int(prefix.pending[rows[c]]) for c in range(3)] == [2, 2, 3]
+    assert [int(prefix.delay[rows[c]]) for c in range(3)] == [1, 2, 2]
+    # a shorter row is padded with its own last action, which its count leaves unweighted
+    np.testing.assert_array_equal(prefix.actions[rows[1], :, 0], np.float32([-0.5, -0.7, -0.7]))
+    np.testing.assert_array_equal(prefix.actions[rows[0], :, 0], [0.5, 0.5, 0.5])
 
 
 def hello(raw) -> None:
@@ -157,8 +163,8 @@ def test_a_served_flow_policy_answers_chunks_that_agree_with_what_the_robot_stil
     assert served[0][0] is None and guided, (len(served), summary["episodes"])
     low, high = robot.spec.action_low[0], robot.spec.action_high[0]
     for prefix, actions in guided:
-        delay = prefix.delay
-        assert 1 <= delay <= prefix.actions.shape[1] <= CHUNK - 2  # queried after 2 of the chunk's 4
+        delay, count = int(prefix.delay[0]), int(prefix.pending[0])  # one robot: one row
+        assert 1 <= delay <= count == prefix.actions.shape[1] <= CHUNK - 2  # queried after 2 of the chunk's 4
         held = np.abs(actions[0, :delay] - prefix.actions[0, :delay]).max()
         assert held < 0.05 * (high - low), (held, prefix.actions, actions)
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
