@@ -12,6 +12,7 @@ Each tick is logged to `steps.jsonl` (action source, jitter, round trip and serv
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -60,6 +61,9 @@ class RobotClientConfig:
     seed: int = 0  # episode k resets the scene with seed + k, where the robot can
     instruction: Optional[str] = None  # default: the robot's task instruction
     latency_budget: float = 0.5  # of a tick, to wait for an answer on its way before acting
+    # a simulated inference delay (latency studies with robot=sim): each answer is taken no
+    # earlier than this many ticks after its query's tick, however fast it came
+    inject_delay_ticks: int = 0
     request_timeout_s: float = 2.0  # no answer this long: the server is taken for gone
     episode_timeout_s: float = 30.0  # a learning server's ack of a finished episode
     connect_timeout_s: float = 30.0
@@ -132,6 +136,7 @@ class RobotClient:
         self.act_ms: list[float] = []  # command sent after the tick's scheduled time
         self.round_trip_ms: list[float] = []
         self.handoffs: list[int] = []  # per answer: ticks from its query to the first tick it acted
+        self.held: collections.deque[ActionReply] = collections.deque()  # inject_delay_ticks's answers
         self.server_ms: list[float] = []
         self.overrun_ticks = 0  # ticks dropped because the loop fell more than a tick behind
         self.sources: dict[str, int] = {
@@ -284,6 +289,7 @@ class RobotClient:
         assert self.broker is not None
         self.robot.reset_episode(self.config.seed + index)
         self.broker.clear()
+        self.held.clear()
         self.policy.cancel()  # an answer to the last episode's observation must not act in this one
         if self.teleop is not None:
             self.teleop.reset()
@@ -445,10 +451,13 @@ class RobotClient:
         answer this tick needs."""
         assert self.broker is not None
         self.policy.maintain()
+        while self.held and tick >= self.held[0].tick + self.config.inject_delay_ticks:
+            self._accept(self.held.popleft(), tick, entry)
         reply = self.policy.poll(0.0)
         if reply is not None:
             self._take(reply, tick, entry)
-        if self.broker.wants_query(tick) and self.policy.in_flight is None and not self.safety.estopped:
+        asking = self.policy.in_flight is not None or self.held  # an answer on its way
+        if self.broker.wants_query(tick) and not asking and not self.safety.estopped:
             observation = observation if observation is not None else self.robot.get_observation()
             pending = self._pending(tick)
             entry["queried"] = self.policy.request(observation, tick, self.instruction, self.feedback, pending)
@@ -473,8 +482,16 @@ class RobotClient:
         return actions, min(max([1, *self.handoffs[-10:]]), len(actions))
 
     def _take(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
+        """An answer that arrived at `tick`: taken now, or held back by `inject_delay_ticks`."""
+        if tick < reply.tick + self.config.inject_delay_ticks:
+            self.held.append(reply)
+        else:
+            self._accept(reply, tick, entry)
+
+    def _accept(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
         self.broker.add(reply.actions, reply.tick, tick)
+        entry["handoff_ticks"] = tick - reply.tick
         self.round_trip_ms.append(reply.round_trip_ms)
         self.handoffs.append(tick - reply.tick)  # the answer's actions for earlier ticks are skipped
         if "server_ms" in reply.timing:
@@ -545,6 +562,8 @@ def check_client_config(config: RobotClientConfig) -> None:
         raise ConfigError("broker.realtime (real-time chunking) works in broker.mode=chunk, not ensemble")
     if config.broker.execute_steps is not None and config.broker.execute_steps < 1:
         raise ConfigError(f"broker.execute_steps must be >= 1, got {config.broker.execute_steps}")
+    if config.inject_delay_ticks < 0:
+        raise ConfigError(f"inject_delay_ticks must be >= 0, got {config.inject_delay_ticks}")
     if not 0 <= config.latency_budget <= 1:
         raise ConfigError(f"latency_budget is a fraction of a tick in [0, 1], got {config.latency_budget}")
     for key in ("control_hz", "max_episode_steps"):

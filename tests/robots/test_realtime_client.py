@@ -170,3 +170,26 @@ def test_a_served_flow_policy_answers_chunks_that_agree_with_what_the_robot_stil
     lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     # every guided answer was asked for with a logged delay (an episode's last query may go unanswered)
     assert len(guided) <= sum("rtc_delay" in line for line in lines) <= len(guided) + len(summary["episodes"])
+
+
+def test_an_injected_delay_holds_each_answer_back_and_sets_the_chunking_delay(tmp_path):
+    """`inject_delay_ticks=2` on the simulated pendulum: no answer acts before two ticks after its
+    query, and real-time chunking's queries say so."""
+    robot = pendulum_robot()
+    server, shutdown = start(Recorder(robot.spec.action_dim), spec=robot.spec)
+    try:
+        broker = BrokerConfig(execute_steps=2, realtime=True)
+        config = client_config(
+            server.endpoint, tmp_path, episodes=2, control_hz=50.0, inject_delay_ticks=2, broker=broker
+        )
+        connection = PolicyClient(server.endpoint, robot.spec, request_timeout_s=1.0)
+        summary = RobotClient(robot, connection, config, tmp_path).run()
+    finally:
+        shutdown()
+    lines = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    handoffs = [line["handoff_ticks"] for line in lines if "handoff_ticks" in line]
+    delays = [line["rtc_delay"] for line in lines if "rtc_delay" in line]
+    assert handoffs and min(handoffs) >= 2 and delays and set(delays) == {2}, (handoffs, delays)
+    assert summary["skipped_actions"] >= 2 * len(handoffs)  # the first two of every answer never act
+    with pytest.raises(ConfigError, match="inject_delay_ticks must be >= 0"):
+        check_client_config(client_config(server.endpoint, tmp_path, inject_delay_ticks=-1))
