@@ -59,9 +59,13 @@ class ChunkBroker:
         while self.chunks and self.chunks[0][0] + self.chunk_size <= now_tick:
             self.chunks.popleft()
 
+    def _live(self, tick: int) -> list[tuple[int, np.ndarray]]:
+        """The chunks that have an action for `tick`, oldest first."""
+        return [(start, actions) for start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
+
     def action(self, tick: int) -> np.ndarray | None:
         """The action for `tick`, or None when no chunk covers it (the watchdog's business)."""
-        live = [(start, actions) for start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
+        live = self._live(tick)
         if not live:
             return None
         if self.mode == "chunk":
@@ -73,7 +77,7 @@ class ChunkBroker:
 
     def pending(self, tick: int) -> np.ndarray | None:
         """The newest chunk's actions from `tick` on (P, A), or None when no chunk covers it."""
-        live = [(start, actions) for start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
+        live = self._live(tick)
         if not live:
             return None
         start, actions = live[-1]

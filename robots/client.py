@@ -491,9 +491,9 @@ class RobotClient:
     def _accept(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
         self.broker.add(reply.actions, reply.tick, tick)
-        entry["handoff_ticks"] = tick - reply.tick
+        entry["handoff_ticks"] = handoff = tick - reply.tick  # the answer's actions for earlier ticks are skipped
+        self.handoffs.append(handoff)
         self.round_trip_ms.append(reply.round_trip_ms)
-        self.handoffs.append(tick - reply.tick)  # the answer's actions for earlier ticks are skipped
         if "server_ms" in reply.timing:
             self.server_ms.append(reply.timing["server_ms"])
         entry.update(round_trip_ms=reply.round_trip_ms, policy_version=reply.policy_version, **reply.timing)

@@ -186,15 +186,6 @@ def by_name(state: dict, names: list[str]) -> dict:
     }
 
 
-def by_index(state: dict, names: list[str]) -> dict:
-    """An optimizer state dict keyed by parameter name -> keyed by parameter index."""
-    index = {name: i for i, name in enumerate(names)}
-    return {
-        "state": {index[name]: value for name, value in state["state"].items()},
-        "param_groups": [{**group, "params": [index[n] for n in group["params"]]} for group in state["param_groups"]],
-    }
-
-
 def full_weights(policy: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The whole state dict, gathered on rank 0 (on the CPU); other ranks get {}. Every rank
     must call it."""

@@ -183,13 +183,11 @@ def numpy_infer(run: RunPolicy, deterministic: bool = True, seed: int = 0) -> Ca
 
     @torch.no_grad()
     def infer(observation: Observation, prefix: ChunkPrefix | None = None) -> np.ndarray:
-        torch_observation = observation.to_torch(policy.device)
-        if prefix is None:
-            chunk = policy.act(torch_observation, deterministic=deterministic, generator=generator)
-        else:
-            actions = torch.as_tensor(prefix.actions, device=policy.device)
-            pending = ChunkPrefix(actions, prefix.delay, prefix.pending)
-            chunk = policy.act(torch_observation, deterministic=deterministic, generator=generator, prefix=pending)
+        # only a policy that accepts_prefix takes the keyword
+        guided = {} if prefix is None else {"prefix": prefix}
+        chunk = policy.act(
+            observation.to_torch(policy.device), deterministic=deterministic, generator=generator, **guided
+        )
         return np.clip(chunk.actions.float().cpu().numpy(), low, high)
 
     return infer

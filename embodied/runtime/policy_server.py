@@ -92,19 +92,19 @@ class Request:
     tick: int
     observation: Observation
     received: float
-    prefix: ChunkPrefix | None = None  # real-time chunking: the pending actions (1, P, A) and the delay
+    pending: np.ndarray | None = None  # real-time chunking: the pending actions (P, A)
+    delay: int = 0  # and the ticks until this answer takes over
 
 
 def padded_prefix(batch: list[Request]) -> ChunkPrefix:
     """The requests' pending actions as one batch: each row padded with its last action to the
     longest, with its own count and delay."""
-    pending = [r.prefix.actions[0] for r in batch]
-    longest = max(len(actions) for actions in pending)
-    rows = [np.concatenate([actions, np.repeat(actions[-1:], longest - len(actions), 0)]) for actions in pending]
+    longest = max(len(r.pending) for r in batch)
+    rows = [np.concatenate([r.pending, np.repeat(r.pending[-1:], longest - len(r.pending), 0)]) for r in batch]
     return ChunkPrefix(
         actions=np.stack(rows),
-        delay=np.array([r.prefix.delay for r in batch]),
-        pending=np.array([len(actions) for actions in pending]),
+        delay=np.array([r.delay for r in batch]),
+        pending=np.array([len(r.pending) for r in batch]),
     )
 
 
@@ -297,7 +297,7 @@ class PolicyServer:
     def _queue(self, identity: bytes, client: ClientState, message: Message, now: float) -> None:
         try:
             tick, observation = self._parse_infer(message.body)
-            prefix = self._parse_prefix(message.body)
+            pending, delay = self._parse_prefix(message.body)
         except ValueError as error:
             self.stats.malformed += 1
             self._refuse(identity, message.seq, "malformed", str(error))
@@ -306,7 +306,7 @@ class PolicyServer:
             self._refuse(identity, message.seq, "busy", "one request at a time: wait for the answer to the last one")
             return
         client.requests += 1
-        self.pending.append(Request(identity, message.seq, tick, observation, now, prefix))
+        self.pending.append(Request(identity, message.seq, tick, observation, now, pending, delay))
 
     def _parse_infer(self, body: Any) -> tuple[int, Observation]:
         if not isinstance(body, dict) or not isinstance(body.get("observation"), dict):
@@ -335,11 +335,11 @@ class PolicyServer:
             state=state[None], images={k: v[None] for k, v in images.items()}, instruction=[instruction]
         )
 
-    def _parse_prefix(self, body: dict) -> ChunkPrefix | None:
+    def _parse_prefix(self, body: dict) -> tuple[np.ndarray | None, int]:
         """Real-time chunking's pending actions (P, A), 1 <= P <= the chunk size, and the delay
-        in ticks, 0 <= delay <= P; both or neither."""
+        in ticks, 0 <= delay <= P; both or neither (None, 0)."""
         if "pending" not in body and "delay" not in body:
-            return None
+            return None, 0
         if not self.realtime:
             raise ValueError(
                 f"pending actions sent to a policy without real-time chunking "
@@ -362,7 +362,7 @@ class PolicyServer:
             )
         if not isinstance(delay, int) or isinstance(delay, bool) or not 0 <= delay <= pending.shape[0]:
             raise ValueError(f"delay must be an integer in [0, {pending.shape[0]}] (as many as pending), got {delay!r}")
-        return ChunkPrefix(actions=pending[None], delay=delay)
+        return pending, delay
 
     # ---- batching -----------------------------------------------------------------------
     def _drain(self, timeout_s: float) -> None:
@@ -395,7 +395,7 @@ class PolicyServer:
         """Answer the requests: one forward pass for those without pending actions, one for
         those with."""
         for guided in (False, True):
-            batch = [request for request in requests if (request.prefix is not None) == guided]
+            batch = [request for request in requests if (request.pending is not None) == guided]
             if batch:
                 self._answer_group(batch)
 
@@ -414,7 +414,7 @@ class PolicyServer:
         )
         expected = (len(batch), self.chunk_size, self.spec.action_dim)
         try:
-            if batch[0].prefix is None:
+            if batch[0].pending is None:
                 actions = np.asarray(self.infer(observation), dtype=np.float32)
             else:
                 actions = np.asarray(self.infer(observation, padded_prefix(batch)), dtype=np.float32)

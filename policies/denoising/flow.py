@@ -278,12 +278,11 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
         for step in range(steps):
             if guide is not None:
                 x = self._guided_step(state, x, step, *guide)
-                chain.append(x)
-                continue
-            stochastic = (sde_step_index == step) & (not deterministic)  # deterministic: the plain ODE
-            mean, std = self._transition(state, x, step, stochastic)
-            noise = torch.randn(batch, self.dim, generator=generator, device=device)
-            x = mean if deterministic or self.cfg.sampler == "ode" else mean + std * noise
+            else:
+                stochastic = (sde_step_index == step) & (not deterministic)  # deterministic: the plain ODE
+                mean, std = self._transition(state, x, step, stochastic)
+                noise = torch.randn(batch, self.dim, generator=generator, device=device)
+                x = mean if deterministic or self.cfg.sampler == "ode" else mean + std * noise
             chain.append(x)
         record = {"chain": torch.stack(chain, 1), "sde_step": sde_step_index}
         log_prob, terms = self._chain_log_prob(state, record["chain"], sde_step_index)
