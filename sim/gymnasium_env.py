@@ -13,6 +13,7 @@ from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleSt
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
+from embodied.sim.latency import LatencyConfig, with_latency
 
 
 @dataclass
@@ -26,6 +27,7 @@ class GymnasiumConfig:
     max_episode_steps: Optional[int] = None
     instruction: str = ""
     kwargs: dict = field(default_factory=dict)  # passed to gymnasium.make
+    latency: LatencyConfig = field(default_factory=LatencyConfig)  # delays between world and policy (docs/robots.md)
 
 
 class GymnasiumEnv(SingleEnv):
@@ -85,7 +87,7 @@ def make_gymnasium(
     from embodied.sim.vector import vectorize
 
     return vectorize(
-        partial(GymnasiumEnv, cfg),
+        with_latency(partial(GymnasiumEnv, cfg), cfg.latency),
         select_env_ids(cfg.num_envs, env_ids),
         cfg.num_workers,
         seed,

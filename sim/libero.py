@@ -44,6 +44,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.paths import checkout_root
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
+from embodied.sim.latency import LatencyConfig, with_latency
 
 BASE_STEP_LIMITS = {
     "libero_spatial": 220,
@@ -84,6 +85,7 @@ class LiberoConfig:
     render_size: int = 256  # frames for videos
     mujoco_gl: str = "egl"  # offscreen rendering backend: egl | osmesa
     transport: str = "zmq"
+    latency: LatencyConfig = field(default_factory=LatencyConfig)  # delays between world and policy (docs/robots.md)
 
 
 def check_config(cfg: LiberoConfig) -> None:
@@ -292,5 +294,11 @@ def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0, env_ids: Sequence
     check_config(cfg)
     config = {**asdict(cfg), "python": libero_python(cfg)}
     return vectorize(
-        partial(LiberoEnv, cfg), select_env_ids(cfg.num_envs, env_ids), cfg.num_workers, seed, stream, "zmq", config
+        with_latency(partial(LiberoEnv, cfg), cfg.latency),
+        select_env_ids(cfg.num_envs, env_ids),
+        cfg.num_workers,
+        seed,
+        stream,
+        "zmq",
+        config,
     )

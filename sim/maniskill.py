@@ -157,11 +157,12 @@ def make_maniskill(
         )
     from functools import partial
 
+    from embodied.sim.latency import with_latency
     from embodied.sim.vector import vectorize
 
     cfg = with_state_padding(cfg)
     return vectorize(
-        partial(ManiSkillEnv, cfg),
+        with_latency(partial(ManiSkillEnv, cfg), cfg.latency),
         select_env_ids(cfg.num_envs, env_ids),
         cfg.num_workers,
         seed,

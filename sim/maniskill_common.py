@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ContextManager, Iterator, Optional
 
@@ -14,6 +14,7 @@ import numpy as np
 from embodied.core.errors import ConfigError
 from embodied.core.registry import unknown_name_message
 from embodied.core.types import EnvSpec
+from embodied.sim.latency import LatencyConfig
 
 # Tasks whose assets ship inside the mani-skill wheel (others download assets at run time).
 INSTRUCTIONS = {
@@ -59,6 +60,7 @@ class ManiSkillConfig:
     render_size: int = 256  # frames for videos
     tasks: Optional[list[str]] = None  # several tasks in blocks of envs (replaces `task`; see above)
     state_dim: Optional[int] = None  # pad every state to this length (null: set for `tasks`, else unpadded)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)  # delays between world and policy (docs/robots.md)
 
 
 def check_config(cfg: ManiSkillConfig) -> None:
@@ -77,6 +79,8 @@ def check_config(cfg: ManiSkillConfig) -> None:
             raise ConfigError("env.instruction names one task's instruction; with env.tasks each task has its own")
     if cfg.obs_mode not in OBS_MODES:
         raise ConfigError(f"env.obs_mode must be one of {OBS_MODES}, got '{cfg.obs_mode}'")
+    if cfg.backend != "cpu" and LatencyConfig.from_value(cfg.latency).active:
+        raise ConfigError("env.latency delays the cpu backend's single envs; it is not built for a batched backend")
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
     if cfg.backend == "cpu_batched" and cfg.num_envs != 1:

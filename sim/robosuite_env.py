@@ -21,6 +21,7 @@ from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleSt
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
+from embodied.sim.latency import LatencyConfig, with_latency
 
 INSTRUCTIONS = {
     "Lift": "lift the cube",
@@ -52,6 +53,7 @@ class RobosuiteConfig:
     render_size: int = 256
     mujoco_gl: str = "egl"  # offscreen rendering backend for rgb and videos: egl | osmesa
     instruction: Optional[str] = None
+    latency: LatencyConfig = field(default_factory=LatencyConfig)  # delays between world and policy (docs/robots.md)
 
 
 def check_config(cfg: RobosuiteConfig) -> None:
@@ -146,7 +148,7 @@ def make_robosuite(
 
     check_config(cfg)
     return vectorize(
-        partial(RobosuiteEnv, cfg),
+        with_latency(partial(RobosuiteEnv, cfg), cfg.latency),
         select_env_ids(cfg.num_envs, env_ids),
         cfg.num_workers,
         seed,

@@ -23,6 +23,7 @@ from embodied.core.env import SingleEnv
 from embodied.core.protocol import PROTOCOL_VERSION, Message, ProtocolError, error_message, hello_mismatch, plain
 from embodied.core.registry import load, unknown_name_message
 from embodied.core.sockets import connect, receive, send
+from embodied.sim.latency import LatencyConfig, with_latency
 from embodied.sim.worker_envs import WorkerEnvs, run_command
 
 # The single envs a worker can run: env name -> (its env class, its config schema), named
@@ -42,7 +43,9 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
     if name not in WORKER_ENVS:
         raise ValueError(unknown_name_message("env worker", name, sorted(WORKER_ENVS)))
     env_class, schema = (load(target) for target in WORKER_ENVS[name])
-    return partial(env_class, schema(**env_config))
+    fields = {**env_config, "latency": LatencyConfig.from_value(env_config.get("latency"))}
+    config = schema(**fields)
+    return with_latency(partial(env_class, config), config.latency)
 
 
 def serve(
