@@ -12,6 +12,9 @@ to a policy server, which answers with a float32 50x7 action chunk.
              connect, then per message unpack, call the policy, send back the packed actions.
              Like openpi's reference server it calls the policy synchronously inside the
              connection handler, so several clients are served one request at a time.
+    bridge   openpi-client's `WebsocketClientPolicy` against `embodied serve`'s openpi endpoint
+             (`openpi.port`): each websocket bridged to our policy server, which batches them;
+             the goal is a round trip within 1.2x of openpi's client against openpi's server.
 
 Three models, the same for both servers: `transport only` (zeros, instantly: the round trip
 is the protocol's overhead), `10 ms model` (each forward pass sleeps 10 ms whatever its batch
@@ -48,7 +51,7 @@ IMAGES = ("base", "wrist")
 IMAGE_SHAPE = (224, 224, 3)
 STATE_DIM, CHUNK, ACTION_DIM = 8, 50, 7
 INSTRUCTION = "put the red block in the bowl"
-PROTOCOLS = ("ours", "openpi")
+PROTOCOLS = ("ours", "openpi", "bridge")
 # The model behind both servers. Fixed costs (milliseconds per forward pass, whatever the
 # batch): "transport only" answers zeros at once, "10 ms model" waits 10 ms. "CPU network" is a
 # real forward pass whose cost grows with the batch (`PolicyNetwork`), so it has no fixed cost.
@@ -126,7 +129,14 @@ def make_model(model: str):
 
 
 # ---- servers (each in its own process) -----------------------------------------------------
-def serve_ours(model: str, address: Any, stop: Any) -> None:
+# openpi-client's observation here (`observation_arrays`) onto the served env, for the bridge
+BRIDGE_OBSERVATION = "state=state,images/base=image:base,images/wrist=image:wrist,prompt=instruction"
+
+
+def serve_ours(model: str, address: Any, stop: Any, openpi_endpoint: bool = False) -> None:
+    """Our policy server; with `openpi_endpoint`, its openpi endpoint too, whose port is put
+    in `address` instead of the server's endpoint (the bridge's clients speak openpi)."""
+    from embodied.runtime.openpi_endpoint import OpenpiConfig, OpenpiEndpoint
     from embodied.runtime.policy_server import PolicyServer, ServeConfig
 
     forward = make_model(model)
@@ -140,11 +150,21 @@ def serve_ours(model: str, address: Any, stop: Any) -> None:
         {"policy": "zeros", "chunk_size": CHUNK},
         ServeConfig(endpoint="tcp://127.0.0.1:*", stats_every_s=0, max_clients=64, max_batch=64),
     )
-    address.put(server.endpoint)
+    openpi = None
+    if openpi_endpoint:
+        config = OpenpiConfig(port=0, observation=BRIDGE_OBSERVATION, request_timeout_s=120.0)
+        openpi = OpenpiEndpoint(config, env_spec(), server.metadata, server.endpoint)
+    address.put(server.endpoint if openpi is None else openpi.port)
     try:
         server.serve_forever(stop.is_set)
     finally:
+        if openpi is not None:
+            openpi.close()
         server.close()
+
+
+def serve_bridge(model: str, address: Any, stop: Any) -> None:
+    serve_ours(model, address, stop, openpi_endpoint=True)
 
 
 async def openpi_server(model: str, address: Any, stop: Any) -> None:
@@ -241,7 +261,7 @@ def run_client(
     protocol: str, address: Any, seed: int, ready: Any, go: Any, window: Any, latencies: list[float], errors: list[str]
 ) -> None:
     try:
-        client = (OursClient if protocol == "ours" else OpenpiClient)(address, seed)
+        client = (OursClient if protocol == "ours" else OpenpiClient)(address, seed)  # the bridge speaks openpi
         for _ in range(WARMUP_REQUESTS):
             assert client.round_trip().shape == (CHUNK, ACTION_DIM)
         ready.put("ready")
@@ -282,9 +302,8 @@ def measure(protocol: str, model: str, clients: int, args: argparse.Namespace) -
     """The round trips (ms) of every reply that arrived inside the window."""
     context = multiprocessing.get_context("spawn")
     stop, address_queue = context.Event(), context.Queue()
-    server = context.Process(
-        target=serve_ours if protocol == "ours" else serve_openpi, args=(model, address_queue, stop), daemon=True
-    )
+    target = {"ours": serve_ours, "openpi": serve_openpi, "bridge": serve_bridge}[protocol]
+    server = context.Process(target=target, args=(model, address_queue, stop), daemon=True)
     server.start()
     procs: list[Any] = []
     try:
@@ -476,9 +495,10 @@ def main() -> None:
     throughput = {
         model: {
             str(n): {
-                "ours": best[(model, "ours", n)],
-                "openpi": best[(model, "openpi", n)],
+                **{protocol: best[(model, protocol, n)] for protocol in PROTOCOLS},
                 "ratio": best[(model, "ours", n)]["replies_per_s"] / best[(model, "openpi", n)]["replies_per_s"],
+                "bridge_ratio": best[(model, "bridge", n)]["replies_per_s"]
+                / best[(model, "openpi", n)]["replies_per_s"],
             }
             for n in args.clients
         }
@@ -505,6 +525,14 @@ def main() -> None:
             }
             for model, model_ms in MODELS.items()
             if model_ms is not None
+        },
+        "bridge_1_client": {  # openpi's client against embodied serve, over openpi's own pair
+            model: {
+                "p50_ratio": latency[model]["bridge"]["p50_ms"] / latency[model]["openpi"]["p50_ms"],
+                "goal": "<= 1.2",
+                "met": latency[model]["bridge"]["p50_ms"] / latency[model]["openpi"]["p50_ms"] <= 1.2,
+            }
+            for model in MODELS
         },
     }
     state, images = observation_arrays(0)

@@ -10,7 +10,14 @@ from typing import Any
 
 import numpy as np
 
-PROTOCOLS = ("ours", "openpi")  # the two compared, ours first
+# ours first; the bridge (openpi's client against embodied serve) is missing from older results
+PROTOCOLS = ("ours", "openpi", "bridge")
+COLORS = {"ours": "tab:blue", "openpi": "tab:orange", "bridge": "tab:green"}
+
+
+def measured(results: dict[str, Any]) -> list[str]:
+    first = next(iter(results["latency_1_client"].values()))
+    return [protocol for protocol in PROTOCOLS if protocol in first]
 
 
 def write(results_dir: Path, results: dict[str, Any]) -> list[str]:
@@ -28,26 +35,28 @@ def plot(path: Path, results: dict[str, Any], client_counts: list[int]) -> None:
     import matplotlib.pyplot as plt
 
     models = results["setup"]["model_ms"]
-    colors = {"ours": "tab:blue", "openpi": "tab:orange"}
+    protocols = measured(results)
     fig, axes = plt.subplots(1, 1 + len(models), figsize=(4.4 * (1 + len(models)), 3.6))
     one = results["latency_1_client"]
     labels = [f"{model}\n{stat}" for model in models for stat in ("p50", "p99")]
     x = np.arange(len(labels))
-    for offset, protocol in ((-0.2, "ours"), (0.2, "openpi")):
+    width = 0.8 / len(protocols)
+    for k, protocol in enumerate(protocols):
+        offset = (k - (len(protocols) - 1) / 2) * width
         values = [
             one[model][protocol][f"{stat}_ms"] - (model_ms or 0.0)
             for model, model_ms in models.items()
             for stat in ("p50", "p99")
         ]
-        axes[0].bar(x + offset, values, 0.4, label=protocol, color=colors[protocol])
+        axes[0].bar(x + offset, values, width, label=protocol, color=COLORS[protocol])
     axes[0].set_xticks(x, labels, fontsize=8)
     axes[0].set_ylabel("round trip minus fixed model cost (ms)")
     axes[0].set_title("overhead, 1 client")
     axes[0].legend()
     for ax, model in zip(axes[1:], models):
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             rates = [results["throughput"][model][str(n)][protocol]["replies_per_s"] for n in client_counts]
-            ax.plot(client_counts, rates, "o-", label=protocol, color=colors[protocol])
+            ax.plot(client_counts, rates, "o-", label=protocol, color=COLORS[protocol])
         ratio = results["throughput"][model][str(client_counts[-1])]["ratio"]
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -67,6 +76,8 @@ def report(results: dict[str, Any]) -> list[str]:
     setup = results["setup"]
     models, state_dim, (chunk, action_dim) = setup["model_ms"], setup["state_dim"], setup["chunk"]
     image_shape, images = "x".join(map(str, setup["image_shape"])), ", ".join(setup["images"])
+    protocols = measured(results)
+    bridge = "bridge" in protocols
     lines = [
         f"# Robot <-> policy server: ours vs the openpi client protocol, loopback, {os.cpu_count()} cores",
         "",
@@ -102,6 +113,16 @@ def report(results: dict[str, Any]) -> list[str]:
         "through a strided convolution stack, the state beside, an MLP to the chunk; torch on one thread), "
         "whose cost grows with the batch as a real model's does on a CPU; the server's process and the "
         "clients' share this machine's cores. Ours answers up to 64 requests per forward pass; openpi one.",
+        *(
+            [
+                "- **bridge**: the same openpi-client against `embodied serve`'s openpi endpoint (`openpi.port`, "
+                "`embodied/runtime/openpi_endpoint.py`): a websocket server in the policy server's process whose "
+                "every connection is one more client of our policy server over loopback ZeroMQ, so its requests "
+                "are batched with the others'. One hop more than openpi's own pair: the question is what it costs."
+            ]
+            if bridge
+            else []
+        ),
         f"- **lerobot gRPC async inference**: {results['lerobot']}.",
         "",
         "## Latency at 1 client (ms)",
@@ -110,7 +131,7 @@ def report(results: dict[str, Any]) -> list[str]:
         "| --- | --- | ---: | ---: | ---: | ---: |",
     ]
     for model, model_ms in models.items():
-        for protocol in PROTOCOLS:
+        for protocol in protocols:
             row = one[model][protocol]
             overhead = "n/a" if model_ms is None else f"{row['p50_ms'] - model_ms:.2f}"  # no fixed cost to subtract
             lines.append(
@@ -121,18 +142,26 @@ def report(results: dict[str, Any]) -> list[str]:
         "",
         "## Throughput (replies/s, all clients together)",
         "",
-        "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | clients | ours | openpi | ours / openpi | ours p50 / p99 ms | openpi p50 / p99 ms |"
+        + (" bridge | bridge / openpi | bridge p50 / p99 ms |" if bridge else ""),
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: | ---: | ---: |" if bridge else ""),
     ]
     for model in models:
         for n in counts:
             point = through[model][str(n)]
             ours, theirs = point["ours"], point["openpi"]
-            lines.append(
+            row = (
                 f"| {model} | {n} | {ours['replies_per_s']:.0f} | {theirs['replies_per_s']:.0f} | "
                 f"**{point['ratio']:.2f}x** | {ours['p50_ms']:.1f} / {ours['p99_ms']:.1f} | "
                 f"{theirs['p50_ms']:.1f} / {theirs['p99_ms']:.1f} |"
             )
+            if bridge:
+                ours_bridged = point["bridge"]
+                row += (
+                    f" {ours_bridged['replies_per_s']:.0f} | {point['bridge_ratio']:.2f}x | "
+                    f"{ours_bridged['p50_ms']:.1f} / {ours_bridged['p99_ms']:.1f} |"
+                )
+            lines.append(row)
     floor = results["ours_floor"]
     bare_ratio = floor["bare_zeromq_p50_ms"] / one["transport only"]["openpi"]["p50_ms"]
     lines += [
@@ -169,4 +198,15 @@ def report(results: dict[str, Any]) -> list[str]:
         f"per-call overheads; measured, ours / openpi at {counts[-1]} clients = "
         f"{through['CPU network'][str(counts[-1])]['ratio']:.2f}x.",
     ]
+    if bridge:
+        ratios = goals["bridge_1_client"]
+        lines.append(
+            "- openpi's client against `embodied serve` (the bridge) within 1.2x of openpi's own pair, round trip "
+            "p50 at 1 client: "
+            + "; ".join(
+                f"{model} {value['p50_ratio']:.2f}x (**{'met' if value['met'] else 'not met'}**)"
+                for model, value in ratios.items()
+            )
+            + "."
+        )
     return lines
