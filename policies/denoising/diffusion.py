@@ -39,7 +39,7 @@ from torch.func import functional_call
 from embodied.core.errors import ConfigError
 from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
-from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.core.types import ActionChunk, ChunkPrefix, EnvSpec, Observation
 from embodied.policies.denoising.common import (
     HALF_LOG_2PI,
     from_unit,
@@ -49,6 +49,7 @@ from embodied.policies.denoising.common import (
     time_frequencies,
     to_unit,
 )
+from embodied.policies.denoising.realtime import SCHEDULES, guided_noise, prefix_target
 from embodied.policies.gaussian.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -84,6 +85,11 @@ class DiffusionPolicyConfig:
     latent_actor: bool = False
     latent_hidden: list[int] = field(default_factory=lambda: [256, 256])
     latent_bound: float = 1.5
+    # Real-time chunking (policies/denoising/realtime.py), where a chunk is asked for with the
+    # actions still pending from the last one: the cap on the guidance weight and the decay of
+    # the weights over the overlap after the delay (exp or linear)
+    rtc_beta: float = 5.0
+    rtc_schedule: str = "exp"
 
 
 class MLPDenoiser(nn.Module):
@@ -153,6 +159,11 @@ def check_config(cfg: DiffusionPolicyConfig) -> None:
         raise ConfigError(f"policy.ddim_eta must be >= 0, got {cfg.ddim_eta}")
     if cfg.log_prob_reduction not in ("sum", "mean"):
         raise ConfigError(f"policy.log_prob_reduction must be 'sum' or 'mean', got '{cfg.log_prob_reduction}'")
+    if cfg.rtc_beta < 0 or cfg.rtc_schedule not in SCHEDULES:
+        raise ConfigError(
+            f"policy.rtc_beta must be >= 0 and policy.rtc_schedule one of {SCHEDULES}, "
+            f"got {cfg.rtc_beta} and '{cfg.rtc_schedule}'"
+        )
 
 
 class DiffusionPolicy(nn.Module, NoiseSteering, Policy):
@@ -252,15 +263,31 @@ class DiffusionPolicy(nn.Module, NoiseSteering, Policy):
     # ---- the policy contract ----------------------------------------------------------------
 
     def act(
-        self, observation: Observation, deterministic: bool = False, generator: torch.Generator | None = None
+        self,
+        observation: Observation,
+        deterministic: bool = False,
+        generator: torch.Generator | None = None,
+        prefix: ChunkPrefix | None = None,
     ) -> ActionChunk:
+        """`prefix`: sample the chunk by real-time chunking to agree with the actions still
+        pending from the last one (deterministic: each step's guided mean)."""
         state = self._state(observation)
+        if prefix is not None and not self.accepts_prefix(deterministic):
+            raise ValueError(
+                "real-time chunking guides the denoising means: ask for deterministic chunks, without DSRL's "
+                "latent actor"
+            )
         if self.latent_actor is not None:
             return self._act_from_latent(state, deterministic, generator)
         batch, device = state.shape[0], state.device
+        guide = self._prefix_guide(prefix, batch) if prefix is not None else None
         x = torch.randn(batch, self.dim, generator=generator, device=device)
         chain = [x]
         for step in range(self.cfg.denoise_steps):
+            if guide is not None:
+                x = self._mean(x, self._guided_eps(state, x, step, *guide), step)
+                chain.append(x)
+                continue
             mean, std = self._transition(state, x, step)
             x = mean if deterministic else mean + std * torch.randn(batch, self.dim, generator=generator, device=device)
             chain.append(x)
@@ -276,6 +303,39 @@ class DiffusionPolicy(nn.Module, NoiseSteering, Policy):
     def _actions(self, x0: torch.Tensor) -> torch.Tensor:
         """The first C of the H denoised actions, in the env's units."""
         return from_unit(x0.view(-1, self.cfg.horizon, self.spec.action_dim)[:, : self.chunk_size], self.low, self.high)
+
+    # ---- real-time chunking ------------------------------------------------------------------
+    def accepts_prefix(self, deterministic: bool) -> bool:
+        """Whether `act` takes real-time chunking's pending actions: deterministic chunks
+        (the guided means), not through DSRL's latent actor."""
+        return self.latent_actor is None and deterministic
+
+    def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pending actions as a target chunk and its weights (`realtime.prefix_target`)."""
+        return prefix_target(
+            prefix,
+            batch,
+            self.cfg.horizon,
+            self.spec.action_dim,
+            self.cfg.rtc_schedule,
+            self._chunk_vector,
+            self.low.device,
+        )
+
+    # The guided chain's log_prob is computed by `act` under the unguided transitions: it means
+    # nothing, and nothing reads it (guided chunks are served, not trained on).
+    def _guided_eps(
+        self, state: torch.Tensor, x: torch.Tensor, step: int, target: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
+        """The step's predicted noise with real-time chunking's guidance."""
+        return guided_noise(
+            lambda point: self._eps(state, point, step),
+            x,
+            float(self.abar_step[step]),
+            target,
+            weights,
+            self.cfg.rtc_beta,
+        )
 
     # ---- DSRL (NoiseSteering): the frozen sampler steered through its initial noise ----------
     def _deterministic_step(self, context: torch.Tensor, x: torch.Tensor, step: int) -> torch.Tensor:

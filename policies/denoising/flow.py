@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -48,7 +47,7 @@ from embodied.policies.denoising.common import (
     time_frequencies,
     to_unit,
 )
-from embodied.policies.denoising.realtime import SCHEDULES, guided_velocity, prefix_weights
+from embodied.policies.denoising.realtime import SCHEDULES, guided_velocity, prefix_target
 from embodied.policies.gaussian.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -297,30 +296,17 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
         return self.latent_actor is None and (deterministic or self.cfg.sampler == "ode")
 
     def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pending actions as a target chunk (B, D) in the model's units, and their weights
-        (B, D), row by row: zero on padding (of the row's pending actions, of the horizon, of
-        pi0's wider actions)."""
-        actions = torch.as_tensor(prefix.actions, dtype=torch.float32, device=self.low.device)
-        if actions.ndim != 3 or actions.shape[0] != batch or actions.shape[2] != self.spec.action_dim:
-            raise ValueError(
-                f"pending actions must be (batch={batch}, P >= 1, action_dim={self.spec.action_dim}), "
-                f"got {tuple(actions.shape)}"
-            )
-        horizon = self.cfg.horizon
-        width = min(actions.shape[1], horizon)
-        if width < 1:
-            raise ValueError("real-time chunking needs at least one pending action")
-        pending = np.broadcast_to(width if prefix.pending is None else np.asarray(prefix.pending), (batch,))
-        delay = np.broadcast_to(np.asarray(prefix.delay), (batch,))
-        per_action = torch.stack(
-            [
-                prefix_weights(horizon, min(int(p), horizon), min(int(d), horizon), self.cfg.rtc_schedule)
-                for p, d in zip(pending, delay)
-            ]
-        ).to(actions.device)
-        weights = per_action[:, :, None].expand(batch, horizon, self.action_width).clone()
-        weights[:, :, self.spec.action_dim :] = 0.0
-        return self._chunk_vector(actions[:, :width]), weights.flatten(1)
+        """The pending actions as a target chunk and its weights (`realtime.prefix_target`)."""
+        return prefix_target(
+            prefix,
+            batch,
+            self.cfg.horizon,
+            self.spec.action_dim,
+            self.cfg.rtc_schedule,
+            self._chunk_vector,
+            self.low.device,
+            self.action_width,
+        )
 
     # The guided chain's log_prob is computed by `_act_on` under the unguided transitions: it
     # means nothing, and nothing reads it (guided chunks are served, not trained on).

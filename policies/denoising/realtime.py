@@ -15,15 +15,26 @@ previous chunk's remaining actions (padded to the horizon) and W the per-action 
 
 which is the paper's Pi-GDM guidance with its time running the other way (tau = 1 - t). The
 product is computed exactly, through the velocity field, as the paper does; `beta` caps the
-guidance where w(t) blows up (t near 0 or 1)."""
+guidance where w(t) blows up (t near 0 or 1).
+
+A diffusion policy (x = sqrt(abar) x0 + sqrt(1 - abar) eps, epsilon prediction) is guided the
+same way: x / (a + b), with a = sqrt(abar) and b = sqrt(1 - abar), is the flow's point at the
+time of the same signal-to-noise ratio, s = b / (a + b). The flow's correction moves x0_hat by
+s w(s) (a + b) g = b w(s) g (g now through x0_hat = (x - b eps) / a), which the noise
+prediction carries as
+
+    eps' = eps - a w(s) g."""
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
+import numpy as np
 import torch
 
 from embodied.core.errors import ConfigError
+from embodied.core.types import ChunkPrefix
 
 SCHEDULES = ("exp", "linear")
 
@@ -66,3 +77,55 @@ def guided_velocity(
         x0_hat = x - t * velocity
         (correction,) = torch.autograd.grad(x0_hat, x, grad_outputs=weights * (target - x0_hat.detach()))
     return velocity.detach() - guidance_weight(t, beta) * correction
+
+
+def guided_noise(
+    noise_at: Callable[[torch.Tensor], torch.Tensor],
+    x: torch.Tensor,
+    abar: float,
+    target: torch.Tensor,
+    weights: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """eps' at (x, abar) of the module docstring: `noise_at(x)` is the model's predicted noise
+    (B, D) there; `target` and `weights` as for `guided_velocity`."""
+    a, b = math.sqrt(abar), math.sqrt(1.0 - abar)
+    with torch.enable_grad():
+        x = x.detach().requires_grad_(True)
+        noise = noise_at(x)
+        x0_hat = (x - b * noise) / a
+        (correction,) = torch.autograd.grad(x0_hat, x, grad_outputs=weights * (target - x0_hat.detach()))
+    return noise.detach() - a * guidance_weight(b / (a + b), beta) * correction
+
+
+def prefix_target(
+    prefix: ChunkPrefix,
+    batch: int,
+    horizon: int,
+    action_dim: int,
+    schedule: str,
+    chunk_vector: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+    action_width: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pending actions as a target chunk (B, D) in a policy's units (`chunk_vector` maps
+    actions (B, P, A) there, padding to the horizon), and their weights (B, D), row by row:
+    zero on padding (of the row's pending actions, of the horizon, of an action wider than
+    the env's, `action_width`)."""
+    actions = torch.as_tensor(prefix.actions, dtype=torch.float32, device=device)
+    if actions.ndim != 3 or actions.shape[0] != batch or actions.shape[2] != action_dim:
+        raise ValueError(
+            f"pending actions must be (batch={batch}, P >= 1, action_dim={action_dim}), got {tuple(actions.shape)}"
+        )
+    width = min(actions.shape[1], horizon)
+    if width < 1:
+        raise ValueError("real-time chunking needs at least one pending action")
+    pending = np.broadcast_to(width if prefix.pending is None else np.asarray(prefix.pending), (batch,))
+    delay = np.broadcast_to(np.asarray(prefix.delay), (batch,))
+    per_action = torch.stack(
+        [prefix_weights(horizon, min(int(p), horizon), min(int(d), horizon), schedule) for p, d in zip(pending, delay)]
+    ).to(device)
+    action_width = action_width or action_dim
+    weights = per_action[:, :, None].expand(batch, horizon, action_width).clone()
+    weights[:, :, action_dim:] = 0.0
+    return chunk_vector(actions[:, :width]), weights.flatten(1)

@@ -1,6 +1,7 @@
-"""Real-time chunking: the soft mask and guidance weight written out, the guided velocity
-against its closed form on a linear field, and flow policies (the state flow, the tiny pi0)
-sampling chunks that agree with the actions still pending."""
+"""Real-time chunking: the soft mask and guidance weight written out, the guided velocity and
+the guided noise against their closed forms on a linear field (and against each other), and
+flow and diffusion policies (the state flow, the tiny pi0, DDIM and DDPM) sampling chunks that
+agree with the actions still pending."""
 
 import math
 
@@ -10,8 +11,9 @@ import torch
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import ChunkPrefix, EnvSpec, Observation
+from embodied.policies.denoising.diffusion import DiffusionPolicy, DiffusionPolicyConfig
 from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
-from embodied.policies.denoising.realtime import guidance_weight, guided_velocity, prefix_weights
+from embodied.policies.denoising.realtime import guidance_weight, guided_noise, guided_velocity, prefix_weights
 from tests.policies.tiny import tiny_pi0
 
 SPEC = EnvSpec(state_dim=4, action_dim=2, action_low=(-1.0, -2.0), action_high=(1.0, 2.0))
@@ -118,3 +120,67 @@ def test_pi0_samples_guided_chunks_through_its_action_expert():
     plain = chunk(policy, observation)
     guided = chunk(policy, observation, ChunkPrefix(actions=pending, delay=2))
     assert (guided[:, :2] - pending[:, :2]).abs().max() < (plain[:, :2] - pending[:, :2]).abs().max() / 3
+
+
+def test_the_guided_noise_is_the_closed_form_on_a_linear_field():
+    """eps(x) = A x + b: x0_hat = (x - sqrt(1 - abar) eps) / sqrt(abar), its Jacobian
+    (I - sqrt(1 - abar) A) / sqrt(abar); eps' = eps - sqrt(abar) w(s) (W * (Y - x0_hat)) J."""
+    torch.manual_seed(1)
+    a_matrix, bias = torch.randn(6, 6, dtype=torch.float64) * 0.3, torch.randn(6, dtype=torch.float64)
+    x, target = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    weights = torch.rand(3, 6, dtype=torch.float64)
+    abar, beta = 0.6, 5.0
+    got = guided_noise(lambda point: point @ a_matrix.T + bias, x, abar, target, weights, beta)
+    a, b = math.sqrt(abar), math.sqrt(1 - abar)
+    noise = x @ a_matrix.T + bias
+    jacobian = (torch.eye(6, dtype=torch.float64) - b * a_matrix) / a
+    correction = (weights * (target - (x - b * noise) / a)) @ jacobian
+    torch.testing.assert_close(got, noise - a * guidance_weight(b / (a + b), beta) * correction)
+
+
+@pytest.mark.parametrize("abar", [0.05, 0.5, 0.97])
+def test_the_guided_noise_moves_the_clean_estimate_as_the_flow_guidance_does_at_the_same_noise_level(abar):
+    """The diffusion point x is the flow's point y = x / (a + b) at s = b / (a + b), whose velocity
+    is (y - x0_hat) / s: both guidances give the same corrected estimate of the clean chunk."""
+    torch.manual_seed(2)
+    a_matrix, bias = torch.randn(6, 6, dtype=torch.float64) * 0.3, torch.randn(6, dtype=torch.float64)
+    x, target = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    weights = torch.rand(3, 6, dtype=torch.float64)
+    a, b = math.sqrt(abar), math.sqrt(1 - abar)
+    s = b / (a + b)
+
+    def noise_at(point):
+        return torch.tanh(point @ a_matrix.T + bias)  # not linear: the Jacobians must agree too
+
+    def velocity_at(point):
+        return (point - (point * (a + b) - b * noise_at(point * (a + b))) / a) / s
+
+    guided_eps = guided_noise(noise_at, x, abar, target, weights, 50.0)
+    y = x / (a + b)
+    guided_v = guided_velocity(velocity_at, y, s, target, weights, 50.0)
+    torch.testing.assert_close((x - b * guided_eps) / a, y - s * guided_v)
+
+
+def diffusion(**settings) -> DiffusionPolicy:
+    torch.manual_seed(0)
+    config = dict(horizon=8, chunk_size=8, scheduler="ddim", ddim_eta=0.0, hidden=[32, 32], critic_hidden=[8])
+    return DiffusionPolicy(DiffusionPolicyConfig(**{**config, **settings}), SPEC)
+
+
+@pytest.mark.parametrize("scheduler", ["ddim", "ddpm"])
+def test_a_guided_diffusion_chunk_agrees_with_the_pending_actions_where_they_execute(scheduler):
+    policy = diffusion(scheduler=scheduler)
+    observation = Observation(state=torch.randn(5, 4))
+    pending = torch.stack([torch.linspace(-0.8, 0.8, 6), torch.linspace(1.5, -1.5, 6)], -1).expand(5, 6, 2)
+    plain = chunk(policy, observation)
+    guided = chunk(policy, observation, ChunkPrefix(actions=pending, delay=3))
+    held_plain = (plain[:, :3] - pending[:, :3]).abs().max()
+    held_guided = (guided[:, :3] - pending[:, :3]).abs().max()
+    assert held_plain > 0.5 and held_guided < held_plain / 5, (held_plain, held_guided)
+    unguided = chunk(diffusion(scheduler=scheduler, rtc_beta=0.0), observation, ChunkPrefix(actions=pending, delay=3))
+    torch.testing.assert_close(unguided, plain, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="deterministic"):
+        policy.act(observation, deterministic=False, prefix=ChunkPrefix(actions=pending, delay=3))
+    assert policy.accepts_prefix(True) and not policy.accepts_prefix(False)
+    with pytest.raises(ConfigError, match="rtc_schedule"):
+        diffusion(rtc_schedule="cosine")
