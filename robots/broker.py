@@ -2,8 +2,11 @@
 per control tick.
 
 Time is counted in control ticks. A chunk answers the observation taken at tick s: its action
-j is meant for tick s + j. So an answer that took longer than a tick to arrive starts part way
-in: the actions whose tick has passed are skipped (and counted), never executed late.
+j is meant for j ticks of motion after it. So an answer that took longer than a tick to arrive
+starts part way in: the actions for the ticks the robot executed meanwhile (from the previous
+chunk) are skipped (and counted), never executed late. Ticks on which the robot had nothing to
+execute and stood still (an episode's start, a chunk run out before the next arrived) do not
+count: the chunk starts where the robot stands.
 
 - chunk mode: the newest chunk is executed; the client asks for the next one once
   `execute_steps` (k) of the current chunk's ticks have passed, and keeps executing the rest
@@ -43,31 +46,37 @@ class ChunkBroker:
         self.execute_steps = execute_steps
         self.mode = mode
         self.ensemble_decay = ensemble_decay
-        self.chunks: collections.deque[tuple[int, np.ndarray]] = collections.deque()
-        self.skipped = 0  # chunk actions whose tick had passed when the chunk arrived
+        # (tick of the chunk's observation, tick its first kept action is for, the actions)
+        self.chunks: collections.deque[tuple[int, int, np.ndarray]] = collections.deque()
+        self.skipped = 0  # chunk actions for ticks the robot executed before the chunk arrived
+        self.acted_until = 0  # one past the last tick an action was given for
 
     def clear(self) -> None:
         """A new episode: nothing of the last one may be executed."""
         self.chunks.clear()
+        self.acted_until = 0
 
     def add(self, actions: np.ndarray, start_tick: int, now_tick: int) -> None:
         """A chunk (C, A) for the observation taken at `start_tick`, arriving at `now_tick`."""
         if start_tick > now_tick or (self.chunks and start_tick <= self.chunks[-1][0]):
             return  # from the future (a previous episode's answer) or older than one already held
-        self.chunks.append((start_tick, np.asarray(actions, dtype=np.float32)))
-        self.skipped += min(max(now_tick - start_tick, 0), self.chunk_size)
-        while self.chunks and self.chunks[0][0] + self.chunk_size <= now_tick:
+        executed = min(max(self.acted_until - start_tick, 0), now_tick - start_tick)  # ticks the robot moved
+        self.chunks.append((start_tick, now_tick - executed, np.asarray(actions, dtype=np.float32)))
+        self.skipped += min(executed, self.chunk_size)
+        while self.chunks and self.chunks[0][1] + self.chunk_size <= now_tick:
             self.chunks.popleft()
 
     def _live(self, tick: int) -> list[tuple[int, np.ndarray]]:
-        """The chunks that have an action for `tick`, oldest first."""
-        return [(start, actions) for start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
+        """The chunks that have an action for `tick` (with the tick of their first), oldest first."""
+        return [(start, actions) for _, start, actions in self.chunks if 0 <= tick - start < self.chunk_size]
 
     def action(self, tick: int) -> np.ndarray | None:
-        """The action for `tick`, or None when no chunk covers it (the watchdog's business)."""
+        """The action for `tick`, or None when no chunk covers it (the robot stands still; the
+        watchdog's business)."""
         live = self._live(tick)
         if not live:
             return None
+        self.acted_until = max(self.acted_until, tick + 1)
         if self.mode == "chunk":
             start, actions = live[-1]
             return actions[tick - start]
@@ -87,5 +96,5 @@ class ChunkBroker:
         """Whether to send a new observation at `tick` (if none is on its way already)."""
         if not self.chunks:
             return True
-        newest = self.chunks[-1][0]
+        newest = self.chunks[-1][1]
         return tick - newest >= self.execute_steps

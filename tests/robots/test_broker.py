@@ -26,9 +26,25 @@ def test_executes_k_actions_then_asks_while_finishing_the_chunk():
 def test_actions_whose_tick_passed_during_inference_are_skipped():
     broker = ChunkBroker(chunk_size=4, execute_steps=2)
     broker.add(chunk(0), start_tick=0, now_tick=0)
+    assert [broker.action(tick)[0] for tick in (0, 1, 2)] == [0, 1, 2]
     broker.add(chunk(20), start_tick=2, now_tick=3)  # asked at tick 2, answered at tick 3
     assert broker.action(3)[0] == 21  # the newest chunk's action for tick 3, not its first
     assert broker.skipped == 1
+
+
+def test_a_chunk_that_finds_the_robot_standing_still_starts_at_its_first_action():
+    """Only ticks the robot moved on are skipped: at an episode's start and after a chunk ran
+    out, the robot waited for the answer, and so did its world."""
+    broker = ChunkBroker(chunk_size=4, execute_steps=4)
+    broker.add(chunk(0), start_tick=0, now_tick=3)  # the episode's first answer, 3 ticks late
+    assert [broker.action(tick)[0] for tick in (3, 4, 5, 6)] == [0, 1, 2, 3]
+    assert broker.action(7) is None and broker.wants_query(7)
+    broker.add(chunk(20), start_tick=7, now_tick=9)  # asked when the chunk ran out (synchronous)
+    assert [broker.action(tick)[0] for tick in (9, 10, 11, 12)] == [20, 21, 22, 23]
+    # asked at tick 11 while 2 actions were left: those 2 ran, then the robot stood 1 tick
+    broker.add(chunk(40), start_tick=11, now_tick=14)
+    assert broker.action(14)[0] == 42
+    assert broker.skipped == 2
 
 
 def test_an_answer_older_than_one_held_is_ignored():

@@ -360,20 +360,25 @@ def test_with_curve_keys_only_an_authorized_robot_is_heard(tmp_path):
         shutdown()
 
 
-def test_answers_that_always_come_too_late_do_not_keep_the_watchdog_quiet(tmp_path):
+def test_answers_slower_than_a_tick_act_where_the_robot_stood_and_the_watchdog_fires_between(tmp_path):
+    """Chunks of one action, each answer 40 ms after its 10 ms tick: the robot stands still
+    while it waits, so no answer is skipped: each acts once it arrives. Between them the
+    watchdog (20 ms here) sends the safe action."""
     robot = pendulum_robot()
 
-    def slow(observation):  # 40 ms: every chunk of one action arrives after its 10 ms tick
+    def slow(observation):
         time.sleep(0.04)
         return np.zeros((observation.batch_size, 1, 1), np.float32)
 
     server, shutdown = start_server(robot.spec, 1, slow, "slow")
     try:
         config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=60, control_hz=100.0)
+        config.safety.watchdog_s = 0.02
         summary = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path).run()
     finally:
         shutdown()
-    assert summary["action_sources"]["policy"] == 0 and summary["skipped_actions"] > 5
+    assert summary["skipped_actions"] == 0 and summary["action_sources"]["policy"] > 5
+    assert summary["action_sources"]["policy"] == summary["round_trip_ms"]["n"]
     assert summary["action_sources"]["watchdog"] > 0
 
 
