@@ -350,3 +350,33 @@ def test_the_benchmarks_have_no_import_cycle():
 
     for name in sorted(graph):
         visit(name, [])
+
+
+def test_the_latency_study_measures_jumps_where_a_chunk_takes_over_across_ticks_without_a_command(tmp_path):
+    import json
+
+    import latency
+
+    client = tmp_path / "client0"
+    client.mkdir()
+    summary = {
+        "episodes": [{"success": True}, {"success": False}],
+        "overrun_ticks": 1,
+        "skipped_actions": 2,
+        "round_trip_ms": {"p50": 3.0},
+    }
+    (client / "summary.json").write_text(json.dumps(summary))
+    steps = [
+        {"episode": 0, "tick": 0, "source": "none"},
+        {"episode": 0, "tick": 1, "source": "policy", "executed_action": [0.0, 0.0], "handoff_ticks": 1},
+        {"episode": 0, "tick": 2, "source": "policy", "executed_action": [0.0, 1.0]},  # within: 1
+        {"episode": 0, "tick": 3, "source": "none"},  # waiting: the last command stands
+        {"episode": 0, "tick": 4, "source": "policy", "executed_action": [3.0, 5.0], "handoff_ticks": 2},  # 5
+        {"episode": 1, "tick": 0, "source": "policy", "executed_action": [9.0, 9.0], "handoff_ticks": 0},
+        {"episode": 1, "tick": 1, "source": "policy", "executed_action": [9.0, 6.0]},  # within: 3
+    ]
+    (client / "steps.jsonl").write_text("\n".join(json.dumps(step) for step in steps))
+    cell = latency.measure_cell([client])
+    assert cell["success"] == 0.5 and cell["episodes"] == 2
+    assert cell["boundary_jump"] == 5.0 and cell["boundaries"] == 1  # a new episode's first is no jump
+    assert cell["within_chunk_change"] == 2.0
