@@ -68,12 +68,19 @@ def generate_demos(config: DemosConfig) -> DemosResult:
 
 
 def _check(config: DemosConfig) -> None:
+    from embodied.sim.latency import LatencyConfig
+
     if not config.dataset:
         raise ConfigError("demos need dataset=<dataset folder>")
     if config.episodes < 1:
         raise ConfigError(f"episodes must be >= 1, got {config.episodes}")
     if config.env.name != "maniskill":
         raise ConfigError(f"the scripted experts drive ManiSkill envs, not env '{config.env.name}'")
+    if LatencyConfig.from_value(config.env.latency).active:
+        raise ConfigError(
+            "env.latency: a scripted expert acts on the simulator's state now, so its actions would be "
+            "recorded against delayed observations; record demos without it (train with it)"
+        )
 
 
 def _envs_and_experts(config: DemosConfig) -> tuple[list[str], list[Any], list[Any]]:

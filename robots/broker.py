@@ -66,6 +66,13 @@ class ChunkBroker:
         while self.chunks and self.chunks[0][1] + self.chunk_size <= now_tick:
             self.chunks.popleft()
 
+    def stalled(self, first: int, end: int) -> None:
+        """Ticks [first, end) the control loop fell behind on and skipped: where a chunk had
+        actions for them they count as executed, for the chunks to come as for those held."""
+        covered = [tick for tick in range(first, end) if self._live(tick)]
+        if covered:
+            self.acted_until = max(self.acted_until, covered[-1] + 1)
+
     def _live(self, tick: int) -> list[tuple[int, np.ndarray]]:
         """The chunks that have an action for `tick` (with the tick of their first), oldest first."""
         return [(start, actions) for _, start, actions in self.chunks if 0 <= tick - start < self.chunk_size]

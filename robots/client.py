@@ -302,6 +302,8 @@ class RobotClient:
             return tick, target
         missed = min(int(late // self.period), self.max_steps - tick)
         self.overrun_ticks += missed
+        assert self.broker is not None
+        self.broker.stalled(tick, tick + missed)
         entry.update(tick=tick + missed, overrun_ticks=missed)
         return tick + missed, target + missed * self.period
 
@@ -491,7 +493,9 @@ class RobotClient:
     def _accept(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
         self.broker.add(reply.actions, reply.tick, tick)
-        entry["handoff_ticks"] = handoff = tick - reply.tick  # the answer's actions for earlier ticks are skipped
+        entry["handoff_ticks"] = handoff = (
+            tick - reply.tick
+        )  # ticks since its observation (the broker skips those moved on)
         self.handoffs.append(handoff)
         self.round_trip_ms.append(reply.round_trip_ms)
         if "server_ms" in reply.timing:
@@ -503,7 +507,11 @@ class RobotClient:
     ) -> tuple[np.ndarray | None, str]:
         assert self.broker is not None
         if self.safety.estopped:
-            self.broker.clear()  # after the reset, act on a fresh observation, not a pre-stop plan
+            # after the reset, act on a fresh observation, not a pre-stop plan: nothing held,
+            # nothing on its way (a late answer would find the robot standing, and act in full)
+            self.broker.clear()
+            self.policy.cancel()
+            self.held.clear()
             return self.safety.safe_action(self._hold(), "estop"), "estop"
         action = self.broker.action(tick)
         if action is not None:

@@ -51,6 +51,9 @@ def env_config_of(cfg: SimRobotConfig) -> dict[str, Any]:
         env = OmegaConf.to_container(OmegaConf.load(config_file)).get("env")
         if not isinstance(env, dict):
             raise ConfigError(f"{config_file} has no env section")
+        # A run trained under simulated latency (env.latency): the robot is the world, whose
+        # delays are the deployment's own (the client's inject_delay_ticks for a study).
+        env.pop("latency", None)
     elif cfg.env:
         env = dict(cfg.env)
     else:

@@ -8,10 +8,12 @@ so a policy is trained and evaluated under the latency it will meet on the robot
   observation of the episode while there is no older one);
 - action delay d_a: an action is applied d_a ticks after it is given, in order. Until the first
   action of an episode arrives the robot waits: the simulator is not stepped for those d_a
-  ticks, which count as steps with reward 0, so an episode lasts up to d_a ticks longer.
+  ticks, which count as steps with reward 0 (the best reward there is in a task whose rewards
+are all negative, such as Pendulum's), so an episode lasts up to d_a ticks longer.
 
 Rewards, success and episode ends are the world's own, undelayed: they are what the learner is
-told, not what the policy sees. A delay is fixed, or drawn per episode (uniformly between a
+told, not what the policy sees (a reward classifier judges the observations the env returns,
+delayed ones included). A delay is fixed, or drawn per episode (uniformly between a
 minimum and a maximum, from the episode's seed so that runs repeat). A reset clears both queues."""
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class LatencyConfig:
         """The config from itself, its dict (an env config after a trip over the wire) or None."""
         if value is None or isinstance(value, LatencyConfig):
             return value or cls()
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"env.latency has no {unknown}; its keys: {[f.name for f in dataclasses.fields(cls)]}")
         return cls(**value)
 
 

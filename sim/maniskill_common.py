@@ -79,10 +79,10 @@ def check_config(cfg: ManiSkillConfig) -> None:
             raise ConfigError("env.instruction names one task's instruction; with env.tasks each task has its own")
     if cfg.obs_mode not in OBS_MODES:
         raise ConfigError(f"env.obs_mode must be one of {OBS_MODES}, got '{cfg.obs_mode}'")
-    if cfg.backend != "cpu" and LatencyConfig.from_value(cfg.latency).active:
-        raise ConfigError("env.latency delays the cpu backend's single envs; it is not built for a batched backend")
     if cfg.backend not in BACKENDS:
         raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)}, got '{cfg.backend}'")
+    if cfg.backend != "cpu" and LatencyConfig.from_value(cfg.latency).active:
+        raise ConfigError("env.latency delays the cpu backend's single envs; it is not built for a batched backend")
     if cfg.backend == "cpu_batched" and cfg.num_envs != 1:
         raise ConfigError(
             f"env.backend=cpu_batched holds one env (physx_cpu scenes are single), got num_envs={cfg.num_envs}"

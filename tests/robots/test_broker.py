@@ -40,11 +40,28 @@ def test_a_chunk_that_finds_the_robot_standing_still_starts_at_its_first_action(
     assert [broker.action(tick)[0] for tick in (3, 4, 5, 6)] == [0, 1, 2, 3]
     assert broker.action(7) is None and broker.wants_query(7)
     broker.add(chunk(20), start_tick=7, now_tick=9)  # asked when the chunk ran out (synchronous)
-    assert [broker.action(tick)[0] for tick in (9, 10, 11, 12)] == [20, 21, 22, 23]
-    # asked at tick 11 while 2 actions were left: those 2 ran, then the robot stood 1 tick
-    broker.add(chunk(40), start_tick=11, now_tick=14)
-    assert broker.action(14)[0] == 42
-    assert broker.skipped == 2
+    assert broker.action(9)[0] == 20 and broker.skipped == 0
+
+
+def test_a_chunk_skips_the_ticks_the_robot_moved_on_not_those_it_stood():
+    broker = ChunkBroker(chunk_size=4, execute_steps=2)
+    broker.add(chunk(20), start_tick=0, now_tick=0)
+    assert [broker.action(tick)[0] for tick in (0, 1, 2, 3)] == [20, 21, 22, 23]
+    # asked at tick 2 while 2 actions were left: those 2 ran, then the robot stood at tick 4
+    broker.add(chunk(40), start_tick=2, now_tick=5)
+    assert broker.action(5)[0] == 42 and broker.skipped == 2
+    broker.clear()  # a new episode: its first answer finds the robot standing
+    broker.add(chunk(60), start_tick=0, now_tick=3)
+    assert broker.action(3)[0] == 60 and broker.skipped == 2
+
+
+def test_ticks_the_loop_stalled_over_count_as_executed_where_a_chunk_covered_them():
+    broker = ChunkBroker(chunk_size=8, execute_steps=4)
+    broker.add(chunk(0, 8), start_tick=0, now_tick=0)
+    assert [broker.action(tick)[0] for tick in range(4)] == [0, 1, 2, 3]
+    broker.stalled(4, 7)  # the loop fell behind over ticks 4-6 (the held chunk had them)
+    broker.add(chunk(100, 8), start_tick=3, now_tick=7)  # asked at tick 3, taken at tick 7
+    assert broker.action(7)[0] == 104 and broker.skipped == 4  # the held chunk would give its 7th too
 
 
 def test_an_answer_older_than_one_held_is_ignored():

@@ -146,3 +146,42 @@ def test_a_batched_maniskill_backend_refuses_latency() -> None:
     check_config(ManiSkillConfig(latency=LatencyConfig(action_ticks=1)))  # the cpu backend's single envs
     with pytest.raises(ConfigError, match="env.latency delays the cpu backend"):
         check_config(ManiSkillConfig(backend="cpu_batched", latency=LatencyConfig(action_ticks=1)))
+
+
+def test_a_resumed_worker_replays_its_episodes_through_the_delays_to_the_same_state() -> None:
+    from embodied.sim.worker_envs import WorkerEnvs
+
+    make = with_latency(Ticker, LatencyConfig(observation_ticks=1, action_ticks=2, action_ticks_max=3))
+    first = WorkerEnvs(make, [0, 1], base_seed=5)
+    first.reset()
+    for value in range(1, 5):
+        stepped = first.step(np.full((2, 2, 1), value, dtype=np.float32))
+    saved = first.resume_state()
+    second = WorkerEnvs(make, [0, 1], base_seed=5)
+    restored = second.restore(saved)
+    np.testing.assert_array_equal(restored["state"], stepped["state"])
+    for before, after in zip(first.envs, second.envs):
+        assert after.action_ticks == before.action_ticks and after.env.applied == before.env.applied
+        assert [a.tolist() for a in after._queued] == [a.tolist() for a in before._queued]
+    np.testing.assert_array_equal(
+        second.step(np.full((2, 2, 1), 9, dtype=np.float32))["state"],
+        first.step(np.full((2, 2, 1), 9, dtype=np.float32))["state"],
+    )
+
+
+def test_unknown_latency_keys_are_named_and_demos_and_the_simulated_robot_leave_latency_out(tmp_path) -> None:
+    from omegaconf import OmegaConf
+
+    from embodied.demos import DemosConfig, _check
+    from embodied.robots.sim_robot import SimRobotConfig, env_config_of
+    from embodied.sim.maniskill_common import ManiSkillConfig
+
+    with pytest.raises(ConfigError, match=r"env.latency has no \['action_tick'\]"):
+        LatencyConfig.from_value({"action_tick": 2})
+    delayed = ManiSkillConfig(latency=LatencyConfig(action_ticks=2))
+    with pytest.raises(ConfigError, match="record demos without it"):
+        _check(DemosConfig(env=delayed, dataset=str(tmp_path / "demos")))
+    # a run trained under latency, deployed to the simulated robot: the world has no delay of its own
+    OmegaConf.save({"env": dataclasses.asdict(delayed)}, tmp_path / "config.yaml")
+    assert "latency" not in env_config_of(SimRobotConfig(env_from=str(tmp_path)))
+    assert env_config_of(SimRobotConfig(env={"name": "gymnasium", "latency": {"action_ticks": 1}}))["latency"]
