@@ -20,20 +20,26 @@ real-time chunking (RTC).
              async     asked for half way (`execute_steps=8`); the robot executes the rest of
                        the current chunk meanwhile and switches when the answer is taken,
                        skipping its first d actions
-             ensemble  ACT's temporal ensembling (`broker.mode=ensemble`, a query every tick)
+             ensemble  ACT's temporal ensembling (`broker.mode=ensemble`, a query as soon as the
+                       last answer is in: one request is in flight at a time, so a new chunk
+                       every max(d, 1) ticks)
              rtc       async with `broker.realtime=true`: the query carries the pending actions
                        and the expected delay, and the server's flow samples the next chunk by
                        guided inpainting to agree with them
    A tick's answer is never taken before `inject_delay_ticks` ticks after its query (the
-   simulated inference delay); the server's real answer takes well under a tick here.
+   simulated inference delay); the server's real answer takes well under a tick here. While a
+   chunk is executing, an answer is taken at the next tick at the earliest, so at d = 0 the
+   modes other than sync hand over one tick after their query: each cell records the mean
+   handoff (ticks from a query to its chunk taking over) beside d.
 
 Measured per (seed, delay, mode): success over the held-out episodes, and the boundary jump:
-the mean L2 change of the executed action at the ticks where a new chunk takes over (ensemble:
-every tick), beside the mean change between consecutive actions within a chunk.
+the mean L2 change of the executed action at the ticks where a new chunk takes over, beside the
+mean change between consecutive actions within a chunk.
 
 Each (seed, delay, mode) cell is kept as a compact record under results/latency/ as soon as it
 is measured (a rerun skips the cells recorded with the same settings), so the report can be
-rebuilt (`--report`) from committed data. Runs live under benchmarks/runs/latency/.
+rebuilt (`--report`) from committed data; `--recount` measures the recorded cells again from the
+robot clients' logs under benchmarks/runs/latency/ (after a change to what a cell measures).
 `--quick`: one seed, 2 delays, 8 episodes (a smoke run, written to a temporary folder)."""
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -123,6 +130,8 @@ class Server:
             line = self.process.stdout.readline()
         if not line:
             raise RuntimeError(f"the server did not start:\n{''.join(seen[-30:])}")
+        # its later log lines are read and dropped, so a full pipe never blocks the server
+        threading.Thread(target=self.process.stdout.read, daemon=True).start()
 
     def close(self) -> None:
         self.process.send_signal(signal.SIGINT)
@@ -158,10 +167,16 @@ def drive(run: Path, server: str, delay: int, mode: str, episodes: int, output: 
         ]
         processes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     failed = []
-    for process in processes:
-        log, _ = process.communicate(timeout=1800)
-        if process.returncode != 0:
-            failed.append(log[-3000:])
+    try:
+        for process in processes:
+            log, _ = process.communicate(timeout=1800)
+            if process.returncode != 0:
+                failed.append(log[-3000:])
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     if failed:
         raise RuntimeError("a robot client failed:\n" + "\n".join(failed))
     return outputs
@@ -169,7 +184,7 @@ def drive(run: Path, server: str, delay: int, mode: str, episodes: int, output: 
 
 def measure_cell(outputs: list[Path]) -> dict[str, Any]:
     """Success and action continuity from the clients' summary.json and steps.jsonl."""
-    successes, boundary, within, overruns, skipped, round_trips = [], [], [], 0, 0, []
+    successes, boundary, within, handoffs, overruns, skipped, round_trips = [], [], [], [], 0, 0, []
     for out in outputs:
         summary = json.loads((out / "summary.json").read_text())
         successes += [bool(e["success"]) for e in summary["episodes"]]
@@ -179,6 +194,8 @@ def measure_cell(outputs: list[Path]) -> dict[str, Any]:
         previous: dict[str, Any] | None = None
         for line in (out / "steps.jsonl").read_text().splitlines():
             step = json.loads(line)
+            if "handoff_ticks" in step:
+                handoffs.append(step["handoff_ticks"])
             if step.get("source") != "policy" or "executed_action" not in step:
                 continue  # a tick without a command (sync waiting): the robot's last one stands
             if previous is not None and previous["episode"] == step["episode"]:
@@ -192,6 +209,7 @@ def measure_cell(outputs: list[Path]) -> dict[str, Any]:
         "boundary_jump": float(np.mean(boundary)) if boundary else None,
         "boundaries": len(boundary),
         "within_chunk_change": float(np.mean(within)) if within else None,
+        "handoff_ticks": float(np.mean(handoffs)) if handoffs else None,
         "overrun_ticks": overruns,
         "skipped_actions": skipped,
         "round_trip_p50_ms": float(np.nanmedian(round_trips)),
@@ -238,9 +256,23 @@ def measure_seed(seed: int, run: Path, work: Path, results: Path, args: argparse
         server.close()
 
 
+def recount(results: Path, work: Path, wanted: dict[str, Any]) -> None:
+    """Each recorded cell measured again from its robot clients' logs (settings, seed and wall
+    time kept)."""
+    for cell in load_cells(results, wanted):
+        mode, delay, seed = cell["mode"], cell["delay"], cell["seed"]
+        outputs = sorted((work / f"seed{seed}" / f"{mode}-d{delay}").glob("client*"))
+        if not outputs:
+            raise SystemExit(f"no robot logs for seed {seed}, {mode}, d={delay} under {work}: nothing to recount")
+        path = cell_path(results, seed, delay, mode)
+        path.write_text(json.dumps({**cell, **measure_cell(outputs)}, indent=1))
+
+
 # ---- report ---------------------------------------------------------------------------------------
-def load_cells(results: Path) -> list[dict[str, Any]]:
-    return [json.loads(path.read_text()) for path in sorted((results / NAME).glob("seed*/*.json"))]
+def load_cells(results: Path, wanted: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The cell records, those measured with `wanted` settings only where given."""
+    cells = [json.loads(path.read_text()) for path in sorted((results / NAME).glob("seed*/*.json"))]
+    return [cell for cell in cells if wanted is None or cell["settings"] == wanted]
 
 
 def table(cells: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
@@ -252,12 +284,14 @@ def table(cells: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
             if not here:
                 continue
             jumps = [c["boundary_jump"] for c in here if c["boundary_jump"] is not None]
+            handoffs = [c["handoff_ticks"] for c in here if c.get("handoff_ticks") is not None]
             within = [c["within_chunk_change"] for c in here if c["within_chunk_change"] is not None]
             out.setdefault(mode, {})[delay] = {
                 "success": float(np.mean([c["success"] for c in here])),
                 "per_seed": {c["seed"]: c["success"] for c in here},
                 "boundary_jump": float(np.mean(jumps)) if jumps else None,
                 "within_chunk_change": float(np.mean(within)) if within else None,
+                "handoff_ticks": float(np.mean(handoffs)) if handoffs else None,
                 "overrun_ticks": int(sum(c["overrun_ticks"] for c in here)),
             }
     return out
@@ -280,24 +314,31 @@ def goals(summary: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
             "met": rtc[4]["success"] >= asynchronous[4]["success"] + 0.10,
         },
         "rtc_jump": {
-            "value": None if not jump_async else jump_rtc / jump_async,
+            "value": None if not jump_async or jump_rtc is None else jump_rtc / jump_async,
             "goal": "boundary jump at 4 ticks <= half of asynchronous chunking's",
-            "met": bool(jump_async) and jump_rtc <= 0.5 * jump_async,
+            "met": bool(jump_async) and jump_rtc is not None and jump_rtc <= 0.5 * jump_async,
         },
     }
 
 
-def write_report(results: Path, record: dict[str, Any]) -> list[str]:
-    cells = load_cells(results)
+def write_report(results: Path, record: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """latency.md, latency.json and latency.png from the cells measured with `wanted` settings."""
+    cells = load_cells(results, wanted)
     summary = table(cells)
     reached = goals(summary)
     seeds = sorted({c["seed"] for c in cells})
     delays = sorted({c["delay"] for c in cells})
-    setup = cells[0]["settings"] if cells else {}
+    setup = wanted
     lines = [
         "# Inference latency on the robot: sync, async, temporal ensembling and real-time chunking",
         "",
-        provenance_line(record),
+        provenance_line(record)
+        + (
+            f" Cells measured again from the robot clients' logs at {record['recounted']['commit']} "
+            f"(`{record['recounted']['command']}`)."
+            if "recounted" in record
+            else ""
+        ),
         "",
         f"A flow policy ({CHUNK} actions executed per chunk) SFT'd on {setup.get('demos')} scripted demos of "
         f"{' '.join(setup.get('env', []))} ({setup.get('sft_steps')} steps; seeds {', '.join(map(str, seeds))}), "
@@ -305,9 +346,12 @@ def write_report(results: Path, record: dict[str, Any]) -> list[str]:
         f"robot=sim`, {setup.get('control_hz')} Hz), each answer taken no earlier than d ticks after its query "
         f"(`inject_delay_ticks`). {setup.get('episodes')} held-out episodes per seed and cell (reset seeds from "
         f"{setup.get('heldout_seed')}). Success: the mean over the seeds; per seed in brackets. Boundary jump: the "
-        "mean L2 change of the executed action where a new chunk takes over (ensemble: every tick); within: "
-        "between consecutive actions of one chunk. Sync stands still while it waits, and its waiting ticks "
-        "count against the episode's limit.",
+        "mean L2 change of the executed action where a new chunk takes over; within: between consecutive "
+        "actions of one chunk. Sync stands still while it waits (its simulator is not stepped), then executes "
+        "the chunk from its first action; its waiting ticks count against the episode's limit. The client "
+        "keeps one request in flight, so ensembling gets a new chunk every max(d, 1) ticks, and while a chunk "
+        "executes an answer is taken at the next tick at the earliest: at d = 0 the modes but sync hand over "
+        "one tick after their query (the handoff table).",
         "",
         "## Success",
         "",
@@ -340,6 +384,16 @@ def write_report(results: Path, record: dict[str, Any]) -> list[str]:
                 inside = point["within_chunk_change"]
                 text.append(f"{point['boundary_jump']:.3f} ({'-' if inside is None else f'{inside:.3f}'})")
         lines.append(f"| {mode} | " + " | ".join(text) + " |")
+    lines += [
+        "",
+        "## Handoff (mean ticks from a query to its chunk taking over)",
+        "",
+        "| mode | " + " | ".join(f"d={d}" for d in delays) + " |",
+        "| --- | " + " | ".join("---:" for _ in delays) + " |",
+    ]
+    for mode, row in summary.items():
+        text = ["" if row.get(d, {}).get("handoff_ticks") is None else f"{row[d]['handoff_ticks']:.2f}" for d in delays]
+        lines.append(f"| {mode} | " + " | ".join(text) + " |")
     overruns = sum(c["overrun_ticks"] for c in cells)
     lines += [
         "",
@@ -360,7 +414,12 @@ def write_report(results: Path, record: dict[str, Any]) -> list[str]:
     (results / f"{NAME}.md").write_text("\n".join(lines) + f"\n\n![latency]({NAME}.png)\n")
     (results / f"{NAME}.json").write_text(
         json.dumps(
-            {**record, "summary": {m: {str(d): v for d, v in r.items()} for m, r in summary.items()}, "goals": reached},
+            {
+                **record,
+                "settings": wanted,
+                "summary": {m: {str(d): v for d, v in r.items()} for m, r in summary.items()},
+                "goals": reached,
+            },
             indent=1,
         )
     )
@@ -402,6 +461,9 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=SFT_STEPS)
     parser.add_argument("--report", action="store_true", help="rebuild latency.md and latency.png from the records")
     parser.add_argument(
+        "--recount", action="store_true", help="measure the recorded cells again from the clients' logs, then report"
+    )
+    parser.add_argument(
         "--results", type=Path, default=RESULTS, help="where the records and report go (tuning: elsewhere)"
     )
     args = parser.parse_args()
@@ -410,14 +472,19 @@ def main() -> None:
         args.seeds, args.delays, args.episodes, args.demos, args.sft_steps = args.seeds[:1], [0, 4], 8, 10, 200
         results = Path(tempfile.mkdtemp(prefix="latency-quick-"))
         runs = results / "runs"
-    if args.report:
+    if args.report or args.recount:
         previous = json.loads((results / f"{NAME}.json").read_text())
-        print("\n".join(write_report(results, {k: previous[k] for k in ("commit", "machine", "command")})))
+        record = {k: previous[k] for k in ("commit", "machine", "command", "recounted") if k in previous}
+        wanted = previous.get("settings") or load_cells(results)[0]["settings"]
+        if args.recount:
+            recount(results, runs / "cells", wanted)
+            record["recounted"] = provenance("latency.py")
+        print("\n".join(write_report(results, record, wanted)))
         return
     record = provenance("latency.py")
     for seed, run in sft_runs(runs, args).items():
         measure_seed(seed, run, runs / "cells", results, args)
-    print("\n".join(write_report(results, record)))
+    print("\n".join(write_report(results, record, settings(args))))
     if args.quick:
         print(f"(quick: written to {results})")
 
