@@ -321,6 +321,36 @@ def goals(summary: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
+def success_text(point: dict[str, Any]) -> str:
+    per_seed = ", ".join(f"{v:.2f}" for v in point["per_seed"].values())
+    return f"{point['success']:.2f} ({per_seed})"
+
+
+def jump_text(point: dict[str, Any]) -> str:
+    if point["boundary_jump"] is None:
+        return ""
+    inside = point["within_chunk_change"]
+    return f"{point['boundary_jump']:.3f} ({'-' if inside is None else f'{inside:.3f}'})"
+
+
+def handoff_text(point: dict[str, Any]) -> str:
+    return "" if point.get("handoff_ticks") is None else f"{point['handoff_ticks']:.2f}"
+
+
+def mode_table(title: str, summary: dict[str, dict[int, dict[str, Any]]], delays: list[int], text: Any) -> list[str]:
+    """A Markdown section: a row per mode, a column per delay, each cell `text(point)`."""
+    lines = [
+        "",
+        f"## {title}",
+        "",
+        "| mode | " + " | ".join(f"d={d}" for d in delays) + " |",
+        "| --- | " + " | ".join("---:" for _ in delays) + " |",
+    ]
+    for mode, row in summary.items():
+        lines.append(f"| {mode} | " + " | ".join("" if d not in row else text(row[d]) for d in delays) + " |")
+    return lines
+
+
 def write_report(results: Path, record: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
     """latency.md, latency.json and latency.png from the cells measured with `wanted` settings."""
     cells = load_cells(results, wanted)
@@ -352,48 +382,10 @@ def write_report(results: Path, record: dict[str, Any], wanted: dict[str, Any]) 
         "keeps one request in flight, so ensembling gets a new chunk every max(d, 1) ticks, and while a chunk "
         "executes an answer is taken at the next tick at the earliest: at d = 0 the modes but sync hand over "
         "one tick after their query (the handoff table).",
-        "",
-        "## Success",
-        "",
-        "| mode | " + " | ".join(f"d={d}" for d in delays) + " |",
-        "| --- | " + " | ".join("---:" for _ in delays) + " |",
     ]
-    for mode, row in summary.items():
-        cells_text = []
-        for d in delays:
-            if d not in row:
-                cells_text.append("")
-                continue
-            per_seed = ", ".join(f"{v:.2f}" for v in row[d]["per_seed"].values())
-            cells_text.append(f"{row[d]['success']:.2f} ({per_seed})")
-        lines.append(f"| {mode} | " + " | ".join(cells_text) + " |")
-    lines += [
-        "",
-        "## Boundary jump (within a chunk)",
-        "",
-        "| mode | " + " | ".join(f"d={d}" for d in delays) + " |",
-        "| --- | " + " | ".join("---:" for _ in delays) + " |",
-    ]
-    for mode, row in summary.items():
-        text = []
-        for d in delays:
-            point = row.get(d)
-            if point is None or point["boundary_jump"] is None:
-                text.append("")
-            else:
-                inside = point["within_chunk_change"]
-                text.append(f"{point['boundary_jump']:.3f} ({'-' if inside is None else f'{inside:.3f}'})")
-        lines.append(f"| {mode} | " + " | ".join(text) + " |")
-    lines += [
-        "",
-        "## Handoff (mean ticks from a query to its chunk taking over)",
-        "",
-        "| mode | " + " | ".join(f"d={d}" for d in delays) + " |",
-        "| --- | " + " | ".join("---:" for _ in delays) + " |",
-    ]
-    for mode, row in summary.items():
-        text = ["" if row.get(d, {}).get("handoff_ticks") is None else f"{row[d]['handoff_ticks']:.2f}" for d in delays]
-        lines.append(f"| {mode} | " + " | ".join(text) + " |")
+    lines += mode_table("Success", summary, delays, success_text)
+    lines += mode_table("Boundary jump (within a chunk)", summary, delays, jump_text)
+    lines += mode_table("Handoff (mean ticks from a query to its chunk taking over)", summary, delays, handoff_text)
     overruns = sum(c["overrun_ticks"] for c in cells)
     lines += [
         "",
@@ -404,8 +396,11 @@ def write_report(results: Path, record: dict[str, Any], wanted: dict[str, Any]) 
     ]
     if not reached:
         lines.append("- Not evaluated: the cells for RTC at d=0 and d=4 and async at d=4 are not all measured.")
-    for goal in reached.values():
-        value = "n/a" if goal["value"] is None else f"{goal['value']:+.2f}"
+    for name, goal in reached.items():
+        if goal["value"] is None:
+            value = "n/a"
+        else:  # the jump's is a ratio, the others differences in success
+            value = f"{goal['value']:.2f}x" if name == "rtc_jump" else f"{goal['value']:+.2f}"
         lines.append(f"- {goal['goal']}: {value}: **{'met' if goal['met'] else 'not met'}**.")
     lines.append(
         "- Training with a simulated delay closing half of the remaining gap: **not measured** "

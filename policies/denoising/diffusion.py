@@ -49,7 +49,7 @@ from embodied.policies.denoising.common import (
     time_frequencies,
     to_unit,
 )
-from embodied.policies.denoising.realtime import SCHEDULES, guided_noise, prefix_target
+from embodied.policies.denoising.realtime import SCHEDULES, PrefixGuided, guided_noise
 from embodied.policies.gaussian.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -166,13 +166,14 @@ def check_config(cfg: DiffusionPolicyConfig) -> None:
         )
 
 
-class DiffusionPolicy(nn.Module, NoiseSteering, Policy):
+class DiffusionPolicy(nn.Module, NoiseSteering, PrefixGuided, Policy):
     def __init__(self, cfg: DiffusionPolicyConfig, spec: EnvSpec):
         super().__init__()
         check_config(cfg)
         if spec.image_shapes:
             raise ConfigError("policy=diffusion reads only the state vector; use state observations")
         self.cfg, self.spec, self.chunk_size = cfg, spec, cfg.chunk_size
+        self.action_width = spec.action_dim  # the chunk's width per action (a flow's may be wider)
         self.dim = cfg.horizon * spec.action_dim
         scheduler = make_scheduler(cfg)
         self.timesteps = [int(t) for t in scheduler.timesteps]
@@ -309,18 +310,6 @@ class DiffusionPolicy(nn.Module, NoiseSteering, Policy):
         """Whether `act` takes real-time chunking's pending actions: deterministic chunks
         (the guided means), not through DSRL's latent actor."""
         return self.latent_actor is None and deterministic
-
-    def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pending actions as a target chunk and its weights (`realtime.prefix_target`)."""
-        return prefix_target(
-            prefix,
-            batch,
-            self.cfg.horizon,
-            self.spec.action_dim,
-            self.cfg.rtc_schedule,
-            self._chunk_vector,
-            self.low.device,
-        )
 
     # The guided chain's log_prob is computed by `act` under the unguided transitions: it means
     # nothing, and nothing reads it (guided chunks are served, not trained on).

@@ -47,7 +47,7 @@ from embodied.policies.denoising.common import (
     time_frequencies,
     to_unit,
 )
-from embodied.policies.denoising.realtime import SCHEDULES, guided_velocity, prefix_target
+from embodied.policies.denoising.realtime import SCHEDULES, PrefixGuided, guided_velocity
 from embodied.policies.gaussian.latent_noise import LatentNoiseActor, NoiseSteering
 from embodied.policies.gaussian.mlp import mlp
 from embodied.policies.normalization import RunningNormalizer
@@ -100,7 +100,7 @@ def sde_step(
     return mean, math.sqrt(dt) * sigma_t
 
 
-class FlowPolicy(nn.Module, NoiseSteering, Policy):
+class FlowPolicy(nn.Module, NoiseSteering, PrefixGuided, Policy):
     accepts_images = False  # this one conditions on the state alone; the VLA adds encoders
     steerable = True  # DSRL's latent actor can steer it (see `latent_input`)
 
@@ -294,19 +294,6 @@ class FlowPolicy(nn.Module, NoiseSteering, Policy):
         """Whether `act` takes real-time chunking's pending actions: it samples the guided ODE,
         so deterministic chunks (or the ode sampler), and not through DSRL's latent actor."""
         return self.latent_actor is None and (deterministic or self.cfg.sampler == "ode")
-
-    def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pending actions as a target chunk and its weights (`realtime.prefix_target`)."""
-        return prefix_target(
-            prefix,
-            batch,
-            self.cfg.horizon,
-            self.spec.action_dim,
-            self.cfg.rtc_schedule,
-            self._chunk_vector,
-            self.low.device,
-            self.action_width,
-        )
 
     # The guided chain's log_prob is computed by `_act_on` under the unguided transitions: it
     # means nothing, and nothing reads it (guided chunks are served, not trained on).

@@ -129,3 +129,21 @@ def prefix_target(
     weights = per_action[:, :, None].expand(batch, horizon, action_width).clone()
     weights[:, :, action_dim:] = 0.0
     return chunk_vector(actions[:, :width]), weights.flatten(1)
+
+
+class PrefixGuided:
+    """The pending actions' target for a denoising policy that samples by real-time chunking;
+    the policy has `cfg.horizon`, `cfg.rtc_schedule`, `spec`, `low`, `action_width` (its action
+    vector's width, the env's or wider) and `_chunk_vector` (actions into its units)."""
+
+    def _prefix_guide(self, prefix: ChunkPrefix, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return prefix_target(
+            prefix,
+            batch,
+            self.cfg.horizon,
+            self.spec.action_dim,
+            self.cfg.rtc_schedule,
+            self._chunk_vector,
+            self.low.device,
+            self.action_width,
+        )

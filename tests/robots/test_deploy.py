@@ -360,17 +360,22 @@ def test_with_curve_keys_only_an_authorized_robot_is_heard(tmp_path):
         shutdown()
 
 
+def zeros_after(seconds: float, chunk_size: int):
+    """An infer that answers chunks of zeros (for the pendulum's one action) after `seconds`."""
+
+    def slow(observation):
+        time.sleep(seconds)
+        return np.zeros((observation.batch_size, chunk_size, 1), np.float32)
+
+    return slow
+
+
 def test_answers_slower_than_a_tick_act_where_the_robot_stood_and_the_watchdog_fires_between(tmp_path):
     """Chunks of one action, each answer 40 ms after its 10 ms tick: the robot stands still
     while it waits, so no answer is skipped: each acts once it arrives. Between them the
     watchdog (20 ms here) sends the safe action."""
     robot = pendulum_robot()
-
-    def slow(observation):
-        time.sleep(0.04)
-        return np.zeros((observation.batch_size, 1, 1), np.float32)
-
-    server, shutdown = start_server(robot.spec, 1, slow, "slow")
+    server, shutdown = start_server(robot.spec, 1, zeros_after(0.04, 1), "slow")
     try:
         config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=60, control_hz=100.0)
         config.safety.watchdog_s = 0.02
@@ -388,12 +393,7 @@ def test_an_answer_asked_for_before_an_estop_never_acts_after_its_reset(tmp_path
     """Answers take about 8 ticks; the e-stop latches at tick 12 and is reset at tick 13, while
     an answer is on its way: no answer to an observation from before the reset acts after it."""
     robot = pendulum_robot()
-
-    def slow(observation):
-        time.sleep(0.08)
-        return np.zeros((observation.batch_size, 4, 1), np.float32)
-
-    server, shutdown = start_server(robot.spec, 4, slow, "slow")
+    server, shutdown = start_server(robot.spec, 4, zeros_after(0.08, 4), "slow")
     try:
         config = client_config(server.endpoint, tmp_path, episodes=1, max_episode_steps=50, control_hz=100.0)
         client = RobotClient(robot, PolicyClient(server.endpoint, robot.spec), config, tmp_path)
