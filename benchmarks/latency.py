@@ -47,8 +47,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from harness.commands import embodied, sft_or_resume
+from harness.pushcube_sac import free_port
 from harness.reports import provenance, provenance_line
 from harness.runs import RESULTS, RUNS
 
@@ -108,17 +109,11 @@ def sft_runs(runs: Path, args: argparse.Namespace) -> dict[int, Path]:
 
 
 # ---- one cell: a server's policy at one delay and mode ------------------------------------------
-def free_endpoint() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{probe.getsockname()[1]}"
-
-
 class Server:
     """`embodied serve` of a run, until closed."""
 
     def __init__(self, run: Path):
-        self.endpoint = free_endpoint()
+        self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         command = [sys.executable, "-m", "embodied.cli", "serve", f"checkpoint={run}", f"endpoint={self.endpoint}"]
         self.process = subprocess.Popen(
             [*command, "stats_every_s=0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -220,15 +215,22 @@ def cell_path(results: Path, seed: int, delay: int, mode: str) -> Path:
     return results / NAME / f"seed{seed}" / f"{mode}-d{delay}.json"
 
 
+def recorded(path: Path, wanted: dict[str, Any]) -> bool:
+    """Whether the cell at `path` was measured with the `wanted` settings."""
+    return path.is_file() and json.loads(path.read_text())["settings"] == wanted
+
+
+def write_cell(path: Path, record: dict[str, Any]) -> None:
+    """The cell's record, whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(record, indent=1))
+    os.replace(temporary, path)
+
+
 def measure_seed(seed: int, run: Path, work: Path, results: Path, args: argparse.Namespace) -> None:
     wanted = settings(args)
-    cells = [(d, m) for d in args.delays for m in MODES]
-    todo = [
-        (d, m)
-        for d, m in cells
-        if not cell_path(results, seed, d, m).is_file()
-        or json.loads(cell_path(results, seed, d, m).read_text())["settings"] != wanted
-    ]
+    todo = [(d, m) for d in args.delays for m in MODES if not recorded(cell_path(results, seed, d, m), wanted)]
     if not todo:
         return
     server = Server(run)
@@ -236,16 +238,11 @@ def measure_seed(seed: int, run: Path, work: Path, results: Path, args: argparse
         for delay, mode in todo:
             started = time.perf_counter()
             output = work / f"seed{seed}" / f"{mode}-d{delay}"
-            if output.exists():
-                subprocess.run(["rm", "-rf", str(output)], check=True)
+            shutil.rmtree(output, ignore_errors=True)  # a cell cut short before
             cell = measure_cell(drive(run, server.endpoint, delay, mode, args.episodes, output))
             record = {"seed": seed, "delay": delay, "mode": mode, **cell, "settings": wanted}
             record["wall_s"] = time.perf_counter() - started
-            path = cell_path(results, seed, delay, mode)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            temporary = path.with_suffix(".tmp")
-            temporary.write_text(json.dumps(record, indent=1))
-            os.replace(temporary, path)
+            write_cell(cell_path(results, seed, delay, mode), record)
             print(
                 f"seed {seed}, delay {delay}, {mode}: success {cell['success']:.2f}, boundary jump "
                 f"{cell['boundary_jump'] or 0:.3f}, within {cell['within_chunk_change'] or 0:.3f}, "
@@ -264,8 +261,7 @@ def recount(results: Path, work: Path, wanted: dict[str, Any]) -> None:
         outputs = sorted((work / f"seed{seed}" / f"{mode}-d{delay}").glob("client*"))
         if not outputs:
             raise SystemExit(f"no robot logs for seed {seed}, {mode}, d={delay} under {work}: nothing to recount")
-        path = cell_path(results, seed, delay, mode)
-        path.write_text(json.dumps({**cell, **measure_cell(outputs)}, indent=1))
+        write_cell(cell_path(results, seed, delay, mode), {**cell, **measure_cell(outputs)})
 
 
 # ---- report ---------------------------------------------------------------------------------------

@@ -493,9 +493,8 @@ class RobotClient:
     def _accept(self, reply: ActionReply, tick: int, entry: dict[str, Any]) -> None:
         assert self.broker is not None
         self.broker.add(reply.actions, reply.tick, tick)
-        entry["handoff_ticks"] = handoff = (
-            tick - reply.tick
-        )  # ticks since its observation (the broker skips those moved on)
+        handoff = tick - reply.tick  # ticks since its observation (the broker skips those the robot moved on)
+        entry["handoff_ticks"] = handoff
         self.handoffs.append(handoff)
         self.round_trip_ms.append(reply.round_trip_ms)
         if "server_ms" in reply.timing:

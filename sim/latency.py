@@ -9,7 +9,7 @@ so a policy is trained and evaluated under the latency it will meet on the robot
 - action delay d_a: an action is applied d_a ticks after it is given, in order. Until the first
   action of an episode arrives the robot waits: the simulator is not stepped for those d_a
   ticks, which count as steps with reward 0 (the best reward there is in a task whose rewards
-are all negative, such as Pendulum's), so an episode lasts up to d_a ticks longer.
+  are all negative, such as Pendulum's), so an episode lasts up to d_a ticks longer.
 
 Rewards, success and episode ends are the world's own, undelayed: they are what the learner is
 told, not what the policy sees (a reward classifier judges the observations the env returns,
@@ -48,9 +48,10 @@ class LatencyConfig:
         """The config from itself, its dict (an env config after a trip over the wire) or None."""
         if value is None or isinstance(value, LatencyConfig):
             return value or cls()
-        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+        keys = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(value) - set(keys))
         if unknown:
-            raise ConfigError(f"env.latency has no {unknown}; its keys: {[f.name for f in dataclasses.fields(cls)]}")
+            raise ConfigError(f"env.latency has no {unknown}; its keys: {keys}")
         return cls(**value)
 
 
