@@ -36,13 +36,18 @@ class Terminated(KeyboardInterrupt):
     cleanup that Ctrl-C runs (env workers closed, their sockets removed) runs for it too."""
 
 
-def terminate_like_ctrl_c() -> None:
+def stop_on_signals() -> None:
+    """SIGTERM raises `Terminated`; Ctrl-C (SIGINT) raises KeyboardInterrupt even where the
+    command started with SIGINT ignored (a background job of a script, a test runner's worker),
+    which Python would otherwise leave ignored: `kill -INT` then did nothing, and a script that
+    stops a run that way waited for its own timeout while the run went on."""
     import signal
 
     def terminate(signum: int, frame: object) -> None:
         raise Terminated
 
     signal.signal(signal.SIGTERM, terminate)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def train(overrides: list[str]) -> int:
@@ -151,16 +156,12 @@ def evaluate(overrides: list[str]) -> int:
 
 def serve(overrides: list[str]) -> int:
     import logging
-    import signal
 
     from embodied.config import to_schema
     from embodied.core.compose import compose
     from embodied.serve import ServeConfig, serve_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Ctrl-C stops the server even where it started with SIGINT ignored (a background job of a
-    # script), which Python would otherwise leave ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
     serve_checkpoint(to_schema(ServeConfig, compose("serve", overrides)))
     return 0
 
@@ -214,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if verb in ("robot", "teleop", "collect"):
             return robot(overrides, verb)  # the robot client stops on SIGTERM with its own safe ending
-        terminate_like_ctrl_c()
+        stop_on_signals()
         return {
             "train": train,
             "eval": evaluate,

@@ -69,6 +69,7 @@ def run(placement: str, updates: int, overrides: list[str], timeout_s: float | N
             "runtime=procs",
             f"runtime.placement={placement}",
             "eval_episodes=0",
+            "eval_every=0",  # no periodic evaluation inside the timed updates
             "checkpoint_every=0",
             "logger.progress_bar=false",
             f"run_dir={run_dir}",

@@ -205,11 +205,15 @@ def test_a_replay_that_diverges_stops_the_resume_and_env_resume_fresh_starts_new
     assert latest(run_dir).name == "iter_000002"
 
 
-@pytest.mark.parametrize("transport", ["pipe", "zmq"])
+@pytest.mark.parametrize(
+    "transport, stop", [("pipe", signal.SIGINT), ("zmq", signal.SIGTERM)], ids=["pipe-sigint", "zmq-sigterm"]
+)
 @pytest.mark.slow
-def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_path, transport):
+def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_path, transport, stop):
     """A scheduler's preemption sends SIGTERM: the env workers are closed, the hub's socket
-    folder removed, and the run says where to resume from."""
+    folder removed, and the run says where to resume from. SIGINT does the same as Ctrl-C also
+    where the run started with it ignored, as a script's background job does (Python would
+    leave it ignored, and a script stopping the run that way would wait on it for nothing)."""
     run_dir, mark = tmp_path / "run", f"EMBODIED_TEST_RUN={tmp_path}"
     trainer = start(
         "train",
@@ -221,6 +225,7 @@ def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_pa
         stdout=subprocess.DEVNULL,
         # TMPDIR: where the hub's socket folder goes; the mark: inherited by every worker
         env={"TMPDIR": str(tmp_path), "EMBODIED_TEST_RUN": str(tmp_path)},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
 
     def marked() -> list[str]:  # this run's processes: the trainer and its workers
@@ -240,11 +245,13 @@ def test_sigterm_ends_training_as_ctrl_c_does_leaving_no_worker_or_socket(tmp_pa
             time.sleep(0.2)
         assert bool(list(tmp_path.glob("embodied-env-*"))) == (transport == "zmq")  # the workers' hub is up
         assert len(marked()) >= 3
-        trainer.send_signal(signal.SIGTERM)
+        trainer.send_signal(stop)
         _, stderr = trainer.communicate(timeout=120)
     finally:  # a failed assertion leaves no million-step run behind
         trainer.kill()
-    assert trainer.returncode == 143 and "terminated; resume from the last checkpoint" in stderr, stderr[-2000:]
+    ending = (143, "terminated") if stop == signal.SIGTERM else (130, "interrupted")
+    assert trainer.returncode == ending[0], stderr[-2000:]
+    assert f"{ending[1]}; resume from the last checkpoint" in stderr, stderr[-2000:]
     assert not list(tmp_path.glob("embodied-env-*"))
     deadline = time.monotonic() + 30
     while marked() and time.monotonic() < deadline:
