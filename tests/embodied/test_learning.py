@@ -7,11 +7,12 @@ does, and is asked of the mean over two seeds.
   10 s a run on one core), deterministic evaluation over 5 episodes. Measured at this budget,
   seeds 1-6: 502, 1000, 1000, 1000, 124 and 1000; one PPO iteration (2048 steps) gives 39 and
   34 for seeds 1 and 2. Goal 150 over seeds 1-2.
-- Flow-SDE PPO (`policy=flow`, 64-wide) on the same task, 8 envs of 256 steps per iteration
-  (the same 2048 samples as one env of 2048), 61440 env steps: seeds 1-3 gave 629, 1000 and 744,
-  at about 100 s of CPU each. Eight envs take half the CPU per env step of one (every step is a
-  denoising chain, and eight share it: 22 s against 42 s for 8192 steps); at 40960 steps they
-  gave 152 and 134, one env 262, 269, 131 and 249 (seeds 1-4). Goal 150 over seeds 1-2.
+- Flow-SDE PPO (`policy=flow`, 64-wide) on the same task, 16 envs of 128 steps per iteration
+  (the same 2048 samples as one env of 2048), 61440 env steps: seeds 1-3 gave 1000, 1000 and 909,
+  at about 83 s of CPU each; at 40960 steps 95, 92 and 131. Envs share each step's denoising
+  chain: eight took half the CPU per env step of one (22 s against 42 s for 8192 steps), and
+  8 envs of 256 steps gave 629, 1000 and 744 at 61440 steps for 90 s of CPU. Goal 150 over
+  seeds 1-2.
 - SFT of the flow policy on 10 scripted PushCube demos (`embodied demos`, action noise 0.1),
   1000 steps, then the SFT run's own 20-episode evaluation: seeds 1-3 gave 60%, 30% and 55%
   success; one SFT step gives 0%. Goal 25% over seeds 1-2.
@@ -37,12 +38,12 @@ SEEDS = (1, 2)
 GOAL = 150.0  # mean deterministic return over the seeds; untrained about 35, the task's best 1000
 
 
-FLOW_BUDGET = 61440  # env steps: 30 PPO iterations of 8 envs x 256
+FLOW_BUDGET = 61440  # env steps: 30 PPO iterations of 16 envs x 128
 FLOW = (
     "env=mujoco_invertedpendulum",
-    "env.num_envs=8",
+    "env.num_envs=16",
     "algo=ppo",
-    "algo.rollout_steps=256",
+    "algo.rollout_steps=128",
     "policy=flow",
     "policy.hidden=[64,64]",
     "policy.critic_hidden=[64,64]",
