@@ -60,6 +60,7 @@ def test_each_campaign_step_runs_at_toy_size_and_writes_its_result(step, tmp_pat
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     record = json.loads((results / f"{step}.json").read_text())
     assert "error" not in record and record["smoke"] and record["rows"], step
+    assert not [row for row in record["rows"] if "error" in row], step  # a row's failure is recorded, not raised
     assert record["commit"] and record["machine"]["cpu_cores"] and "gpu_campaign.py" in record["command"]
     assert (out / f"{step}.json").is_file() and (results / f"{step}.md").read_text().startswith("# GPU campaign")
     if step == "correctness":

@@ -81,10 +81,12 @@ def run(placement: str, updates: int, overrides: list[str], timeout_s: float | N
             trainer = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         metrics = run_dir / "metrics.jsonl"
         rows: list[dict] = []
-        echoed = 0  # of the trainer's stderr, passed on: where a slow run spends its time shows
+        # the trainer's stderr and its rollout's log, passed on: where a slow run spends its time shows
+        echoed: dict[Path, int] = {}
         try:
             while len(rows) < updates + WARMUP_UPDATES:
-                echoed = echo_new_lines(log, echoed, f"placement: {placement}: ")
+                for path in [log, *sorted((run_dir / "logs").glob("*.log"))]:
+                    echoed[path] = echo_new_lines(path, echoed.get(path, 0), f"placement: {placement}: {path.stem}: ")
                 if trainer.poll() is not None:
                     raise SystemExit(f"the {placement} run failed:\n{log.read_text()[-3000:]}")
                 if time.monotonic() > deadline:

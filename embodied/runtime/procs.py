@@ -368,9 +368,16 @@ class ProcsRuntime:
             ranks = self._start_ranks(session, hello, learner, device)
             if collocated:
                 learner.collocate()
+            started = time.perf_counter()
             weights = tensors_to_wire(learner.published())
             learner.offloader.offload()  # collocated: the device is the rollout's until a batch arrives
             link.publish(learner.policy_version, weights)
+            # a VLA at its published size moves gigabytes per update: the first says how long that takes
+            logger.info(
+                "weights: %.3g GB published in %.1f s",
+                sum(a.nbytes for a in weights["arrays"].values()) / 1e9,
+                time.perf_counter() - started,
+            )
             session.start_logging()
             while not session.finished:
                 deliveries = rounds.next()

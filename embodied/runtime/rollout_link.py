@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import zmq
 
+from embodied.core.codec import DEFAULT_LIMITS, Limits
 from embodied.core.protocol import (
     PROTOCOL_VERSION,
     Message,
@@ -54,11 +55,13 @@ class RolloutLink:
         timeout_s: float = 10.0,
         reconnect_timeout_s: float = 120.0,
         ack_timeout_s: float = 30.0,
+        weights_limits: Limits = DEFAULT_LIMITS,
     ):
         self.hello = plain({"protocol": PROTOCOL_VERSION, "pid": os.getpid(), **hello})
         self.name = hello["sender"]
         self.heartbeat_s, self.timeout_s = heartbeat_s, timeout_s
         self.reconnect_timeout_s, self.ack_timeout_s = reconnect_timeout_s, ack_timeout_s
+        self.weights_limits = weights_limits  # the policy's size: `embodied.runtime.wire.weights_limits`
         self._context = zmq.Context()
         self._dealer = self._context.socket(zmq.DEALER)
         self._dealer.setsockopt(zmq.LINGER, 0)
@@ -226,7 +229,7 @@ class RolloutLink:
 
     def _on_weights(self) -> None:
         try:
-            message = decode_message_single(self._subscriber.recv(copy=False).buffer)
+            message = decode_message_single(self._subscriber.recv(copy=False).buffer, self.weights_limits)
         except ProtocolError as error:
             logger.warning("dropped malformed weights: %s", error)
             return

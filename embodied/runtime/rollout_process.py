@@ -17,6 +17,7 @@ import faulthandler
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 
 from embodied.build import build_env, build_policy, resolve_device
@@ -28,7 +29,7 @@ from embodied.runtime.operator import build_operator
 from embodied.runtime.process import start_process
 from embodied.runtime.rollout import Rollout, env_share
 from embodied.runtime.rollout_link import RolloutLink
-from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire
+from embodied.runtime.wire import load_published_weights, tensors_from_wire, trajectory_to_wire, weights_limits
 
 logger = logging.getLogger("embodied.rollout")
 
@@ -64,13 +65,19 @@ def run(
         weights = link.current_weights()
         rollout.offloader.reload()  # collocated: the learner is done with the device until this batch arrives
         if (weights.learner_id, weights.policy_version) != held:
+            started = time.perf_counter()
             load_published_weights(rollout.policy, tensors_from_wire(weights.tensors))
+            if held is None:  # once: at a VLA's published size, loading takes a while
+                logger.info("weights loaded in %.1f s", time.perf_counter() - started)
             held = (weights.learner_id, weights.policy_version)
             rollout.policy_version = weights.policy_version
             link.held = held
         if group_size:  # GRPO-style algorithms: grouped starts, one round per batch
             rollout.start_groups(group_size, link.last_sent, seed)
+        started = time.perf_counter()
         batch, episodes, env_steps = rollout.collect(rollout_steps)
+        if link.last_sent == 0:  # once: how long a batch takes to collect
+            logger.info("first batch: %d env steps in %.1f s", env_steps, time.perf_counter() - started)
         rollout.offloader.offload()  # collocated: the learner gets the device before it gets the batch
         link.send_trajectory(
             {
@@ -124,6 +131,7 @@ def serve_rollout(config_path: Path, trajectory_endpoint: str, weights_endpoint:
             heartbeat_s=runtime.heartbeat_s,
             timeout_s=runtime.peer_timeout_s,
             reconnect_timeout_s=runtime.reconnect_timeout_s,
+            weights_limits=weights_limits(policy),
         )
         try:
             rollout = Rollout(

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from embodied.algos.buffers import Trajectory
+from embodied.core.codec import DEFAULT_LIMITS, Limits
 from embodied.core.types import Observation
 
 _RAW16 = {"bfloat16": torch.bfloat16}
@@ -47,6 +48,20 @@ def published_weights(policy: torch.nn.Module, state: dict[str, torch.Tensor] | 
     buffers = {name for name, _ in policy.named_buffers()}
     state = policy.state_dict() if state is None else state
     return {name: value.detach().cpu().clone() for name, value in state.items() if name in trainable or name in buffers}
+
+
+def weights_limits(policy: torch.nn.Module) -> Limits:
+    """What a weight update for `policy` may measure on the wire: its whole state (an upper
+    bound on what the learner publishes), where that exceeds the codec's defaults for outside
+    peers. A VLA at its published size (pi0: 13 GB in float32) is larger than those."""
+    sizes = [value.numel() * value.element_size() for value in policy.state_dict().values()]
+    return Limits(
+        max_frames=max(DEFAULT_LIMITS.max_frames, len(sizes)),
+        max_header_bytes=DEFAULT_LIMITS.max_header_bytes,
+        max_frame_bytes=max(DEFAULT_LIMITS.max_frame_bytes, max(sizes, default=0)),
+        max_total_bytes=max(DEFAULT_LIMITS.max_total_bytes, sum(sizes) + DEFAULT_LIMITS.max_header_bytes),
+        max_ndim=DEFAULT_LIMITS.max_ndim,
+    )
 
 
 def load_published_weights(policy: torch.nn.Module, weights: dict[str, torch.Tensor]) -> None:

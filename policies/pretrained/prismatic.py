@@ -138,7 +138,8 @@ class VisionTower(nn.Module):
         else:
             tokens = self.model.embeddings(pixels)
         for block in self.blocks[:-1]:  # the last block's output is not used
-            tokens = block(tokens, None)
+            # SigLIP's layers require a mask argument; DINOv2's take none in some transformers releases
+            tokens = block(tokens) if self.spec.family == "dinov2" else block(tokens, None)
         return tokens[:, self.prefix :]
 
 

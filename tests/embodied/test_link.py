@@ -201,6 +201,36 @@ def test_weights_keep_bfloat16_and_frozen_parameters_stay_home():
     assert back["1.weight"].dtype == torch.bfloat16 and torch.equal(back["1.weight"], weights["1.weight"])
 
 
+def test_weights_limits_follow_the_policy_size_beyond_the_wire_defaults():
+    from embodied.core.codec import DEFAULT_LIMITS
+    from embodied.runtime.wire import weights_limits
+
+    assert weights_limits(torch.nn.Linear(3, 4)) == DEFAULT_LIMITS  # a small policy: no looser than any peer
+    # pi0 at its published size is 13 GB in float32; a meta module has the size without the memory
+    large = torch.nn.Sequential(torch.nn.Linear(65536, 65536, device="meta"), torch.nn.Linear(65536, 8, device="meta"))
+    limits = weights_limits(large)
+    assert limits.max_frame_bytes >= 65536 * 65536 * 4 > DEFAULT_LIMITS.max_frame_bytes
+    assert limits.max_total_bytes >= (65536 * 65536 + 65536 * 9 + 8) * 4 > DEFAULT_LIMITS.max_total_bytes
+
+
+def test_rollout_takes_weights_up_to_its_limits_and_drops_larger_ones_loudly(learner, caplog):
+    from embodied.core.codec import Limits
+
+    weights = tensors_to_wire({"w": torch.ones(4096)})  # 16 kB
+    for limits, arrives in ((Limits(max_total_bytes=8 << 10), False), (Limits(max_total_bytes=64 << 10), True)):
+        rollout = rollout_link(learner, weights_limits=limits)
+        try:
+            assert learner.wait_hello(10) is not None
+            learner.publish(1, weights)
+            if arrives:
+                rollout.wait(lambda r=rollout: r.current_weights() is not None, "the weights", 10)
+            else:
+                wait_until(lambda: "dropped malformed weights" in caplog.text, "the oversized weights to be dropped")
+                assert rollout.current_weights() is None
+        finally:
+            rollout.close()
+
+
 def test_handshake_mismatch_fails_loudly_on_both_ends():
     learner = LearnerLink("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", {**EXPECTED, "chunk_size": 4}, **FAST)
     rollout = rollout_link(learner)

@@ -78,8 +78,9 @@ export EMBODIED_COMMIT
     nvidia-smi -L 2>&1 || true
     python3 -c 'import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__,
 torch.cuda.is_available())' 2>&1 || true
-    python3 -c 'import importlib.metadata as m; print(*(f"{n} {m.version(n)}" for n in ("transformers", "peft", "timm", "diffusers")))' \
-        2>&1 | tail -1 || true
+    for name in transformers peft timm diffusers; do  # one line each: a package the image lacks says so
+        python3 -c "import importlib.metadata as m; print('$name', m.version('$name'))" 2>/dev/null || echo "$name absent"
+    done
     python3 -c 'import sapien, mani_skill; print("sapien", sapien.__version__, sapien.render.get_device_summary())' 2>&1 \
         | tail -5 || true
 } | tee "$out/machine.txt"
