@@ -58,7 +58,7 @@ class SACConfig:
     # cannot fit it to the demos' frames)
     actor_projection: str = "own"
     shift_pad: int = 4  # pixels of DrQ's random shift
-    feature_batch: int = 256  # frames per backbone pass when caching features
+    feature_batch: int = 256  # frames per backbone pass when caching features, their shifted views included
     seed: int = 0  # seeds critics, replay sampling and target subsets; configs/algo sets the run's seed
 
 

@@ -222,13 +222,14 @@ class SACRLPD:
         cached_shifts, each view shifted at random)."""
         shifts_cached = self.cfg.image_augmentation == "cached_shifts"
         rows = len(next(iter(frames.values())))
+        step = max(1, self.cfg.feature_batch // self.views)  # frames per backbone pass, all views included
         parts = []
-        for i in range(0, rows, self.cfg.feature_batch):
-            chunk = {c: v[i : i + self.cfg.feature_batch] for c, v in frames.items()}
-            views = [
-                self.policy.image_features(self.shifted(chunk) if shifts_cached else chunk) for _ in range(self.views)
-            ]
-            parts.append(torch.cat(views, dim=-1).cpu())
+        for i in range(0, rows, step):
+            chunk = {c: v[i : i + step] for c, v in frames.items()}
+            views = [self.shifted(chunk) if shifts_cached else chunk for _ in range(self.views)]
+            # one backbone pass over every view: a CPU encodes a few frames at a time far below its rate
+            stacked = self.policy.image_features({c: torch.cat([view[c] for view in views]) for c in chunk})
+            parts.append(torch.cat(stacked.split(len(stacked) // self.views), dim=-1).cpu())
         return torch.cat(parts) if parts else torch.zeros(0, self.online.feature_dim)
 
     def shifted(self, frames: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -271,7 +271,11 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         missing = [name for name in self.cameras if name not in images]
         if missing:
             raise ConfigError(f"policy '{self.cfg.name}' reads cameras {self.cameras}; the observation lacks {missing}")
-        return torch.cat([self.backbone.features(images[name].to(device)) for name in self.cameras], dim=-1)
+        frames = [images[name].to(device) for name in self.cameras]
+        if len({f.shape for f in frames}) > 1:  # cameras of different sizes: a backbone pass each
+            return torch.cat([self.backbone.features(f) for f in frames], dim=-1)
+        # one pass over every camera's frames: a CPU encodes a few frames at a time far below its rate
+        return torch.cat(self.backbone.features(torch.cat(frames)).split(len(frames[0])), dim=-1)
 
     def inputs(self, observation: Observation) -> torch.Tensor:
         """The input vector (B, input_dim): the state, then each camera's frozen features."""

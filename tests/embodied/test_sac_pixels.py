@@ -297,8 +297,9 @@ def test_cached_shifts_store_shifted_views_once_and_each_sample_reads_one_of_the
     next_expected = torch.cat([shifted_features(items.next_images) for _ in range(3)], -1)
     expected = torch.cat([shifted_features(items.images) for _ in range(3)], -1)
     assert stored.features.shape == (5, 3 * width)
-    torch.testing.assert_close(stored.features, expected)
-    torch.testing.assert_close(stored.next_features, next_expected)
+    # the views go through the backbone in one pass, which rounds apart from a pass per view
+    torch.testing.assert_close(stored.features, expected, rtol=0, atol=1e-4)
+    torch.testing.assert_close(stored.next_features, next_expected, rtol=0, atol=1e-4)
     assert not torch.allclose(expected[:, :width], expected[:, width : 2 * width])  # the views differ
     # each sample reads one view of its frame and, drawn apart, one of its next frame
     picks = torch.randint(3, (5,), generator=generator), torch.randint(3, (5,), generator=generator)
