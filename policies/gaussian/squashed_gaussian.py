@@ -272,7 +272,7 @@ class SquashedGaussianPolicy(nn.Module, Policy):
         if missing:
             raise ConfigError(f"policy '{self.cfg.name}' reads cameras {self.cameras}; the observation lacks {missing}")
         frames = [images[name].to(device) for name in self.cameras]
-        if len({f.shape for f in frames}) > 1:  # cameras of different sizes: a backbone pass each
+        if len({f.shape for f in frames}) > 1 or not len(frames[0]):  # cameras of different sizes: a pass each
             return torch.cat([self.backbone.features(f) for f in frames], dim=-1)
         # one pass over every camera's frames: a CPU encodes a few frames at a time far below its rate
         return torch.cat(self.backbone.features(torch.cat(frames)).split(len(frames[0])), dim=-1)

@@ -146,6 +146,15 @@ def features_match_the_backbone(policy, features):
     return torch.equal(policy.image_features(frames), torch.cat(expected, dim=-1))
 
 
+def test_same_sized_cameras_share_one_backbone_pass_in_camera_order():
+    policy = pixel_policy()
+    frames = pixel_transitions(3).images
+    per_camera = torch.cat([policy.backbone.features(frames[c]) for c in policy.cameras], dim=-1)
+    torch.testing.assert_close(policy.image_features(frames), per_camera, rtol=0, atol=1e-4)
+    none = policy.image_features({c: v[:0] for c, v in frames.items()})
+    assert none.shape == (0, per_camera.shape[1])  # no frames: still each camera's width
+
+
 def test_spatial_features_give_each_camera_its_own_width_from_its_frame_size():
     """Spatial features grow with the frame: cameras of different sizes get projections of
     different widths, and the policy acts on the concatenation."""
