@@ -35,6 +35,8 @@ drives the simulated robot through `embodied robot ... record.dataset=...`.
     python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
     python benchmarks/hil.py tune pixels-serl views-stall-corrections  # HIL-SERL's views from pixels
     python benchmarks/hil.py tune pixels-dsrl  # DSRL over the built-in VLA SFT'd on the pixel demos
+    python benchmarks/hil.py speed            # a pixel arm's env steps/s, runtime=local against procs
+    python benchmarks/hil.py speed report     # rebuild that summary from its JSON
 
 `heldout` checks the intervention figures without changing the recipe (chosen on seed 1):
 the three arms on training seeds 101-103. Their periodic evaluations draw episodes from the
@@ -52,6 +54,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
+from harness import runtime_speed
 from harness.flow_recipe import DSRL_LEARNER
 from harness.handover import ANCHORED, ONLINE_TEMPERATURE, WSRL, calql_pretraining
 from harness.intervention_study import Study, heldout, heldout_report
@@ -478,9 +481,25 @@ TUNING_DEMOS = {
 }
 
 
+# `speed`: the best pixel arm so far, timed under runtime=local and runtime=procs (harness.runtime_speed)
+SPEED_ARM = "shifts-stall-corrections"
+SPEED = "hil_speed"
+
+
+def speed(arms: list[str], steps: int, rounds: int, then: list[str]) -> None:
+    arm = arms[0] if arms else SPEED_ARM
+    if then != ["report"]:
+        STUDIES["pixels-serl"].prepare()  # the 20 scripted pixel demos, recorded once
+        overrides = [*STUDIES["pixels-serl"].common, *TUNING_ARMS["pixels-serl"][arm]]
+        result = runtime_speed.measure("hil.py speed", arm, overrides, steps, rounds)
+        (RESULTS / f"{SPEED}.json").write_text(json.dumps(result, indent=2))
+    result = json.loads((RESULTS / f"{SPEED}.json").read_text())
+    runtime_speed.report(result, RESULTS, SPEED, "PickCube-v1 from 64 px, hil.py tune pixels-serl, 4 envs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", "tune", *STUDIES))
+    parser.add_argument("command", nargs="?", default="run", choices=("run", "report", "tune", "speed", *STUDIES))
     parser.add_argument(
         "then", nargs="*", help="after a study: report (only rebuild its summary); tune: the study, then report or arms"
     )
@@ -490,8 +509,17 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="*", default=HELDOUT_SEEDS, help="a study: these seeds only")
     parser.add_argument("--arms", nargs="*", default=[], help="a study: these of its arms only (default: all)")
+    parser.add_argument("--speed-steps", type=int, default=1600, help="speed: env steps per timed run")
+    parser.add_argument("--rounds", type=int, default=2, help="speed: turns of each runtime")
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
+    if args.command == "speed":
+        # the arms on the study's own demos (the wrist-camera arms record theirs in `tune`)
+        timed = [arm for arm, extra in TUNING_ARMS["pixels-serl"].items() if not any("demos=" in o for o in extra)]
+        if set(args.arms) - set(timed) or len(args.arms) > 1:
+            parser.error(f"speed times one arm of: {', '.join(timed)}")
+        speed(args.arms, args.speed_steps, args.rounds, args.then)
+        return
     if args.command == "tune":
         key, *then = args.then or [""]
         if key not in TUNING_ARMS:
