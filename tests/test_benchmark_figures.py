@@ -286,6 +286,24 @@ def test_the_learner_cost_report_rebuilds_from_its_committed_json(tmp_path, monk
     assert (tmp_path / "sac_learner.md").read_text() == (committed / "sac_learner.md").read_text()
 
 
+def test_the_runtime_speed_report_rebuilds_from_its_committed_json_with_ratios_to_local(tmp_path, capsys):
+    """`hil.py speed report` writes the committed summary again, byte for byte; its ratio and
+    the time 50k env steps take are the medians' own."""
+    import json
+
+    from harness import runtime_speed
+
+    committed = runs.RESULTS
+    result = json.loads((committed / f"{hil.SPEED}.json").read_text())
+    runtime_speed.report(result, tmp_path, hil.SPEED, "PickCube-v1 from 64 px, hil.py tune pixels-serl, 4 envs")
+    text = (tmp_path / f"{hil.SPEED}.md").read_text()
+    assert text == (committed / f"{hil.SPEED}.md").read_text()
+    rates = result["env_steps_per_s"]
+    assert [len(runs_) for runs_ in rates.values()] == [2, 2]  # two runs each: the median is their mean
+    local, procs = (sum(rates[name]) / 2 for name in ("local", "procs, lag 1"))
+    assert f"| {procs / local:.2f}x |" in text and f"| {50_000 / local / 60:.0f} min |" in text
+
+
 def test_a_run_records_the_code_it_was_trained_with_not_what_is_checked_out_when_it_ends(tmp_path, monkeypatch):
     import json
 
