@@ -286,7 +286,7 @@ def test_the_learner_cost_report_rebuilds_from_its_committed_json(tmp_path, monk
     assert (tmp_path / "sac_learner.md").read_text() == (committed / "sac_learner.md").read_text()
 
 
-def test_the_runtime_speed_report_rebuilds_from_its_committed_json_with_ratios_to_local(tmp_path, capsys):
+def test_the_runtime_speed_report_rebuilds_from_its_committed_json_with_ratios_to_local(tmp_path):
     """`hil.py speed report` writes the committed summary again, byte for byte; its ratio and
     the time 50k env steps take are the medians' own."""
     import json
@@ -295,7 +295,7 @@ def test_the_runtime_speed_report_rebuilds_from_its_committed_json_with_ratios_t
 
     committed = runs.RESULTS
     result = json.loads((committed / f"{hil.SPEED}.json").read_text())
-    runtime_speed.report(result, tmp_path, hil.SPEED, "PickCube-v1 from 64 px, hil.py tune pixels-serl, 4 envs")
+    runtime_speed.report(result, tmp_path, hil.SPEED, hil.SPEED_SETTING)
     text = (tmp_path / f"{hil.SPEED}.md").read_text()
     assert text == (committed / f"{hil.SPEED}.md").read_text()
     rates = result["env_steps_per_s"]
