@@ -35,6 +35,7 @@ drives the simulated robot through `embodied robot ... record.dataset=...`.
     python benchmarks/hil.py tune pickcube-state rlpd-serl-target-entropy  # one arm (or several)
     python benchmarks/hil.py tune pixels-serl views-stall-corrections  # HIL-SERL's views from pixels
     python benchmarks/hil.py tune pixels-dsrl  # DSRL over the built-in VLA SFT'd on the pixel demos
+    python benchmarks/hil.py tune pixels-serl shifts-stall-corrections --procs  # actor and learner apart
     python benchmarks/hil.py speed            # a pixel arm's env steps/s, runtime=local against procs
     python benchmarks/hil.py speed report     # rebuild that summary from its JSON
 
@@ -513,6 +514,11 @@ def main() -> None:
     parser.add_argument("--arms", nargs="*", default=[], help="a study: these of its arms only (default: all)")
     parser.add_argument("--speed-steps", type=int, default=1600, help="speed: env steps per timed run")
     parser.add_argument("--rounds", type=int, default=2, help="speed: turns of each runtime")
+    parser.add_argument(
+        "--procs",
+        action="store_true",
+        help="tune: actor and learner in two processes (runtime=procs, policy lag 1; 1.2x local in `speed`)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
     if args.command == "speed":
@@ -530,7 +536,9 @@ def main() -> None:
         if unknown:
             parser.error(f"{key} has no tuning arm {', '.join(unknown)}; its arms: {', '.join(TUNING_ARMS[key])}")
         if then != ["report"]:
-            tune(STUDIES[key], TUNING_ARMS[key], args.parallel, [arm for arm in then if arm != "report"], TUNING_DEMOS)
+            runtime = runtime_speed.RUNTIMES["procs, lag 1"] if args.procs else []
+            arms = [arm for arm in then if arm != "report"]
+            tune(STUDIES[key], TUNING_ARMS[key], args.parallel, arms, TUNING_DEMOS, runtime)
         tune_report(STUDIES[key], key)
         return
     if args.command in STUDIES:

@@ -33,15 +33,17 @@ def tune(
     parallel: int,
     only: list[str] | None = None,
     demos: dict[Path, tuple[list[str], int]] | None = None,
+    runtime: list[str] | None = None,
 ) -> None:
     """The study's tuning `arms` on seed 1 (`only`: these), each record with its learner's
     entropy and temperature; `demos`: demo sets some arms read beside the study's own (folder:
-    env overrides and episodes), recorded where an arm to run names them."""
+    env overrides and episodes), recorded where an arm to run names them; `runtime`: overrides
+    that run each arm in another runtime, recorded with the arm's own."""
     plain = study.arms[next(iter(study.arms))]
 
     def one(arm: str) -> None:
         name = tuning_run(study, arm)
-        extra = arms[arm]
+        extra = [*arms[arm], *(runtime or [])]
         overrides = [*(o for o in study.common if not o.startswith("seed=")), f"seed={TUNING_SEED}", *plain, *extra]
         train(name, overrides, study.steps, study.resume_with)
         annotate(name, arm=arm, seed=TUNING_SEED, overrides=overrides, extra=extra, learner=learner_curve(name, 500))
