@@ -91,13 +91,14 @@ class FlowPolicyConfig:
 
 
 def sde_step(
-    x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float, sigma_t: torch.Tensor
+    x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float | torch.Tensor, sigma_t: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std of the Flow-SDE transition from t to t - dt (see the module docstring)."""
+    """Mean and std of the Flow-SDE transition from t to t - dt (see the module docstring);
+    `dt` a float, or per row (B, 1) with `t` and `sigma_t`."""
     x0_hat = x_t - t * velocity
     x1_hat = x_t + (1 - t) * velocity
     mean = (1 - (t - dt)) * x0_hat + ((t - dt) - sigma_t.pow(2) * dt / (2 * t)) * x1_hat
-    return mean, math.sqrt(dt) * sigma_t
+    return mean, (dt.sqrt() if isinstance(dt, torch.Tensor) else math.sqrt(dt)) * sigma_t
 
 
 class FlowPolicy(nn.Module, NoiseSteering, PrefixGuided, Policy):
@@ -341,15 +342,20 @@ class FlowPolicy(nn.Module, NoiseSteering, PrefixGuided, Policy):
         if self.cfg.sampler == "ode":
             return torch.zeros(batch, device=device), None
         if self.cfg.sampler == "flow_sde":
-            total = torch.zeros(batch, device=device)
-            for step in range(self.cfg.denoise_steps):
-                chosen = sde_step_index == step
-                if chosen.any():
-                    mean, std = self._transition(
-                        state[chosen], chain[chosen, step], step, torch.ones_like(chosen[chosen])
-                    )
-                    total[chosen] = self._log_density(chain[chosen, step + 1], mean, std)
-            return total / self._reduction(), None
+            # each row's one stochastic step, all rows in one pass of the field: the same terms as
+            # the rollout's _transition, with t, dt and sigma looked up per row
+            step = sde_step_index.to(device, torch.long)
+            rows = torch.arange(batch, device=device)
+            steps = range(self.cfg.denoise_steps)
+            t = torch.tensor(self.times[:-1], device=device)[step, None]
+            dt = torch.tensor([self._dt(k) for k in steps], device=device)[step, None]
+            sigma = torch.tensor([self._sigma(k) for k in steps], device=device)[step, None]
+            x = chain[rows, step]
+            velocity, _ = self._field(state, x, t[:, 0], noise=False)
+            mean, _ = sde_step(x, velocity, t, dt, sigma)
+            std = torch.tensor([math.sqrt(self._dt(k)) for k in steps], device=device)[step, None] * sigma
+            log_prob = self._log_density(chain[rows, step + 1], mean, std.expand_as(mean))
+            return log_prob / self._reduction(), None
         start = self._log_density(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
         terms = []
         for step in range(self.cfg.denoise_steps):
