@@ -94,4 +94,5 @@ def make_gymnasium(
         stream,
         cfg.transport,
         asdict(cfg),
+        preload=("gymnasium", __name__),
     )

@@ -169,4 +169,5 @@ def make_maniskill(
         stream,
         cfg.transport,
         asdict(cfg),
+        preload=("torch", "mani_skill.envs", __name__),
     )

@@ -155,4 +155,5 @@ def make_robosuite(
         stream,
         cfg.transport,
         asdict(cfg),
+        preload=("robosuite", __name__),
     )
