@@ -1,6 +1,7 @@
 """Pipe workers are forked from one server per process that imported the simulator's modules
 once (`embodied.sim.vector.worker_context`), instead of each importing them in a fresh
-interpreter. Checked in a process of its own: the server belongs to the process that starts it."""
+interpreter, and the server ends with the process. Checked in a process of its own: the server
+belongs to the process that starts it."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from embodied.core.env import SingleEnv, SingleObservation, SingleStep
 from embodied.core.types import EnvSpec
@@ -72,3 +74,5 @@ def test_pipe_workers_fork_from_one_server_that_imported_the_simulator_once():
     assert len(servers) == 1 and probe["parent"] not in servers  # every worker forked from the same server
     assert len({pid for _, _, _, pid in workers}) == 6
     assert not probe["wave_here"]  # the preload is the server's: this process imported nothing for it
+    with pytest.raises(ProcessLookupError):  # stopped and waited for when the process exited
+        os.kill(int(servers.pop()), 0)
