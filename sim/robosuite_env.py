@@ -155,5 +155,5 @@ def make_robosuite(
         stream,
         cfg.transport,
         asdict(cfg),
-        preload=("robosuite", __name__),
+        preload=(__name__,),  # not robosuite: each worker imports it after setting MUJOCO_GL
     )
