@@ -62,24 +62,19 @@ def worker_context(preload: Sequence[str]) -> Any:
             del os.environ["OMP_NUM_THREADS"]
         else:
             os.environ["OMP_NUM_THREADS"] = threads
-    global _server_stopped_at_exit
-    if not _server_stopped_at_exit:
-        atexit.register(_stop_forkserver)
-        _server_stopped_at_exit = True
     return context
 
 
-_server_stopped_at_exit = False
-
-
+@atexit.register
 def _stop_forkserver() -> None:
-    """At exit: the forkserver stopped and waited for, so it does not outlive the run and its
-    workers' CPU time is counted as this process's children's (`time`, resource accounting)."""
+    """At exit: the forkserver (if this process started one) stopped and waited for, so it
+    does not outlive the run and its workers' CPU time is counted as this process's children's
+    (`time`, resource accounting)."""
     from multiprocessing import forkserver
 
     stop = getattr(forkserver._forkserver, "_stop", None)  # the method Python's own tests use
     if stop is not None:
-        stop()
+        stop()  # nothing to do where no server was started
 
 
 def _worker_main(

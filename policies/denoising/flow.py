@@ -94,7 +94,7 @@ def sde_step(
     x_t: torch.Tensor, velocity: torch.Tensor, t: torch.Tensor, dt: float | torch.Tensor, sigma_t: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and std of the Flow-SDE transition from t to t - dt (see the module docstring);
-    `dt` a float, or per row (B, 1) with `t` and `sigma_t`."""
+    `dt` a float, or per row (B, 1) with `t` and `sigma_t` (then the std is sqrt(dt) sigma_t too)."""
     x0_hat = x_t - t * velocity
     x1_hat = x_t + (1 - t) * velocity
     mean = (1 - (t - dt)) * x0_hat + ((t - dt) - sigma_t.pow(2) * dt / (2 * t)) * x1_hat
@@ -161,6 +161,11 @@ class FlowPolicy(nn.Module, NoiseSteering, PrefixGuided, Policy):
             counted = counted.flatten()
         self.register_buffer("counted", counted, persistent=False)  # None: every dimension counts
         self.times = [float(t) for t in torch.linspace(1.0, 0.0, cfg.denoise_steps + 1)]  # t_k = 1 - k/K
+        # per step k: t_k, dt_k, sqrt(dt_k), sigma_k, from the Python floats the rollout's
+        # _transition uses, so that recomputing a chain's log-prob looks them up per row
+        steps = range(cfg.denoise_steps)
+        terms = [[self.times[k], self._dt(k), math.sqrt(self._dt(k)), self._sigma(k)] for k in steps]
+        self.register_buffer("sde_terms", torch.tensor(terms), persistent=False)
         self.normalizer = RunningNormalizer(spec.state_dim)
         self._build_heads(context_dim or spec.state_dim)
         self.context_dim = context_dim or spec.state_dim
@@ -346,15 +351,11 @@ class FlowPolicy(nn.Module, NoiseSteering, PrefixGuided, Policy):
             # the rollout's _transition, with t, dt and sigma looked up per row
             step = sde_step_index.to(device, torch.long)
             rows = torch.arange(batch, device=device)
-            steps = range(self.cfg.denoise_steps)
-            t = torch.tensor(self.times[:-1], device=device)[step, None]
-            dt = torch.tensor([self._dt(k) for k in steps], device=device)[step, None]
-            sigma = torch.tensor([self._sigma(k) for k in steps], device=device)[step, None]
+            t, dt, sqrt_dt, sigma = self.sde_terms.to(device)[step].split(1, dim=-1)  # (B, 1) each
             x = chain[rows, step]
             velocity, _ = self._field(state, x, t[:, 0], noise=False)
             mean, _ = sde_step(x, velocity, t, dt, sigma)
-            std = torch.tensor([math.sqrt(self._dt(k)) for k in steps], device=device)[step, None] * sigma
-            log_prob = self._log_density(chain[rows, step + 1], mean, std.expand_as(mean))
+            log_prob = self._log_density(chain[rows, step + 1], mean, (sqrt_dt * sigma).expand_as(mean))
             return log_prob / self._reduction(), None
         start = self._log_density(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
         terms = []
