@@ -20,7 +20,10 @@ does, and is asked of the mean over two seeds.
   scripted expert correcting it, against RLPD alone: 3000 env steps, the best of the periodic
   evaluations (16 episodes at 1000, 2000 and 3000 env steps). Seeds 1-3 gave 1.00, 0.94 and
   0.75 with corrections (the operator driving 38-39% of steps), 0.69, 0.38 and 0.44 alone; an
-  untrained policy succeeds in none of 16 episodes (seeds 1-2). About 115 s of CPU a run. Goal
+  untrained policy succeeds in none of 16 episodes (seeds 1-2). Measured again at c2d8764:
+  seeds 1-2 gave 1.00 and 0.75 with corrections (the operator driving 39% and 37% of steps),
+  0.69 and 0.38 alone, so a goal per seed would sit on seed 2's edge; the goal on the mean has
+  0.125 to spare. About 115 s of CPU a run on an idle machine. Goal
   0.75 with corrections, and 0.25 above RLPD alone, over seeds 1-2. The pixel path's RLPD is
   not here: rendering alone (45-90 ms a camera frame on a CPU) would make it the suite's
   longest test, so `test_sac_pixels.py` checks its plumbing and the pixel study its learning."""
