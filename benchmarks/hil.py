@@ -465,6 +465,14 @@ TUNING_ARMS = {
             "algo.actor_projection=critics",
             *STALL_WSRL_ANCHORED,
         ],
+        # the best pixel arm so far (shifts-stall-corrections, 0.25) without ConRFT's BC term, as
+        # HIL-SERL trains: the pretrained arm's actor fitted the demos' frames to a BC loss of 0.008
+        # and failed off them; here demos and corrections reach the actor through the critics alone
+        "shifts-no-bc-stall-corrections": [
+            "algo.image_augmentation=cached_shifts",
+            *STALL_CORRECTIONS,
+            "algo.bc_weight=0",
+        ],
         # the same wiring on the best pixel arm so far (shifts-stall-corrections, 0.25): one change
         "shifts-critics-projection-stall-corrections": [
             "algo.image_augmentation=cached_shifts",
