@@ -141,17 +141,21 @@ def test_interventions_are_recorded_with_both_actions_and_the_flag(tmp_path):
     executed = [s for s in steps if "executed_action" in s]
     dataset = load(root)
     assert summary["dataset"]["episodes_saved"] == [0, 1] and dataset.num_episodes == 2
-    assert dataset.num_frames == len(executed) == 24
+    # a tick whose answer came late executes nothing (source "none": the robot keeps its last
+    # command), so it is no frame; on a busy machine the first tick of an episode can be one
+    lengths = [episode["steps"] for episode in summary["episodes"]]
+    assert dataset.num_frames == len(executed) == sum(lengths) and min(lengths) >= 10, lengths
+    assert summary["action_sources"]["none"] == 24 - len(executed)
     np.testing.assert_allclose(column(dataset, "action"), [s["executed_action"] for s in executed], atol=1e-5)
     flags = column(dataset, "intervention").reshape(-1)
-    assert flags.tolist() == [s["source"] == "teleop" for s in executed] and 0 < flags.sum() < 24
+    assert flags.tolist() == [s["source"] == "teleop" for s in executed] and 0 < flags.sum() < len(executed)
     # the policy's zeros are kept under the operator's actions; a tick its answer missed holds NaN, as logged
     policy = column(dataset, "policy_action").reshape(-1)
     logged = [s["policy_action"][0] if "policy_action" in s else np.nan for s in executed]
     np.testing.assert_array_equal(policy, np.array(logged, np.float32))
-    assert np.count_nonzero(policy == 0.0) >= 20
+    assert np.count_nonzero(policy == 0.0) >= len(executed) - 4
     done = column(dataset, "next.done").reshape(-1)
-    assert np.flatnonzero(done).tolist() == [11, 23]
+    assert np.flatnonzero(done).tolist() == [lengths[0] - 1, sum(lengths) - 1]
     assert not column(dataset, "safety_override").any()  # policy and operator actions only
     assert dataset[0]["task"] == "swing up"
     rewards = column(dataset, "next.reward").reshape(-1)
