@@ -164,7 +164,7 @@ RLPD_MARGIN = 0.25  # by which corrections beat RLPD alone on that mean
 
 @pytest.mark.slow
 @pytest.mark.learning
-# four runs of about 115 s of CPU at once: 4-5 min on two idle cores, 12 min beside a training
+# four runs at once: 8 min alone on a 2-core machine (478 s at cff11c9), 12 min beside a training
 # run and the other test workers (a fresh-clone run at cb4bd76), past the suite's 600 s limit
 @pytest.mark.timeout(1500)
 def test_rlpd_learns_pushcube_sooner_with_an_operators_corrections_than_alone(pushcube_demos, tmp_path):
