@@ -53,7 +53,7 @@ class TrainConfig:
     # On resume, the episodes in progress at the checkpoint: replay them exactly (a simulator
     # whose physics does not depend on its history) or start new ones.
     env_resume: str = "replay"
-    checkpoint_every: int = 10  # iterations
+    checkpoint_every: int = 10  # iterations (a rollout and the update on it)
     keep_checkpoints: int = 3
     eval_episodes: int = 50  # evaluated after training; 0 to skip
     eval_video_episodes: int = 0
@@ -74,7 +74,7 @@ class SFTConfig:
     dataset: Optional[str] = None  # a LeRobotDataset folder (demos, `embodied collect`, tools/demos.py)
     frames: str = "all"  # all | interventions (HG-DAgger: only the operator's corrections)
     init: Optional[str] = None  # a run or checkpoint whose policy weights (and input statistics) to start from
-    steps: int = 2000  # gradient steps
+    iterations: int = 2000  # gradient steps, one batch each
     batch_size: int = 256
     lr: float = 3e-4
     weight_decay: float = 0.0
@@ -86,9 +86,9 @@ class SFTConfig:
     runs_root: str = "runs"
     run_dir: Optional[str] = None
     resume: Optional[str] = None  # an SFT run directory to continue
-    checkpoint_every: int = 500  # steps; the last step is always saved
+    checkpoint_every: int = 500  # iterations; the last one is always saved
     keep_checkpoints: int = 3
-    log_every: int = 50  # steps between logged losses (the validation loss too)
+    log_every: int = 50  # iterations between logged losses (the validation loss too)
     eval_episodes: int = 20  # evaluated in the env after training; 0 to skip
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
@@ -118,7 +118,7 @@ def check_values(config: Any) -> None:
     positive = {
         "TrainConfig": ("total_env_steps",),
         "EvalConfig": ("episodes", "trials"),
-        "SFTConfig": ("steps", "batch_size", "log_every"),
+        "SFTConfig": ("iterations", "batch_size", "log_every"),
     }.get(type(config).__name__, ())
     for key in positive:
         if getattr(config, key) < 1:

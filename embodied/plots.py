@@ -18,8 +18,8 @@ PANELS = [
     ("rollout/success_rate", "training success (last 100 episodes)", "env_steps"),
     ("eval/success_rate", "evaluation success (deterministic)", "env_steps"),
     ("rollout/episode_return", "training episode return", "env_steps"),
-    ("sft/loss", "SFT loss", "sft_step"),
-    ("sft/val_loss", "SFT validation loss", "sft_step"),
+    ("sft/loss", "SFT loss", "iteration"),
+    ("sft/val_loss", "SFT validation loss", "iteration"),
 ]
 
 

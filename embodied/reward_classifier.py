@@ -42,7 +42,7 @@ class RewardClassifierConfig:
     dataset: Optional[str] = None  # a LeRobotDataset with camera images
     positive_tail: int = 10  # the last frames of a successful episode that count as success
     hidden: list[int] = field(default_factory=lambda: [256])
-    steps: int = 500
+    iterations: int = 500  # gradient steps, one batch each
     batch_size: int = 256
     lr: float = 1e-3
     val_fraction: float = 0.2  # episodes held out for accuracy, precision and recall
@@ -69,8 +69,8 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
 
     if not config.dataset:
         raise ConfigError("the reward classifier needs dataset=<LeRobotDataset with camera images>")
-    if config.positive_tail < 1 or config.steps < 1:
-        raise ConfigError("positive_tail and steps must be >= 1")
+    if config.positive_tail < 1 or config.iterations < 1:
+        raise ConfigError("positive_tail and iterations must be >= 1")
     info = dataset_info(config.dataset)
     names = cameras(info)
     if not names:
@@ -98,7 +98,7 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
     loss_fn = nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(train_rows) - positives) / positives))
     optimizer = torch.optim.Adam(model.head.parameters(), lr=config.lr)
     generator = np.random.default_rng(config.seed)
-    for _ in range(config.steps):
+    for _ in range(config.iterations):
         rows = train_rows[generator.integers(0, len(train_rows), config.batch_size)]
         loss = loss_fn(model.logits(features[rows]), target[rows])
         optimizer.zero_grad()
@@ -126,7 +126,7 @@ def train_reward_classifier(config: RewardClassifierConfig) -> tuple[Path, dict[
     (run_dir / "config.yaml").write_text(config_yaml)
     save_checkpoint(
         run_dir / "checkpoints",
-        f"iter_{config.steps:06d}",
+        f"iter_{config.iterations:06d}",
         {k: v.detach() for k, v in model.head.state_dict().items()},
         state,
         config_yaml,

@@ -175,7 +175,7 @@ def run_sft(config: SFTConfig) -> Path:
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     generator = np.random.default_rng(config.seed)
     run_dir, config_yaml = open_run_dir(config)
-    step = restore(config, run_dir, policy, optimizer, generator, demos.rows[train_samples], demos)
+    iteration = restore(config, run_dir, policy, optimizer, generator, demos.rows[train_samples], demos)
     logger.info(
         "SFT on %d frames of %d episodes (%d held out), %s",
         len(train_samples),
@@ -185,40 +185,41 @@ def run_sft(config: SFTConfig) -> Path:
     )
     features = frozen_features(policy, demos, config.batch_size, device)
     metrics_log = MetricLogger(
-        run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)), step_key="sft_step"
+        run_dir, config.logger, OmegaConf.to_container(OmegaConf.create(config_yaml)), step_key="iteration"
     )
     bar = tqdm(
-        total=config.steps,
-        initial=step,
-        unit="step",
+        total=config.iterations,
+        initial=iteration,
+        unit="iteration",
         desc="sft",
         disable=not config.logger.progress_bar,
         dynamic_ncols=True,
     )
     try:
         policy.train()
-        while step < config.steps:
+        while iteration < config.iterations:
             samples = train_samples[generator.integers(0, len(train_samples), config.batch_size)]
             loss = bc_loss(policy, demos, samples, features, device)
             optimizer.zero_grad()
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), config.max_grad_norm)
             optimizer.step()
-            step += 1
+            iteration += 1
             bar.update(1)
-            if step % config.log_every == 0 or step == config.steps:
+            if iteration % config.log_every == 0 or iteration == config.iterations:
                 metrics = {"sft/loss": float(loss.detach()), "sft/grad_norm": float(grad_norm)}
                 if len(val_samples):
                     metrics["sft/val_loss"] = validation_loss(
                         policy, demos, val_samples, features, config.batch_size, device
                     )
-                metrics_log.log(metrics, step)
+                metrics_log.log(metrics, iteration)
                 bar.set_postfix(
                     loss=f"{metrics['sft/loss']:.4f}",
                     **({"val": f"{metrics['sft/val_loss']:.4f}"} if "sft/val_loss" in metrics else {}),
                 )
-            if step == config.steps or (config.checkpoint_every > 0 and step % config.checkpoint_every == 0):
-                save(config, run_dir, config_yaml, spec, policy, optimizer, generator, step)
+            last = iteration == config.iterations
+            if last or (config.checkpoint_every > 0 and iteration % config.checkpoint_every == 0):
+                save(config, run_dir, config_yaml, spec, policy, optimizer, generator, iteration)
     finally:
         bar.close()
         metrics_log.close()
@@ -247,17 +248,17 @@ def restore(
     train_rows: np.ndarray,
     demos: Demonstrations,
 ) -> int:
-    """The step to start from: a resumed run's checkpoint restored (weights, optimizer, sampler,
+    """The iteration to start from: a resumed run's checkpoint restored (weights, optimizer, sampler,
     RNG, metrics cut back to it), or `init`'s weights, or statistics fitted to the training rows."""
     if config.resume:
         weights, saved = load_checkpoint(resolve_checkpoint(run_dir))
         load_policy_weights(policy, weights, saved)
         optimizer.load_state_dict(saved["sft"]["optimizer"])
         generator.bit_generator.state = saved["sft"]["sampler"]
-        step = int(saved["sft"]["step"])
+        iteration = int(saved["iteration"])
         set_rng_state(saved["rng"])
-        drop_metrics_after(run_dir, "sft_step", step)
-        return step
+        drop_metrics_after(run_dir, "iteration", iteration, renamed_from="sft_step")
+        return iteration
     if config.init:  # e.g. the deployed policy, for a round of HG-DAgger on its corrections
         load_run_policy(config.init, into=policy, label=f"policy '{config.policy.name}' on this env")
     else:  # statistics from the demonstrations, once: the policy meets these states first
@@ -276,15 +277,15 @@ def save(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
     generator: np.random.Generator,
-    step: int,
+    iteration: int,
 ) -> None:
-    """Checkpoint `iter_<step>`: the trained weights (a frozen pretrained part left out) and
+    """Checkpoint `iter_<iteration>`: the trained weights (a frozen pretrained part left out) and
     what resuming needs, in the layout `embodied train` writes, so serve and evaluate load it."""
     weights, left_out = without_pretrained_frozen(policy, {k: v.detach().cpu() for k, v in policy.state_dict().items()})
     state = {
-        "sft": {"step": step, "optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
+        "sft": {"optimizer": optimizer.state_dict(), "sampler": generator.bit_generator.state},
         "rng": get_rng_state(),
-        "iteration": step,
+        "iteration": iteration,
         "env_steps": 0,
         "learner": {"policy_version": 0},
         "spec": spec.to_dict(),
@@ -292,7 +293,7 @@ def save(
         "pretrained_frozen": left_out,
     }
     save_checkpoint(
-        run_dir / "checkpoints", f"iter_{step:06d}", weights, state, config_yaml, keep=config.keep_checkpoints
+        run_dir / "checkpoints", f"iter_{iteration:06d}", weights, state, config_yaml, keep=config.keep_checkpoints
     )
 
 

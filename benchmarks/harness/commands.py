@@ -36,11 +36,11 @@ def embodied_side_by_side(commands: list[list[str]]) -> None:
         raise SystemExit(f"failed: {failed}")
 
 
-def sft_or_resume(run_dir: Path, steps: int, settings: list[str]) -> None:
-    """`embodied sft` with `settings` into `run_dir` for `steps` gradient steps, or, where an
+def sft_or_resume(run_dir: Path, iterations: int, settings: list[str]) -> None:
+    """`embodied sft` with `settings` into `run_dir` for `iterations` gradient steps, or, where an
     earlier try left a checkpoint there, that run continued (or found finished)."""
     quiet = ["eval_episodes=0", "logger.progress_bar=false"]
     if resumable(run_dir):
-        embodied("sft", f"resume={run_dir}", f"steps={steps}", *quiet)
+        embodied("sft", f"resume={run_dir}", f"iterations={iterations}", *quiet)
     else:
-        embodied("sft", *settings, f"steps={steps}", f"run_dir={run_dir}", *quiet)
+        embodied("sft", *settings, f"iterations={iterations}", f"run_dir={run_dir}", *quiet)

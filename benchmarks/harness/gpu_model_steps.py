@@ -56,7 +56,7 @@ def vla_sft(work: str, smoke: bool, device: str) -> dict[str, Any]:
             *(SMOKE_EPISODES if smoke else []),
             "policy=flow_vla",
             f"runtime.device={device}",
-            f"steps={2 if smoke else 4000}",
+            f"iterations={2 if smoke else 4000}",
             f"eval_episodes={1 if smoke else 144}",
             f"run_dir={sft}",
             "logger.progress_bar=false",

@@ -35,7 +35,9 @@ RENAMED_IN = {
     "demos": {"root": "dataset"},
     # device settings under `runtime.`, as training has them
     "serve": {"device": "runtime.device", "torch_threads": "runtime.torch_threads"},
-    "sft": {"device": "runtime.device"},
+    # every `*_every` counts iterations: an SFT iteration is one gradient step
+    "sft": {"device": "runtime.device", "steps": "iterations"},
+    "reward": {"steps": "iterations"},
 }
 
 

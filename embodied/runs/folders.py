@@ -33,12 +33,17 @@ def refuse_a_used_run_dir(run_dir: Path) -> None:
         )
 
 
-def drop_metrics_after(run_dir: Path, step_key: str, step: int) -> None:
-    """A resumed run rewrites what came after its checkpoint; keep the log consistent."""
+def drop_metrics_after(run_dir: Path, step_key: str, step: int, renamed_from: str | None = None) -> None:
+    """A resumed run rewrites what came after its checkpoint; keep the log consistent. A log
+    written when the x-axis had another name (`renamed_from`) is rewritten in today's."""
     path = run_dir / "metrics.jsonl"
     if path.is_file():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)[step_key] <= step]
-        path.write_text("".join(line + "\n" for line in kept))
+        records = [json.loads(line) for line in path.read_text().splitlines() if line]
+        for record in records:
+            if renamed_from in record:
+                record[step_key] = record.pop(renamed_from)
+        kept = [record for record in records if record[step_key] <= step]
+        path.write_text("".join(json.dumps(record) + "\n" for record in kept))
 
 
 class MetricLogger:

@@ -284,7 +284,7 @@ def test_a_dataset_folder_is_dataset_everywhere():
 def test_device_settings_are_under_runtime_for_every_verb(tmp_path):
     """`runtime.device` and `runtime.torch_threads` mean the same to train, serve and sft; the
     old top-level keys of serve and sft are refused with the new ones, and an SFT run saved with
-    a top-level `device` reloads with it under `runtime.`."""
+    a top-level `device` (and `steps`, now `iterations`) reloads with them in their new places."""
     from omegaconf import OmegaConf
 
     from embodied.config import SFTConfig, checkpoint_config, to_yaml
@@ -300,10 +300,14 @@ def test_device_settings_are_under_runtime_for_every_verb(tmp_path):
         compose("serve", ["torch_threads=2"])
     with pytest.raises(ConfigError, match=r"'device' was renamed: pass runtime\.device=cuda"):
         compose("sft", ["device=cuda"])
+    for verb in ("sft", "reward"):  # gradient steps are iterations, the unit of every `*_every`
+        with pytest.raises(ConfigError, match=r"'steps' was renamed: pass iterations=300"):
+            compose(verb, ["steps=300"])
 
     saved = OmegaConf.create(to_yaml(to_schema(SFTConfig, compose("sft", ["dataset=data/demos"]))))
     saved.device = saved.pop("runtime").device  # as an SFT run written before runtime.device has it
     saved.device = "cpu"
+    saved.steps = saved.pop("iterations")
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     loaded = checkpoint_config(tmp_path)
-    assert isinstance(loaded, SFTConfig) and loaded.runtime.device == "cpu"
+    assert isinstance(loaded, SFTConfig) and loaded.runtime.device == "cpu" and loaded.iterations == 2000

@@ -121,7 +121,7 @@ def test_flow_sft_on_scripted_demos_succeeds_where_an_untrained_policy_does_not(
             "env.num_workers=0",
             "policy.hidden=[64,64]",
             "policy.critic_hidden=[32]",
-            f"steps={SFT_STEPS}",
+            f"iterations={SFT_STEPS}",
             "batch_size=64",
             f"seed={seed}",
             f"run_dir={run_dir}",

@@ -25,7 +25,7 @@ def test_training_and_sft_runs_share_one_figure_each_panel_with_the_runs_that_ha
         cut_last=True,
     )
     sft = write_run(
-        tmp_path / "sft", [{"sft_step": 50 * i, "sft/loss": 1 / i, "sft/val_loss": 1.1 / i} for i in range(1, 4)]
+        tmp_path / "sft", [{"iteration": 50 * i, "sft/loss": 1 / i, "sft/val_loss": 1.1 / i} for i in range(1, 4)]
     )
     panels = {metric: lines for metric, _, _, lines in curves({"ppo": read_metrics(train), "sft": read_metrics(sft)})}
     assert list(panels) == [

@@ -60,7 +60,7 @@ def test_the_classifier_learns_a_separable_toy_set(tmp_path):
                 "reward",
                 f"dataset={tmp_path / 'toy'}",
                 "positive_tail=4",
-                "steps=150",
+                "iterations=150",
                 "batch_size=64",
                 "val_fraction=0.3",
                 f"run_dir={run_dir}",

@@ -137,7 +137,7 @@ def test_multi_task_demos_alternate_tasks_and_train_one_policy_for_all(tmp_path)
     assert tasks == ["push the cube to the goal region", "pick up the cube and move it to the goal position"] * 2
     padded = with_state_padding(ManiSkillConfig(tasks=["PushCube-v1", "PickCube-v1"], control_mode="pd_ee_delta_pos"))
     assert frames["observation.state"].reshape(len(frames["task"]), -1).shape[1] == padded.state_dim
-    run_dir = sft_run(tmp_path, root, "steps=20", "val_fraction=0", *multitask[:2], policy=("policy=token_vla",))
+    run_dir = sft_run(tmp_path, root, "iterations=20", "val_fraction=0", *multitask[:2], policy=("policy=token_vla",))
     output = evaluate_checkpoint(
         EvalConfig(checkpoint=str(run_dir), episodes=2, progress_bar=False, output=str(tmp_path / "eval"))
     )
@@ -170,7 +170,7 @@ def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
         root,
         "env.obs_mode=rgb",
         "env.image_size=32",
-        "steps=4",
+        "iterations=4",
         "log_every=2",
         policy=("policy=flow_vla", "policy.hidden=[32]", "policy.critic_hidden=[16]"),
     )
@@ -179,9 +179,9 @@ def test_camera_frames_read_back_exactly_as_the_env_rendered_them(tmp_path):
 
 
 def test_sft_lowers_the_loss_and_its_run_is_evaluated_like_any_run(pickcube_demos, tmp_path):
-    run_dir = sft_run(tmp_path, pickcube_demos, "steps=100", "lr=1e-3", "batch_size=64", "log_every=20")
+    run_dir = sft_run(tmp_path, pickcube_demos, "iterations=100", "lr=1e-3", "batch_size=64", "log_every=20")
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["sft_step"] for m in logged] == [20, 40, 60, 80, 100]
+    assert [m["iteration"] for m in logged] == [20, 40, 60, 80, 100]
     assert logged[-1]["sft/loss"] < 0.8 * logged[0]["sft/loss"]
     assert all(np.isfinite(m["sft/val_loss"]) for m in logged)  # one of the three episodes is held out
     assert main(["eval", f"checkpoint={run_dir}", "episodes=2", "progress_bar=false"]) == 0
@@ -190,30 +190,33 @@ def test_sft_lowers_the_loss_and_its_run_is_evaluated_like_any_run(pickcube_demo
 
 
 def test_a_resumed_sft_run_ends_with_the_weights_of_an_uninterrupted_one(pickcube_demos, tmp_path):
-    whole = sft_run(tmp_path, pickcube_demos, "steps=30", "checkpoint_every=0", name="whole")
-    sft_run(tmp_path, pickcube_demos, "steps=20", "checkpoint_every=0", name="cut")
-    resumed = run_sft(sft_config(["steps=30"], resume=str(tmp_path / "cut")))
+    whole = sft_run(tmp_path, pickcube_demos, "iterations=30", "checkpoint_every=0", name="whole")
+    cut = sft_run(tmp_path, pickcube_demos, "iterations=20", "checkpoint_every=0", name="cut")
+    # as a run written before `steps` was `iterations` and the log's x-axis `iteration`
+    (cut / "config.yaml").write_text((cut / "config.yaml").read_text().replace("iterations: 20", "steps: 20"))
+    (cut / "metrics.jsonl").write_text((cut / "metrics.jsonl").read_text().replace('"iteration"', '"sft_step"'))
+    resumed = run_sft(sft_config(["iterations=30"], resume=str(tmp_path / "cut")))
     expected, _ = load_checkpoint(resolve_checkpoint(whole))
     weights, state = load_checkpoint(resolve_checkpoint(resumed))
-    assert state["sft"]["step"] == 30
+    assert state["iteration"] == 30
     assert all(torch.equal(expected[k], weights[k]) for k in expected)
-    steps = [json.loads(line)["sft_step"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["iteration"] for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     assert steps == [10, 20, 30]
     with pytest.raises(ConfigError, match=r"cannot change 'dataset' .* this command 'elsewhere'\)"):
         sft_config(["dataset=elsewhere"], resume=str(resumed))
     # the starting command again, with resume= added: its restated settings are the run's
     again = [f"dataset={pickcube_demos}", EE_CONTROL, "env.num_envs=2", "env.num_workers=0", *SMALL_FLOW]
-    assert sft_config([*again, "steps=40"], resume=str(resumed)).steps == 40
+    assert sft_config([*again, "iterations=40"], resume=str(resumed)).iterations == 40
     with pytest.raises(ConfigError, match=r"cannot change 'env\.num_envs' .* \(the run has 2, this command 16\)"):
         sft_config([f"dataset={pickcube_demos}", "env=maniskill_pickcube"], resume=str(resumed))
     logged = (whole / "metrics.jsonl").read_text()
     with pytest.raises(ConfigError, match="already holds a run"):  # a new run into it would mix the two
-        sft_run(tmp_path, pickcube_demos, "steps=5", name="whole")
+        sft_run(tmp_path, pickcube_demos, "iterations=5", name="whole")
     assert (whole / "metrics.jsonl").read_text() == logged
 
 
 def test_a_new_training_run_starts_from_the_sft_weights_with_init(pickcube_demos, tmp_path):
-    run_dir = sft_run(tmp_path, pickcube_demos, "steps=10")
+    run_dir = sft_run(tmp_path, pickcube_demos, "iterations=10")
     sft_weights, _ = load_checkpoint(resolve_checkpoint(run_dir))
     overrides = [
         "env=maniskill_pickcube",
@@ -310,21 +313,25 @@ def test_a_dataset_that_does_not_fit_the_env_is_refused_naming_each_difference(t
 
 @pytest.mark.parametrize("policy", ["token_vla", "mlp_gaussian", "diffusion"])
 def test_token_gaussian_and_diffusion_policies_learn_the_demos_by_their_own_loss(pickcube_demos, tmp_path, policy):
-    run_dir = sft_run(tmp_path, pickcube_demos, "steps=30", "lr=1e-3", "val_fraction=0", policy=(f"policy={policy}",))
+    run_dir = sft_run(
+        tmp_path, pickcube_demos, "iterations=30", "lr=1e-3", "val_fraction=0", policy=(f"policy={policy}",)
+    )
     losses = [json.loads(line)["sft/loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 3 and losses[-1] < 0.85 * losses[0]
 
 
 def test_an_hg_dagger_round_starts_from_the_corrected_policy_and_keeps_its_statistics(pickcube_demos, tmp_path):
-    deployed = sft_run(tmp_path, pickcube_demos, "steps=10", name="deployed")
+    deployed = sft_run(tmp_path, pickcube_demos, "iterations=10", name="deployed")
     again = sft_run(
-        tmp_path, pickcube_demos, "steps=1", "lr=0", f"init={deployed}", "frames=interventions", name="round"
+        tmp_path, pickcube_demos, "iterations=1", "lr=0", f"init={deployed}", "frames=interventions", name="round"
     )
     start, _ = load_checkpoint(resolve_checkpoint(deployed))
     after, _ = load_checkpoint(resolve_checkpoint(again))
     assert all(torch.equal(start[k], after[k]) for k in start)  # lr 0: the weights and statistics it began with
     with pytest.raises(ConfigError, match=f"init={deployed}: its weights do not fit policy 'mlp_gaussian'"):
-        sft_run(tmp_path, pickcube_demos, "steps=1", f"init={deployed}", name="wrong", policy=("policy=mlp_gaussian",))
+        sft_run(
+            tmp_path, pickcube_demos, "iterations=1", f"init={deployed}", name="wrong", policy=("policy=mlp_gaussian",)
+        )
 
 
 @pytest.mark.slow
@@ -337,7 +344,7 @@ def test_pi0_sft_on_a_new_dataset_keeps_the_datasets_statistics_in_its_checkpoin
     from tests.policies.tiny import TINY_PI0
 
     run_dir = sft_run(
-        tmp_path, pickcube_demos, "steps=2", "val_fraction=0", policy=(*TINY_PI0, "policy.normalization=dataset")
+        tmp_path, pickcube_demos, "iterations=2", "val_fraction=0", policy=(*TINY_PI0, "policy.normalization=dataset")
     )
     frames = read_frames(pickcube_demos, ["observation.state", "action"])
     loaded = load_run_policy(run_dir).policy
