@@ -7,8 +7,10 @@ weights on the CPU; and SmolVLA at its published size (chunk parity, time, peak 
 lerobot builds each model, saves it with `save_pretrained` and its processors in every mode
 (tests/policies/pi0_reference.py under .venv-pi0ref, the harness the tests use); this
 project's `policy=pi0` / `pi05` loads each folder and acts on the same raw inputs with the same
-noise. The real-size side (the model alone: chunk parity, load time, peak memory against
-lerobot's) is benchmarks/pi0_real_size.py; its latest figures are quoted beside these.
+noise. The measuring is tests/policies/pipeline_parity.py, the parity tests' own harness, run
+as `python -m` from the repository root; this script records and reports. The real-size side
+(the model alone: chunk parity, load time, peak memory against lerobot's) is
+benchmarks/pi0_real_size.py; its latest figures are quoted beside these.
 
     python benchmarks/checkpoint_parity.py          # run (about three minutes) and report
     python benchmarks/checkpoint_parity.py report   # rebuild the report from the committed runs"""
@@ -23,13 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from harness.reports import save_with_summary
 from harness.runs import RESULTS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.append(str(ROOT))  # for tests.policies; after the installed package, never before it
 
 RUNS_FILE = RESULTS / "checkpoint_parity" / "runs.json"  # per-model, per-mode differences (committed)
 GOAL = 1e-5  # the largest action difference accepted, as in the tests
@@ -37,25 +36,13 @@ COMMAND = "python benchmarks/checkpoint_parity.py"
 
 
 def run() -> None:
-    from tests.policies import smolvla_parity
-    from tests.policies.pi0_parity import PROCESSOR_MODES, REFERENCE_PYTHON, pipeline_actions, run_reference
-
-    if not REFERENCE_PYTHON.exists():
-        sys.exit(f"{REFERENCE_PYTHON} is missing: bash tools/setup.sh test makes it")
-
-    runs = []
     with tempfile.TemporaryDirectory() as folder:
-        work = smolvla_parity.run_reference(Path(folder))
-        for mode in smolvla_parity.NORM_MAPS:
-            ours, reference = smolvla_parity.pipeline_actions(work, mode, work / "ours" / mode)
-            runs.append(difference("smolvla", mode, ours, reference))
-    for model, modes in PROCESSOR_MODES.items():
-        with tempfile.TemporaryDirectory() as folder:
-            work = run_reference(Path(folder), model)
-            for mode in modes:
-                ours, reference = pipeline_actions(work, model, mode, work / "ours" / mode)
-                runs.append(difference(model, mode, ours, reference))
-    published = smolvla_published(REFERENCE_PYTHON)
+        measured = Path(folder) / "measured.json"
+        # the parity tests' own harness measures, in the tests package that `-m` finds from the root
+        done = subprocess.run([sys.executable, "-m", "tests.policies.pipeline_parity", str(measured)], cwd=ROOT)
+        if done.returncode != 0:
+            sys.exit(f"the measurement failed (exit {done.returncode}); its output is above")
+        measured = json.loads(measured.read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     RUNS_FILE.parent.mkdir(parents=True, exist_ok=True)
     RUNS_FILE.write_text(
@@ -64,84 +51,10 @@ def run() -> None:
                 "commit": commit.stdout.strip(),
                 "machine": f"{platform.machine()}, {_cores()} CPU cores, no GPU",
                 "command": COMMAND,
-                "runs": runs,
-                "smolvla_published_size": published,
+                **measured,
             },
             indent=2,
         )
-    )
-
-
-def difference(model: str, mode: str, ours: np.ndarray, reference: np.ndarray) -> dict:
-    row = {
-        "model": model,
-        "mode": mode,
-        "size": "tiny",
-        "max_abs_difference": float(np.abs(ours - reference).max()),
-        "max_abs_action": float(np.abs(reference).max()),
-    }
-    print(f"[{model} {mode}] largest difference {row['max_abs_difference']:.1e}", flush=True)
-    return row
-
-
-def smolvla_published(reference_python: Path, runs: int = 3) -> dict:
-    """SmolVLA at its published size, random weights: lerobot builds, saves and times one chunk
-    (50 actions, 10 steps, two 512 px cameras, batch 3); ours loads the files and times the
-    same chunk, each side in its own process."""
-    from tests.policies import smolvla_parity
-
-    with tempfile.TemporaryDirectory() as folder:
-        work = Path(folder)
-        print("[smolvla published size] lerobot: random weights, save_pretrained, chunks", flush=True)
-        smolvla_parity.run_reference(work, smolvla_parity.PUBLISHED_SPEC, processors=False, timed_runs=runs)
-        print("[smolvla published size] ours: load the checkpoint, chunks", flush=True)
-        subprocess.run([sys.executable, __file__, "smolvla-ours", str(work), str(runs)], check=True, cwd=ROOT)
-        theirs, mine = np.load(work / "reference.npz"), np.load(work / "ours.npz")
-        return {
-            "parameters": {"ours": int(mine["parameters"]), "lerobot": int(theirs["parameters"])},
-            "chunk_s": {
-                "ours": float(np.median(mine["seconds"][1:])),
-                "lerobot": float(np.median(theirs["seconds"][1:])),
-            },
-            "peak_gb": {"ours": float(mine["peak_bytes"]) / 1e9, "lerobot": float(theirs["peak_bytes"]) / 1e9},
-            "checkpoint_load_s": {"ours": float(mine["load_s"]), "lerobot": float(theirs["load_s"])},
-            "max_abs_difference": float(np.abs(mine["actions"] - theirs["actions"]).max()),
-            "max_abs_action": float(np.abs(theirs["actions"]).max()),
-        }
-
-
-def smolvla_ours(work: Path, runs: int) -> None:
-    """Our side of the published-size run, in a process of its own."""
-    import resource
-    import time
-
-    import torch
-
-    from embodied.policies.pretrained.smolvla_model import resize_with_pad
-
-    started = time.perf_counter()
-    from tests.policies.smolvla_parity import PUBLISHED_SPEC, loaded
-
-    model = loaded(work, PUBLISHED_SPEC).model
-    load_s = time.perf_counter() - started
-    t = {name: torch.from_numpy(value) for name, value in np.load(work / "inputs.npz").items()}
-    images = [resize_with_pad(t[f"frame{i}"], PUBLISHED_SPEC["image_size"]) for i in range(2)]
-    present = [torch.ones(len(t["state"]), dtype=torch.bool)] * 2
-    seconds = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        with torch.inference_mode():
-            actions = model.sample(
-                images, present, t["tokens"], t["token_mask"], t["state"], t["noise"], PUBLISHED_SPEC["steps"]
-            )
-        seconds.append(time.perf_counter() - started)
-    np.savez(
-        work / "ours.npz",
-        actions=actions.numpy(),
-        seconds=np.array(seconds),
-        load_s=load_s,
-        peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        parameters=sum(p.numel() for p in model.parameters()),
     )
 
 
@@ -246,8 +159,6 @@ def report() -> None:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["smolvla-ours"]:
-        return smolvla_ours(Path(sys.argv[2]), int(sys.argv[3]))
     if sys.argv[1:2] != ["report"]:
         run()
     report()
