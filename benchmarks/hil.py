@@ -65,7 +65,7 @@ from harness.runs import RESULTS, RUNS, load, train
 from harness.stats import first_reaching, held_from
 from harness.tuning import tune, tune_report
 
-PRETRAIN = [f"algo.demos={DEMOS}", *calql_pretraining(2_000)]
+PRETRAIN = [f"algo.dataset={DEMOS}", *calql_pretraining(2_000)]
 ARMS = {
     "hil-rlpd": [],
     "hil-rlpd-oracle": [
@@ -207,7 +207,7 @@ PICKCUBE_RECIPE = [
     f"eval_every={PIXEL_EVERY // 4}",
     f"checkpoint_every={PIXEL_EVERY // 4}",
 ]
-PIXEL_COMMON = [*PIXEL_ENV, *PICKCUBE_RECIPE, f"algo.demos={PIXEL_DEMOS}"]
+PIXEL_COMMON = [*PIXEL_ENV, *PICKCUBE_RECIPE, f"algo.dataset={PIXEL_DEMOS}"]
 PIXEL_ARMS = {
     "pixels-rlpd": [],
     "pixels-rlpd-corrections": [
@@ -224,7 +224,7 @@ MANY_STATE_DEMOS = RUNS / "pickcube-state-demos-200"
 # the same 20 episodes' states and actions, rewarded as ManiSkill's sparse reward mode does (1 on success)
 SPARSE = ["env.reward_mode=sparse"]
 SPARSE_STATE_DEMOS = RUNS / "pickcube-state-demos-20-sparse"
-STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.demos={STATE_DEMOS}"]
+STATE_COMMON = [*PICKCUBE, *PICKCUBE_RECIPE, f"algo.dataset={STATE_DEMOS}"]
 # SERL and HIL-SERL's temperature: starts at 1e-2 (learned), no entropy term in the target
 SERL_TEMPERATURE = ["algo.init_temperature=0.01", "algo.backup_entropy=false"]
 # the scripted expert stepping in once an episode makes no progress for 10 steps, for 10 steps
@@ -252,7 +252,7 @@ HIL_SERL_VIEWS = [
     "policy.image_features=spatial",
     "policy.spatial_embeddings=8",
     "algo.image_augmentation=cached_shifts",
-    f"algo.demos={WRIST_PIXEL_DEMOS}",
+    f"algo.dataset={WRIST_PIXEL_DEMOS}",
 ]
 
 # The VLA route from the same cameras: the built-in VLA (policy=flow_vla: the same frozen
@@ -382,7 +382,7 @@ TUNING_ARMS = {
         # ManiSkill's RLPD regime has many demos (1000): whether 20 are what holds the recipe back
         "rlpd-serl-200-demos": [
             *SERL_TEMPERATURE,
-            f"algo.demos={MANY_STATE_DEMOS}",
+            f"algo.dataset={MANY_STATE_DEMOS}",
         ],
         # SERL's critic-actor ratio (8 in its PickCube runs): the actor steps once per 4 transitions
         "rlpd-serl-actor-every-8": [*SERL_TEMPERATURE, "algo.actor_every=8"],
@@ -417,7 +417,7 @@ TUNING_ARMS = {
         ],
         # HIL-SERL's and ManiSkill's RLPD reward: success alone (1 on every successful step) instead
         # of ManiSkill's normalised dense reward, with demos recorded under it
-        "rlpd-serl-sparse-reward": [*SERL_TEMPERATURE, *SPARSE, f"algo.demos={SPARSE_STATE_DEMOS}"],
+        "rlpd-serl-sparse-reward": [*SERL_TEMPERATURE, *SPARSE, f"algo.dataset={SPARSE_STATE_DEMOS}"],
         # the drift rule kept the expert driving 37-45% of the steps all run long (no-bc-corrections);
         # this operator steps in only when the episode stops making headway, for 10 steps at a time
         "rlpd-serl-stall-corrections": [*SERL_TEMPERATURE, *STALL_CORRECTIONS],
@@ -531,7 +531,8 @@ def main() -> None:
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
     if args.command == "speed":
         # the arms on the study's own demos (the wrist-camera arms record theirs in `tune`)
-        timed = [arm for arm, extra in TUNING_ARMS["pixels-serl"].items() if not any("demos=" in o for o in extra)]
+        arms = TUNING_ARMS["pixels-serl"]
+        timed = [arm for arm, extra in arms.items() if not any(o.startswith("algo.dataset=") for o in extra)]
         if set(args.arms) - set(timed) or len(args.arms) > 1:
             parser.error(f"speed times one arm of: {', '.join(timed)}")
         speed(args.arms, args.speed_steps, args.rounds, args.then)
@@ -562,7 +563,7 @@ def main() -> None:
         return
     if args.command == "run":
         ensure_expert()
-        if any(f"algo.demos={DEMOS}" in ARMS[name] for name in args.only):
+        if any(f"algo.dataset={DEMOS}" in ARMS[name] for name in args.only):
             record_demos(args.demos)
         run_arms(args.only, args.steps, args.parallel)
     report()

@@ -86,13 +86,13 @@ def demos(count: int) -> Path:
 
 def pretraining(variant: str) -> list[str]:
     count, steps = VARIANTS[variant]
-    return [f"algo.demos={demos(count)}", *calql_pretraining(steps)]
+    return [f"algo.dataset={demos(count)}", *calql_pretraining(steps)]
 
 
 def arm_data(arm: str) -> list[str]:
     """The chosen pretraining's demos, and its Cal-QL pretraining unless the arm starts from scratch."""
     if arm in FROM_SCRATCH:
-        return [f"algo.demos={demos(VARIANTS[PRETRAIN][0])}"]
+        return [f"algo.dataset={demos(VARIANTS[PRETRAIN][0])}"]
     return pretraining(PRETRAIN)
 
 

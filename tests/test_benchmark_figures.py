@@ -140,7 +140,7 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
         assert (config.operator.policy == "scripted") == name.endswith("corrections")
     if "pixels" in name and "dsrl" not in name:
         # demos recorded with the cameras the arm's policy reads
-        assert config.algo.demos.endswith("pixel-demos-20-wristcam" if wrist else "pixel-demos-20")
+        assert config.algo.dataset.endswith("pixel-demos-20-wristcam" if wrist else "pixel-demos-20")
     if "pixels-dsrl" in name:
         # DSRL steers the VLA SFT'd on the pixel study's demos (the SFT the study runs first)
         assert config.policy.name == "flow_vla" and config.policy.latent_actor and config.algo.name == "dsrl"
@@ -151,7 +151,7 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
         sft = to_schema(SFTConfig, compose("sft", sft_settings))
         assert sft.policy.name == "flow_vla" and sft.env.obs_mode == "rgb"
     if "pickcube-state" in name:
-        assert config.env.obs_mode == "state" and "pickcube-state-demos-" in config.algo.demos
+        assert config.env.obs_mode == "state" and "pickcube-state-demos-" in config.algo.dataset
         # an arm with an operator names it: its corrections, or the stall operator's arms built on it
         assert (config.operator.policy == "scripted") == ("corrections" in name or "-stall-" in name)
     if name.startswith("dsrl"):
@@ -160,13 +160,13 @@ def test_every_benchmark_arm_composes_into_a_valid_config(name):
         # every arm learns from the same 20 demos; only RLPD from scratch skips Cal-QL pretraining
         # and keeps the demos in the critics' batches
         scratch = name == "wsrl rlpd"
-        assert config.algo.demos.endswith("hil-demos-20") and config.seed == 101
+        assert config.algo.dataset.endswith("hil-demos-20") and config.seed == 101
         assert (config.algo.offline_pretrain_steps == 0) == scratch and config.algo.retain_offline == scratch
 
 
 def test_the_pickcube_state_check_differs_from_the_pixel_study_only_in_observations_and_demos():
     pixels, state = hil.STUDIES["pixels"], hil.STUDIES["pickcube-state"]
-    observation = ("env.obs_mode=", "env.image_size=", "algo.demos=")
+    observation = ("env.obs_mode=", "env.image_size=", "algo.dataset=")
     assert [o for o in pixels.common if not o.startswith(observation)] == [
         o for o in state.common if not o.startswith(observation)
     ]

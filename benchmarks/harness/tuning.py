@@ -51,7 +51,7 @@ def tune(
     study.prepare()
     missing = [arm for arm in only or arms if not record_path(tuning_run(study, arm)).is_file()]
     for root, (env, episodes) in (demos or {}).items():
-        if any(f"algo.demos={root}" in arms[arm] for arm in missing):
+        if any(f"algo.dataset={root}" in arms[arm] for arm in missing):
             record_scripted_demos(root, env, episodes)
     with ThreadPoolExecutor(parallel) as pool:
         for job in [pool.submit(one, arm) for arm in missing]:

@@ -13,7 +13,7 @@ one discount per chunk.
 An operator's correction has no noise of its own: the learner maps the executed chunk to the
 noise whose sampler reproduces it (the sampler run backwards, clipped into the latent range),
 so a correction is an action of the latent actor like any other, and with `retain_offline` it
-joins the offline half of each batch as in RLPD. Recorded demos (`algo.demos`) are not read
+joins the offline half of each batch as in RLPD. Recorded demos (`algo.dataset`) are not read
 yet: they hold single actions, not chunks with their contexts."""
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ class DSRL(SACRLPD):
                 "flow_vla, pi0, pi05, smolvla or diffusion with policy.latent_actor=true "
                 f"(got policy '{name}' without a latent actor)"
             )
-        if cfg.demos:
+        if cfg.dataset:
             raise ConfigError(
-                "algo=dsrl does not read algo.demos yet (datasets hold single actions, not chunks with "
+                "algo=dsrl does not read algo.dataset yet (datasets hold single actions, not chunks with "
                 "their contexts); operator corrections during training do reach it"
             )
         self.flow = policy

@@ -30,7 +30,7 @@ class SACConfig:
     target_entropy: Optional[float] = None  # default: -action_dim / 2
     backup_entropy: bool = True  # the target subtracts alpha * log pi(a'|s')
     replay_capacity: int = 200_000
-    demos: Optional[str] = None  # a LeRobotDataset of demonstrations/corrections (robots/recording.py)
+    dataset: Optional[str] = None  # a LeRobotDataset of demonstrations/corrections (robots/recording.py)
     offline_fraction: float = 0.5  # of each batch from demos + interventions, while there are any
     retain_offline: bool = True  # WSRL: false drops the offline data once online learning starts
     online_bc: bool = False  # with retain_offline=false and bc_weight > 0: the actor's BC term keeps the demos
@@ -97,5 +97,5 @@ def check_sac_config(cfg: SACConfig) -> None:
             f"the critics' batches: it needs algo.retain_offline=false and algo.bc_weight > 0 (got "
             f"retain_offline={cfg.retain_offline}, bc_weight={cfg.bc_weight})"
         )
-    if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.demos:
-        raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.demos=<LeRobotDataset folder>")
+    if (cfg.offline_pretrain_steps or cfg.calql_alpha) and not cfg.dataset:
+        raise ConfigError("offline pretraining and Cal-QL need offline data: set algo.dataset=<LeRobotDataset folder>")

@@ -174,13 +174,13 @@ class SACRLPD:
         self.offline = self._buffer(cfg.replay_capacity, seed=cfg.seed + 1)
         self.bc_demos: Optional[ReplayBuffer] = None  # online_bc: the demos the actor's BC term keeps online
         self.demo_transitions = 0
-        if cfg.demos:
+        if cfg.dataset:
             demos = from_dataset(
-                cfg.demos, policy.to_squashed, cfg.gamma, spec.state_dim, spec.action_dim, self.image_shapes
+                cfg.dataset, policy.to_squashed, cfg.gamma, spec.state_dim, spec.action_dim, self.image_shapes
             )
             self.offline.add(self.with_features(demos))
             self.demo_transitions = len(demos)
-            logger.info("offline data: %d transitions from %s", len(demos), cfg.demos)
+            logger.info("offline data: %d transitions from %s", len(demos), cfg.dataset)
         self.generator = torch.Generator().manual_seed(cfg.seed + 2)  # the target's critic subsets
         self.env_steps = 0
         self.critic_steps = 0

@@ -29,6 +29,7 @@ RENAMED = {
     **{f"teleop.{key}": f"teleop.operator.{key}" for key in ("threshold", "patience", "release", "max_takeover")},
     # one key for a dataset's folder: `dataset` (as `embodied sft dataset=` has it)
     "record.root": "record.dataset",
+    "algo.demos": "algo.dataset",  # RLPD's and DSRL's offline data, a dataset folder like the others
 }
 # Keys renamed in one config only: config name -> {old key: new key}.
 RENAMED_IN = {

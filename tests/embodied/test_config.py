@@ -266,9 +266,13 @@ def test_one_operator_block_replaces_intervention_and_the_oracles_own_keys(tmp_p
     assert (operator.policy, operator.max_takeover, operator.patience) == ("scripted", 5, 3)
 
 
-def test_a_dataset_folder_is_dataset_everywhere():
-    """`embodied sft dataset=`, `embodied demos dataset=` and the robot's `record.dataset=`: the
-    old `root=` and `record.root=` are refused with the new names."""
+def test_a_dataset_folder_is_dataset_everywhere(tmp_path):
+    """`embodied sft dataset=`, `embodied demos dataset=`, the robot's `record.dataset=` and
+    RLPD's `algo.dataset=`: the old `root=`, `record.root=` and `algo.demos=` are refused with the
+    new names, and a run saved with `algo.demos` reloads with it as `algo.dataset`."""
+    from omegaconf import OmegaConf
+
+    from embodied.config import checkpoint_config, to_yaml
     from embodied.demos import DemosConfig
 
     with pytest.raises(ConfigError, match=r"'root' was renamed: pass dataset=data/demos"):
@@ -279,6 +283,14 @@ def test_a_dataset_folder_is_dataset_everywhere():
     assert compose("robot", ["record.dataset=data/demos"]).record.dataset == "data/demos"
     with pytest.raises(ConfigError, match=r"Key 'root' not in 'TrainConfig'"):  # demos' old key, not train's
         load("root=data/demos")
+    with pytest.raises(ConfigError, match=r"'algo\.demos' was renamed: pass algo\.dataset=data/demos"):
+        load("algo=sac_rlpd", "algo.demos=data/demos")
+    assert load("algo=sac_rlpd", "algo.dataset=data/demos").algo.dataset == "data/demos"
+
+    saved = OmegaConf.create(to_yaml(load("algo=sac_rlpd", "algo.dataset=data/demos")))
+    saved.algo.demos = saved.algo.pop("dataset")  # as a run written before algo.dataset has it
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    assert checkpoint_config(tmp_path).algo.dataset == "data/demos"
 
 
 def test_device_settings_are_under_runtime_for_every_verb(tmp_path):

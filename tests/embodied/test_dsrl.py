@@ -160,8 +160,8 @@ def test_dsrl_refuses_what_it_cannot_steer():
         DSRL(DSRLConfig(**SMALL), FlowPolicy(FlowPolicyConfig(hidden=[8]), SPEC))
     with pytest.raises(ConfigError, match="policy.latent_actor=true"):
         DSRL(DSRLConfig(**SMALL), MLPGaussianPolicy(MLPPolicyConfig(), SPEC))
-    with pytest.raises(ConfigError, match="algo.demos"):
-        DSRL(DSRLConfig(**SMALL, demos="data/demos"), steered_flow())
+    with pytest.raises(ConfigError, match="algo.dataset"):
+        DSRL(DSRLConfig(**SMALL, dataset="data/demos"), steered_flow())
     env = make_gymnasium(GymnasiumConfig(task="Pendulum-v1"), 0, 0)
     policy = steered_flow(env.spec)
     observation = env.reset().to_torch()

@@ -174,7 +174,7 @@ def test_rlpd_learns_pushcube_sooner_with_an_operators_corrections_than_alone(pu
             "train",
             *RLPD,
             *extra,
-            f"algo.demos={pushcube_demos}",
+            f"algo.dataset={pushcube_demos}",
             f"total_env_steps={RLPD_BUDGET}",
             f"seed={seed}",
             *QUIET,

@@ -511,7 +511,7 @@ def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_p
         recorder.add(np.full(3, t, np.float32), images, np.array([0.5, -0.5]), None, False, float(t == 3))
     recorder.end_episode(True, terminated=True)
     recorder.close()
-    algo = SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos")), pixel_policy())
+    algo = SACRLPD(SACConfig(**SMALL, dataset=str(tmp_path / "demos")), pixel_policy())
     data = algo.offline.data
     assert len(algo.offline) == 4
     for t in range(4):
@@ -527,7 +527,7 @@ def test_recorded_demos_bring_their_frames_and_the_next_frame_of_each_step(tmp_p
     torch.testing.assert_close(data.features[1:4], data.next_features[:3], rtol=0, atol=0)  # encoded once
     bad = EnvSpec(**{**SPEC.to_dict(), "image_shapes": {"base": (SIZE, SIZE, 3), "side": (SIZE, SIZE, 3)}})
     with pytest.raises(ConfigError, match="observation.images.side"):
-        SACRLPD(SACConfig(**SMALL, demos=str(tmp_path / "demos")), pixel_policy(bad))
+        SACRLPD(SACConfig(**SMALL, dataset=str(tmp_path / "demos")), pixel_policy(bad))
 
 
 def test_backbones_are_refused_by_name_with_what_would_serve():

@@ -347,7 +347,7 @@ def test_a_policy_without_a_squashed_distribution_is_refused():
 
     with pytest.raises(ConfigError, match="squashed_gaussian"):
         SACRLPD(SACConfig(**SMALL), MLPGaussianPolicy(MLPPolicyConfig(), SPEC))
-    with pytest.raises(ConfigError, match="algo.demos"):
+    with pytest.raises(ConfigError, match="algo.dataset"):
         SACRLPD(SACConfig(**SMALL, calql_alpha=1.0), small_policy())
 
 
@@ -382,7 +382,7 @@ def test_offline_to_online_training_from_recorded_demos_runs_under_procs_and_res
     run_dir = tmp_path / "run"
     first = train_run(
         run_dir,
-        f"algo.demos={tmp_path / 'demos'}",
+        f"algo.dataset={tmp_path / 'demos'}",
         "algo.offline_pretrain_steps=3",
         "algo.calql_alpha=1.0",
         "checkpoint_every=4",

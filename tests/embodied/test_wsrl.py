@@ -24,7 +24,7 @@ def test_wsrl_pretrains_warms_up_with_the_frozen_policy_then_drops_offline_data(
     algo = SACRLPD(
         SACConfig(
             **SMALL,
-            demos=str(tmp_path / "demos"),
+            dataset=str(tmp_path / "demos"),
             offline_pretrain_steps=5,
             calql_alpha=1.0,
             warmup_steps=2,
@@ -85,7 +85,7 @@ def test_wsrl_hands_over_exactly_what_pretraining_learned(tmp_path, monkeypatch,
     spec = record_pendulum_demo(tmp_path / "demos", 12)
     config = SACConfig(
         **SMALL,
-        demos=str(tmp_path / "demos"),
+        dataset=str(tmp_path / "demos"),
         offline_pretrain_steps=6,
         calql_alpha=1.0,
         warmup_steps=4,
@@ -133,7 +133,7 @@ def test_online_bc_keeps_the_demos_for_the_actor_alone_after_the_hand_over(tmp_p
     the actor keeps regressing onto the demos while the critics' batches are online only."""
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     spec = record_pendulum_demo(tmp_path / "demos", 12)
-    common = dict(**SMALL, demos=str(tmp_path / "demos"), warmup_steps=2, retain_offline=False, bc_weight=1.0)
+    common = dict(**SMALL, dataset=str(tmp_path / "demos"), warmup_steps=2, retain_offline=False, bc_weight=1.0)
     batches = collect(small_policy(spec), 4)
     runs = {}
     for online_bc in (False, True):
