@@ -353,10 +353,7 @@ class ProcsRuntime:
         """Learn from trajectories as they arrive until the run has its env steps."""
         cfg = self.cfg
         spec = EnvSpec.from_dict(hello["spec"])
-        policy = build_policy(config.policy, spec, device)
-        learner = Learner(policy, build_algo(config.algo, policy), device)
-        session.restore(learner)
-        learner.before_training()
+        learner = self._learner(config, spec, session, device)
         dropped = int(procs_state.get("stale_batches_dropped", 0))
         rounds = RolloutRounds(link, supervisors, cfg.heartbeat_s)
         collocated = cfg.placement == "collocated"
@@ -368,16 +365,7 @@ class ProcsRuntime:
             ranks = self._start_ranks(session, hello, learner, device)
             if collocated:
                 learner.collocate()
-            started = time.perf_counter()
-            weights = tensors_to_wire(learner.published())
-            learner.offloader.offload()  # collocated: the device is the rollout's until a batch arrives
-            link.publish(learner.policy_version, weights)
-            # a VLA at its published size moves gigabytes per update: the first says how long that takes
-            logger.info(
-                "weights: %.3g GB published in %.1f s",
-                sum(a.nbytes for a in weights["arrays"].values()) / 1e9,
-                time.perf_counter() - started,
-            )
+            self._publish_first(learner, link)
             session.start_logging()
             while not session.finished:
                 deliveries = rounds.next()
@@ -413,6 +401,30 @@ class ProcsRuntime:
             evaluation.close()
             if ranks is not None:
                 ranks.stop(clean=finished)
+
+    @staticmethod
+    def _learner(config: TrainConfig, spec: EnvSpec, session: TrainSession, device: torch.device) -> Learner:
+        """The learner, restored from the run's checkpoint where it resumes."""
+        policy = build_policy(config.policy, spec, device)
+        learner = Learner(policy, build_algo(config.algo, policy), device)
+        session.restore(learner)
+        learner.before_training()
+        return learner
+
+    @staticmethod
+    def _publish_first(learner: Learner, link: LearnerLink) -> None:
+        """The starting weights to the rollouts (collocated: the device is the rollout's until
+        a batch arrives); a VLA at its published size moves gigabytes per update, so the first
+        says how long that takes."""
+        started = time.perf_counter()
+        weights = tensors_to_wire(learner.published())
+        learner.offloader.offload()
+        link.publish(learner.policy_version, weights)
+        logger.info(
+            "weights: %.3g GB published in %.1f s",
+            sum(a.nbytes for a in weights["arrays"].values()) / 1e9,
+            time.perf_counter() - started,
+        )
 
     @staticmethod
     def _record(session: TrainSession, bodies: list[dict[str, Any]], metrics: dict[str, float]) -> None:
