@@ -3,17 +3,16 @@ so the trainer can be checked against published results on standard tasks."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
-from embodied.sim.latency import LatencyConfig, with_latency
+from embodied.sim.latency import LatencyConfig
 
 
 @dataclass
@@ -84,15 +83,6 @@ class GymnasiumEnv(SingleEnv):
 def make_gymnasium(
     cfg: GymnasiumConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None
 ) -> BatchedEnv:
-    from embodied.sim.vector import vectorize
+    from embodied.sim.vector import vectorize_config
 
-    return vectorize(
-        with_latency(partial(GymnasiumEnv, cfg), cfg.latency),
-        select_env_ids(cfg.num_envs, env_ids),
-        cfg.num_workers,
-        seed,
-        stream,
-        cfg.transport,
-        asdict(cfg),
-        preload=("gymnasium", __name__),
-    )
+    return vectorize_config(GymnasiumEnv, cfg, seed, stream, env_ids, preload=("gymnasium", __name__))

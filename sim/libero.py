@@ -33,18 +33,17 @@ import os
 import re
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 
-from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep
 from embodied.core.errors import ConfigError
 from embodied.core.paths import checkout_root
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
-from embodied.sim.latency import LatencyConfig, with_latency
+from embodied.sim.latency import LatencyConfig
 
 BASE_STEP_LIMITS = {
     "libero_spatial": 220,
@@ -289,16 +288,8 @@ class LiberoEnv(SingleEnv):
 
 @ENVS.register("libero", LiberoConfig)
 def make_libero(cfg: LiberoConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None) -> BatchedEnv:
-    from embodied.sim.vector import vectorize
+    from embodied.sim.vector import vectorize_config
 
     check_config(cfg)
     config = {**asdict(cfg), "python": libero_python(cfg)}
-    return vectorize(
-        with_latency(partial(LiberoEnv, cfg), cfg.latency),
-        select_env_ids(cfg.num_envs, env_ids),
-        cfg.num_workers,
-        seed,
-        stream,
-        "zmq",
-        config,
-    )
+    return vectorize_config(LiberoEnv, cfg, seed, stream, env_ids, transport="zmq", env_config=config)

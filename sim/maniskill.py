@@ -15,7 +15,7 @@ task once); their action spaces, time limits and control rates must agree."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -155,19 +155,7 @@ def make_maniskill(
         return ManiSkillBatchedEnv(
             cfg, base_seed=seed, stream=stream, sim_backend="physx_cpu", env_ids=select_env_ids(cfg.num_envs, env_ids)
         )
-    from functools import partial
-
-    from embodied.sim.latency import with_latency
-    from embodied.sim.vector import vectorize
+    from embodied.sim.vector import vectorize_config
 
     cfg = with_state_padding(cfg)
-    return vectorize(
-        with_latency(partial(ManiSkillEnv, cfg), cfg.latency),
-        select_env_ids(cfg.num_envs, env_ids),
-        cfg.num_workers,
-        seed,
-        stream,
-        cfg.transport,
-        asdict(cfg),
-        preload=("torch", "mani_skill.envs", __name__),
-    )
+    return vectorize_config(ManiSkillEnv, cfg, seed, stream, env_ids, preload=("torch", "mani_skill.envs", __name__))

@@ -11,17 +11,16 @@ env interface, with state or camera observations.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
-from functools import partial
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
 
-from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep, select_env_ids
+from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep
 from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
-from embodied.sim.latency import LatencyConfig, with_latency
+from embodied.sim.latency import LatencyConfig
 
 INSTRUCTIONS = {
     "Lift": "lift the cube",
@@ -144,16 +143,8 @@ class RobosuiteEnv(SingleEnv):
 def make_robosuite(
     cfg: RobosuiteConfig, seed: int, stream: int = 0, env_ids: Sequence[int] | None = None
 ) -> BatchedEnv:
-    from embodied.sim.vector import vectorize
+    from embodied.sim.vector import vectorize_config
 
     check_config(cfg)
-    return vectorize(
-        with_latency(partial(RobosuiteEnv, cfg), cfg.latency),
-        select_env_ids(cfg.num_envs, env_ids),
-        cfg.num_workers,
-        seed,
-        stream,
-        cfg.transport,
-        asdict(cfg),
-        preload=(__name__,),  # not robosuite: each worker imports it after setting MUJOCO_GL
-    )
+    # not robosuite preloaded: each worker imports it after setting MUJOCO_GL
+    return vectorize_config(RobosuiteEnv, cfg, seed, stream, env_ids, preload=(__name__,))

@@ -7,14 +7,17 @@ import atexit
 import multiprocessing as mp
 import os
 import traceback
+from dataclasses import asdict
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from embodied.core import codec
-from embodied.core.env import BatchedEnv, SingleEnv
+from embodied.core.env import BatchedEnv, SingleEnv, select_env_ids
 from embodied.core.errors import CheckpointError, ConfigError, EnvWorkerError
 from embodied.core.types import EnvSpec, EpisodeStats, Observation, StepResult
+from embodied.sim.latency import with_latency
 from embodied.sim.worker_envs import WorkerEnvs, run_command, unwrap_reply
 
 
@@ -186,6 +189,32 @@ def vectorize(
         hub = EnvHub(env_config or {}, base_seed, stream, worker_timeout_s)
         return VectorizedEnv(hub.start_worker, env_ids, num_workers, on_close=hub.close)
     raise ConfigError(f"env.transport must be 'pipe' or 'zmq', got '{transport}'")
+
+
+def vectorize_config(
+    env_class: Callable[..., SingleEnv],
+    cfg: Any,
+    seed: int,
+    stream: int,
+    env_ids: Sequence[int] | None,
+    preload: Sequence[str] = (),
+    transport: str | None = None,
+    env_config: dict[str, Any] | None = None,
+) -> "VectorizedEnv":
+    """`vectorize` for an env config with the common fields (num_envs, num_workers,
+    transport, latency): `env_class(cfg, env_id, ...)` behind the configured latency, the
+    config's own envs or `env_ids` of them. `transport` and `env_config` (default: the
+    config's, and the config as a dict) for an env whose workers must run elsewhere."""
+    return vectorize(
+        with_latency(partial(env_class, cfg), cfg.latency),
+        select_env_ids(cfg.num_envs, env_ids),
+        cfg.num_workers,
+        seed,
+        stream,
+        transport or cfg.transport,
+        asdict(cfg) if env_config is None else env_config,
+        preload=preload,
+    )
 
 
 class VectorizedEnv(BatchedEnv):

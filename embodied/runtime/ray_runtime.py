@@ -33,6 +33,18 @@ from embodied.runtime.session import TrainSession
 logger = logging.getLogger(__name__)
 
 
+def log_to(log_path: str) -> None:
+    """An actor's log in the run directory, where this node has it (the same machine, or a
+    shared run directory)."""
+    if Path(log_path).parent.is_dir():
+        logging.basicConfig(
+            filename=log_path,
+            level=logging.INFO,
+            force=True,
+            format="%(asctime)s %(name)s %(levelname)s: %(message)s",
+        )
+
+
 class RolloutRole(Role):
     """Ray actor body: the rollout role, whose env workers become actors too."""
 
@@ -52,13 +64,7 @@ class RolloutRole(Role):
         import embodied.sim.remote
         from embodied.runtime.rollout_process import serve_rollout
 
-        if Path(log_path).parent.is_dir():  # same machine or a shared run directory
-            logging.basicConfig(
-                filename=log_path,
-                level=logging.INFO,
-                force=True,
-                format="%(asctime)s %(name)s %(levelname)s: %(message)s",
-            )
+        log_to(log_path)
         # The env hub lives here: on a cluster it binds on this actor's node, wherever Ray put it.
         hub_host = host if host in LOOPBACK_HOSTS else ray.util.get_node_ip_address()
         embodied.sim.remote.PLACEMENT = embodied.sim.remote.WorkerPlacement(
@@ -82,13 +88,7 @@ class LearnerRankRole(Role):
         from embodied.config import TrainConfig, to_schema
         from embodied.runtime.learner_ranks import follow, rank_device
 
-        if Path(log_path).parent.is_dir():  # same machine or a shared run directory
-            logging.basicConfig(
-                filename=log_path,
-                level=logging.INFO,
-                force=True,
-                format="%(asctime)s %(name)s %(levelname)s: %(message)s",
-            )
+        log_to(log_path)
         config = to_schema(TrainConfig, OmegaConf.create(config_yaml))  # the run's file may not be on this node
         follow(config, rank, world, address, spec, rank_device(resolve_device(config.runtime.device), 0, 1))
         return 0

@@ -54,6 +54,7 @@ from embodied.policies.pretrained.pretrained_flow import (
     PretrainedFlowVLA,
     assign_weights,
     check_normalization,
+    euler_sample,
     pooled,
     published_config,
     time_features,
@@ -295,11 +296,7 @@ class Pi0Model(nn.Module):
         Euler steps: pi0's own inference, for checking a loaded checkpoint."""
         embeddings, valid = self.embed_prefix(images, image_masks, tokens, token_mask)
         _, cache = self.encode_prefix(embeddings, valid)
-        x, dt = noise, 1.0 / steps
-        for step in range(steps):
-            t = torch.full((len(x),), 1.0 - step * dt, device=x.device)
-            x = x - dt * self.velocity(state, x, t, valid, cache)[0]
-        return x
+        return euler_sample(lambda x, t: self.velocity(state, x, t, valid, cache)[0], noise, steps)
 
 
 def load_checkpoint(model: Pi0Model, path: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -41,6 +42,18 @@ def time_features(t: torch.Tensor, width: int) -> torch.Tensor:
     period = MIN_PERIOD * (MAX_PERIOD / MIN_PERIOD) ** fraction
     angles = (2 * math.pi / period)[None] * t.to(torch.float64)[:, None]
     return torch.cat([angles.sin(), angles.cos()], 1).to(t.dtype)
+
+
+def euler_sample(
+    velocity: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], noise: torch.Tensor, steps: int
+) -> torch.Tensor:
+    """The flow ODE from `noise` at t = 1 to actions at t = 0 in `steps` Euler steps of
+    `velocity(x, t)`: pi0's and SmolVLA's own inference, for checking a loaded checkpoint."""
+    x, dt = noise, 1.0 / steps
+    for step in range(steps):
+        t = torch.full((len(x),), 1.0 - step * dt, device=x.device)
+        x = x - dt * velocity(x, t)
+    return x
 
 
 def pooled(hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -41,7 +41,7 @@ from embodied.policies.pretrained.gemma import (
     rotate,
     split_heads,
 )
-from embodied.policies.pretrained.pretrained_flow import assign_weights, time_features
+from embodied.policies.pretrained.pretrained_flow import assign_weights, euler_sample, time_features
 
 
 @dataclass(frozen=True)
@@ -371,11 +371,7 @@ class SmolVLAModel(nn.Module):
         SmolVLA's own inference, for checking a loaded checkpoint."""
         embeddings, valid, starts = self.embed_prefix(images, image_masks, tokens, token_mask, state)
         _, cache = self.encode_prefix(embeddings, valid, starts)
-        x, dt = noise, 1.0 / steps
-        for step in range(steps):
-            t = torch.full((len(x),), 1.0 - step * dt, device=x.device)
-            x = x - dt * self.velocity(x, t, valid, cache)[0]
-        return x
+        return euler_sample(lambda x, t: self.velocity(x, t, valid, cache)[0], noise, steps)
 
 
 def load_smolvla_checkpoint(model: SmolVLAModel, path: str) -> None:
