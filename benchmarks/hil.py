@@ -531,8 +531,8 @@ def main() -> None:
     os.environ.setdefault("HF_HOME", str(RUNS / "hf-cache"))
     if args.command == "speed":
         # the arms on the study's own demos (the wrist-camera arms record theirs in `tune`)
-        arms = TUNING_ARMS["pixels-serl"]
-        timed = [arm for arm, extra in arms.items() if not any(o.startswith("algo.dataset=") for o in extra)]
+        pixel_arms = TUNING_ARMS["pixels-serl"]
+        timed = [arm for arm, extra in pixel_arms.items() if not any(o.startswith("algo.dataset=") for o in extra)]
         if set(args.arms) - set(timed) or len(args.arms) > 1:
             parser.error(f"speed times one arm of: {', '.join(timed)}")
         speed(args.arms, args.speed_steps, args.rounds, args.then)
