@@ -200,6 +200,10 @@ def saved_config(path: Path) -> DictConfig:
         if parents and not block:  # a block whose keys all moved
             outer = OmegaConf.select(saved, ".".join(parents[:-1])) if parents[:-1] else saved
             outer.pop(parents[-1])
+    policy = saved.get("policy")
+    if isinstance(policy, DictConfig) and policy.get("name") == "openvla" and "cameras" in policy:
+        # OpenVLA chose its cameras by a list before it took policy.features as pi0 does
+        policy.features = ",".join(f"{camera}={camera}" for camera in policy.pop("cameras"))
     return saved
 
 

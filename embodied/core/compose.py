@@ -30,6 +30,9 @@ RENAMED = {
     # one key for a dataset's folder: `dataset` (as `embodied sft dataset=` has it)
     "record.root": "record.dataset",
     "algo.demos": "algo.dataset",  # RLPD's and DSRL's offline data, a dataset folder like the others
+    # one key for whose statistics a pretrained checkpoint acts with (openpi's and OpenVLA's names)
+    "policy.asset_id": "policy.statistics_key",
+    "policy.unnorm_key": "policy.statistics_key",
 }
 # Keys renamed in one config only: config name -> {old key: new key}.
 RENAMED_IN = {
@@ -128,6 +131,9 @@ def unknown_key_hint(error: OmegaConfBaseException, where: str = "") -> str:
     if not ("not in" in str(error) and isinstance(name, str) and dataclasses.is_dataclass(schema)):
         return ""
     fields = [field.name for field in dataclasses.fields(schema)]
+    moved = getattr(schema, "RENAMED", {}).get(name)  # a key renamed in this section only
+    if moved:
+        return f" ('{name}' was renamed '{moved}' here)"
     nearest = closest(name, fields)
     if nearest:
         return nearest

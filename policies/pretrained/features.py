@@ -5,7 +5,7 @@ A checkpoint was trained on inputs with names of its own: lerobot's LIBERO check
 camera), openpi's on `base_0_rgb`, `left_wrist_0_rgb` and an empty `right_wrist_0_rgb`. The
 order of the cameras in the prompt is part of what the model learned, so it is the
 checkpoint's order, never the env's. `policy.features` says how the env's cameras map onto
-them:
+them (pi0, pi0.5, SmolVLA and OpenVLA alike):
 - empty: each input the checkpoint names (lerobot's `config.json` `input_features`) is the
   env camera of the same short name (`observation.images.wrist` <- `wrist`);
 - a preset (`PRESETS`), for the published checkpoints' conventions;
@@ -34,6 +34,8 @@ PRESETS: dict[str, dict[str, str]] = {
     "libero_lerobot": {"observation.images.image": "agentview", "observation.images.image2": "wrist"},
     # openpi's LiberoInputs: the wrist image on the left wrist slot, the right one masked
     "libero_openpi": {"base_0_rgb": "agentview", "left_wrist_0_rgb": "wrist", "right_wrist_0_rgb": EMPTY},
+    # OpenVLA-OFT's LIBERO evaluation: the third-person image, then the wrist image
+    "libero_openvla": {"full_image": "agentview", "wrist_image": "wrist"},
 }
 
 

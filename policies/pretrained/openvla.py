@@ -16,17 +16,21 @@ PPO train it unchanged.
   regresses the normalised action, in place of the tokens; for RL it is the mean of a Gaussian
   with a learned standard deviation per dimension (normalised units).
 
+Its inputs and outputs go through the pipeline pi0 and SmolVLA use: the statistics of the
+checkpoint (`policies/pretrained/statistics.py`: `dataset_statistics.json` or the config's
+`norm_stats`, the dataset named by `statistics_key`) in the shared normalisers
+(`policies/normalization.py`), and the cameras by `features` (`policies/pretrained/features.py`).
 Actions come out normalised to [-1, 1] by the dataset's q01/q99 (dimensions whose `mask` is
-false, such as the gripper, pass as they are) and are put back in the robot's units with the
-statistics of `unnorm_key` (`dataset_statistics.json` or the config's `norm_stats`). A model
-with random weights (no `pretrained`) uses the env's action bounds instead."""
+false, such as the gripper, pass as they are) and are put back in the robot's units; OFT's
+proprio goes in normalised the same way. A model with random weights (no `pretrained`) uses
+the env's action bounds and this run's running state statistics instead."""
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,6 +40,8 @@ from embodied.core.errors import ConfigError
 from embodied.core.policy import Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
+from embodied.policies.normalization import StatisticsNormalizer
+from embodied.policies.pretrained.features import camera_inputs, parse_features
 from embodied.policies.pretrained.oft_heads import ProprioProjector, ResidualMLP
 from embodied.policies.pretrained.openvla_checkpoint import (
     Layout,
@@ -47,15 +53,15 @@ from embodied.policies.pretrained.openvla_checkpoint import (
     random_config,
     read_config,
     read_shapes,
-    read_statistics,
     read_tensors,
     read_torch_module,
     tensor_files,
 )
 from embodied.policies.pretrained.prismatic import ImagePixels, Projector, VisionBackbone, tower_spec
+from embodied.policies.pretrained.statistics import OPENVLA_FILE, read_openvla_statistics
 from embodied.policies.vla.action_tokens import ActionTokenizer
 from embodied.policies.vla.backbones import left_padded
-from embodied.policies.vla.token_vla import TokenPolicyConfig, TokenVLAPolicy
+from embodied.policies.vla.token_vla import TokenPolicyConfig, TokenVLAPolicy, env_bounds
 
 PROMPT = "In: What action should the robot take to {}?\nOut:"
 ACTION_HEADS = ("tokens", "l1")
@@ -64,13 +70,16 @@ GRIPPERS = ("as_is", "openvla_libero")
 
 @dataclass
 class OpenVLAConfig(TokenPolicyConfig):
+    RENAMED: ClassVar[dict[str, str]] = {"cameras": "features"}  # as pi0 and SmolVLA name it
     name: str = "openvla"
     # a local folder in the HF layout (openvla/openvla-7b, an OFT fine-tune, or `save_published`'s);
     # empty: random weights at `variant`'s architecture
     pretrained: str = ""
     variant: str = "tiny"  # without pretrained: tiny (test sizes) | 7b (the published architecture)
-    unnorm_key: str = ""  # whose statistics unnormalise actions (needed when there are several)
-    cameras: list[str] = field(default_factory=list)  # the images read, in order; [] = every env camera
+    statistics_key: str = ""  # whose statistics (OpenVLA's unnorm_key), where the checkpoint holds several
+    # the env cameras read, in order, as policy=pi0's: empty (every env camera, by name), a preset
+    # (libero_openvla: the third-person then the wrist camera) or <input>=<camera>,...
+    features: str = ""
     center_crop: bool = False  # the central 90% of each frame's area (checkpoints trained with crops)
     decoder: str = "causal"  # causal (OpenVLA) | parallel (OFT: one bidirectional pass)
     action_head: str = "tokens"  # tokens | l1 (OFT's regression head; needs decoder=parallel)
@@ -145,13 +154,15 @@ class OpenVLAPolicy(TokenVLAPolicy):
         if self.folder is not None and not self.folder.is_dir():
             raise ConfigError(f"policy.pretrained {cfg.pretrained} is not a folder")
         self.published = read_config(self.folder) if self.folder else random_config(cfg)
-        self.statistics, self.statistics_source, self.unnorm_key = (
-            read_statistics(self.folder, self.published, cfg.unnorm_key) if self.folder else ({}, "", "")
-        )
+        self.statistics = read_openvla_statistics(self.folder, cfg.statistics_key) if self.folder else None
         super().__init__(cfg, spec)
         width = self.backbone.config.get_text_config().hidden_size
         self.proprio_projector = ProprioProjector(spec.state_dim, width) if cfg.proprio else None
-        self.proprio_bounds = self._proprio_bounds() if cfg.proprio else None
+        if cfg.proprio and self.statistics is not None:  # OFT's proprio statistics replace the running ones
+            if self.statistics.state is None:
+                raise ConfigError(f"policy.proprio=true: {self.statistics.action.source} has no proprio beside it")
+            self.normalizer = StatisticsNormalizer(self.statistics.state, torch.float64)  # as OFT, in numpy
+            self.normalizer.require_width(spec.state_dim)
         if cfg.action_head == "l1":
             self.action_head = ResidualMLP(spec.action_dim * width, width, spec.action_dim)
             self.action_log_std = nn.Parameter(torch.full((spec.action_dim,), float(np.log(cfg.action_std))))
@@ -246,35 +257,10 @@ class OpenVLAPolicy(TokenVLAPolicy):
     def _action_tokenizer(self) -> ActionTokenizer:
         text_vocab = self.backbone.config.get_text_config().vocab_size
         vocab = text_vocab - self.pad_to_multiple  # action ids end where the tokenizer's vocabulary ends
-        if not self.statistics:
-            return ActionTokenizer(vocab, np.array(self.spec.action_low), np.array(self.spec.action_high))
-        action = self.statistics["action"]
-        q01, q99 = np.asarray(action["q01"], dtype=np.float64), np.asarray(action["q99"], dtype=np.float64)
-        mask = np.asarray(action.get("mask", [True] * len(q01)), dtype=bool)
-        if len(q01) != self.spec.action_dim:
-            raise ConfigError(
-                f"{self.statistics_source} has {len(q01)}-dimensional actions; the env's are {self.spec.action_dim}"
-            )
-        try:
-            return ActionTokenizer(vocab, q01, q99, exempt=[int(i) for i in np.flatnonzero(~mask)])
-        except ValueError as error:
-            raise ConfigError(f"{self.statistics_source}: {error}") from None
-
-    def _proprio_bounds(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """OFT normalises the state by the dataset's proprio q01/q99; random weights use the
-        running normaliser instead (None)."""
-        if not self.statistics:
-            return None
-        proprio = self.statistics.get("proprio", {})
-        if "q01" not in proprio or "q99" not in proprio:
-            raise ConfigError(f"policy.proprio=true: {self.statistics_source} has no proprio q01/q99")
-        q01, q99 = torch.tensor(proprio["q01"], dtype=torch.float32), torch.tensor(proprio["q99"], dtype=torch.float32)
-        if len(q01) != self.spec.state_dim:
-            raise ConfigError(
-                f"{self.statistics_source} has a {len(q01)}-dimensional proprio; "
-                f"the env's state has {self.spec.state_dim}"
-            )
-        return q01, q99
+        if self.statistics is None:
+            return ActionTokenizer(vocab, env_bounds(self.spec))
+        StatisticsNormalizer(self.statistics.action).require_width(self.spec.action_dim)
+        return ActionTokenizer(vocab, self.statistics.action)
 
     def _load_oft_modules(self) -> None:
         """OFT's action head and proprio projector from their `.pt` files, where used."""
@@ -296,13 +282,10 @@ class OpenVLAPolicy(TokenVLAPolicy):
             )
 
     def _image_tokens(self) -> nn.Module | None:
-        if self.cfg.cameras:
-            unknown = [name for name in self.cfg.cameras if name not in self.spec.image_shapes]
-            if unknown:
-                raise ConfigError(f"policy.cameras {unknown} are not the env's ({sorted(self.spec.image_shapes)})")
-            self.cameras = list(self.cfg.cameras)
-        if not self.cameras:
+        if not self.spec.image_shapes:
             raise ConfigError("policy=openvla reads camera images: use an env with cameras (e.g. env.obs_mode=rgb)")
+        # OpenVLA's checkpoints record no input names: the mapping's order, else the env's
+        self.cameras = camera_inputs(None, parse_features(self.cfg.features), self.spec)
         return None  # the prefix assembles patches itself (`_prefix`)
 
     def _prefix_is_instruction_only(self) -> bool:
@@ -355,11 +338,13 @@ class OpenVLAPolicy(TokenVLAPolicy):
         return embeddings, (target >= bos).long()
 
     def _proprio(self, observation: Observation) -> torch.Tensor:
-        if self.proprio_bounds is None:
-            return self._state(observation)
-        state = observation.state.to(self.action_queries.device, torch.float32)
-        q01, q99 = (b.to(state.device) for b in self.proprio_bounds)
-        return torch.clamp(2 * (state - q01) / (q99 - q01 + 1e-8) - 1, -1, 1)
+        if isinstance(self.normalizer, StatisticsNormalizer):  # OFT clips its normalised proprio
+            return self._state(observation).clamp(-1, 1)
+        return self._state(observation)
+
+    def update_normalization(self, observation: Observation) -> None:
+        if not isinstance(self.normalizer, StatisticsNormalizer):  # a checkpoint's statistics stay as they are
+            super().update_normalization(observation)
 
     # ---- decoding -----------------------------------------------------------------------------
     def _parallel_pass(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -499,10 +484,12 @@ class OpenVLAPolicy(TokenVLAPolicy):
         save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
         config = {k: v for k, v in self.published.items() if k != "norm_stats"}
         (partial / "config.json").write_text(json.dumps(config, indent=2))
-        bounds = {"q01": list(self.spec.action_low), "q99": list(self.spec.action_high)}
-        statistics = self.statistics or {"action": {**bounds, "mask": [True] * self.spec.action_dim}}
-        key = self.unnorm_key or "env_bounds"
-        (partial / "dataset_statistics.json").write_text(json.dumps({key: statistics}, indent=2))
+        if self.statistics is not None:
+            key, entry = self.statistics.key, self.statistics.published
+        else:
+            bounds = {"q01": list(self.spec.action_low), "q99": list(self.spec.action_high)}
+            key, entry = "env_bounds", {"action": {**bounds, "mask": [True] * self.spec.action_dim}}
+        (partial / OPENVLA_FILE).write_text(json.dumps({key: entry}, indent=2))
         for stem, module, prefix in (
             ("action_head", self.action_head, "module.model."),
             ("proprio_projector", self.proprio_projector, "module."),

@@ -273,38 +273,6 @@ def read_tensors(files: list[Path], dtype: torch.dtype | None) -> dict[str, torc
     return tensors
 
 
-def read_statistics(folder: Path, config: dict, unnorm_key: str) -> tuple[dict, str, str]:
-    """The action (and proprio) statistics of the dataset `unnorm_key`, where they came from,
-    and the key as found: `dataset_statistics.json` (a fine-tune's), else the config's
-    `norm_stats`."""
-    file = folder / "dataset_statistics.json"
-    if file.is_file():
-        stats, source = json.loads(file.read_text()), file.name
-    elif config.get("norm_stats"):
-        stats, source = config["norm_stats"], "config.json norm_stats"
-    else:
-        raise ConfigError(
-            f"policy.pretrained {folder} has no normalisation statistics (neither dataset_statistics.json nor "
-            f"norm_stats in config.json): its actions cannot be put back in the robot's units"
-        )
-    if not unnorm_key:
-        if len(stats) != 1:
-            raise ConfigError(
-                f"{folder} was trained on several datasets: choose whose action statistics to use with "
-                f"policy.unnorm_key=<one of {sorted(stats)}>"
-            )
-        unnorm_key = next(iter(stats))
-    if unnorm_key not in stats and f"{unnorm_key}_no_noops" in stats:
-        unnorm_key = f"{unnorm_key}_no_noops"  # how the LIBERO fine-tunes name their datasets
-    if unnorm_key not in stats:
-        raise ConfigError(f"policy.unnorm_key '{unnorm_key}' is not in {source}: one of {sorted(stats)}")
-    action = stats[unnorm_key].get("action", {})
-    absent = [key for key in ("q01", "q99") if key not in action]
-    if absent:
-        raise ConfigError(f"{source}[{unnorm_key}].action lacks {absent}: OpenVLA unnormalises with q01 and q99")
-    return stats[unnorm_key], f"{source}[{unnorm_key}]", unnorm_key
-
-
 def image_normalization(folder: Path, timm_ids: list[str], default: list[tuple]) -> list[tuple]:
     """Per tower (mean, std) as the checkpoint's image processor applies them
     (`tvf_normalize_params`: the published processor stores them rounded to bfloat16), else

@@ -115,7 +115,8 @@ class Pi0Config(FlowPolicyConfig):
     # env's bounds), as without `pretrained`
     normalization: str = "checkpoint"
     sft_time: str = "beta"  # as pi0 and pi0.5 were trained: Beta(1.5, 1) * 0.999 + 0.001
-    asset_id: str = ""  # openpi checkpoints: which assets/<asset_id>/norm_stats.json, where there are several
+    # whose statistics, where the checkpoint holds several sets (openpi: assets/<key>/norm_stats.json)
+    statistics_key: str = ""
     # which env camera feeds which of the checkpoint's image inputs, in its order: empty (the
     # inputs' own short names), a preset (libero_lerobot | libero_openpi) or
     # <input>=<camera>,... (`empty`: masked, as trained without that camera)

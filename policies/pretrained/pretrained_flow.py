@@ -22,8 +22,9 @@ from torch import nn
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.denoising.flow import FlowPolicy, FlowPolicyConfig
+from embodied.policies.normalization import StatisticsNormalizer
 from embodied.policies.pretrained.features import camera_inputs, checkpoint_inputs, parse_features
-from embodied.policies.pretrained.statistics import StatisticsNormalizer, dataset_feature, read_checkpoint_statistics
+from embodied.policies.pretrained.statistics import dataset_feature, read_checkpoint_statistics
 
 NORMALIZATIONS = ("checkpoint", "dataset", "running")
 MIN_PERIOD, MAX_PERIOD = 4e-3, 4.0  # the time embedding's shortest and longest periods
@@ -123,7 +124,7 @@ class PretrainedFlowVLA(FlowPolicy):
     def _use_statistics_of(self, pretrained: str, quantiles: bool) -> None:
         """The checkpoint's own normalisation replaces this run's: fixed state statistics
         (none: the state as it is) and actions unnormalised by its action statistics."""
-        statistics = read_checkpoint_statistics(pretrained, quantiles=quantiles, asset_id=self.cfg.asset_id)
+        statistics = read_checkpoint_statistics(pretrained, quantiles, self.cfg.statistics_key)
         self.normalizer = nn.Identity()
         if statistics.state is not None:
             self.normalizer = StatisticsNormalizer(statistics.state)

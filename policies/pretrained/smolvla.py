@@ -80,7 +80,7 @@ class SmolVLAConfig(FlowPolicyConfig):
     normalization: str = "checkpoint"  # checkpoint | dataset | running, as policy=pi0's
     sft_time: str = "beta"  # as SmolVLA was trained: Beta(1.5, 1) * 0.999 + 0.001
     features: str = ""  # which env camera feeds which of the checkpoint's image inputs, as policy=pi0's
-    asset_id: str = ""  # unused: lerobot checkpoints carry one set of statistics
+    statistics_key: str = ""  # unused: lerobot checkpoints carry one set of statistics
 
 
 def resolve(cfg: SmolVLAConfig) -> tuple[SmolVLAConfig, SmolVLMSize, dict]:

@@ -1,4 +1,5 @@
-"""The normalisation a pretrained checkpoint was trained with, read from the checkpoint.
+"""The normalisation a pretrained checkpoint was trained with, read from the checkpoint: the
+one place pi0, pi0.5, SmolVLA and OpenVLA take their state and action statistics from.
 
 A VLA fine-tuned on a dataset expects its state normalised by that dataset's statistics and
 emits normalised actions; loading its weights without them gives actions in the wrong units
@@ -6,21 +7,24 @@ emits normalised actions; loading its weights without them gives actions in the 
 checkpoint, never from a default, and a checkpoint without them, or with a mode not
 implemented here, is refused with the file and key named.
 
-Two layouts:
+Three layouts:
 - lerobot: `policy_preprocessor.json` (its `normalizer_processor` step: per feature type
   MEAN_STD, MIN_MAX, QUANTILES, QUANTILE10 or IDENTITY) and `policy_postprocessor.json` (its
   `unnormalizer_processor`), each with the statistics in the safetensors file the step names
   (keys `<feature>.<statistic>`).
 - openpi: `assets/<asset_id>/norm_stats.json` (`norm_stats.state` / `.actions`: mean, std,
   q01, q99). openpi chooses the mode by model: pi0 z-score, pi0.5 quantiles.
+- OpenVLA: `dataset_statistics.json` (a fine-tune's), else `config.json`'s `norm_stats`, one
+  entry per dataset (`<key>.action` / `.proprio`: q01, q99, and a `mask` that leaves
+  dimensions such as the gripper as they are). Its bounds map [q01, q99] onto [-1, 1], the
+  proprio's with OFT's epsilon of 1e-8 in the width, the actions' without one.
+
+Where a checkpoint holds several datasets' statistics, `policy.statistics_key` names whose
+(openpi's asset id, OpenVLA's unnorm_key).
 
 SFT on a new dataset computes the statistics from it instead (`dataset_feature`), in the mode
-the model was published with.
-
-Every mode is an affine map per element, `normalised = (x - offset) / scale_in` and
-`x = normalised * scale_out + offset`, with each library's own epsilon where it puts it, so
-statistics of any shape (per dimension, or per horizon step and dimension) apply as they did
-in training.
+the model was published with. Every mode becomes one affine map per element
+(`policies/normalization.py`'s `FeatureStatistics`), applied by `StatisticsNormalizer`.
 """
 
 from __future__ import annotations
@@ -31,51 +35,42 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import nn
 
 from embodied.core.errors import ConfigError
+from embodied.policies.normalization import FeatureStatistics, range_feature
 
 LEROBOT_EPS = 1e-8  # NormalizerProcessorStep's default eps
 OPENPI_EPS = 1e-6  # openpi's transforms.Normalize / Unnormalize
+OFT_PROPRIO_EPS = 1e-8  # OpenVLA-OFT's normalize_proprio
+OPENVLA_FILE = "dataset_statistics.json"
 LEROBOT_FILES = ("policy_preprocessor.json", "policy_postprocessor.json")
 LEROBOT_RANGES = {"MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"), "QUANTILE10": ("q10", "q90")}
-
-
-@dataclass(frozen=True)
-class FeatureStatistics:
-    """How one feature (the state, or the actions) was normalised in training."""
-
-    mode: str  # e.g. "lerobot MEAN_STD", "openpi quantiles": for messages and the record
-    source: str  # the file and key the statistics came from
-    offset: np.ndarray
-    scale_in: np.ndarray  # normalise: (x - offset) / scale_in
-    scale_out: np.ndarray  # unnormalise: y * scale_out + offset
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.offset.shape)
 
 
 @dataclass(frozen=True)
 class CheckpointStatistics:
     state: FeatureStatistics | None  # None: the checkpoint feeds the state as it is
     action: FeatureStatistics | None
+    key: str = ""  # whose statistics, as found (openpi's asset id, OpenVLA's dataset key)
+    published: dict | None = None  # OpenVLA: its entry as the file holds it, to be written back
 
 
-def read_checkpoint_statistics(path: str | Path, quantiles: bool, asset_id: str = "") -> CheckpointStatistics:
+def read_checkpoint_statistics(path: str | Path, quantiles: bool, key: str = "") -> CheckpointStatistics:
     """The statistics of the checkpoint at `path` (a folder, or a file inside it), in
-    lerobot's layout or openpi's; `quantiles` is openpi's choice for this model (lerobot's
-    files name their own modes)."""
+    lerobot's layout, openpi's or OpenVLA's; `quantiles` is openpi's choice for this model
+    (the other layouts name their own modes); `key` is `policy.statistics_key`."""
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     if any((folder / name).is_file() for name in LEROBOT_FILES):
         return read_lerobot_statistics(folder)
     if (folder / "assets").is_dir():
-        return read_openpi_statistics(folder, quantiles, asset_id)
+        return read_openpi_statistics(folder, quantiles, key)
+    if (folder / OPENVLA_FILE).is_file() or "norm_stats" in _config_of(folder):
+        return read_openvla_statistics(folder, key)
     raise ConfigError(
         f"{folder} holds no normalisation statistics: a lerobot checkpoint has {' and '.join(LEROBOT_FILES)}, "
-        f"an openpi one assets/<asset_id>/norm_stats.json. To fine-tune with statistics of this run's own "
-        f"instead, set policy.normalization=running"
+        f"an openpi one assets/<asset_id>/norm_stats.json, an OpenVLA one {OPENVLA_FILE} or norm_stats in "
+        f"config.json. Without them its actions would be in the wrong units. To fine-tune with "
+        f"statistics of this run's own instead, set policy.normalization=running"
     )
 
 
@@ -131,7 +126,7 @@ def lerobot_feature(
         return FeatureStatistics(f"lerobot {mode}", source, mean, std + eps, std)
     low, high = _need(stats, LEROBOT_RANGES[mode], source)
     width = np.where(high - low == 0, eps, high - low)  # lerobot's guard for a constant feature
-    return _range_feature(f"lerobot {mode}", source, low, width)
+    return range_feature(f"lerobot {mode}", source, low, width)
 
 
 def dataset_feature(values: np.ndarray, mode: str, source: str) -> FeatureStatistics:
@@ -166,7 +161,7 @@ def read_openpi_statistics(folder: Path, quantiles: bool, asset_id: str = "") ->
         asset_id = assets[0]
     else:
         raise ConfigError(
-            f"{folder}/assets holds {len(assets)} norm_stats.json ({assets}): name one with policy.asset_id"
+            f"{folder}/assets holds {len(assets)} norm_stats.json ({assets}): name one with policy.statistics_key"
         )
     file = folder / "assets" / asset_id / "norm_stats.json"
     norm_stats = _read_json(file).get("norm_stats")
@@ -175,6 +170,7 @@ def read_openpi_statistics(folder: Path, quantiles: bool, asset_id: str = "") ->
     return CheckpointStatistics(
         state=_openpi_feature(norm_stats, "state", quantiles, file),
         action=_openpi_feature(norm_stats, "actions", quantiles, file),
+        key=asset_id,
     )
 
 
@@ -185,16 +181,76 @@ def _openpi_feature(norm_stats: dict[str, Any], key: str, quantiles: bool, file:
     stats = {name: np.asarray(value, dtype=np.float64) for name, value in norm_stats[key].items() if value is not None}
     if quantiles:
         low, high = _need(stats, ("q01", "q99"), source)
-        return _range_feature("openpi quantiles", source, low, high - low + OPENPI_EPS)
+        return range_feature("openpi quantiles", source, low, high - low + OPENPI_EPS)
     mean, std = _need(stats, ("mean", "std"), source)
     return FeatureStatistics("openpi z-score", source, mean, std + OPENPI_EPS, std + OPENPI_EPS)
 
 
+# ---- OpenVLA ------------------------------------------------------------------------------------
+def read_openvla_statistics(folder: Path, key: str = "") -> CheckpointStatistics:
+    """The action (and, where the fine-tune has one, proprio) statistics of the dataset `key`:
+    `dataset_statistics.json`, else config.json's `norm_stats`. `key` may be omitted where
+    there is one dataset; `libero_spatial` finds `libero_spatial_no_noops`, as the LIBERO
+    fine-tunes name their datasets."""
+    file, config = folder / OPENVLA_FILE, _config_of(folder)
+    if not file.is_file() and "norm_stats" not in config:
+        raise ConfigError(
+            f"policy.pretrained {folder} has no normalisation statistics (neither {OPENVLA_FILE} nor norm_stats "
+            f"in config.json): its actions cannot be put back in the robot's units"
+        )
+    if file.is_file():
+        stats, where = _read_json(file), str(file)
+    else:
+        stats, where = config["norm_stats"], f"{folder / 'config.json'}:norm_stats"
+    if not isinstance(stats, dict) or not stats:
+        raise ConfigError(f"{where} holds no dataset's statistics")
+    if not key:
+        if len(stats) != 1:
+            raise ConfigError(
+                f"{folder} was trained on several datasets: choose whose statistics to use with "
+                f"policy.statistics_key=<one of {sorted(stats)}>"
+            )
+        key = next(iter(stats))
+    if key not in stats and f"{key}_no_noops" in stats:
+        key = f"{key}_no_noops"
+    if key not in stats:
+        raise ConfigError(f"policy.statistics_key '{key}' is not in {where}: one of {sorted(stats)}")
+    entry = stats[key]
+    action = _openvla_bounds(entry, "action", f"{where}[{key}].action", eps=0.0)
+    if action is None:
+        raise ConfigError(f"{where}[{key}] has no action statistics: OpenVLA unnormalises with q01 and q99")
+    state = _openvla_bounds(entry, "proprio", f"{where}[{key}].proprio", eps=OFT_PROPRIO_EPS)
+    return CheckpointStatistics(state=state, action=action, key=key, published=entry)
+
+
+def _openvla_bounds(entry: dict, name: str, source: str, eps: float) -> FeatureStatistics | None:
+    """[q01, q99 + eps] onto [-1, 1] where `mask` is true (every dimension without one); a
+    masked dimension passes as it is. None where the entry has no `name`."""
+    if name not in entry:
+        return None
+    stats = {k: np.asarray(v, dtype=np.float64) for k, v in entry[name].items() if k in ("q01", "q99", "mask")}
+    low, high = _need(stats, ("q01", "q99"), source)
+    mask = stats.get("mask", np.ones(low.shape)).astype(bool)
+    if mask.shape != low.shape:
+        raise ConfigError(f"{source}: mask has shape {mask.shape}, q01 and q99 {low.shape}")
+    flat = np.flatnonzero(mask & (high - low + eps <= 0))
+    if len(flat):
+        raise ConfigError(f"{source}: every scaled dimension's q99 must exceed its q01: not dimensions {flat.tolist()}")
+    scaled, one = range_feature("OpenVLA q01/q99", source, low, high - low + eps), np.ones(low.shape)
+    return FeatureStatistics(
+        scaled.mode,
+        source,
+        np.where(mask, scaled.offset, 0.0),
+        np.where(mask, scaled.scale_in, one),
+        np.where(mask, scaled.scale_out, one),
+    )
+
+
 # ---- shared -------------------------------------------------------------------------------------
-def _range_feature(mode: str, source: str, low: np.ndarray, width: np.ndarray) -> FeatureStatistics:
-    """[low, low + width] onto [-1, 1], both ways."""
-    half = width / 2
-    return FeatureStatistics(mode, source, low + half, half, half)
+def _config_of(folder: Path) -> dict[str, Any]:
+    """The checkpoint's config.json, {} where it has none."""
+    file = folder / "config.json"
+    return _read_json(file) if file.is_file() else {}
 
 
 def _read_json(file: Path) -> dict[str, Any]:
@@ -220,55 +276,3 @@ def _need(stats: dict[str, np.ndarray], names: tuple[str, ...], source: str) -> 
 def _check_shape(statistics: FeatureStatistics, declared: Any, file: Path, key: str) -> None:
     if declared is not None and statistics.shape[-1:] != tuple(declared)[-1:]:
         raise ConfigError(f"{file}: the statistics of '{key}' have shape {statistics.shape}, the feature {declared}")
-
-
-class StatisticsNormalizer(nn.Module):
-    """A feature's fixed training normalisation, as module buffers (saved with the weights,
-    so a served checkpoint's `normalization_id` changes when they do)."""
-
-    def __init__(self, statistics: FeatureStatistics):
-        super().__init__()
-        self.mode, self.source = statistics.mode, statistics.source
-        for name in ("offset", "scale_in", "scale_out"):
-            self.register_buffer(name, torch.as_tensor(getattr(statistics, name), dtype=torch.float32))
-
-    @classmethod
-    def unfitted(cls, dim: int) -> StatisticsNormalizer:
-        """A normaliser whose statistics are still to come (`set`); NaN until then, so nothing
-        can act on them by mistake."""
-        nan = np.full(dim, np.nan)
-        return cls(FeatureStatistics("not set yet", "SFT's demonstrations", nan, nan, nan))
-
-    @property
-    def fitted(self) -> bool:
-        return not bool(torch.isnan(self.scale_in).any())
-
-    @torch.no_grad()
-    def set(self, statistics: FeatureStatistics) -> None:
-        self.mode, self.source = statistics.mode, statistics.source
-        for name in ("offset", "scale_in", "scale_out"):
-            getattr(self, name).copy_(torch.as_tensor(getattr(statistics, name)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        offset, scale_in, _ = self._for(x)
-        return (x - offset) / scale_in
-
-    def unnormalize(self, y: torch.Tensor) -> torch.Tensor:
-        offset, _, scale_out = self._for(y)
-        return y * scale_out + offset
-
-    def _for(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The buffers for `x`: per-horizon statistics (H, A) cut to its first steps (..., C, A)."""
-        buffers = (self.offset, self.scale_in, self.scale_out)
-        if self.offset.dim() == 2:
-            return tuple(b[: x.shape[-2]] for b in buffers)
-        return buffers
-
-    def require_width(self, dim: int, horizon: int | None = None) -> None:
-        """Refuse statistics of another width than the env's `dim` (or, per horizon step, of
-        more or fewer steps than `horizon`), naming where they came from."""
-        shape = tuple(self.offset.shape)
-        per_step = len(shape) == 2 and horizon is not None and shape[0] == horizon
-        if shape[-1:] != (dim,) or not (len(shape) == 1 or per_step):
-            wanted = f"({dim},)" + (f" or ({horizon}, {dim})" if horizon else "")
-            raise ConfigError(f"{self.source}: statistics of shape {shape} do not fit the env's {wanted}")

@@ -42,13 +42,20 @@ from embodied.core.policy import Policy, Recomputed
 from embodied.core.registry import POLICIES
 from embodied.core.types import ActionChunk, EnvSpec, Observation
 from embodied.policies.gaussian.mlp import mlp
-from embodied.policies.normalization import RunningNormalizer
+from embodied.policies.normalization import FeatureStatistics, RunningNormalizer, range_feature
 from embodied.policies.vla.action_tokens import NUM_BINS, ActionTokenizer
 from embodied.policies.vla.backbones import TINY_BACKBONES, build_backbone, prefix_embeddings, vision_prefix
 from embodied.policies.vla.vlm import is_vision_language
 
 DECODERS = ("causal", "parallel")
 PRECISIONS = {"float32": None, "bfloat16": torch.bfloat16}
+
+
+def env_bounds(spec: EnvSpec) -> FeatureStatistics:
+    """The env's action bounds onto [-1, 1]: the action statistics of a model without a
+    dataset's."""
+    low, high = np.array(spec.action_low, dtype=np.float64), np.array(spec.action_high, dtype=np.float64)
+    return range_feature("the env's bounds", "the env's action bounds", low, high - low)
 
 
 @dataclass
@@ -144,7 +151,7 @@ class TokenVLAPolicy(nn.Module, Policy):
     def _action_tokenizer(self) -> ActionTokenizer:
         """Action tokens at the end of the backbone's vocabulary, bins over the env's bounds."""
         vocab_size = self.backbone.config.get_text_config().vocab_size
-        return ActionTokenizer(vocab_size, np.array(self.spec.action_low), np.array(self.spec.action_high))
+        return ActionTokenizer(vocab_size, env_bounds(self.spec))
 
     def pretrained_frozen(self) -> tuple[str, list[str]] | None:
         """With LoRA on a backbone loaded from a path or hub id, the frozen backbone: a

@@ -49,7 +49,8 @@ def test_the_simplevla_rl_experiment_composes_its_grpo_recipe_on_openvla_oft():
     config = load("experiment=simplevla_rl_libero", "policy.pretrained=/models/oft")
     assert config.env.suite == "libero_10" and config.env.num_envs % config.algo.group_size == 0
     assert (config.policy.name, config.policy.decoder, config.policy.chunk_size) == ("openvla", "parallel", 8)
-    assert config.policy.temperature == 1.6 and config.policy.unnorm_key == "libero_10"
+    assert config.policy.temperature == 1.6 and config.policy.statistics_key == "libero_10"
+    assert config.policy.features == "full_image=agentview"
     assert config.policy.gripper == "openvla_libero"
     assert (config.algo.group_size, config.algo.clip_low, config.algo.clip_high) == (8, 0.2, 0.28)
     assert config.algo.outcome == "success" and config.algo.success_band == [0.1, 0.9]
@@ -241,6 +242,30 @@ def test_a_pi0_run_saved_before_checkpoint_statistics_reloads_with_its_running_o
     del saved.policy["normalization"]
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
     assert checkpoint_config(tmp_path).policy.normalization == "running"
+
+
+def test_pretrained_models_name_their_statistics_and_cameras_alike(tmp_path):
+    """pi0's `asset_id` and OpenVLA's `unnorm_key` are one `policy.statistics_key`, OpenVLA's
+    camera list is `policy.features` as pi0's and SmolVLA's: the old names are refused with the
+    new, and an OpenVLA run saved with them reloads in today's names."""
+    from omegaconf import OmegaConf
+
+    from embodied.config import checkpoint_config, to_yaml
+
+    with pytest.raises(ConfigError, match=r"'policy\.asset_id' was renamed: pass policy\.statistics_key=droid"):
+        load("policy=pi05", "policy.asset_id=droid")
+    with pytest.raises(ConfigError, match=r"'policy\.unnorm_key' was renamed: pass policy\.statistics_key=libero_10"):
+        load("policy=openvla", "policy.unnorm_key=libero_10")
+    with pytest.raises(ConfigError, match=r"'policy\.cameras'.*\('cameras' was renamed 'features' here\)"):
+        load("policy=openvla", "policy.cameras=[agentview]")
+    assert load("policy=squashed_gaussian", "policy.cameras=[base_camera]").policy.cameras == ["base_camera"]
+    saved = OmegaConf.create(to_yaml(load("experiment=simplevla_rl_libero", "policy.pretrained=/models/oft")))
+    for old, new in (("unnorm_key", "statistics_key"), ("cameras", "features")):
+        saved.policy[old] = saved.policy.pop(new)
+    saved.policy.cameras = ["agentview", "wrist"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    policy = checkpoint_config(tmp_path).policy
+    assert (policy.statistics_key, policy.features) == ("libero_10", "agentview=agentview,wrist=wrist")
 
 
 def test_one_operator_block_replaces_intervention_and_the_oracles_own_keys(tmp_path):

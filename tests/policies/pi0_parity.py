@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from embodied.core.types import EnvSpec, Observation
+from embodied.policies.normalization import StatisticsNormalizer
 from embodied.policies.pretrained.pi0 import (
     GEMMA_SIZES,
     TINY_SIGLIP,
@@ -27,7 +28,7 @@ from embodied.policies.pretrained.pi0 import (
     resize_with_pad,
     resolve_architecture,
 )
-from embodied.policies.pretrained.statistics import StatisticsNormalizer, lerobot_feature
+from embodied.policies.pretrained.statistics import lerobot_feature
 from embodied.policies.vla.backbones import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]

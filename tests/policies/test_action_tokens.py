@@ -1,14 +1,16 @@
 import numpy as np
 import pytest
 
+from embodied.policies.normalization import FeatureStatistics
 from embodied.policies.vla.action_tokens import NUM_BINS, ActionTokenizer
 
 VOCAB = 1000
 
 
 def tokenizer():
-    # two scaled dimensions and a gripper in [-1, 1] that is only clipped
-    return ActionTokenizer(VOCAB, q01=[-0.5, 0.0, -1.0], q99=[0.5, 2.0, 1.0], exempt=[2])
+    # two dimensions scaled from [q01, q99] and a gripper in [-1, 1] that is only clipped
+    offset, scale = np.array([0.0, 1.0, 0.0]), np.array([0.5, 1.0, 1.0])
+    return ActionTokenizer(VOCAB, FeatureStatistics("q01/q99", "test", offset, scale, scale))
 
 
 def test_round_trip_is_within_half_a_bin():
@@ -39,5 +41,5 @@ def test_out_of_range_actions_clip_and_the_gripper_is_not_rescaled():
     np.testing.assert_allclose(t.normalize(np.array([0.25, 1.0, 0.3])), [0.5, 0.0, 0.3])
     with pytest.raises(ValueError, match="action token ids"):
         t.decode(np.array([[0, VOCAB - 1, VOCAB - 1]]))
-    with pytest.raises(ValueError, match="q99 must exceed"):
-        ActionTokenizer(VOCAB, q01=[0.0], q99=[0.0])
+    with pytest.raises(ValueError, match="leaves no room for 256 action tokens"):
+        ActionTokenizer(NUM_BINS, t.statistics)

@@ -12,8 +12,9 @@ import torch
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
 from embodied.policies.pretrained.openvla import OpenVLAConfig, OpenVLAPolicy, OpenVLAPrompt
-from embodied.policies.pretrained.openvla_checkpoint import current_names, installed_names, read_statistics
+from embodied.policies.pretrained.openvla_checkpoint import current_names, installed_names
 from embodied.policies.pretrained.prismatic import ImagePixels, tower_spec
+from embodied.policies.pretrained.statistics import read_checkpoint_statistics, read_openvla_statistics
 from embodied.policies.vla.action_tokens import ActionTokenizer
 from embodied.runtime.wire import published_weights
 
@@ -76,7 +77,7 @@ def test_a_tiny_model_names_every_published_tensor_and_round_trips_bit_exactly(t
         policy.vision.featurizer.model.embeddings.position_embeddings[:, 0] = 0
     assert published_patterns(policy.published_shapes()) == listed
     folder = policy.save_published(tmp_path / "openvla", dtype=torch.float32)
-    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), unnorm_key="env_bounds", **FLOAT32), SPEC)
+    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), statistics_key="env_bounds", **FLOAT32), SPEC)
     theirs, ours = loaded.published_state_dict(), policy.published_state_dict()
     assert set(theirs) == set(ours)
     for name in ours:
@@ -101,7 +102,7 @@ def test_a_checkpoint_that_does_not_fit_is_refused_with_what_is_missing_left_ove
     tensors["projector.fc3.weight"] = torch.zeros(3, 3)
     save_file(tensors, str(folder / "model.safetensors"))
     with pytest.raises(ConfigError) as error:
-        OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), unnorm_key="env_bounds", **FLOAT32), SPEC)
+        OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), statistics_key="env_bounds", **FLOAT32), SPEC)
     message = str(error.value)
     assert "missing: vision_backbone.featurizer.blocks.1.ls1.scale_factor" in message
     assert "left over: vision_backbone.featurizer.blocks.1.ls1.gamma" in message
@@ -178,15 +179,20 @@ def test_patches_follow_each_rows_bos_and_padded_rows_score_as_they_do_alone():
         torch.testing.assert_close(batched, logits, rtol=0, atol=2e-5)
 
 
-def test_action_tokens_decode_by_the_published_rule_in_float64():
+def test_action_tokens_decode_by_the_published_rule_in_float64(tmp_path):
     q01, q99 = np.array([-0.03, -0.5, 0.1, 0.0]), np.array([0.04, 0.7, 0.3, 1.0])
     mask = np.array([True, True, True, False])
-    tokenizer = ActionTokenizer(32000, q01, q99, exempt=[3])
+    action = {"q01": q01.tolist(), "q99": q99.tolist(), "mask": mask.tolist()}
+    (tmp_path / "dataset_statistics.json").write_text(json.dumps({"libero_10_no_noops": {"action": action}}))
+    tokenizer = ActionTokenizer(32000, read_openvla_statistics(tmp_path).action)
     tokens = np.arange(31744, 32000)[:, None].repeat(4, 1)
     centres = (np.linspace(-1, 1, 256)[:-1] + np.linspace(-1, 1, 256)[1:]) / 2
     normalized = centres[np.clip(32000 - tokens - 1, 0, 254)]
     expected = np.where(mask, 0.5 * (normalized + 1) * (q99 - q01) + q01, normalized)
-    np.testing.assert_array_equal(tokenizer.decode(tokens), expected)
+    # one affine map per dimension (the normaliser every pretrained model shares) against the
+    # published arithmetic: a few ulps apart in float64, identical once cast to float32
+    np.testing.assert_allclose(tokenizer.decode(tokens), expected, rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(tokenizer.decode(tokens).astype(np.float32), expected.astype(np.float32))
 
 
 def test_the_prompt_and_the_image_processing_are_the_published_ones(tmp_path):
@@ -217,35 +223,41 @@ def test_the_prompt_and_the_image_processing_are_the_published_ones(tmp_path):
     policy = tiny()
     folder = policy.save_published(tmp_path / "openvla", dtype=torch.float32)
     (folder / "preprocessor_config.json").write_text(json.dumps({"tvf_normalize_params": [dino, siglip]}))
-    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), unnorm_key="env_bounds", **FLOAT32), SPEC)
+    loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), statistics_key="env_bounds", **FLOAT32), SPEC)
     torch.testing.assert_close(loaded.pixels.mean.flatten()[:3], torch.tensor(dino["mean"]))
 
 
-def test_statistics_come_from_the_checkpoint_by_unnorm_key_and_their_absence_is_refused(tmp_path):
+def test_statistics_come_from_the_checkpoint_by_statistics_key_and_their_absence_is_refused(tmp_path):
     action = {"q01": [-0.5, -1.0, 0.0], "q99": [0.5, 1.0, 1.0], "mask": [True, True, False]}
     config = {"norm_stats": {"bridge_orig": {"action": action}, "libero_goal_no_noops": {"action": action}}}
-    with pytest.raises(ConfigError, match=r"policy.unnorm_key=<one of \['bridge_orig', 'libero_goal_no_noops'\]>"):
-        read_statistics(tmp_path, config, "")
-    stats, source, key = read_statistics(tmp_path, config, "libero_goal")
-    assert source == "config.json norm_stats[libero_goal_no_noops]" and stats["action"] == action
-    assert key == "libero_goal_no_noops"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match=r"policy.statistics_key=<one of \['bridge_orig', 'libero_goal_no_noops'\]>"):
+        read_openvla_statistics(tmp_path)
+    found = read_checkpoint_statistics(tmp_path, quantiles=False, key="libero_goal")  # the one reader of all layouts
+    assert found.key == "libero_goal_no_noops" and found.published == {"action": action} and found.state is None
+    assert found.action.source == f"{tmp_path / 'config.json'}:norm_stats[libero_goal_no_noops].action"
+    (tmp_path / "config.json").write_text(json.dumps({}))
     with pytest.raises(ConfigError, match="no normalisation statistics"):
-        read_statistics(tmp_path, {}, "")
-    with pytest.raises(ConfigError, match=r"lacks \['q99'\]"):
-        read_statistics(tmp_path, {"norm_stats": {"x": {"action": {"q01": [0.0]}}}}, "")
+        read_openvla_statistics(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"norm_stats": {"x": {"action": {"q01": [0.0]}}}}))
+    with pytest.raises(ConfigError, match=r"norm_stats\[x\].action: statistics \['q99'\] are missing"):
+        read_openvla_statistics(tmp_path)
     # a saved model's statistics unnormalise its actions; the mask leaves the gripper as it is
     folder = tiny().save_published(tmp_path / "openvla", dtype=torch.float32)
     (folder / "dataset_statistics.json").write_text(json.dumps({"bridge_orig": {"action": action}}))
     loaded = OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), SPEC)
-    assert loaded.actions.exempt == [2] and list(loaded.actions.q99) == [0.5, 1.0, 1.0]
+    np.testing.assert_array_equal(loaded.actions.unnormalize(np.array([[1.0, 1.0, 0.3]])), [[0.5, 1.0, 0.3]])
+    np.testing.assert_array_equal(loaded.actions.normalize(np.array([[-0.5, 0.0, 0.7]])), [[-1.0, 0.0, 0.7]])
     wrong = EnvSpec(
         state_dim=5, action_dim=7, action_low=(-1.0,) * 7, action_high=(1.0,) * 7, image_shapes=SPEC.image_shapes
     )
-    with pytest.raises(ConfigError, match="3-dimensional actions; the env's are 7"):
+    with pytest.raises(
+        ConfigError, match=r"\[bridge_orig\].action: statistics of shape \(3,\) do not fit the env's \(7,\)"
+    ):
         OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), wrong)
     flat = {"q01": [-0.5, 0.2, 0.0], "q99": [0.5, 0.2, 0.0], "mask": [True, True, False]}  # masked: may be flat
     (folder / "dataset_statistics.json").write_text(json.dumps({"bridge_orig": {"action": flat}}))
-    with pytest.raises(ConfigError, match=r"dataset_statistics.json\[bridge_orig\]: .* not dimensions \[1\]"):
+    with pytest.raises(ConfigError, match=r"dataset_statistics.json\[bridge_orig\].action: .* not dimensions \[1\]"):
         OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), **FLOAT32), SPEC)
 
 
@@ -393,6 +405,38 @@ def test_oft_heads_load_from_their_files_and_the_l1_gaussian_recomputes(tmp_path
     np.testing.assert_allclose(loaded.act(obs, deterministic=True).actions.numpy(), expected, rtol=0, atol=1e-6)
 
 
+def test_oft_proprio_and_cameras_go_through_the_shared_pipeline(tmp_path):
+    """The proprio is normalised as OFT's normalize_proprio does (masked dimensions as they
+    are, then clipped), by the normaliser pi0 uses, and kept fixed; the cameras are chosen by
+    `policy.features`, in the mapping's order."""
+    q01, q99 = np.array([-0.5, 0.0, -2.0, 1.0, 0.0]), np.array([0.5, 2.0, 2.0, 1.0, 1.0])
+    mask = np.array([True, True, True, True, False])
+    folder = tiny(proprio=True).save_published(tmp_path / "oft", dtype=torch.float32)
+    stats = json.loads((folder / "dataset_statistics.json").read_text())
+    stats["env_bounds"]["proprio"] = {"q01": q01.tolist(), "q99": q99.tolist(), "mask": mask.tolist()}
+    (folder / "dataset_statistics.json").write_text(json.dumps(stats))
+    torch.save(
+        {f"module.{n}": t for n, t in tiny(proprio=True).proprio_projector.state_dict().items()},
+        folder / "proprio_projector--1_checkpoint.pt",
+    )
+    loaded = OpenVLAPolicy(
+        OpenVLAConfig(pretrained=str(folder), proprio=True, features="a=wrist,b=image", **FLOAT32), SPEC
+    )
+    assert loaded.cameras == ["wrist", "image"]
+    obs = observation()
+    obs.state[0] = torch.tensor([0.25, 3.0, -1.0, 1.0, 0.4])  # one clipped, one flat, one masked
+    state = obs.state.double().numpy()
+    expected = np.clip(np.where(mask, 2 * (state - q01) / (q99 - q01 + 1e-8) - 1, state), -1.0, 1.0)
+    before = {n: b.clone() for n, b in loaded.normalizer.named_buffers()}
+    loaded.update_normalization(obs)  # a checkpoint's statistics stay as they are
+    assert all(torch.equal(b, before[n]) for n, b in loaded.normalizer.named_buffers())
+    np.testing.assert_allclose(loaded._proprio(obs).double().numpy(), expected, rtol=0, atol=1e-6)
+    stats["env_bounds"].pop("proprio")
+    (folder / "dataset_statistics.json").write_text(json.dumps(stats))
+    with pytest.raises(ConfigError, match=r"policy.proprio=true: .*\[env_bounds\].action has no proprio beside it"):
+        OpenVLAPolicy(OpenVLAConfig(pretrained=str(folder), proprio=True, **FLOAT32), SPEC)
+
+
 def test_lora_trains_and_publishes_only_adapters_and_heads():
     policy = tiny(lora_rank=4)
     trainable = {name for name, p in policy.named_parameters() if p.requires_grad}
@@ -412,8 +456,8 @@ def test_lora_trains_and_publishes_only_adapters_and_heads():
 def test_bad_settings_are_refused_by_name(tmp_path):
     with pytest.raises(ConfigError, match="policy.action_head=l1 reads every action position at once"):
         tiny(action_head="l1")
-    with pytest.raises(ConfigError, match="policy.cameras"):
-        tiny(cameras=["side"])
+    with pytest.raises(ConfigError, match=r"policy.features names cameras the env does not have: \['side'\]"):
+        tiny(features="full_image=side")
     with pytest.raises(ConfigError, match="has no config.json"):
         tiny(pretrained=str(tmp_path))
     with pytest.raises(ConfigError, match="exceeds policy.max_instruction_tokens=20"):

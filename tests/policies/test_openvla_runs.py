@@ -108,7 +108,7 @@ def test_a_published_checkpoint_evaluates_on_libero_in_one_command(libero_checkp
         "eval",
         "policy=openvla",
         f"policy.pretrained={libero_checkpoint}",
-        "policy.unnorm_key=libero_spatial",
+        "policy.statistics_key=libero_spatial",
         "suite=libero_spatial",
         "task_ids=[0]",
         "trials=1",
@@ -133,7 +133,7 @@ def test_one_ppo_iteration_on_libero_from_a_published_checkpoint_saves_only_what
     update = train(
         run_dir,
         f"policy.pretrained={libero_checkpoint}",
-        "policy.unnorm_key=libero_spatial",
+        "policy.statistics_key=libero_spatial",
         "policy.decoder=parallel",
         "policy.chunk_size=2",
         "policy.lora_rank=4",

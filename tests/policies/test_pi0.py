@@ -14,6 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from embodied.core.errors import ConfigError
 from embodied.core.types import EnvSpec, Observation
+from embodied.policies.normalization import StatisticsNormalizer
 from embodied.policies.pretrained.pi0 import (
     Pi0Config,
     Pi0Model,
@@ -24,7 +25,6 @@ from embodied.policies.pretrained.pi0 import (
     resize_with_pad,
     resolve_architecture,
 )
-from embodied.policies.pretrained.statistics import StatisticsNormalizer
 from embodied.policies.vla.backbones import ByteTokenizer
 from tests.cli import NO_EVAL, ONE_PPO_ITERATION, QUIET, embodied
 from tests.policies.pi0_parity import (

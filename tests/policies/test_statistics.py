@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from embodied.core.errors import ConfigError
-from embodied.policies.pretrained.statistics import StatisticsNormalizer, read_checkpoint_statistics
+from embodied.policies.normalization import StatisticsNormalizer
+from embodied.policies.pretrained.statistics import read_checkpoint_statistics
 from tests.policies.published import save_lerobot_processors
 
 RNG = np.random.default_rng(0)
@@ -83,10 +84,10 @@ def test_each_refusal_names_the_file_and_the_key(tmp_path):
     several = openpi_checkpoint(tmp_path / "several")
     openpi_checkpoint(several, asset_id="droid")
     with pytest.raises(
-        ConfigError, match=r"2 norm_stats.json \(\['droid', 'libero'\]\): name one with policy.asset_id"
+        ConfigError, match=r"2 norm_stats.json \(\['droid', 'libero'\]\): name one with policy.statistics_key"
     ):
         read_checkpoint_statistics(several, quantiles=True)
-    assert read_checkpoint_statistics(several, quantiles=True, asset_id="droid").action is not None
+    assert read_checkpoint_statistics(several, quantiles=True, key="droid").action is not None
 
     with pytest.raises(ConfigError, match="norm_map.ACTION is 'LOG_STD', a mode not implemented here"):
         read_checkpoint_statistics(
