@@ -18,6 +18,7 @@ import embodied.policies.vla.flow_vla  # noqa: F401
 import embodied.policies.vla.token_vla  # noqa: F401
 import embodied.policies.vla.vlm_expert  # noqa: F401
 import embodied.runtime.configs  # noqa: F401
+import embodied.sim.genesis  # noqa: F401
 import embodied.sim.gymnasium_env  # noqa: F401
 import embodied.sim.libero  # noqa: F401
 import embodied.sim.maniskill  # noqa: F401

@@ -405,9 +405,13 @@ class VectorizedEnv(BatchedEnv):
     def expert_actions(self) -> np.ndarray:
         return np.concatenate(self._all("expert_actions"))
 
-    def resume_state(self) -> dict[str, Any]:
-        """Per env, independent of how envs are spread over workers."""
+    def resume_state(self) -> dict[str, Any] | None:
+        """Per env, independent of how envs are spread over workers; None where a worker's
+        envs cannot be restored mid-episode (a batched scene: a resumed run starts fresh
+        episodes)."""
         parts = self._all("resume_state")
+        if any(part is None for part in parts):
+            return None
         return {
             "episode": np.concatenate([p["episode"] for p in parts]),
             "seed": np.concatenate([p["seed"] for p in parts]),

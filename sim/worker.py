@@ -1,4 +1,4 @@
-"""An env worker process: its share of the single envs, served over ZeroMQ to the rollout.
+"""An env worker process: its share of the envs, served over ZeroMQ to the rollout.
 
     python -m embodied.sim.worker --endpoint ipc:///tmp/x --env '{"name": "gymnasium", ...}' --env-ids 0 1 --seed 1
 
@@ -35,6 +35,11 @@ WORKER_ENVS = {
     "libero": ("embodied.sim.libero:LiberoEnv", "embodied.sim.libero:LiberoConfig"),
     "robosuite": ("embodied.sim.robosuite_env:RobosuiteEnv", "embodied.sim.robosuite_env:RobosuiteConfig"),
 }
+# Simulators whose worker holds its whole share in one batched scene: env name -> (the class that
+# answers `WorkerEnvs`'s commands for it, its config schema).
+BATCHED_WORKER_ENVS = {
+    "genesis": ("embodied.sim.genesis:GenesisEnvs", "embodied.sim.genesis:GenesisConfig"),
+}
 
 
 def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]:
@@ -42,15 +47,27 @@ def single_env_factory(env_config: dict[str, Any]) -> Callable[[int], SingleEnv]
     name = env_config.get("name")
     if name not in WORKER_ENVS:
         raise ValueError(unknown_name_message("env worker", name, sorted(WORKER_ENVS)))
-    env_class, schema = (load(target) for target in WORKER_ENVS[name])
-    fields = {**env_config, "latency": LatencyConfig.from_value(env_config.get("latency"))}
-    config = schema(**fields)
-    return with_latency(partial(env_class, config), config.latency)
+    config = _config(WORKER_ENVS[name][1], env_config)
+    return with_latency(partial(load(WORKER_ENVS[name][0]), config), config.latency)
+
+
+def worker_envs_factory(env_config: dict[str, Any]) -> Callable[[list[int], int, int], Any]:
+    """What a worker serves, `(env ids, base seed, stream) -> envs`: its single envs in a
+    `WorkerEnvs`, or a batched simulator's one scene of them."""
+    name = env_config.get("name")
+    if name in BATCHED_WORKER_ENVS:
+        envs_class, schema = BATCHED_WORKER_ENVS[name]
+        return partial(load(envs_class), _config(schema, env_config))
+    return partial(WorkerEnvs, single_env_factory(env_config))
+
+
+def _config(schema: str, env_config: dict[str, Any]) -> Any:
+    return load(schema)(**{**env_config, "latency": LatencyConfig.from_value(env_config.get("latency"))})
 
 
 def serve(
     endpoint: str,
-    make_env: Callable[[int], SingleEnv],
+    make_envs: Callable[[list[int], int, int], Any],
     env_ids: list[int],
     base_seed: int,
     stream: int = 0,
@@ -64,7 +81,7 @@ def serve(
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.IDENTITY, (worker_id or f"env-{os.getpid()}").encode())
     connect(socket, endpoint, keys_dir)  # a CURVE client where the hub is off loopback
-    envs = WorkerEnvs(make_env, env_ids, base_seed, stream)
+    envs = make_envs(env_ids, base_seed, stream)
     try:
         description = envs.describe()
         spec = plain(description["spec"])
@@ -112,7 +129,7 @@ def main() -> None:
     args = parser.parse_args()
     serve(
         args.endpoint,
-        single_env_factory(json.loads(args.env)),
+        worker_envs_factory(json.loads(args.env)),
         args.env_ids,
         args.seed,
         args.stream,

@@ -191,6 +191,28 @@ ensure_dataset_packages() {
         -r tools/dataset-requirements.txt
 }
 
+genesis_venv="${EMBODIED_GENESIS_VENV:-$root/.venv-genesis}"
+
+# Genesis (numpy 2, mujoco 4) gets a virtualenv of its own; its batched scenes run in env worker
+# processes under that interpreter (sim/genesis.py), with this package installed there without
+# its dependencies (ensure_checkouts).
+ensure_genesis_packages() {
+    ensure_virtualenv "$genesis_venv" packages "Genesis (about 4 GB)" tools/genesis-requirements.txt -- \
+        -r tools/genesis-requirements.txt
+}
+
+# A first Genesis scene compiles its kernels (3 to 5 minutes on one core), cached under
+# ~/.cache/genesis and ~/.cache/quadrants: built once here, so that no training run or test
+# waits for it. The stamp names the cache it filled.
+ensure_genesis_kernels() {
+    local stamp="$genesis_venv/.embodied-kernels-stamp"
+    local cache="${XDG_CACHE_HOME:-$HOME/.cache}/quadrants"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$cache" ] && [ -d "$cache" ]; then return; fi
+    log "compiling Genesis's kernels (once; a few minutes)"
+    "$genesis_venv/bin/python" -m embodied.sim.genesis
+    echo "$cache" > "$stamp"
+}
+
 pi0_reference_venv="${EMBODIED_PI0_REFERENCE_VENV:-$root/.venv-pi0ref}"
 pi0_reference_lerobot=0.4.4
 
@@ -234,6 +256,7 @@ ensure_egl() {
 ensure_side_packages() {
     ensure_libero_packages
     ensure_dataset_packages
+    ensure_genesis_packages
     if [ "$job" = test ]; then ensure_pi0_reference_venv; fi
 }
 
@@ -246,6 +269,8 @@ ensure_checkouts() {
     # dependencies, since lerobot-dataset brings its own numpy (2.x) and the writer needs only
     # numpy and msgpack.
     ensure_virtualenv "$dataset_venv" checkout "this package into the dataset writer's virtualenv" pyproject.toml -- \
+        --no-deps -e .
+    ensure_virtualenv "$genesis_venv" checkout "this package into Genesis's virtualenv" pyproject.toml -- \
         --no-deps -e .
 }
 
@@ -262,6 +287,7 @@ if ! wait "$side"; then
     exit 1
 fi
 ensure_checkouts
+ensure_genesis_kernels
 ensure_opencv
 ensure_vulkan
 ensure_egl

@@ -80,11 +80,11 @@ class EnvWorkerRole(Role):
     def serve(self, arguments: dict[str, Any]) -> int:
         if arguments["env_config"].get("python"):
             return self._serve_in_child(arguments)
-        from embodied.sim.worker import serve, single_env_factory
+        from embodied.sim.worker import serve, worker_envs_factory
 
         serve(
             arguments["endpoint"],
-            single_env_factory(arguments["env_config"]),
+            worker_envs_factory(arguments["env_config"]),
             arguments["env_ids"],
             arguments["base_seed"],
             arguments["stream"],

@@ -63,7 +63,8 @@ def test_the_simplevla_rl_experiment_composes_its_grpo_recipe_on_openvla_oft():
 def test_unknown_env_name_lists_known_ones_and_the_closest():
     with pytest.raises(
         UnknownNameError,
-        match=r"unknown env 'maniskil'; known: gymnasium, libero, maniskill, robosuite\. Did you mean 'maniskill'",
+        match=r"unknown env 'maniskil'; known: genesis, gymnasium, libero, maniskill, robosuite\. "
+        r"Did you mean 'maniskill'",
     ):
         load("env.name=maniskil")
 

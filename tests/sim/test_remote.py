@@ -329,9 +329,10 @@ def test_the_socket_folders_of_killed_hubs_are_removed_and_live_ones_kept(tmp_pa
 def test_a_worker_runs_every_registered_env_and_names_the_closest_for_a_misspelling():
     import embodied.components  # noqa: F401  (fills the registries)
     from embodied.core.registry import ENVS
-    from embodied.sim.worker import WORKER_ENVS, single_env_factory
+    from embodied.sim.worker import BATCHED_WORKER_ENVS, WORKER_ENVS, single_env_factory, worker_envs_factory
 
-    assert sorted(WORKER_ENVS) == ENVS.names()
+    assert sorted([*WORKER_ENVS, *BATCHED_WORKER_ENVS]) == ENVS.names()
+    assert worker_envs_factory({"name": "genesis", "num_envs": 2}).func.__name__ == "GenesisEnvs"
     with pytest.raises(ValueError, match=r"unknown env worker 'maniskil'.*Did you mean 'maniskill'"):
         single_env_factory({"name": "maniskil"})
     make = single_env_factory({"name": "gymnasium", "task": "Pendulum-v1"})
