@@ -4,6 +4,7 @@ spread over worker processes (each steps its share of the envs), so CPU simulato
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import traceback
@@ -77,7 +78,8 @@ def _stop_forkserver() -> None:
 
     stop = getattr(forkserver._forkserver, "_stop", None)  # the method Python's own tests use
     if stop is not None:
-        stop()  # nothing to do where no server was started
+        with contextlib.suppress(FileNotFoundError):  # its socket file already removed with its folder
+            stop()  # nothing to do where no server was started
 
 
 def _worker_main(
