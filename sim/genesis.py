@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
@@ -35,6 +34,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
 from embodied.sim.latency import LatencyConfig
+from embodied.sim.worker_envs import step_reply
 
 TASKS = {"PickCube": "pick up the red cube and move it to the goal"}
 CONTROL_HZ = 20.0
@@ -92,24 +92,10 @@ def check_config(cfg: GenesisConfig) -> None:
 
 def genesis_python(cfg: GenesisConfig) -> str:
     """`env.python`, else the .venv-genesis that tools/setup.sh makes in a checkout."""
-    from embodied.core.paths import checkout_root
+    from embodied.core.paths import simulator_python
 
-    checkout = checkout_root()
-    if cfg.python:
-        python = Path(cfg.python)
-    elif checkout is not None:
-        python = checkout / ".venv-genesis" / "bin" / "python"
-    else:
-        raise ConfigError(
-            "Genesis runs under its own interpreter: create a virtualenv for it, "
-            "`pip install 'embodied-rl[genesis]'` there, and pass env.python=<its bin/python>"
-        )
-    if not python.is_file():
-        raise ConfigError(
-            f"no Genesis interpreter at {python}: run `bash tools/setup.sh install` (it creates .venv-genesis) "
-            f"or set env.python"
-        )
-    return str(python)
+    install = "`pip install genesis-world==1.4.5 pyzmq msgpack` and `pip install --no-deps embodied-rl`"
+    return simulator_python(cfg.python, "Genesis", ".venv-genesis", install)
 
 
 @ENVS.register("genesis", GenesisConfig)
@@ -264,19 +250,17 @@ class GenesisEnvs:
         if done.any():
             self._start([int(i) for i in np.flatnonzero(done)], None)
             state = self._state()
-        return {
-            "state": state,
-            "images": {},
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "success": success,
-            "executed_steps": executed_steps,
-            "executed_action": executed_action,
-            "final_state": final_state,
-            "final_images": {},
-            "episodes": episodes,
-        }
+        return step_reply(
+            {"state": state, "images": {}},
+            {"state": final_state, "images": {}},
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            success=success,
+            executed_steps=executed_steps,
+            executed_action=executed_action,
+            episodes=episodes,
+        )
 
     def _act(self, actions: np.ndarray) -> None:
         """pd_ee_delta_pos, as ManiSkill's: the TCP's target is where it is plus the move, in

@@ -40,7 +40,7 @@ import numpy as np
 
 from embodied.core.env import BatchedEnv, SingleEnv, SingleObservation, SingleStep
 from embodied.core.errors import ConfigError
-from embodied.core.paths import checkout_root
+from embodied.core.paths import simulator_python
 from embodied.core.registry import ENVS, unknown_name_message
 from embodied.core.types import EnvSpec
 from embodied.sim.latency import LatencyConfig
@@ -105,22 +105,7 @@ def check_config(cfg: LiberoConfig) -> None:
 
 def libero_python(cfg: LiberoConfig) -> str:
     """`env.python`, else the .venv-libero that tools/setup.sh makes in a checkout."""
-    checkout = checkout_root()
-    if cfg.python:
-        python = Path(cfg.python)
-    elif checkout is not None:
-        python = checkout / ".venv-libero" / "bin" / "python"
-    else:
-        raise ConfigError(
-            "LIBERO runs under its own interpreter: create a virtualenv for it, "
-            "`pip install 'embodied-rl[libero]'` there, and pass env.python=<its bin/python>"
-        )
-    if not python.is_file():
-        raise ConfigError(
-            f"no LIBERO interpreter at {python}: run `bash tools/setup.sh install` "
-            f"(it creates .venv-libero) or set env.python"
-        )
-    return str(python)
+    return simulator_python(cfg.python, "LIBERO", ".venv-libero", "`pip install 'embodied-rl[libero]'`")
 
 
 def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:

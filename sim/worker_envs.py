@@ -99,18 +99,17 @@ class WorkerEnvs:
                 self._start_episode(i, None)
         blank = self.observations[0]
         final_batch = self._batch([f if f is not None else blank for f in final])
-        return {
-            **self._batch(self.observations),
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "success": success,
-            "executed_steps": executed_steps,
-            "executed_action": executed_action,
-            "final_state": final_batch["state"],
-            "final_images": final_batch["images"],
-            "episodes": episodes,
-        }
+        return step_reply(
+            self._batch(self.observations),
+            final_batch,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            success=success,
+            executed_steps=executed_steps,
+            executed_action=executed_action,
+            episodes=episodes,
+        )
 
     def render(self, local_idx: int) -> np.ndarray:
         return self.envs[local_idx].render()
@@ -151,6 +150,15 @@ class WorkerEnvs:
             "state": np.stack([o.state for o in observations]).astype(np.float32),
             "images": {name: np.stack([o.images[name] for o in observations]) for name in observations[0].images},
         }
+
+
+def step_reply(observation: dict[str, Any], final: dict[str, Any], **results: Any) -> dict[str, Any]:
+    """A worker's answer to `step`, as `VectorizedEnv` reads it: the batch's observations after
+    the chunk, each env's final one (`state`, `images`; the observation kept for bootstrapping
+    where its episode ended), and `results`: reward, terminated, truncated, success,
+    executed_steps, executed_action, and the finished episodes as [env id, task, return,
+    length, success]."""
+    return {**observation, **results, "final_state": final["state"], "final_images": final["images"]}
 
 
 COMMANDS = frozenset(
