@@ -256,7 +256,6 @@ ensure_egl() {
 ensure_side_packages() {
     ensure_libero_packages
     ensure_dataset_packages
-    ensure_genesis_packages
     if [ "$job" = test ]; then ensure_pi0_reference_venv; fi
 }
 
@@ -274,23 +273,34 @@ ensure_checkouts() {
         --no-deps -e .
 }
 
+# Waits for a background step, and ends the set-up where it failed.
+wait_for() {
+    if ! wait "$1"; then
+        log "$2 failed (see above)"
+        exit 1
+    fi
+}
+
 ensure_python
 ensure_build_tools
-# pip installs on one core: the side virtualenvs install beside the main one, so a fresh
-# machine waits for the longer of the two rather than for their sum.
+# pip installs on one core: the side virtualenvs install beside the main one (Genesis's, the
+# largest, in a line of its own), so a fresh machine waits for the longest line rather than
+# for their sum.
 ensure_side_packages &
 side=$!
-trap 'wait' EXIT  # a failed main install still lets the side one finish, rather than orphan it
+ensure_genesis_packages &
+genesis=$!
+trap 'wait' EXIT  # a failed main install still lets the side ones finish, rather than orphan them
 ensure_venv
-if ! wait "$side"; then
-    log "installing the side virtualenvs failed (see above)"
-    exit 1
-fi
+wait_for "$side" "installing the side virtualenvs"
+wait_for "$genesis" "installing Genesis's virtualenv"
 ensure_checkouts
-ensure_genesis_kernels
+ensure_genesis_kernels &  # beside the system checks below, which do not touch it
+kernels=$!
 ensure_opencv
 ensure_vulkan
 ensure_egl
+wait_for "$kernels" "compiling Genesis's kernels"
 export PATH="$venv/bin:$PATH"
 
 case "$job" in
