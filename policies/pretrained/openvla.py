@@ -163,6 +163,7 @@ class OpenVLAPolicy(TokenVLAPolicy):
                 raise ConfigError(f"policy.proprio=true: {self.statistics.action.source} has no proprio beside it")
             self.normalizer = StatisticsNormalizer(self.statistics.state, torch.float64)  # as OFT, in numpy
             self.normalizer.require_width(spec.state_dim)
+            self.register_load_state_dict_pre_hook(OpenVLAPolicy._fixed_proprio_statistics)
         if cfg.action_head == "l1":
             self.action_head = ResidualMLP(spec.action_dim * width, width, spec.action_dim)
             self.action_log_std = nn.Parameter(torch.full((spec.action_dim,), float(np.log(cfg.action_std))))
@@ -345,6 +346,17 @@ class OpenVLAPolicy(TokenVLAPolicy):
     def update_normalization(self, observation: Observation) -> None:
         if not isinstance(self.normalizer, StatisticsNormalizer):  # a checkpoint's statistics stay as they are
             super().update_normalization(observation)
+
+    def _fixed_proprio_statistics(self, state_dict: dict, prefix: str, *args: Any) -> None:  # a load pre-hook
+        """A run saved before OFT's proprio statistics became the normaliser kept the running
+        normaliser's buffers, which it never read (it normalised by the folder's q01/q99, as
+        this policy does): they give way to the folder's statistics."""
+        running = [f"{prefix}normalizer.{name}" for name in ("mean", "var", "count")]
+        if all(key in state_dict for key in running) and f"{prefix}normalizer.offset" not in state_dict:
+            for key in running:
+                state_dict.pop(key)
+            for name, buffer in self.normalizer.named_buffers():
+                state_dict[f"{prefix}normalizer.{name}"] = buffer.clone()
 
     # ---- decoding -----------------------------------------------------------------------------
     def _parallel_pass(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -431,6 +431,14 @@ def test_oft_proprio_and_cameras_go_through_the_shared_pipeline(tmp_path):
     loaded.update_normalization(obs)  # a checkpoint's statistics stay as they are
     assert all(torch.equal(b, before[n]) for n, b in loaded.normalizer.named_buffers())
     np.testing.assert_allclose(loaded._proprio(obs).double().numpy(), expected, rtol=0, atol=1e-6)
+    # a run saved when the proprio's running normaliser sat unused beside the bounds loads, with them
+    saved = {n: t for n, t in loaded.state_dict().items() if not n.startswith("normalizer.")}
+    saved.update({f"normalizer.{n}": t for n, t in tiny(proprio=True).normalizer.state_dict().items()})
+    again = OpenVLAPolicy(
+        OpenVLAConfig(pretrained=str(folder), proprio=True, features="a=wrist,b=image", **FLOAT32), SPEC
+    )
+    again.load_state_dict(saved)
+    np.testing.assert_allclose(again._proprio(obs).double().numpy(), expected, rtol=0, atol=1e-6)
     stats["env_bounds"].pop("proprio")
     (folder / "dataset_statistics.json").write_text(json.dumps(stats))
     with pytest.raises(ConfigError, match=r"policy.proprio=true: .*\[env_bounds\].action has no proprio beside it"):
