@@ -61,6 +61,15 @@ class FeatureStatistics:
     def shape(self) -> tuple[int, ...]:
         return tuple(self.offset.shape)
 
+    def require_width(self, dim: int, horizon: int | None = None) -> None:
+        """Refuse statistics of another width than the env's `dim` (or, per horizon step, of
+        more or fewer steps than `horizon`), naming where they came from."""
+        shape = self.shape
+        per_step = len(shape) == 2 and horizon is not None and shape[0] == horizon
+        if shape[-1:] != (dim,) or not (len(shape) == 1 or per_step):
+            wanted = f"({dim},)" + (f" or ({horizon}, {dim})" if horizon else "")
+            raise ConfigError(f"{self.source}: statistics of shape {shape} do not fit the env's {wanted}")
+
 
 def range_feature(mode: str, source: str, low: np.ndarray, width: np.ndarray) -> FeatureStatistics:
     """[low, low + width] onto [-1, 1], both ways."""
@@ -115,12 +124,3 @@ class StatisticsNormalizer(nn.Module):
         if self.offset.dim() == 2:
             return tuple(b[: x.shape[-2]] for b in buffers)
         return buffers
-
-    def require_width(self, dim: int, horizon: int | None = None) -> None:
-        """Refuse statistics of another width than the env's `dim` (or, per horizon step, of
-        more or fewer steps than `horizon`), naming where they came from."""
-        shape = tuple(self.offset.shape)
-        per_step = len(shape) == 2 and horizon is not None and shape[0] == horizon
-        if shape[-1:] != (dim,) or not (len(shape) == 1 or per_step):
-            wanted = f"({dim},)" + (f" or ({horizon}, {dim})" if horizon else "")
-            raise ConfigError(f"{self.source}: statistics of shape {shape} do not fit the env's {wanted}")

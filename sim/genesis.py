@@ -50,6 +50,8 @@ TCP_OFFSET = 0.1034  # from the hand link to the fingertips' centre, along the h
 HOME = (0.0, np.pi / 8, 0.0, -5 * np.pi / 8, 0.0, 3 * np.pi / 4, np.pi / 4, 0.04, 0.04)  # ManiSkill's rest pose
 HOME_NOISE = 0.02
 MOVE = 0.1  # metres per unit of action
+DAMPING = 1e-4  # the damped least squares' lambda squared
+HOLD = np.array([0.0, 0.0, 0.0, 1.0], dtype=np.float32)  # what a finished env does for the rest of a chunk
 FINGER_RANGE = (-0.01, 0.04)  # the finger joints' targets for gripper -1 .. 1
 DEVICES = ("cpu", "cuda")
 COMPILE_TIMEOUT_S = 900.0
@@ -121,7 +123,7 @@ class GenesisEnvs:
         import genesis as gs
         import torch
 
-        self.gs, self.torch, self.cfg = gs, torch, cfg
+        self.torch, self.cfg = torch, cfg
         self.env_ids = list(env_ids)
         self.n = n = len(self.env_ids)
         self.base_seed, self.stream = base_seed, stream
@@ -245,7 +247,7 @@ class GenesisEnvs:
             ]
             for i in np.flatnonzero(done)
         ]
-        state = self._state()
+        state = info["state"]  # where the chunk's last step left every env
         final_state[~done] = state[~done]
         if done.any():
             self._start([int(i) for i in np.flatnonzero(done)], None)
@@ -368,7 +370,6 @@ class GenesisEnvs:
         pass
 
 
-DAMPING = 1e-4  # the damped least squares' lambda squared
 # where PickCube's state keeps what the expert reads
 TCP, GOAL, CUBE, GRASPED = slice(19, 22), slice(26, 29), slice(29, 32), 18
 APPROACH = 0.05  # the expert lines up this far above the cube before it descends
@@ -388,9 +389,6 @@ def pick_cube_expert(state: np.ndarray) -> np.ndarray:
     move = np.clip((target - tcp) / MOVE, -1.0, 1.0)
     move = np.where((lined_up & down & ~grasped)[:, None], 0.0, move)  # closing: hold still
     return np.concatenate([move, gripper[:, None]], 1).astype(np.float32)
-
-
-HOLD = np.array([0.0, 0.0, 0.0, 1.0], dtype=np.float32)  # no move, gripper as opened
 
 
 if __name__ == "__main__":  # tools/setup.sh: compile the kernels once, and check the install

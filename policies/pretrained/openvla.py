@@ -154,15 +154,17 @@ class OpenVLAPolicy(TokenVLAPolicy):
         if self.folder is not None and not self.folder.is_dir():
             raise ConfigError(f"policy.pretrained {cfg.pretrained} is not a folder")
         self.published = read_config(self.folder) if self.folder else random_config(cfg)
-        self.statistics = read_openvla_statistics(self.folder, cfg.statistics_key) if self.folder else None
+        self.statistics = (
+            read_openvla_statistics(self.folder, cfg.statistics_key, self.published) if self.folder else None
+        )
         super().__init__(cfg, spec)
         width = self.backbone.config.get_text_config().hidden_size
         self.proprio_projector = ProprioProjector(spec.state_dim, width) if cfg.proprio else None
         if cfg.proprio and self.statistics is not None:  # OFT's proprio statistics replace the running ones
             if self.statistics.state is None:
                 raise ConfigError(f"policy.proprio=true: {self.statistics.action.source} has no proprio beside it")
+            self.statistics.state.require_width(spec.state_dim)
             self.normalizer = StatisticsNormalizer(self.statistics.state, torch.float64)  # as OFT, in numpy
-            self.normalizer.require_width(spec.state_dim)
             self.register_load_state_dict_pre_hook(OpenVLAPolicy._fixed_proprio_statistics)
         if cfg.action_head == "l1":
             self.action_head = ResidualMLP(spec.action_dim * width, width, spec.action_dim)
@@ -260,7 +262,7 @@ class OpenVLAPolicy(TokenVLAPolicy):
         vocab = text_vocab - self.pad_to_multiple  # action ids end where the tokenizer's vocabulary ends
         if self.statistics is None:
             return ActionTokenizer(vocab, env_bounds(self.spec))
-        StatisticsNormalizer(self.statistics.action).require_width(self.spec.action_dim)
+        self.statistics.action.require_width(self.spec.action_dim)
         return ActionTokenizer(vocab, self.statistics.action)
 
     def _load_oft_modules(self) -> None:

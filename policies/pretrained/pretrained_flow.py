@@ -127,11 +127,11 @@ class PretrainedFlowVLA(FlowPolicy):
         statistics = read_checkpoint_statistics(pretrained, quantiles, self.cfg.statistics_key)
         self.normalizer = nn.Identity()
         if statistics.state is not None:
+            statistics.state.require_width(self.spec.state_dim)
             self.normalizer = StatisticsNormalizer(statistics.state)
-            self.normalizer.require_width(self.spec.state_dim)
         if statistics.action is not None:
+            statistics.action.require_width(self.spec.action_dim, self.cfg.horizon)
             self.action_normalizer = StatisticsNormalizer(statistics.action)
-            self.action_normalizer.require_width(self.spec.action_dim, self.cfg.horizon)
 
     def _normalized_state(self, observation: Observation) -> torch.Tensor:
         if self.cfg.normalization == "dataset" and not self.normalizer.fitted:

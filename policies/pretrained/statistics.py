@@ -64,8 +64,9 @@ def read_checkpoint_statistics(path: str | Path, quantiles: bool, key: str = "")
         return read_lerobot_statistics(folder)
     if (folder / "assets").is_dir():
         return read_openpi_statistics(folder, quantiles, key)
-    if (folder / OPENVLA_FILE).is_file() or "norm_stats" in _config_of(folder):
-        return read_openvla_statistics(folder, key)
+    config = _config_of(folder)
+    if (folder / OPENVLA_FILE).is_file() or "norm_stats" in config:
+        return read_openvla_statistics(folder, key, config)
     raise ConfigError(
         f"{folder} holds no normalisation statistics: a lerobot checkpoint has {' and '.join(LEROBOT_FILES)}, "
         f"an openpi one assets/<asset_id>/norm_stats.json, an OpenVLA one {OPENVLA_FILE} or norm_stats in "
@@ -187,12 +188,13 @@ def _openpi_feature(norm_stats: dict[str, Any], key: str, quantiles: bool, file:
 
 
 # ---- OpenVLA ------------------------------------------------------------------------------------
-def read_openvla_statistics(folder: Path, key: str = "") -> CheckpointStatistics:
+def read_openvla_statistics(folder: Path, key: str = "", config: dict | None = None) -> CheckpointStatistics:
     """The action (and, where the fine-tune has one, proprio) statistics of the dataset `key`:
     `dataset_statistics.json`, else config.json's `norm_stats`. `key` may be omitted where
     there is one dataset; `libero_spatial` finds `libero_spatial_no_noops`, as the LIBERO
     fine-tunes name their datasets."""
-    file, config = folder / OPENVLA_FILE, _config_of(folder)
+    file = folder / OPENVLA_FILE
+    config = _config_of(folder) if config is None else config  # its config.json, where the caller read it
     if not file.is_file() and "norm_stats" not in config:
         raise ConfigError(
             f"policy.pretrained {folder} has no normalisation statistics (neither {OPENVLA_FILE} nor norm_stats "

@@ -110,4 +110,4 @@ def test_each_refusal_names_the_file_and_the_key(tmp_path):
     assert fine.state is None and fine.action.mode == "lerobot QUANTILES"
     wide = read_checkpoint_statistics(openpi_checkpoint(tmp_path / "wide"), False)
     with pytest.raises(ConfigError, match=r"norm_stats.state: statistics of shape \(5,\) do not fit the env's \(4,\)"):
-        StatisticsNormalizer(wide.state).require_width(4)
+        wide.state.require_width(4)
