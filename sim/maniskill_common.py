@@ -15,6 +15,7 @@ from embodied.core.errors import ConfigError
 from embodied.core.registry import unknown_name_message
 from embodied.core.types import EnvSpec
 from embodied.sim.latency import LatencyConfig
+from embodied.sim.sapien_shaders import check_scene, use_lean_shaders
 
 # Tasks whose assets ship inside the mani-skill wheel (others download assets at run time).
 INSTRUCTIONS = {
@@ -115,9 +116,11 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
         kwargs["sensor_configs"] = dict(width=cfg.image_size, height=cfg.image_size)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
+    # on a CPU renderer a process's first frame would compute a table no scene here reads: 20 s
+    lean_shaders = not torch.cuda.is_available() and use_lean_shaders()
     try:
         with scene_collections(sim_backend):
-            return gym.make(cfg.task, **kwargs)
+            env = gym.make(cfg.task, **kwargs)
     except Exception as error:
         hint, library = "", physx_gpu_library() if sim_backend == "physx_cuda" else None
         if library is not None and not library.is_file():
@@ -127,6 +130,9 @@ def make_gym_env(cfg: ManiSkillConfig, num_envs: int, sim_backend: str, **extra:
                 f"into {library.parent}"
             )
         raise ConfigError(f"ManiSkill could not build {cfg.task} with {kwargs}: {error}{hint}") from error
+    if lean_shaders:
+        check_scene(env)
+    return env
 
 
 @contextmanager

@@ -305,3 +305,61 @@ def test_maniskills_collections_on_cpu_scenes_skip_older_objects(task, collectio
     finally:
         if enabled:
             gc.enable()
+
+
+@pytest.mark.slow
+def test_the_lean_shaders_render_every_task_byte_for_byte_as_sapiens_own(tmp_path):
+    """sim/sapien_shaders.py: each task's cameras (PickCube's wrist camera too) and its video
+    frame, rendered in a process of their own with SAPIEN's shaders and with the lean ones."""
+    import subprocess
+    import sys
+
+    from tests.cli import ROOT
+
+    rendered = {}
+    for mode in ("stock", "lean"):
+        out = tmp_path / f"{mode}.npz"
+        subprocess.run(
+            [sys.executable, "-m", "tests.sim.camera_frames", mode, str(out)], cwd=ROOT, check=True, timeout=600
+        )
+        rendered[mode] = dict(np.load(out))
+    assert rendered["lean"].keys() == rendered["stock"].keys()
+    assert {"PickCube-v1/hand_camera", "PushCube-v1/base_camera", "PushCube-v1/video"} <= rendered["lean"].keys()
+    for name, image in rendered["stock"].items():
+        assert image.std() > 0, name  # a scene, not a blank
+        np.testing.assert_array_equal(rendered["lean"][name], image, err_msg=name)
+
+
+def test_the_lean_shaders_are_derived_once_and_a_pack_they_do_not_fit_keeps_sapiens_own(tmp_path):
+    from pathlib import Path
+
+    from embodied.sim.sapien_shaders import derive
+
+    stock = Path(sapien.__file__).parent / "vulkan_shader"
+    lean = derive(stock, tmp_path / "cache")
+    assert lean is not None and derive(stock, tmp_path / "cache") == lean
+    assert [path.name for path in (tmp_path / "cache").iterdir()] == [lean.name]  # no staging left behind
+    for pack in ("minimal", "default"):
+        assert not [path for path in (lean / pack).iterdir() if "samplerBRDFLUT" in path.read_text()]
+    assert (lean / "rt").is_dir() and (lean / "common").is_dir()  # the other packs as they are
+
+    other = tmp_path / "other"
+    (other / "minimal").mkdir(parents=True)
+    (other / "default").mkdir()
+    (other / "minimal" / "gbuffer.frag").write_text("vec2 b = textureLod(samplerBRDFLUT, uv, 0).xy;\n")
+    assert derive(other, tmp_path / "cache2") is None
+    assert not list((tmp_path / "cache2").iterdir())
+
+
+def test_a_scene_lit_by_an_environment_map_is_refused_by_the_lean_shaders():
+    from types import SimpleNamespace
+
+    from embodied.sim.sapien_shaders import check_scene
+
+    def env(cubemap):
+        scene = SimpleNamespace(sub_scenes=[SimpleNamespace(render_system=SimpleNamespace(cubemap=cubemap))])
+        return SimpleNamespace(unwrapped=SimpleNamespace(scene=scene, spec=SimpleNamespace(id="Lit-v1")))
+
+    check_scene(env(None))
+    with pytest.raises(RuntimeError, match="Lit-v1 lights its scene with an environment map"):
+        check_scene(env(object()))
