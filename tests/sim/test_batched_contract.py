@@ -29,7 +29,14 @@ def genesis() -> BatchedEnv:
     return make_genesis(GenesisConfig(num_envs=64, max_episode_steps=LIMIT), seed=0)
 
 
-@pytest.fixture(scope="module", params=[maniskill, genesis], ids=["maniskill-physx_cpu-1", "genesis-64"])
+# Genesis's scene of 64 envs takes 35-55 s to build beside other tests: out of the fast lane
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(maniskill, id="maniskill-physx_cpu-1"),
+        pytest.param(genesis, id="genesis-64", marks=pytest.mark.slow),
+    ],
+)
 def env(request):
     built = request.param()
     yield built

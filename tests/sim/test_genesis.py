@@ -10,6 +10,7 @@ from embodied.core.errors import ConfigError
 from embodied.sim.genesis import GenesisConfig, check_config, make_genesis, pick_cube_expert
 
 
+@pytest.mark.slow  # a scene of 16 envs: 35-50 s to build
 def test_the_scripted_expert_picks_the_cube_and_success_ends_its_episode_as_terminated():
     env = make_genesis(GenesisConfig(num_envs=16), seed=0)
     try:
