@@ -1,12 +1,15 @@
 """Pipelined vs sequential rollout, side by side in one script (no learning).
 
 Inference for the whole batch is made to take about as long as one env step of the whole
-batch, the regime where overlapping them pays most, in two ways:
+batch, the regime where overlapping them pays most, in three ways:
 
     cpu inference      an MLP sized to that time, computing on the same cores as the envs
     off-cpu inference  a small MLP plus a wait proportional to the rows inferred, leaving the
                        cores to the envs, as a throughput-bound accelerator does (this machine
                        may have none, so the wait stands in for it)
+    flat inference     a small MLP plus a wait of half an env step whatever the rows, leaving
+                       the cores to the envs: a GPU's cost for small batches, where a stage's
+                       inference costs as much as the whole batch's and each stage adds one
 
 With the env workers in k stages (runtime.pipeline_stages, 2 unless --stages says otherwise;
 the results committed before that option existed had one stage per worker) the pipeline can at
@@ -61,6 +64,20 @@ class OffCPUInference:
         return self.policy.value(observation)
 
 
+class FlatInference(OffCPUInference):
+    """A policy whose `act` lasts `seconds` whatever the rows, without holding a core."""
+
+    def __init__(self, policy: MLPGaussianPolicy, seconds: float):
+        super().__init__(policy, 0.0)
+        self.seconds = seconds
+
+    def act(self, observation, deterministic: bool = False, generator=None):
+        started = time.perf_counter()
+        chunk = self.policy.act(observation, deterministic, generator)
+        time.sleep(max(0.0, self.seconds - (time.perf_counter() - started)))
+        return chunk
+
+
 def cpu_policy_as_slow_as(seconds: float, observation, spec) -> tuple[MLPGaussianPolicy, int, float]:
     """The smallest MLP from a ladder whose inference on `observation` takes `seconds`."""
     for hidden in (64, 256, 512, 1024, 1536, 2048, 3072, 4096):
@@ -84,15 +101,21 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         policy, hidden, inference_s = cpu_policy_as_slow_as(step_s, observation.to_torch(), env.spec)
         small = MLPGaussianPolicy(MLPPolicyConfig(actor_hidden=[64] * 2, critic_hidden=[64] * 2), env.spec)
         off_cpu = OffCPUInference(small, step_s / args.num_envs)
+        flat = FlatInference(small, step_s / 2)  # the env's step about twice an inference
+        one_stage = observation.select(env.stage_rows(0)).to_torch()
         with torch.no_grad():
             off_cpu_s = seconds_per_call(lambda: off_cpu.act(observation.to_torch()))
+            flat_s = seconds_per_call(lambda: flat.act(observation.to_torch()))
+            flat_stage_s = seconds_per_call(lambda: flat.act(one_stage))
         rates = {
             "cpu inference": rollout_rates(env, policy, args.steps, stages=args.stages),
             "off-cpu inference": rollout_rates(env, off_cpu, args.steps, stages=args.stages),
+            "flat inference": rollout_rates(env, flat, args.steps, stages=args.stages),
         }
     finally:
         env.close()
-    inference = {"cpu inference": inference_s, "off-cpu inference": off_cpu_s}
+    inference = {"cpu inference": inference_s, "off-cpu inference": off_cpu_s, "flat inference": flat_s}
+    per_stage = {"flat inference": flat_stage_s}  # the others: their share of the whole batch's
     return {
         "workers": workers,
         "stages": stages,
@@ -102,7 +125,11 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         "inference_ms": {name: seconds * 1e3 for name, seconds in inference.items()},
         "env_steps_per_s": rates,
         "speedup": {name: r["pipelined"] / r["sequential"] for name, r in rates.items()},
-        "bound": {name: pipelining_bound(step_s, stage_s, seconds, stages) for name, seconds in inference.items()},
+        "flat_stage_inference_ms": flat_stage_s * 1e3,
+        "bound": {
+            name: pipelining_bound(step_s, stage_s, seconds, stages, per_stage.get(name))
+            for name, seconds in inference.items()
+        },
     }
 
 
@@ -132,8 +159,9 @@ def main() -> None:
         "",
         "Inference for the whole batch takes about one env step of the whole batch. CPU inference: an MLP "
         "sized to that, on the same cores as the envs. Off-CPU inference: a wait proportional to the rows, "
-        f"leaving the cores to the envs, standing in for an accelerator. Best of two interleaved runs of "
-        f"{args.steps} chunk steps each.",
+        "leaving the cores to the envs, standing in for an accelerator. Flat inference: a wait of half an env "
+        "step whatever the rows (a GPU's small batches), so each stage adds a whole inference. Best of two "
+        f"interleaved runs of {args.steps} chunk steps each; the bound is each row's own, from its stage times.",
         "",
         "| env workers | env step / one stage alone (ms) | inference | inference (ms) | sequential env steps/s "
         "| pipelined env steps/s | speed-up | bound |",

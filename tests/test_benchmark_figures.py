@@ -399,3 +399,37 @@ def test_the_latency_study_measures_jumps_where_a_chunk_takes_over_across_ticks_
     assert cell["success"] == 0.5 and cell["episodes"] == 2
     assert cell["boundary_jump"] == 5.0 and cell["boundaries"] == 1  # a new episode's first is no jump
     assert cell["within_chunk_change"] == 2.0
+
+
+def pipelined_period(step_s: float, inference_s: float, stages: int, rounds: int = 40) -> float:
+    """A round's seconds in `Rollout._collect_pipelined`'s schedule, worked out event by event:
+    the policy serves the stages in order, one inference at a time, each stage waiting for its
+    step to end; the mean over the last half of `rounds` (the steady state)."""
+    policy_free, step_end, round_end = 0.0, [0.0] * stages, []
+    for _ in range(rounds):
+        for k in range(stages):
+            policy_free = max(policy_free, step_end[k]) + inference_s
+            step_end[k] = policy_free + step_s
+        round_end.append(policy_free)
+    half = rounds // 2
+    return (round_end[-1] - round_end[half - 1]) / (rounds - half)
+
+
+@pytest.mark.parametrize(
+    "step_s, stage_s, inference_s, stage_inference_s, stages",
+    [
+        (2.0, 1.0, 1.0, None, 2),  # inference in proportion to rows, as on CPU cores
+        (2.0, 2.0, 1.0, None, 2),  # a stage steps as long as the whole batch (parallel workers)
+        (2.0, 1.0, 1.0, 1.0, 2),  # flat inference: a stage's batch costs the whole batch's
+        (2.0, 0.5, 1.0, 1.0, 4),  # four stages of flat inference: the policy is the bottleneck
+        (4.0, 1.0, 1.0, 0.6, 4),
+        (1.0, 1.0, 3.0, 3.0, 3),
+    ],
+)
+def test_the_pipelining_bound_is_the_schedules_own(step_s, stage_s, inference_s, stage_inference_s, stages):
+    from harness.pipelining import pipelining_bound
+
+    per_stage = inference_s / stages if stage_inference_s is None else stage_inference_s
+    sequential = step_s + inference_s
+    expected = sequential / pipelined_period(stage_s, per_stage, stages)
+    assert pipelining_bound(step_s, stage_s, inference_s, stages, stage_inference_s) == pytest.approx(expected)

@@ -337,3 +337,31 @@ def test_a_worker_runs_every_registered_env_and_names_the_closest_for_a_misspell
         single_env_factory({"name": "maniskil"})
     make = single_env_factory({"name": "gymnasium", "task": "Pendulum-v1"})
     assert make.func is GymnasiumEnv and make.args[0] == GymnasiumConfig(task="Pendulum-v1")
+
+
+def test_the_pipeline_serves_its_stages_in_turn_each_inference_between_its_steps():
+    """The order benchmarks/harness/pipelining.py's bound assumes (tests/test_benchmark_figures.py
+    works it out event by event): stage k's next inference comes after its own step has been
+    received, and the policy serves the stages in turn; the last step starts no inference."""
+    import torch
+
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runtime.rollout import Rollout
+
+    env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=4, num_workers=2), seed=3)
+    try:
+        policy = MLPGaussianPolicy(MLPPolicyConfig(), env.spec)
+        rollout = Rollout(env, policy, torch.device("cpu"), pipeline=True, pipeline_stages=2)
+        rollout.start()
+        events = []
+        send, receive, act = env.send_stage_step, env.receive_stage_step, policy.act
+
+        env.send_stage_step = lambda k, actions: (events.append(f"step{k}"), send(k, actions))[1]
+        env.receive_stage_step = lambda k: (events.append(f"done{k}"), receive(k))[1]
+        policy.act = lambda observation, *a, **kw: (events.append("act"), act(observation, *a, **kw))[1]
+        rollout.collect(3)
+    finally:
+        env.close()
+    first = ["act", "step0", "act", "step1"]
+    middle = ["done0", "act", "step0", "done1", "act", "step1"]
+    assert events == first + middle * 2 + ["done0", "done1"]
