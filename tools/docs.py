@@ -44,9 +44,13 @@ def field_comments(cls: type) -> dict[str, str]:
 
 
 def type_name(field: dataclasses.Field) -> str:
-    """The type as the schema spells it (`Optional[str]` read as `str or null`)."""
+    """The type as the schema spells it (`Optional[str]` read as `str or null`, `Union[int,
+    str]` as `int or str`)."""
     text = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
     optional = re.fullmatch(r"Optional\[(.*)\]", text)
+    union = re.fullmatch(r"Union\[(.*)\]", text)
+    if union:
+        return " or ".join(part.strip() for part in union.group(1).split(","))
     return f"{optional.group(1)} or null" if optional else text
 
 

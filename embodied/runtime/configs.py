@@ -5,7 +5,7 @@ the schemas here, not the runtimes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from embodied.core.registry import RUNTIMES
 from embodied.runtime.ray_actors import RoleResources
@@ -28,7 +28,7 @@ class LocalRuntimeConfig:
     # Overlap policy inference for one stage of env workers with simulation in the others
     # (needs env.num_workers >= 2).
     pipeline: bool = False
-    pipeline_stages: int = 2  # groups of env workers; each costs one inference per step
+    pipeline_stages: Union[int, str] = 2  # groups of env workers, each one inference per step; auto: the fastest, timed
 
 
 @dataclass
@@ -38,7 +38,7 @@ class ProcsRuntimeConfig:
     rollout_device: str = "auto"  # the rollout's policy inference
     torch_threads: Optional[int] = None  # per process; None: torch's default
     pipeline: bool = False  # overlap inference for one stage of env workers with simulation in others
-    pipeline_stages: int = 2  # groups of env workers; each costs one inference per step
+    pipeline_stages: Union[int, str] = 2  # groups of env workers, each one inference per step; auto: the fastest, timed
     # 0: synchronous, every sample from the current policy. k > 0: the rollout keeps acting
     # with weights up to k updates old; older samples are dropped and counted, the rest are
     # corrected with their behaviour log-prob (decoupled PPO).

@@ -15,7 +15,7 @@ from embodied.runtime.configs import LocalRuntimeConfig
 from embodied.runtime.learner import Learner
 from embodied.runtime.operator import build_operator
 from embodied.runtime.process import start_process
-from embodied.runtime.rollout import Rollout
+from embodied.runtime.rollout import Rollout, check_pipeline_stages
 from embodied.runtime.session import TrainSession
 
 logger = logging.getLogger(__name__)
@@ -26,6 +26,8 @@ class LocalRuntime:
         self.cfg = cfg
 
     def train(self, config: TrainConfig) -> TrainSession:
+        if self.cfg.pipeline:
+            check_pipeline_stages(self.cfg.pipeline_stages)  # before any env is built
         start_process(config.seed, self.cfg.torch_threads)
         device = resolve_device(self.cfg.device)
 

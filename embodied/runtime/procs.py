@@ -40,7 +40,7 @@ from embodied.runtime.learner import Learner
 from embodied.runtime.learner_link import Delivery, LearnerLink, LinkError
 from embodied.runtime.learner_ranks import LearnerRanks, RankProcesses, check_learner_ranks
 from embodied.runtime.process import start_process
-from embodied.runtime.rollout import env_share
+from embodied.runtime.rollout import check_pipeline_stages, env_share
 from embodied.runtime.rollout_process import STACK_DUMP_SIGNAL, rollout_name
 from embodied.runtime.session import TrainSession
 from embodied.runtime.wire import tensors_to_wire, trajectory_from_wire
@@ -51,6 +51,8 @@ PLACEMENTS = ("disaggregated", "collocated")
 
 
 def check_config(cfg: ProcsRuntimeConfig) -> None:
+    if cfg.pipeline:
+        check_pipeline_stages(cfg.pipeline_stages)
     if cfg.learner_ranks < 1:
         raise ConfigError(f"runtime.learner_ranks must be >= 1, got {cfg.learner_ranks}")
     if cfg.num_rollouts < 1:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 # process (runtime=local) or not (runtime=procs).
 SAMPLING_SEED_OFFSET = 7919
 GROUP_STREAM = 2  # episode seeds of grouped starts (0: training episodes, 1: evaluation)
+AUTO_STAGES = "auto"  # runtime.pipeline_stages: the fastest grouping, timed on these envs
+TIMED_STEPS = 4  # chunk steps each grouping is timed over, after one to warm up
 
 
 def sampling_seed(seed: int, rollout_index: int = 0) -> int:
@@ -30,6 +33,11 @@ def sampling_seed(seed: int, rollout_index: int = 0) -> int:
     if rollout_index == 0:
         return seed + SAMPLING_SEED_OFFSET
     return int(np.random.SeedSequence([seed, SAMPLING_SEED_OFFSET, rollout_index]).generate_state(1)[0])
+
+
+def check_pipeline_stages(stages: int | str) -> None:
+    if stages != AUTO_STAGES and (not isinstance(stages, int) or stages < 2):
+        raise ConfigError(f"runtime.pipeline_stages must be >= 2 or '{AUTO_STAGES}', got {stages!r}")
 
 
 def env_share(
@@ -53,7 +61,7 @@ class Rollout:
         device: torch.device,
         max_env_restarts: int = 3,
         pipeline: bool = False,
-        pipeline_stages: int = 2,
+        pipeline_stages: int | str = 2,
         seed: int = 0,
         operator: SimOperator | None = None,
         index: int = 0,
@@ -64,11 +72,14 @@ class Rollout:
         # Pipelining needs an env whose env workers step independently (VectorizedEnv with
         # workers), grouped into stages: each stage costs one inference per step, and a GPU's
         # small-batch inference costs about as much for a few rows as for all of them.
-        if pipeline and pipeline_stages < 2:
-            raise ConfigError(f"runtime.pipeline_stages must be >= 2, got {pipeline_stages}")
+        # `auto`: each grouping is timed once the policy and the envs are there (`choose_stages`).
+        auto = pipeline_stages == AUTO_STAGES
+        if pipeline:
+            check_pipeline_stages(pipeline_stages)
         if pipeline and hasattr(env, "group_stages"):
-            env.group_stages(pipeline_stages)
+            env.group_stages(len(env.workers) if auto else pipeline_stages)
         self.pipeline = pipeline and getattr(env, "num_stages", 1) > 1
+        self.stages_to_choose = self.pipeline and auto
         self.policy = policy
         self.device = device
         self.observation: Observation | None = None
@@ -85,19 +96,58 @@ class Rollout:
         return bool(getattr(self.policy, "needs_next_images", False))
 
     def start(self) -> None:
-        self.observation = self.env.reset()
+        if self.stages_to_choose:
+            self.choose_stages()
+            self.observation = self.env.rewind()  # the episodes a run without the timing starts with
+        else:
+            self.observation = self.env.reset()
 
     def start_groups(self, group_size: int, round_index: int, base_seed: int) -> None:
         """Every env starts a new episode; the envs of each group of `group_size` start from the
         same initial state (GRPO compares rollouts within a group). Seeds follow (run seed,
         group, round), apart from the training and evaluation streams."""
+        if self.stages_to_choose:
+            self.choose_stages()
         groups = np.asarray(self.env.env_ids) // group_size  # the config's groups, whichever share this is
         self.observation = self.env.reset(
             seeds=[episode_seed(base_seed, int(g), round_index, GROUP_STREAM) for g in groups]
         )
 
     def restore(self, env_state: dict[str, Any]) -> None:
+        if self.stages_to_choose:
+            self.choose_stages()
         self.observation = self.env.restore(env_state)
+
+    def choose_stages(self) -> dict[int, float]:
+        """runtime.pipeline_stages=auto: every grouping of the env workers into stages (1: no
+        pipelining) steps these envs with this policy for a few chunk steps, timed; the fastest
+        is kept (the fewer stages on a tie). The sampling stream and the operator are left as
+        they were, and the caller puts the envs where training starts. Returns each grouping's
+        seconds per chunk step."""
+        env, operator, sampling = self.env, self.operator, self.generator.get_state()
+        self.operator = None
+        seconds: dict[int, float] = {}
+        try:
+            self.observation = env.reset()
+            for stages in range(1, len(env.workers) + 1):
+                env.group_stages(stages)
+                collect = self._collect if stages == 1 else self._collect_pipelined
+                collect(1)
+                started = time.perf_counter()
+                collect(TIMED_STEPS)
+                seconds[stages] = (time.perf_counter() - started) / TIMED_STEPS
+        finally:
+            self.operator = operator
+            self.generator.set_state(sampling)
+        best = min(seconds, key=lambda stages: (seconds[stages], stages))
+        env.group_stages(best)
+        self.pipeline, self.stages_to_choose = best > 1, False
+        logger.info(
+            "runtime.pipeline_stages=auto: %d (seconds per chunk step: %s)",
+            best,
+            ", ".join(f"{stages} stage{'s' * (stages > 1)} {s:.4f}" for stages, s in seconds.items()),
+        )
+        return seconds
 
     def _act(self, observation: Observation) -> ActionChunk:
         chunk = self.policy.act(observation.to_torch(self.device), generator=self.generator)

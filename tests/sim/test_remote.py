@@ -302,7 +302,7 @@ def test_a_pipeline_of_fewer_than_two_stages_is_refused_by_name():
     env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=2, num_workers=2), seed=3)
     try:
         policy = MLPGaussianPolicy(MLPPolicyConfig(), env.spec)
-        with pytest.raises(ConfigError, match="runtime.pipeline_stages must be >= 2, got 1"):
+        with pytest.raises(ConfigError, match="runtime.pipeline_stages must be >= 2 or 'auto', got 1"):
             Rollout(env, policy, torch.device("cpu"), pipeline=True, pipeline_stages=1)
     finally:
         env.close()
@@ -365,3 +365,68 @@ def test_the_pipeline_serves_its_stages_in_turn_each_inference_between_its_steps
     first = ["act", "step0", "act", "step1"]
     middle = ["done0", "act", "step0", "done1", "act", "step1"]
     assert events == first + middle * 2 + ["done0", "done1"]
+
+
+def test_auto_stages_keep_the_fastest_grouping_and_train_on_what_that_grouping_collects():
+    """runtime.pipeline_stages=auto times each grouping on the live envs and policy, then
+    leaves no trace: the batch that follows is the one a run set to the chosen grouping
+    collects, sampled actions and episodes alike."""
+    import time
+
+    import torch
+
+    from embodied.policies.gaussian.mlp import MLPGaussianPolicy, MLPPolicyConfig
+    from embodied.runtime.rollout import Rollout
+
+    class FlatInference(MLPGaussianPolicy):
+        """Inference that lasts 20 ms whatever the rows, leaving the cores to the envs (a GPU's)."""
+
+        def act(self, observation, deterministic=False, generator=None):
+            time.sleep(0.02)
+            return super().act(observation, deterministic, generator)
+
+    batches, chosen = [], None
+    for stages in ("auto", None):
+        env = make_gymnasium(GymnasiumConfig(task="InvertedPendulum-v4", num_envs=8, num_workers=4), seed=3)
+        try:
+            torch.manual_seed(0)
+            policy = FlatInference(MLPPolicyConfig(), env.spec)
+            if stages == "auto":
+                rollout = Rollout(env, policy, torch.device("cpu"), pipeline=True, pipeline_stages="auto")
+                timed = rollout.choose_stages()
+                assert sorted(timed) == [1, 2, 3, 4] and all(seconds > 0.02 for seconds in timed.values())
+                chosen = min(timed, key=lambda k: (timed[k], k))
+                # four inferences of 20 ms a step cost more than two, and pendulum steps take far less
+                assert chosen < 4 and env.num_stages == chosen and rollout.pipeline == (chosen > 1)
+                rollout.stages_to_choose = True  # as a fresh rollout: start() times again
+                rollout.start()
+                assert env.num_stages in timed
+                chosen = env.num_stages
+            else:
+                fixed = {"pipeline": chosen > 1, "pipeline_stages": max(chosen, 2)}
+                rollout = Rollout(env, policy, torch.device("cpu"), **fixed)
+                rollout.start()
+            batch, episodes, _ = rollout.collect(30)
+            batches.append((batch, [(e.length, e.success) for e in episodes]))
+        finally:
+            env.close()
+    (timed_batch, timed_episodes), (fixed_batch, fixed_episodes) = batches
+    assert timed_episodes == fixed_episodes
+    assert torch.equal(timed_batch.actions, fixed_batch.actions) and torch.equal(timed_batch.reward, fixed_batch.reward)
+    assert torch.equal(timed_batch.observation.state, fixed_batch.observation.state)
+
+
+def test_a_pipeline_stages_value_that_is_neither_a_count_nor_auto_is_refused_before_envs_are_built():
+    from embodied.core.errors import ConfigError
+    from embodied.runtime.rollout import check_pipeline_stages
+    from tests.cli import embodied
+
+    check_pipeline_stages("auto")
+    check_pipeline_stages(3)
+    result = embodied(
+        "train", "env=mujoco_invertedpendulum", "runtime.pipeline=true", "runtime.pipeline_stages=fast", check=False
+    )
+    assert result.returncode != 0 and "runtime.pipeline_stages must be >= 2 or 'auto', got 'fast'" in result.stderr
+    assert "built" not in result.stderr  # refused before any env was built
+    with pytest.raises(ConfigError, match="got 1"):
+        check_pipeline_stages(1)
