@@ -31,6 +31,7 @@ PACKS = ("minimal", "default")  # the cameras' and the videos' packs (ManiSkill'
 DECLARATION = re.compile(r"^layout\(.*\) uniform sampler2D samplerBRDFLUT;$\n?", re.MULTILINE)
 LOOKUP = "texture(samplerBRDFLUT, vec2(roughness, dotNV)).xy"
 ZERO = "vec2(0.0)"
+STOCK_KEPT: list[Path] = []  # where this process found it could not use the lean copies
 
 
 def cache_root() -> Path:
@@ -78,18 +79,23 @@ def use_lean_shaders() -> bool:
 
     if getattr(sapien.render.set_camera_shader_dir, "lean", False):
         return True
+    if STOCK_KEPT:  # said once per process, not once per env built
+        return False
     stock = Path(sapien.__file__).parent / "vulkan_shader"
     try:
         lean = derive(stock, cache_root())
     except OSError as error:  # an unwritable cache: slower, never wrong
         logger.warning("SAPIEN's shaders stay as they are (the lean copies could not be written: %s)", error)
-        return False
+        lean = None
+    else:
+        if lean is None:
+            logger.warning(
+                "SAPIEN's shaders at %s read their BRDF look-up table in a way this version does not edit: "
+                "each process's first camera frame computes it (about 20 s of CPU)",
+                stock,
+            )
     if lean is None:
-        logger.warning(
-            "SAPIEN's shaders at %s read their BRDF look-up table in a way this version does not edit: "
-            "each process's first camera frame computes it (about 20 s of CPU)",
-            stock,
-        )
+        STOCK_KEPT.append(stock)
         return False
     stock_set = sapien.render.set_camera_shader_dir
 

@@ -1,5 +1,6 @@
 """The ManiSkill adapter on real ManiSkill (physx_cpu)."""
 
+import os
 from dataclasses import replace
 from functools import partial
 
@@ -363,3 +364,29 @@ def test_a_scene_lit_by_an_environment_map_is_refused_by_the_lean_shaders():
     check_scene(env(None))
     with pytest.raises(RuntimeError, match="Lit-v1 lights its scene with an environment map"):
         check_scene(env(object()))
+
+
+def test_an_unwritable_shader_cache_keeps_sapiens_own_shaders_with_one_warning(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.cli import ROOT
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder would go")
+    script = (
+        "import logging; logging.basicConfig(); import sapien.render;"
+        "from embodied.sim.sapien_shaders import use_lean_shaders;"
+        "print(use_lean_shaders(), use_lean_shaders(), getattr(sapien.render.set_camera_shader_dir, 'lean', False))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "XDG_CACHE_HOME": str(blocked)},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["False", "False", "False"]
+    assert result.stderr.count("SAPIEN's shaders stay as they are") == 1
