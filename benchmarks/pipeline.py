@@ -46,36 +46,24 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 class OffCPUInference:
-    """A policy whose `act` lasts `seconds_per_row` per observation row without holding a
-    core for the rest."""
+    """A policy whose `act` lasts `seconds_per_call` plus `seconds_per_row` per observation
+    row, without holding a core for the rest: in proportion to the rows (a throughput-bound
+    accelerator) or flat (a GPU's small batches)."""
 
-    def __init__(self, policy: MLPGaussianPolicy, seconds_per_row: float):
+    def __init__(self, policy: MLPGaussianPolicy, seconds_per_row: float = 0.0, seconds_per_call: float = 0.0):
         self.policy = policy
         self.seconds_per_row = seconds_per_row
+        self.seconds_per_call = seconds_per_call
 
     def act(self, observation, deterministic: bool = False, generator=None):
         started = time.perf_counter()
         chunk = self.policy.act(observation, deterministic, generator)
-        latency = self.seconds_per_row * observation.state.shape[0]
+        latency = self.seconds_per_call + self.seconds_per_row * observation.state.shape[0]
         time.sleep(max(0.0, latency - (time.perf_counter() - started)))
         return chunk
 
     def value(self, observation):
         return self.policy.value(observation)
-
-
-class FlatInference(OffCPUInference):
-    """A policy whose `act` lasts `seconds` whatever the rows, without holding a core."""
-
-    def __init__(self, policy: MLPGaussianPolicy, seconds: float):
-        super().__init__(policy, 0.0)
-        self.seconds = seconds
-
-    def act(self, observation, deterministic: bool = False, generator=None):
-        started = time.perf_counter()
-        chunk = self.policy.act(observation, deterministic, generator)
-        time.sleep(max(0.0, self.seconds - (time.perf_counter() - started)))
-        return chunk
 
 
 def cpu_policy_as_slow_as(seconds: float, observation, spec) -> tuple[MLPGaussianPolicy, int, float]:
@@ -101,7 +89,7 @@ def measure(args: argparse.Namespace, workers: int) -> dict:
         policy, hidden, inference_s = cpu_policy_as_slow_as(step_s, observation.to_torch(), env.spec)
         small = MLPGaussianPolicy(MLPPolicyConfig(actor_hidden=[64] * 2, critic_hidden=[64] * 2), env.spec)
         off_cpu = OffCPUInference(small, step_s / args.num_envs)
-        flat = FlatInference(small, step_s / 2)  # the env's step about twice an inference
+        flat = OffCPUInference(small, seconds_per_call=step_s / 2)  # the env's step about twice an inference
         one_stage = observation.select(env.stage_rows(0)).to_torch()
         with torch.no_grad():
             off_cpu_s = seconds_per_call(lambda: off_cpu.act(observation.to_torch()))
